@@ -1,0 +1,64 @@
+package flightcache
+
+import (
+	"errors"
+	"fmt"
+)
+
+// ErrClosed is returned by [Loader.Get] and [Loader.GetInfo] after
+// [Loader.Close] has been called, and to callers whose load was stopped by
+// Close.
+var ErrClosed = errors.New("flightcache: loader closed")
+
+// ErrNotFound is the error a [LoadFunc] returns, wrapped or not, for a key
+// that does not exist downstream. It is never counted as a breaker failure
+// and is never retried. With [Options.NotFoundTTL] > 0 it is cached (negative
+// caching) and later Gets return the same error until it expires.
+var ErrNotFound = errors.New("flightcache: not found")
+
+// ErrBreakerOpen matches (with [errors.Is]) the error a caller receives when
+// the circuit breaker refused the downstream call, because it is open or
+// because it is half-open and its probe requests are taken. The gobreaker
+// error that caused it matches too.
+var ErrBreakerOpen = errors.New("flightcache: circuit breaker open")
+
+// ErrLoadTimeout matches (with [errors.Is]) the error of a load that ran
+// past [Options.LoadTimeout], retries included. The load's own error (usually
+// [context.DeadlineExceeded]) matches too.
+var ErrLoadTimeout = errors.New("flightcache: load timed out")
+
+// ErrRecursiveLoad is returned when a [LoadFunc], directly or through other
+// loads, calls Get for a key whose load it is part of. Waiting would never
+// end (until LoadTimeout), so the Get fails at once instead.
+var ErrRecursiveLoad = errors.New("flightcache: Get called from inside the load of the same key")
+
+// errNilContext is returned for a nil context instead of a panic deep inside.
+var errNilContext = errors.New("flightcache: nil context")
+
+// errGoexit is the result shared with waiters when a LoadFunc called
+// runtime.Goexit: the load goroutine ends without a value or an error.
+var errGoexit = errors.New("flightcache: load function called runtime.Goexit")
+
+// PanicError is the error every waiter of a load receives when the
+// [LoadFunc] panicked. The panic is recovered on the load goroutine, so the
+// process keeps running; nothing is cached and the breaker counts a failure.
+type PanicError struct {
+	// Value is the value passed to panic.
+	Value any
+	// Stack is the stack of the load goroutine at the time of the panic.
+	Stack []byte
+}
+
+// Error reports the panic value; the stack is in the Stack field.
+func (e *PanicError) Error() string {
+	return fmt.Sprintf("flightcache: load function panicked: %v", e.Value)
+}
+
+// Unwrap returns the panic value if it is an error, so that errors.Is and
+// errors.As see through a panic(err).
+func (e *PanicError) Unwrap() error {
+	if err, ok := e.Value.(error); ok {
+		return err
+	}
+	return nil
+}

@@ -1,0 +1,239 @@
+package flightcache
+
+import (
+	"context"
+	"errors"
+	"math/rand/v2"
+	"sync"
+	"time"
+)
+
+// flightShards is the number of independent in-flight maps. A key's shard
+// is chosen by its hash, so keys that share a cache slot (a hash collision)
+// also share a shard lock, and every write of one slot is serialised.
+const flightShards = 64
+
+// call is one load in flight and, once done is closed, its result.
+type call[K comparable, V any] struct {
+	done chan struct{} // closed by finish once the result fields are set
+
+	// Set before the call is published in a shard map; read-only after.
+	ctx        context.Context
+	cancel     context.CancelCauseFunc
+	release    func()
+	background bool         // a refresh nobody waited on when it started
+	from       *entry[K, V] // the entry a background refresh replaces
+
+	// Guarded by the shard's mu.
+	waiters   int  // Gets waiting on the result now, the starter included
+	abandoned bool // cancelled because every waiter left (CancelAtZero)
+	finished  bool // the result is set: a leaving waiter takes it instead
+
+	// Written by finish before done is closed; read-only after.
+	val      V
+	err      error
+	loadedAt time.Duration
+}
+
+// shard is one in-flight map, singleflight-style.
+type shard[K comparable, V any] struct {
+	mu sync.Mutex        // guards m and the guarded fields of its calls
+	m  map[K]*call[K, V] // the load in flight per key; the finishing goroutine deletes its key only if it still owns it (m[key] == c)
+	_  [64 - 8 - 8]byte  // keep neighbouring shards off one cache line
+}
+
+type flights[K comparable, V any] struct {
+	shards [flightShards]shard[K, V]
+}
+
+func (f *flights[K, V]) init() {
+	for i := range f.shards {
+		f.shards[i].m = make(map[K]*call[K, V])
+	}
+}
+
+func (f *flights[K, V]) shard(h uint64) *shard[K, V] {
+	return &f.shards[h%flightShards]
+}
+
+// join makes ctx's caller a waiter of key's load, starting one if none is in
+// flight; started reports whether it did. A background join (a refresh)
+// never waits: it returns a nil call when a load is already in flight.
+func (l *Loader[K, V]) join(ctx context.Context, key K, h uint64, from *entry[K, V]) (c *call[K, V], started bool, err error) {
+	background := from != nil
+	marker, _ := ctx.Value(loadKey{}).(*loadMarker) // user code: outside the locks
+	l.closeMu.RLock()
+	defer l.closeMu.RUnlock()
+	if l.closed.Load() {
+		return nil, false, ErrClosed
+	}
+	sh := l.flights.shard(h)
+	sh.mu.Lock()
+	if c = sh.m[key]; c != nil {
+		if background {
+			sh.mu.Unlock()
+			return nil, false, nil
+		}
+		for m := marker; m != nil; m = m.parent {
+			if m.call == c {
+				sh.mu.Unlock()
+				return nil, false, ErrRecursiveLoad
+			}
+		}
+		c.waiters++
+		sh.mu.Unlock()
+		return c, false, nil
+	}
+	c = &call[K, V]{done: make(chan struct{}), background: background, from: from}
+	c.ctx, c.cancel, c.release = loadContext(ctx, l.base, l.opts.LoadTimeout, c)
+	if !background {
+		c.waiters = 1
+	}
+	sh.m[key] = c
+	sh.mu.Unlock()
+	// Still under closeMu: Close cannot have started waiting for goroutines.
+	l.active.Add(1)
+	l.stats.inFlight.Add(1)
+	go l.run(c, key, h)
+	return c, true, nil
+}
+
+// leave withdraws a waiter whose context ended. It returns false if the
+// result was already delivered, in which case the caller must take it: it
+// has been counted as one of the load's callers. Under CancelAtZero the
+// last waiter out cancels the load and removes it from the map under the
+// same lock, so no later caller can join the cancelled load.
+func (l *Loader[K, V]) leave(key K, h uint64, c *call[K, V]) bool {
+	sh := l.flights.shard(h)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	if c.finished {
+		return false
+	}
+	c.waiters--
+	if c.waiters == 0 && !c.background && l.opts.Policy == CancelAtZero {
+		if sh.m[key] == c {
+			delete(sh.m, key)
+		}
+		c.abandoned = true
+		c.cancel(errAbandoned)
+	}
+	return true
+}
+
+// detach removes key's load from the map without stopping it: its waiters
+// still get its result, but it will not write the cache (rule 6). The
+// caller holds sh.mu.
+func (sh *shard[K, V]) detach(key K) {
+	delete(sh.m, key)
+}
+
+// run is the goroutine of one load.
+func (l *Loader[K, V]) run(c *call[K, V], key K, h uint64) {
+	defer l.exit()
+	defer c.release()
+	start := l.now()
+	var (
+		v        V
+		attempts int
+		err      = errGoexit // stays if the LoadFunc ends the goroutine
+	)
+	defer func() { l.finish(c, key, h, v, err, attempts, l.now()-start) }()
+	v, attempts, err = l.load(c.ctx, key)
+}
+
+// finish stores a load's result (if it still owns its key), hands it to the
+// waiters, and reports it. It runs deferred, so it also runs when the
+// LoadFunc called runtime.Goexit.
+func (l *Loader[K, V]) finish(c *call[K, V], key K, h uint64, v V, err error, attempts int, took time.Duration) {
+	now := l.now()
+	var e *entry[K, V]
+	cost := int64(1)
+	switch {
+	case err == nil:
+		e = l.newEntry(key, v, now, l.opts.TTL)
+		e.loadTook = took
+		if l.opts.Cost != nil {
+			var ok bool
+			if cost, ok = l.costOf(v); !ok {
+				e = nil
+			}
+		}
+	case l.opts.NotFoundTTL > 0 && errors.Is(err, ErrNotFound):
+		e = l.newEntry(key, v, now, l.opts.NotFoundTTL)
+		e.err = err
+	}
+	if err != nil {
+		var zero V
+		v = zero
+	}
+
+	stored := false
+	sh := l.flights.shard(h)
+	sh.mu.Lock()
+	if sh.m[key] == c {
+		delete(sh.m, key)
+		// The cache is written before the key leaves the map, under the
+		// shard lock: a Get that misses the map finds the value (rule 2).
+		if e != nil && !l.closed.Load() {
+			stored = l.store(h, e, cost)
+		}
+	}
+	c.val, c.err, c.loadedAt = v, err, now
+	c.finished = true
+	callers, abandoned := c.waiters, c.abandoned
+	close(c.done)
+	sh.mu.Unlock()
+
+	l.stats.inFlight.Add(-1)
+	l.stats.loads.Add(1)
+	l.stats.noteCallers(callers)
+	if err != nil {
+		l.stats.loadErrors.Add(1)
+	}
+	if abandoned {
+		l.stats.abandoned.Add(1)
+	}
+	if c.background {
+		l.stats.refreshing.Add(-1)
+		if err != nil && c.from != nil {
+			n := c.from.refreshFails.Add(1)
+			d := refreshDelay(int(n), l.opts.Retry.InitialInterval, l.opts.Retry.MaxInterval, rand.Float64())
+			c.from.refreshAfter.Store(int64(now + d))
+		}
+	}
+	if l.opts.OnLoad != nil {
+		l.onLoad(LoadEvent[K]{
+			Key: key, Duration: took, Err: err, Attempts: attempts,
+			Background: c.background, Callers: callers, Abandoned: abandoned, Stored: stored,
+		})
+	}
+}
+
+// costOf calls the user's Cost, turning a panic into ok == false.
+func (l *Loader[K, V]) costOf(v V) (cost int64, ok bool) {
+	if l.opts.Cost == nil {
+		return 1, true
+	}
+	l.inUser.Add(1)
+	defer func() {
+		l.inUser.Add(-1)
+		if recover() != nil {
+			l.stats.panics.Add(1)
+			cost, ok = 0, false
+		}
+	}()
+	return max(l.opts.Cost(v), 1), true
+}
+
+// onLoad calls the user's OnLoad, recovering a panic.
+func (l *Loader[K, V]) onLoad(ev LoadEvent[K]) {
+	l.inUser.Add(1)
+	defer func() {
+		l.inUser.Add(-1)
+		if recover() != nil {
+			l.stats.panics.Add(1)
+		}
+	}()
+	l.opts.OnLoad(ev)
+}

@@ -1,0 +1,109 @@
+package flightcache
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// downstream is a fake slow service: it counts calls and, when gated, blocks
+// each call until the test releases it.
+type downstream struct {
+	calls   atomic.Int64
+	mu      sync.Mutex
+	perKey  map[string]int
+	gate    chan struct{}  // if non-nil, each call waits to receive from it (or ctx)
+	started chan string    // if non-nil, each call sends its key here first
+	delay   time.Duration  // if > 0, each call sleeps this long (virtual time in synctest)
+	fail    func(n int64, key string) error // if non-nil, the call's error
+	inside  atomic.Int64   // calls running now
+	peak    atomic.Int64   // most calls running at once
+}
+
+func (d *downstream) load(ctx context.Context, key string) (string, error) {
+	n := d.calls.Add(1)
+	d.mu.Lock()
+	if d.perKey == nil {
+		d.perKey = map[string]int{}
+	}
+	d.perKey[key]++
+	d.mu.Unlock()
+	in := d.inside.Add(1)
+	defer d.inside.Add(-1)
+	for {
+		p := d.peak.Load()
+		if in <= p || d.peak.CompareAndSwap(p, in) {
+			break
+		}
+	}
+	if d.started != nil {
+		d.started <- key
+	}
+	if d.gate != nil {
+		select {
+		case <-d.gate:
+		case <-ctx.Done():
+			return "", ctx.Err()
+		}
+	}
+	if d.delay > 0 {
+		select {
+		case <-time.After(d.delay):
+		case <-ctx.Done():
+			return "", ctx.Err()
+		}
+	}
+	if d.fail != nil {
+		if err := d.fail(n, key); err != nil {
+			return "", err
+		}
+	}
+	return fmt.Sprintf("%s#%d", key, n), nil
+}
+
+func (d *downstream) count(key string) int {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.perKey[key]
+}
+
+// newLoader builds a string Loader on d and closes it when the test ends.
+func newLoader(t testing.TB, d *downstream, opts Options[string, string]) *Loader[string, string] {
+	t.Helper()
+	if opts.TTL == 0 {
+		opts.TTL = time.Minute
+	}
+	l, err := New(d.load, opts)
+	if err != nil {
+		t.Fatalf("New: %v", err)
+	}
+	t.Cleanup(func() { l.Close() })
+	return l
+}
+
+var errBoom = errors.New("boom")
+
+// result is one Get's outcome, gathered from goroutines.
+type result struct {
+	v    string
+	info Info
+	err  error
+}
+
+// getAsync starts a GetInfo on its own goroutine.
+func getAsync(ctx context.Context, l *Loader[string, string], key string) <-chan result {
+	ch := make(chan result, 1)
+	go func() {
+		v, info, err := l.GetInfo(ctx, key)
+		ch <- result{v, info, err}
+	}()
+	return ch
+}

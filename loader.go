@@ -1,0 +1,450 @@
+// Package flightcache is a cache-aside loader for an expensive downstream
+// call. When a hot key expires and hundreds of requests miss at once, one
+// load serves them all, so the downstream sees one call instead of hundreds.
+//
+// # Layers
+//
+// A [Loader] answers [Loader.Get] through these layers, outside in:
+//
+//   - a ristretto cache with jittered expiry and stale serving
+//     ([Options.StaleWhileRevalidate], [Options.StaleIfError],
+//     [Options.EarlyRefresh]);
+//   - a single-flight registry: one load per key serves every concurrent
+//     caller, and [Options.Policy] decides what happens when they all leave;
+//   - retries with jittered backoff ([Options.Retry]);
+//   - a circuit breaker ([Options.Breaker]);
+//   - the [LoadFunc], under [Options.LoadTimeout].
+//
+// # Observability
+//
+// [Loader.GetInfo] says where one value came from ([Info]); [Options.OnLoad]
+// reports every load, with how many callers its result reached
+// ([LoadEvent.Callers]: the blast radius of a failure); [Loader.Stats] gives
+// cumulative counters.
+//
+// # Per-call freshness
+//
+// [WithMaxStale] bounds how stale a value one Get accepts, like HTTP's
+// Cache-Control max-stale; WithMaxStale(ctx, 0) demands a fresh value.
+package flightcache
+
+import (
+	"context"
+	"errors"
+	"hash/maphash"
+	"math/rand/v2"
+	"runtime"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/dgraph-io/ristretto/v2"
+)
+
+// LoadFunc loads the value of key from the downstream. It runs on a
+// goroutine of the Loader, under a context that keeps the values of the Get
+// that started the load but not its cancellation, and that ends at
+// LoadTimeout or Close (or, under CancelAtZero, when every waiter has left).
+// Return an error matching [ErrNotFound] for a key that does not exist.
+//
+// NOTE: the value returned is shared by every caller of the load and stored
+// in the cache: treat it as read-only.
+type LoadFunc[K comparable, V any] func(ctx context.Context, key K) (V, error)
+
+// Loader is a cache-aside loader: a cache in front of a LoadFunc, with one
+// load per key at a time. Create it with [New]; it is safe for concurrent
+// use by any number of goroutines. Call [Loader.Close] when done with it, to
+// stop its loads and free its goroutines.
+type Loader[K comparable, V any] struct {
+	loadFn  LoadFunc[K, V]
+	opts    Options[K, V] // validated, defaults applied
+	win     windows
+	cache   *ristretto.Cache[uint64, *entry[K, V]]
+	flights flights[K, V]
+	breaker *breaker
+	stats   counters
+	seed    maphash.Seed
+	epoch   time.Time // every time offset in entries is measured from here
+
+	base   context.Context         // parent of every load; cancelled by Close
+	cancel context.CancelCauseFunc // cancels base
+
+	closed      atomic.Bool
+	closeMu     sync.RWMutex // Close holds it to wait out everything that starts a load or writes the cache; those hold it shared
+	active      atomic.Int64 // load goroutines running
+	inUser      atomic.Int64 // load goroutines inside LoadFunc, Cost or OnLoad
+	tearingDown atomic.Bool  // ristretto's own Close evicts everything: do not count it
+	teardown    sync.Once
+	closeDone   chan struct{} // closed once everything has stopped
+}
+
+// entry is one cached value (or cached not-found error) with its timing.
+// Times are offsets from the Loader's epoch.
+type entry[K comparable, V any] struct {
+	key          K
+	val          V
+	err          error // a cached not-found error; nil for a value
+	loadedAt     time.Duration
+	freshUntil   time.Duration
+	loadTook     time.Duration // the XFetch delta
+	refreshFails atomic.Int32  // consecutive failed background refreshes
+	refreshAfter atomic.Int64  // no background refresh before this offset; max while one runs
+}
+
+const refreshing = int64(^uint64(0) >> 1)
+
+// New returns a Loader that loads missing keys with load. It returns an
+// error naming the field if opts is invalid, or if load is nil.
+func New[K comparable, V any](load LoadFunc[K, V], opts Options[K, V]) (*Loader[K, V], error) {
+	if load == nil {
+		return nil, optionError("LoadFunc", "(the load argument) must not be nil")
+	}
+	if err := opts.validate(); err != nil {
+		return nil, err
+	}
+	opts = opts.withDefaults()
+	l := &Loader[K, V]{
+		loadFn:    load,
+		opts:      opts,
+		win:       windows{staleWhileRevalidate: opts.StaleWhileRevalidate, staleIfError: opts.StaleIfError},
+		breaker:   newBreaker(opts.Breaker),
+		seed:      maphash.MakeSeed(),
+		epoch:     time.Now(),
+		closeDone: make(chan struct{}),
+	}
+	l.stats.init()
+	l.flights.init()
+	cache, err := ristretto.NewCache(&ristretto.Config[uint64, *entry[K, V]]{
+		NumCounters: opts.NumCounters,
+		MaxCost:     opts.MaxCost,
+		BufferItems: 64,
+		// Costs are ours (1 per entry, or Options.Cost): without this,
+		// ristretto adds its own item size and a small MaxCost keeps nothing.
+		IgnoreInternalCost: true,
+		OnEvict: func(*ristretto.Item[*entry[K, V]]) {
+			if !l.tearingDown.Load() {
+				l.stats.evicted.Add(1)
+			}
+		},
+		OnReject: func(*ristretto.Item[*entry[K, V]]) { l.stats.setsRejected.Add(1) },
+	})
+	if err != nil {
+		return nil, optionError("MaxCost", "or NumCounters rejected by ristretto: %v", err)
+	}
+	l.cache = cache
+	l.base, l.cancel = context.WithCancelCause(context.Background())
+	return l, nil
+}
+
+// now is the current time as an offset from the epoch. time.Since reads
+// only the monotonic clock, which is cheaper than time.Now.
+func (l *Loader[K, V]) now() time.Duration { return time.Since(l.epoch) }
+
+func (l *Loader[K, V]) hash(key K) uint64 {
+	if l.opts.Hash != nil {
+		return l.opts.Hash(key)
+	}
+	return maphash.Comparable(l.seed, key)
+}
+
+func (l *Loader[K, V]) newEntry(key K, v V, now, ttl time.Duration) *entry[K, V] {
+	return &entry[K, V]{key: key, val: v, loadedAt: now, freshUntil: now + jitter(ttl, l.opts.Jitter, rand.Float64())}
+}
+
+func (l *Loader[K, V]) phase(e *entry[K, V], now time.Duration) phase {
+	if e.err != nil {
+		return windows{}.phaseAt(now, e.freshUntil) // a cached not-found is never stale
+	}
+	return l.win.phaseAt(now, e.freshUntil)
+}
+
+// Get returns the value of key: from the cache when fresh (or stale within
+// the windows Options allow), otherwise from a load shared with every other
+// caller of key. If ctx ends first, Get returns ctx.Err() and the load goes
+// on according to [Options.Policy]. Get is safe for concurrent use.
+func (l *Loader[K, V]) Get(ctx context.Context, key K) (V, error) {
+	v, _, err := l.GetInfo(ctx, key)
+	return v, err
+}
+
+// GetInfo is [Loader.Get] that also says where the value came from.
+func (l *Loader[K, V]) GetInfo(ctx context.Context, key K) (V, Info, error) {
+	var zero V
+	if ctx == nil {
+		return zero, Info{}, errNilContext
+	}
+	s := l.stats.acquire()
+	s.gets.Add(1)
+	if l.closed.Load() {
+		s.closed.Add(1)
+		l.stats.release(s)
+		return zero, Info{}, ErrClosed
+	}
+	h := l.hash(key)
+	e, ok := l.cache.Get(h)
+	now := l.now()
+	if ok && e.key == key {
+		switch l.phase(e, now) {
+		case phaseFresh:
+			s.hits.Add(1)
+			l.stats.release(s)
+			if l.opts.EarlyRefresh > 0 && e.err == nil &&
+				xfetch(now, e.freshUntil, e.loadTook, l.opts.EarlyRefresh, 1-rand.Float64()) {
+				l.refresh(ctx, key, h, e, now)
+			}
+			return e.val, Info{Source: SourceHit, Age: now - e.loadedAt}, e.err
+		case phaseStale:
+			if acceptsStale(ctx, e, now) {
+				s.stale.Add(1)
+				l.stats.release(s)
+				l.refresh(ctx, key, h, e, now)
+				return e.val, Info{Source: SourceStale, Age: now - e.loadedAt}, nil
+			}
+		}
+	}
+	s.misses.Add(1)
+	l.stats.release(s)
+	return l.wait(ctx, key, h, now)
+}
+
+// wait joins (or starts) key's load and waits for it or for ctx.
+func (l *Loader[K, V]) wait(ctx context.Context, key K, h uint64, start time.Duration) (V, Info, error) {
+	var zero V
+	c, started, err := l.join(ctx, key, h, nil)
+	if err != nil {
+		return zero, Info{}, err
+	}
+	select {
+	case <-c.done:
+	case <-ctx.Done():
+		if l.leave(key, h, c) {
+			l.stats.canceled.Add(1)
+			return zero, Info{Waited: l.now() - start}, ctx.Err()
+		}
+		<-c.done // the result was delivered as ctx ended: it is ours
+	}
+	end := l.now()
+	info := Info{Source: SourceShared, Waited: end - start}
+	if started {
+		info.Source = SourceLoaded
+	}
+	if c.err != nil {
+		if v, age, ok := l.staleOnError(ctx, key, h, c.err, end); ok {
+			l.stats.staleOnError.Add(1)
+			return v, Info{Source: SourceStaleOnError, Age: age, Waited: info.Waited}, nil
+		}
+	} else {
+		info.Age = end - c.loadedAt
+	}
+	if !started {
+		l.stats.shared.Add(1)
+		if c.err != nil {
+			l.stats.sharedErrors.Add(1)
+		}
+	}
+	return c.val, info, c.err
+}
+
+// staleOnError looks for a stale value to return instead of a load error.
+// It reads the cache afresh: an Invalidate or Set during the wait counts.
+func (l *Loader[K, V]) staleOnError(ctx context.Context, key K, h uint64, err error, now time.Duration) (v V, age time.Duration, ok bool) {
+	if l.opts.StaleIfError == 0 || errors.Is(err, ErrNotFound) || errors.Is(err, ErrClosed) {
+		return v, 0, false
+	}
+	l.closeMu.RLock()
+	var e *entry[K, V]
+	if !l.closed.Load() {
+		e, ok = l.cache.Get(h)
+	}
+	l.closeMu.RUnlock()
+	if !ok || e.key != key || e.err != nil {
+		return v, 0, false
+	}
+	if p := l.phase(e, now); (p != phaseStale && p != phaseStaleIfError) || !acceptsStale(ctx, e, now) {
+		return v, 0, false
+	}
+	return e.val, now - e.loadedAt, true
+}
+
+// refresh starts a background refresh of key from entry e, unless one is
+// running, a failed one is backing off, or MaxRefreshes are running.
+func (l *Loader[K, V]) refresh(ctx context.Context, key K, h uint64, e *entry[K, V], now time.Duration) {
+	after := e.refreshAfter.Load()
+	if after > int64(now) || !e.refreshAfter.CompareAndSwap(after, refreshing) {
+		return // backing off, or another Get is starting (or ran) one
+	}
+	if l.stats.refreshing.Add(1) > int64(l.opts.MaxRefreshes) {
+		l.stats.refreshing.Add(-1)
+		e.refreshAfter.Store(after)
+		return
+	}
+	c, _, _ := l.join(ctx, key, h, e)
+	if c == nil { // a load is already in flight, or the Loader closed
+		l.stats.refreshing.Add(-1)
+		e.refreshAfter.Store(after)
+		return
+	}
+	l.stats.refreshes.Add(1)
+}
+
+// Set stores value for key as if it had just been loaded. A load of key in
+// flight when Set is called still delivers its result to its own waiters,
+// but never overwrites the value Set stored. A Get that starts after Set
+// returns sees value (unless ristretto's admission policy refused it, which
+// Stats.SetsRejected shows). Set after Close does nothing.
+func (l *Loader[K, V]) Set(key K, value V) {
+	cost, ok := l.costOf(value)
+	l.closeMu.RLock()
+	defer l.closeMu.RUnlock()
+	if l.closed.Load() {
+		return
+	}
+	h := l.hash(key)
+	e := l.newEntry(key, value, l.now(), l.opts.TTL)
+	sh := l.flights.shard(h)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	sh.detach(key)
+	if ok {
+		l.store(h, e, cost)
+	} else {
+		l.remove(h, key) // the value cannot be costed: at least drop the old one
+	}
+}
+
+// Invalidate drops key's cached value. A load of key in flight delivers its
+// result to its own waiters but does not write the cache; the next Get
+// starts a fresh load. Invalidate after Close does nothing.
+func (l *Loader[K, V]) Invalidate(key K) {
+	l.closeMu.RLock()
+	defer l.closeMu.RUnlock()
+	if l.closed.Load() {
+		return
+	}
+	h := l.hash(key)
+	sh := l.flights.shard(h)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	sh.detach(key)
+	l.remove(h, key)
+}
+
+// store writes e to the cache and waits until ristretto has applied it, so
+// that it is readable when store returns. The caller holds the shard lock
+// of h, which orders every write of the slot.
+func (l *Loader[K, V]) store(h uint64, e *entry[K, V], cost int64) bool {
+	if !l.cache.Set(h, e, cost) {
+		l.stats.setsDropped.Add(1)
+		return false
+	}
+	l.cache.Wait()
+	got, ok := l.cache.Get(h)
+	return ok && got == e
+}
+
+// remove deletes key's entry, leaving another key's entry in the slot alone.
+// The caller holds the shard lock of h.
+func (l *Loader[K, V]) remove(h uint64, key K) {
+	if e, ok := l.cache.Get(h); ok && e.key == key {
+		l.cache.Del(h)
+	}
+}
+
+// Stats returns the Loader's counters. It never blocks Gets. It is safe to
+// call at any time, also after Close.
+func (l *Loader[K, V]) Stats() Stats {
+	s := l.stats.snapshot()
+	s.Breaker = l.breaker.state()
+	return s
+}
+
+// Close stops the Loader: later Gets return [ErrClosed], loads and
+// refreshes in flight have their contexts cancelled (their waiters get
+// ErrClosed), and Close waits for every goroutine the Loader started before
+// it frees the cache. It is idempotent and always returns nil.
+//
+// WARNING: Close waits for LoadFuncs to return; one that ignores its
+// context delays Close until it does. Close called from inside a LoadFunc,
+// Cost or OnLoad of the same Loader cannot wait for itself: it starts the
+// shutdown and returns at once, and the Loader finishes closing when that
+// callback returns.
+func (l *Loader[K, V]) Close() error {
+	if !l.closed.Swap(true) {
+		l.closeMu.Lock() // wait out Sets, Invalidates and joins in progress
+		l.closeMu.Unlock()
+		l.cancel(ErrClosed)
+		if l.active.Load() == 0 {
+			l.stop()
+		}
+	}
+	if l.inUser.Load() > 0 && onLoaderGoroutine() {
+		return nil
+	}
+	<-l.closeDone
+	return nil
+}
+
+// exit ends a load goroutine; the last one out after Close stops the Loader.
+func (l *Loader[K, V]) exit() {
+	if l.active.Add(-1) == 0 && l.closed.Load() {
+		l.stop()
+	}
+}
+
+// stop frees the cache once no goroutine of the Loader runs and no Get is
+// inside a cache lookup (ristretto's Close must not race its Get or Set).
+func (l *Loader[K, V]) stop() {
+	l.teardown.Do(func() {
+		for !l.stats.quiet() {
+			runtime.Gosched()
+		}
+		l.tearingDown.Store(true)
+		l.cache.Close()
+		close(l.closeDone)
+	})
+}
+
+// runFrame is the name prefix of the Loader's load goroutine.
+const runFrame = "github.com/flightcache/flightcache.(*Loader[...]).run"
+
+// onLoaderGoroutine reports whether the caller runs on a load goroutine of
+// some Loader, found by walking its own stack.
+func onLoaderGoroutine() bool {
+	pcs := make([]uintptr, 64)
+	for {
+		n := runtime.Callers(2, pcs)
+		if n < len(pcs) {
+			pcs = pcs[:n]
+			break
+		}
+		pcs = make([]uintptr, 2*len(pcs))
+	}
+	frames := runtime.CallersFrames(pcs)
+	for {
+		f, more := frames.Next()
+		if f.Function == runFrame || strings.HasPrefix(f.Function, runFrame+".") {
+			return true
+		}
+		if !more {
+			return false
+		}
+	}
+}
+
+// maxStaleKey is the context key of WithMaxStale.
+type maxStaleKey struct{}
+
+// WithMaxStale returns a context that makes a Get accept a stale value only
+// if it went stale at most d ago, like HTTP's Cache-Control max-stale.
+// WithMaxStale(ctx, 0) demands a fresh value, like no-cache: the Get waits
+// for a load (which still coalesces with other callers). A negative d is 0.
+func WithMaxStale(ctx context.Context, d time.Duration) context.Context {
+	return context.WithValue(ctx, maxStaleKey{}, max(d, 0))
+}
+
+// acceptsStale applies the caller's WithMaxStale, if any, to a stale entry.
+func acceptsStale[K comparable, V any](ctx context.Context, e *entry[K, V], now time.Duration) bool {
+	d, ok := ctx.Value(maxStaleKey{}).(time.Duration)
+	return !ok || (d > 0 && now-e.freshUntil <= d)
+}

@@ -1,0 +1,233 @@
+package flightcache
+
+import (
+	"fmt"
+	"math"
+	"time"
+)
+
+// Defaults for the zero values of [Options].
+const (
+	DefaultMaxCost             = 10_000
+	DefaultLoadTimeout         = 10 * time.Second
+	DefaultMaxRefreshes        = 64
+	DefaultRetryInitial        = 50 * time.Millisecond
+	DefaultRetryMax            = 2 * time.Second
+	DefaultConsecutiveFailures = 5
+	DefaultOpenTimeout         = 5 * time.Second
+	DefaultHalfOpenRequests    = 1
+)
+
+// Options configures a [Loader]. It is a plain struct passed by value to
+// [New]; its zero value plus a TTL is a safe configuration, and every zero
+// field means the default its comment gives. New rejects an invalid value
+// with an error that names the field.
+type Options[K comparable, V any] struct {
+	// TTL is how long a loaded value is fresh. Required, > 0.
+	TTL time.Duration
+
+	// Jitter, in [0, 1], spreads expiry: each entry's freshness is drawn
+	// uniformly from [TTL·(1−Jitter), TTL], so keys loaded together do not
+	// expire together. 0 (the default) means every entry lives exactly TTL.
+	Jitter float64
+
+	// StaleWhileRevalidate is how long after freshness ends a Get still
+	// returns the stale value at once ([SourceStale]) while one background
+	// refresh of the key runs. A failed refresh is not retried for that key
+	// before a jittered delay that starts at Retry.InitialInterval and
+	// doubles per consecutive failure up to Retry.MaxInterval. 0 = off.
+	StaleWhileRevalidate time.Duration
+
+	// StaleIfError is how long after the StaleWhileRevalidate window a stale
+	// value still covers a failure: a Get waits for a load, and if that load
+	// fails (the breaker refusing included) it returns the stale value
+	// ([SourceStaleOnError]) instead of the error. [ErrNotFound] is never
+	// covered: the key is gone. 0 = off.
+	StaleIfError time.Duration
+
+	// EarlyRefresh is the XFetch β: while an entry is fresh, a Get starts a
+	// background refresh early with a probability that grows as expiry
+	// nears and with how long the value took to load. 1 is the paper's
+	// optimum; larger refreshes earlier. 0 = off.
+	EarlyRefresh float64
+
+	// MaxCost bounds the cache, in the units of Cost. Without Cost every
+	// entry costs 1, MaxCost is an entry count, and 0 means
+	// DefaultMaxCost. With Cost, MaxCost is required.
+	MaxCost int64
+
+	// Cost, if set, returns the cost of a value (for example its size in
+	// bytes). It is called once per stored value, outside every lock, and
+	// must not block. A panic in Cost is recovered: the value is returned
+	// to its callers but not cached, and Stats.Panics counts it.
+	Cost func(V) int64
+
+	// NumCounters is the number of TinyLFU frequency counters ristretto
+	// keeps (about 3 bytes each). 0 means 10 × MaxCost without Cost and
+	// 1,000,000 with it.
+	NumCounters int64
+
+	// Policy says what happens to a load once every caller waiting on it
+	// has left. The zero value is FinishAndFill.
+	Policy Policy
+
+	// LoadTimeout bounds one load, retries included. It lives inside the
+	// shared load, never per waiter. 0 means DefaultLoadTimeout (10s).
+	LoadTimeout time.Duration
+
+	// Retry configures retries of a failed downstream call inside a load.
+	Retry Retry
+
+	// Breaker configures the circuit breaker around the downstream call.
+	Breaker Breaker
+
+	// MaxRefreshes bounds the background refreshes running at once (stale
+	// revalidation and early refresh together). When it is reached the
+	// stale value is served and no refresh starts. 0 means
+	// DefaultMaxRefreshes (64).
+	MaxRefreshes int
+
+	// OnLoad, if set, is called once after every downstream load, foreground
+	// or background, on the load's own goroutine, after the load's waiters
+	// have been given the result. It must not block for long: [Loader.Close]
+	// waits for it. A panic in OnLoad is recovered and counted in
+	// Stats.Panics.
+	OnLoad func(LoadEvent[K])
+
+	// NotFoundTTL, if > 0, caches a load error matching [ErrNotFound] for
+	// this long (jittered like TTL); Gets in that time return the same
+	// error as a hit. 0 = not-found errors are not cached.
+	NotFoundTTL time.Duration
+
+	// Hash, if set, replaces the default hash of keys (hash/maphash's
+	// Comparable with a per-Loader seed). Keys are always compared exactly,
+	// so two keys with the same hash never see each other's values; they
+	// only share one cache slot.
+	Hash func(K) uint64
+}
+
+// Retry configures retries inside one load, built on
+// github.com/cenkalti/backoff/v4's exponential backoff with jitter. Retries
+// stop at MaxAttempts, at the load's deadline ([Options.LoadTimeout]), or at
+// the first error that is not retryable. Breaker refusals, [ErrNotFound],
+// panics and context errors are never retried.
+type Retry struct {
+	// MaxAttempts is the number of downstream calls one load may make.
+	// 0 or 1 means no retry.
+	MaxAttempts int
+	// InitialInterval is the wait before the first retry (jittered ±50%,
+	// growing 1.5× per retry). 0 means DefaultRetryInitial (50ms).
+	InitialInterval time.Duration
+	// MaxInterval caps the wait between retries. 0 means DefaultRetryMax (2s).
+	MaxInterval time.Duration
+	// Retryable, if set, reports whether an error is worth another attempt.
+	// nil means every error not excluded above is retryable.
+	Retryable func(error) bool
+}
+
+// Breaker configures the circuit breaker (github.com/sony/gobreaker/v2)
+// around the downstream call. While it is open, loads fail at once with an
+// error matching [ErrBreakerOpen] and never reach the LoadFunc. Context
+// cancellation (a caller leaving, Close) and [ErrNotFound] never count as
+// failures; a load that hits LoadTimeout does.
+type Breaker struct {
+	// Disabled turns the breaker off.
+	Disabled bool
+	// ConsecutiveFailures opens the breaker after this many failures in a
+	// row. 0 means DefaultConsecutiveFailures (5).
+	ConsecutiveFailures uint32
+	// OpenTimeout is how long the breaker stays open before it lets probe
+	// requests through (half-open). 0 means DefaultOpenTimeout (5s).
+	OpenTimeout time.Duration
+	// HalfOpenRequests is how many probe calls may run while half-open; that
+	// many successes close the breaker. 0 means DefaultHalfOpenRequests (1).
+	HalfOpenRequests uint32
+	// IsFailure, if set, reports whether a LoadFunc error counts against
+	// the downstream; errors it rejects count as successes (the downstream
+	// answered). nil means every error counts.
+	IsFailure func(error) bool
+}
+
+// optionError names the field that failed validation.
+func optionError(field, format string, args ...any) error {
+	return fmt.Errorf("flightcache: Options.%s %s", field, fmt.Sprintf(format, args...))
+}
+
+// validate checks every field and returns the first problem, naming it.
+func (o *Options[K, V]) validate() error {
+	switch {
+	case o.TTL <= 0:
+		return optionError("TTL", "must be > 0, got %v", o.TTL)
+	case math.IsNaN(o.Jitter) || o.Jitter < 0 || o.Jitter > 1:
+		return optionError("Jitter", "must be in [0, 1], got %v", o.Jitter)
+	case o.StaleWhileRevalidate < 0:
+		return optionError("StaleWhileRevalidate", "must be >= 0, got %v", o.StaleWhileRevalidate)
+	case o.StaleIfError < 0:
+		return optionError("StaleIfError", "must be >= 0, got %v", o.StaleIfError)
+	case math.IsNaN(o.EarlyRefresh) || math.IsInf(o.EarlyRefresh, 0) || o.EarlyRefresh < 0:
+		return optionError("EarlyRefresh", "must be a finite number >= 0, got %v", o.EarlyRefresh)
+	case o.MaxCost < 0:
+		return optionError("MaxCost", "must be >= 0, got %d", o.MaxCost)
+	case o.Cost != nil && o.MaxCost == 0:
+		return optionError("MaxCost", "must be set when Options.Cost is set")
+	case o.NumCounters < 0:
+		return optionError("NumCounters", "must be >= 0, got %d", o.NumCounters)
+	case o.Policy != FinishAndFill && o.Policy != CancelAtZero:
+		return optionError("Policy", "is unknown: %v", o.Policy)
+	case o.LoadTimeout < 0:
+		return optionError("LoadTimeout", "must be >= 0, got %v", o.LoadTimeout)
+	case o.Retry.MaxAttempts < 0:
+		return optionError("Retry.MaxAttempts", "must be >= 0, got %d", o.Retry.MaxAttempts)
+	case o.Retry.InitialInterval < 0:
+		return optionError("Retry.InitialInterval", "must be >= 0, got %v", o.Retry.InitialInterval)
+	case o.Retry.MaxInterval < 0:
+		return optionError("Retry.MaxInterval", "must be >= 0, got %v", o.Retry.MaxInterval)
+	case o.Breaker.OpenTimeout < 0:
+		return optionError("Breaker.OpenTimeout", "must be >= 0, got %v", o.Breaker.OpenTimeout)
+	case o.MaxRefreshes < 0:
+		return optionError("MaxRefreshes", "must be >= 0, got %d", o.MaxRefreshes)
+	case o.NotFoundTTL < 0:
+		return optionError("NotFoundTTL", "must be >= 0, got %v", o.NotFoundTTL)
+	}
+	return nil
+}
+
+// withDefaults returns a copy with every zero field that has a default set.
+func (o Options[K, V]) withDefaults() Options[K, V] {
+	if o.MaxCost == 0 {
+		o.MaxCost = DefaultMaxCost
+	}
+	if o.NumCounters == 0 {
+		if o.Cost == nil {
+			o.NumCounters = 10 * o.MaxCost
+		} else {
+			o.NumCounters = 1_000_000
+		}
+	}
+	if o.LoadTimeout == 0 {
+		o.LoadTimeout = DefaultLoadTimeout
+	}
+	if o.MaxRefreshes == 0 {
+		o.MaxRefreshes = DefaultMaxRefreshes
+	}
+	if o.Retry.MaxAttempts == 0 {
+		o.Retry.MaxAttempts = 1
+	}
+	if o.Retry.InitialInterval == 0 {
+		o.Retry.InitialInterval = DefaultRetryInitial
+	}
+	if o.Retry.MaxInterval == 0 {
+		o.Retry.MaxInterval = max(DefaultRetryMax, o.Retry.InitialInterval)
+	}
+	o.Retry.MaxInterval = max(o.Retry.MaxInterval, o.Retry.InitialInterval)
+	if o.Breaker.ConsecutiveFailures == 0 {
+		o.Breaker.ConsecutiveFailures = DefaultConsecutiveFailures
+	}
+	if o.Breaker.OpenTimeout == 0 {
+		o.Breaker.OpenTimeout = DefaultOpenTimeout
+	}
+	if o.Breaker.HalfOpenRequests == 0 {
+		o.Breaker.HalfOpenRequests = DefaultHalfOpenRequests
+	}
+	return o
+}

@@ -1,0 +1,227 @@
+package flightcache
+
+import (
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Source says where the value of one Get came from.
+type Source uint8
+
+const (
+	// SourceNone is the zero Source: the Get returned without a value from
+	// the cache or a load (the Loader was closed, the caller's context
+	// ended first, or the context was nil).
+	SourceNone Source = iota
+	// SourceHit: a fresh cached value (or a cached not-found error).
+	SourceHit
+	// SourceStale: a stale value inside the StaleWhileRevalidate window,
+	// returned at once while a background refresh runs.
+	SourceStale
+	// SourceStaleOnError: the load this caller waited for failed, and a
+	// stale value inside the StaleIfError window was returned instead.
+	SourceStaleOnError
+	// SourceLoaded: this caller started the load it waited for.
+	SourceLoaded
+	// SourceShared: this caller waited for a load another caller (or a
+	// background refresh) started.
+	SourceShared
+)
+
+// String returns "none", "hit", "stale", "stale-on-error", "loaded" or
+// "shared".
+func (s Source) String() string {
+	switch s {
+	case SourceHit:
+		return "hit"
+	case SourceStale:
+		return "stale"
+	case SourceStaleOnError:
+		return "stale-on-error"
+	case SourceLoaded:
+		return "loaded"
+	case SourceShared:
+		return "shared"
+	default:
+		return "none"
+	}
+}
+
+// Info says what one [Loader.GetInfo] did.
+type Info struct {
+	// Source is where the value came from.
+	Source Source
+	// Age is how long ago the returned value was loaded (or Set).
+	Age time.Duration
+	// Waited is how long the caller waited for a load; 0 for a hit or a
+	// stale value served at once.
+	Waited time.Duration
+}
+
+// LoadEvent describes one finished downstream load; see [Options.OnLoad].
+type LoadEvent[K comparable] struct {
+	// Key is the key that was loaded.
+	Key K
+	// Duration is how long the load took, retries and backoff included.
+	Duration time.Duration
+	// Err is the load's error, nil on success.
+	Err error
+	// Attempts is the number of LoadFunc calls the load made (0 when the
+	// breaker refused the first one).
+	Attempts int
+	// Background is true for a refresh nobody waited on when it started
+	// (stale-while-revalidate or early refresh).
+	Background bool
+	// Callers is how many Get calls received this load's result, the
+	// starter included: the blast radius of Err when it is not nil. Callers
+	// that left before the result was ready are not counted; a background
+	// refresh nobody joined has 0.
+	Callers int
+	// Abandoned is true when the load was cancelled because every waiter
+	// left ([CancelAtZero]).
+	Abandoned bool
+	// Stored is true when the result was written to the cache. It is false
+	// for errors (a cached not-found aside), for loads overtaken by
+	// [Loader.Set] or [Loader.Invalidate], and after Close.
+	Stored bool
+}
+
+// Stats is a snapshot of a Loader's cumulative counters, from [Loader.Stats].
+//
+// Every Get is counted once by how it was answered:
+// Gets = Hits + StaleHits + Misses + Closed, once no Get is running. Misses
+// are the Gets that waited for a load (or tried to); how they ended is in
+// Shared, SharedErrors, StaleOnError and Canceled.
+type Stats struct {
+	Gets      uint64 // Get and GetInfo calls
+	Hits      uint64 // answered from a fresh entry (cached not-found included)
+	StaleHits uint64 // answered at once with a stale value (StaleWhileRevalidate)
+	Misses    uint64 // waited for a load, started or joined
+	Closed    uint64 // refused with ErrClosed before reaching the cache
+
+	StaleOnError uint64 // misses answered with a stale value because the load failed
+	Shared       uint64 // misses served by a load they did not start
+	SharedErrors uint64 // of Shared, those that received the load's error: the summed blast radius
+	Canceled     uint64 // misses whose own context ended first
+
+	Loads             uint64 // downstream loads, foreground and background
+	LoadErrors        uint64 // loads that ended in an error (not-found and abandoned included)
+	Retries           uint64 // LoadFunc calls beyond the first, over all loads
+	MaxCallersPerLoad uint64 // the most Gets one load's result reached
+	Refreshes         uint64 // background refreshes started
+	Abandoned         uint64 // loads cancelled because every waiter left (CancelAtZero)
+	BreakerRejected   uint64 // downstream calls the breaker refused
+	Panics            uint64 // panics recovered in LoadFunc, Cost or OnLoad
+	InFlight          int64  // loads running now
+
+	SetsDropped  uint64 // fills ristretto's set buffer dropped (the next Get misses)
+	SetsRejected uint64 // fills ristretto's admission policy refused
+	Evicted      uint64 // entries ristretto evicted to make room
+
+	Breaker BreakerState // the breaker's state now
+}
+
+// stripe holds the counters the hit path touches. Each Get takes one stripe
+// for its whole run from a sync.Pool, so a goroutine mostly reuses the stripe
+// of its own P and counters do not bounce between cores. The pool only hands
+// out pointers into a fixed array: a stripe dropped from the pool at a GC is
+// never lost, only handed out again later.
+//
+// gets is incremented when a Get starts, and exactly one of the outcome
+// counters when it leaves the cache lookup. Close waits, per stripe, for the
+// outcomes to catch up with gets before it closes ristretto.
+type stripe struct {
+	gets   atomic.Uint64
+	hits   atomic.Uint64
+	stale  atomic.Uint64
+	misses atomic.Uint64
+	closed atomic.Uint64
+	_      [128 - 5*8]byte // one stripe per pair of cache lines
+}
+
+// exits is how many Gets have left the lookup on this stripe.
+func (s *stripe) exits() uint64 {
+	return s.hits.Load() + s.stale.Load() + s.misses.Load() + s.closed.Load()
+}
+
+// counters are all of a Loader's statistics.
+type counters struct {
+	stripes []stripe
+	next    atomic.Uint32 // round-robin index for pool.New
+	pool    sync.Pool     // of *stripe, pointing into stripes
+
+	staleOnError, shared, sharedErrors, canceled  atomic.Uint64
+	loads, loadErrors, retries, maxCallers        atomic.Uint64
+	refreshes, abandoned, breakerRejected, panics atomic.Uint64
+	setsDropped, setsRejected, evicted            atomic.Uint64
+	inFlight, refreshing                          atomic.Int64
+}
+
+func (c *counters) init() {
+	n := 8
+	for n < 4*runtime.GOMAXPROCS(0) && n < 256 {
+		n *= 2
+	}
+	c.stripes = make([]stripe, n)
+	c.pool.New = func() any {
+		return &c.stripes[int(c.next.Add(1))%len(c.stripes)]
+	}
+}
+
+func (c *counters) acquire() *stripe  { return c.pool.Get().(*stripe) }
+func (c *counters) release(s *stripe) { c.pool.Put(s) }
+
+// quiet reports whether no Get is inside a cache lookup. Read the outcomes
+// before gets: a Get that starts after the read of gets sees the closed flag
+// (set before quiet is called) and never touches the cache.
+func (c *counters) quiet() bool {
+	for i := range c.stripes {
+		s := &c.stripes[i]
+		if s.exits() != s.gets.Load() {
+			return false
+		}
+	}
+	return true
+}
+
+// noteCallers records how many Gets one load reached.
+func (c *counters) noteCallers(n int) {
+	v := uint64(n)
+	for {
+		cur := c.maxCallers.Load()
+		if v <= cur || c.maxCallers.CompareAndSwap(cur, v) {
+			return
+		}
+	}
+}
+
+func (c *counters) snapshot() Stats {
+	var s Stats
+	for i := range c.stripes {
+		st := &c.stripes[i]
+		s.Hits += st.hits.Load()
+		s.StaleHits += st.stale.Load()
+		s.Misses += st.misses.Load()
+		s.Closed += st.closed.Load()
+		s.Gets += st.gets.Load()
+	}
+	s.StaleOnError = c.staleOnError.Load()
+	s.Shared = c.shared.Load()
+	s.SharedErrors = c.sharedErrors.Load()
+	s.Canceled = c.canceled.Load()
+	s.Loads = c.loads.Load()
+	s.LoadErrors = c.loadErrors.Load()
+	s.Retries = c.retries.Load()
+	s.MaxCallersPerLoad = c.maxCallers.Load()
+	s.Refreshes = c.refreshes.Load()
+	s.Abandoned = c.abandoned.Load()
+	s.BreakerRejected = c.breakerRejected.Load()
+	s.Panics = c.panics.Load()
+	s.InFlight = c.inFlight.Load()
+	s.SetsDropped = c.setsDropped.Load()
+	s.SetsRejected = c.setsRejected.Load()
+	s.Evicted = c.evicted.Load()
+	return s
+}
