@@ -59,30 +59,41 @@ func (f *flights[K, V]) shard(h uint64) *shard[K, V] {
 // join makes ctx's caller a waiter of key's load, starting one if none is in
 // flight; started reports whether it did. A background join (a refresh)
 // never waits: it returns a nil call when a load is already in flight.
-func (l *Loader[K, V]) join(ctx context.Context, key K, h uint64, from *entry[K, V]) (c *call[K, V], started bool, err error) {
+//
+// Before starting a load, join looks at the cache again under the shard
+// lock: a load that finished between the caller's lookup and now has left
+// the map but stored its value, and that value is returned as fresh instead
+// of loading twice.
+func (l *Loader[K, V]) join(ctx context.Context, key K, h uint64, from *entry[K, V]) (c *call[K, V], started bool, fresh *entry[K, V], err error) {
 	background := from != nil
 	marker, _ := ctx.Value(loadKey{}).(*loadMarker) // user code: outside the locks
 	l.closeMu.RLock()
 	defer l.closeMu.RUnlock()
 	if l.closed.Load() {
-		return nil, false, ErrClosed
+		return nil, false, nil, ErrClosed
 	}
 	sh := l.flights.shard(h)
 	sh.mu.Lock()
 	if c = sh.m[key]; c != nil {
 		if background {
 			sh.mu.Unlock()
-			return nil, false, nil
+			return nil, false, nil, nil
 		}
 		for m := marker; m != nil; m = m.parent {
 			if m.call == c {
 				sh.mu.Unlock()
-				return nil, false, ErrRecursiveLoad
+				return nil, false, nil, ErrRecursiveLoad
 			}
 		}
 		c.waiters++
 		sh.mu.Unlock()
-		return c, false, nil
+		return c, false, nil, nil
+	}
+	if !background {
+		if e, ok := l.cache.Get(h); ok && e.key == key && l.phase(e, l.now()) == phaseFresh {
+			sh.mu.Unlock()
+			return nil, false, e, nil
+		}
 	}
 	c = &call[K, V]{done: make(chan struct{}), background: background, from: from}
 	c.ctx, c.cancel, c.release = loadContext(ctx, l.base, l.opts.LoadTimeout, c)
@@ -95,7 +106,7 @@ func (l *Loader[K, V]) join(ctx context.Context, key K, h uint64, from *entry[K,
 	l.active.Add(1)
 	l.stats.inFlight.Add(1)
 	go l.run(c, key, h)
-	return c, true, nil
+	return c, true, nil, nil
 }
 
 // leave withdraws a waiter whose context ended. It returns false if the
@@ -182,9 +193,8 @@ func (l *Loader[K, V]) finish(c *call[K, V], key K, h uint64, v V, err error, at
 	c.val, c.err, c.loadedAt = v, err, now
 	c.finished = true
 	callers, abandoned := c.waiters, c.abandoned
-	close(c.done)
-	sh.mu.Unlock()
-
+	// Count before the waiters wake, so Stats read after a Get returns
+	// includes the load that answered it.
 	l.stats.inFlight.Add(-1)
 	l.stats.loads.Add(1)
 	l.stats.noteCallers(callers)
@@ -196,12 +206,15 @@ func (l *Loader[K, V]) finish(c *call[K, V], key K, h uint64, v V, err error, at
 	}
 	if c.background {
 		l.stats.refreshing.Add(-1)
-		if err != nil && c.from != nil {
+		if err != nil {
 			n := c.from.refreshFails.Add(1)
 			d := refreshDelay(int(n), l.opts.Retry.InitialInterval, l.opts.Retry.MaxInterval, rand.Float64())
 			c.from.refreshAfter.Store(int64(now + d))
 		}
 	}
+	close(c.done)
+	sh.mu.Unlock()
+
 	if l.opts.OnLoad != nil {
 		l.onLoad(LoadEvent[K]{
 			Key: key, Duration: took, Err: err, Attempts: attempts,

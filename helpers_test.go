@@ -20,12 +20,12 @@ type downstream struct {
 	calls   atomic.Int64
 	mu      sync.Mutex
 	perKey  map[string]int
-	gate    chan struct{}  // if non-nil, each call waits to receive from it (or ctx)
-	started chan string    // if non-nil, each call sends its key here first
-	delay   time.Duration  // if > 0, each call sleeps this long (virtual time in synctest)
+	gate    chan struct{}                   // if non-nil, each call waits to receive from it (or ctx)
+	started chan string                     // if non-nil, each call sends its key here first
+	delay   time.Duration                   // if > 0, each call sleeps this long (virtual time in synctest)
 	fail    func(n int64, key string) error // if non-nil, the call's error
-	inside  atomic.Int64   // calls running now
-	peak    atomic.Int64   // most calls running at once
+	inside  atomic.Int64                    // calls running now
+	peak    atomic.Int64                    // most calls running at once
 }
 
 func (d *downstream) load(ctx context.Context, key string) (string, error) {

@@ -211,19 +211,30 @@ func (l *Loader[K, V]) GetInfo(ctx context.Context, key K) (V, Info, error) {
 // wait joins (or starts) key's load and waits for it or for ctx.
 func (l *Loader[K, V]) wait(ctx context.Context, key K, h uint64, start time.Duration) (V, Info, error) {
 	var zero V
-	c, started, err := l.join(ctx, key, h, nil)
+	c, started, fresh, err := l.join(ctx, key, h, nil)
 	if err != nil {
 		return zero, Info{}, err
 	}
+	if fresh != nil { // a load finished as this Get looked: it shares the result
+		l.stats.shared.Add(1)
+		if fresh.err != nil {
+			l.stats.sharedErrors.Add(1)
+		}
+		now := l.now()
+		return fresh.val, Info{Source: SourceShared, Age: now - fresh.loadedAt, Waited: now - start}, fresh.err
+	}
+	l.stats.waiting.Add(1)
 	select {
 	case <-c.done:
 	case <-ctx.Done():
 		if l.leave(key, h, c) {
+			l.stats.waiting.Add(-1)
 			l.stats.canceled.Add(1)
 			return zero, Info{Waited: l.now() - start}, ctx.Err()
 		}
 		<-c.done // the result was delivered as ctx ended: it is ours
 	}
+	l.stats.waiting.Add(-1)
 	end := l.now()
 	info := Info{Source: SourceShared, Waited: end - start}
 	if started {
@@ -279,7 +290,7 @@ func (l *Loader[K, V]) refresh(ctx context.Context, key K, h uint64, e *entry[K,
 		e.refreshAfter.Store(after)
 		return
 	}
-	c, _, _ := l.join(ctx, key, h, e)
+	c, _, _, _ := l.join(ctx, key, h, e)
 	if c == nil { // a load is already in flight, or the Loader closed
 		l.stats.refreshing.Add(-1)
 		e.refreshAfter.Store(after)

@@ -45,10 +45,16 @@ type Options[K comparable, V any] struct {
 	// covered: the key is gone. 0 = off.
 	StaleIfError time.Duration
 
-	// EarlyRefresh is the XFetch β: while an entry is fresh, a Get starts a
-	// background refresh early with a probability that grows as expiry
-	// nears and with how long the value took to load. 1 is the paper's
-	// optimum; larger refreshes earlier. 0 = off.
+	// EarlyRefresh is the XFetch β: while an entry is fresh, each Get starts
+	// a background refresh early with probability exp(−remaining/(β·δ)),
+	// where δ is how long the value took to load. The chance grows as
+	// expiry nears, with slower loads and with β. 0 = off.
+	//
+	// NOTE: every Get is a draw, so the refresh comes earlier the more Gets
+	// a key sees: at r Gets per second it lands about β·δ·ln(r·β·δ) before
+	// expiry. β = 1 (the paper's choice) suits TTLs far above that; for a
+	// hot key whose TTL is a few load times, a smaller β (0.1–0.5) avoids
+	// refreshing right after every load.
 	EarlyRefresh float64
 
 	// MaxCost bounds the cache, in the units of Cost. Without Cost every

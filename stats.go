@@ -115,6 +115,7 @@ type Stats struct {
 	BreakerRejected   uint64 // downstream calls the breaker refused
 	Panics            uint64 // panics recovered in LoadFunc, Cost or OnLoad
 	InFlight          int64  // loads running now
+	Waiting           int64  // Gets waiting on a load now: the blast radius if it fails
 
 	SetsDropped  uint64 // fills ristretto's set buffer dropped (the next Get misses)
 	SetsRejected uint64 // fills ristretto's admission policy refused
@@ -156,7 +157,7 @@ type counters struct {
 	loads, loadErrors, retries, maxCallers        atomic.Uint64
 	refreshes, abandoned, breakerRejected, panics atomic.Uint64
 	setsDropped, setsRejected, evicted            atomic.Uint64
-	inFlight, refreshing                          atomic.Int64
+	inFlight, refreshing, waiting                 atomic.Int64
 }
 
 func (c *counters) init() {
@@ -220,6 +221,7 @@ func (c *counters) snapshot() Stats {
 	s.BreakerRejected = c.breakerRejected.Load()
 	s.Panics = c.panics.Load()
 	s.InFlight = c.inFlight.Load()
+	s.Waiting = c.waiting.Load()
 	s.SetsDropped = c.setsDropped.Load()
 	s.SetsRejected = c.setsRejected.Load()
 	s.Evicted = c.evicted.Load()
