@@ -1,0 +1,171 @@
+package flightcache
+
+import (
+	"context"
+	"errors"
+	"runtime"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/sony/gobreaker/v2"
+)
+
+// The breaker opens after ConsecutiveFailures, refuses without calling the
+// downstream, lets a probe through after OpenTimeout, and closes on success.
+func TestBreakerOpensAndRecovers(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		healthy := false
+		d := &downstream{fail: func(int64, string) error {
+			if healthy {
+				return nil
+			}
+			return errBoom
+		}}
+		l := newLoader(t, d, Options[string, string]{Breaker: Breaker{ConsecutiveFailures: 3, OpenTimeout: 10 * time.Second}})
+		for i := range 3 {
+			if _, err := l.Get(t.Context(), "k"); !errors.Is(err, errBoom) {
+				t.Fatalf("Get %d = %v; want errBoom", i, err)
+			}
+		}
+		_, err := l.Get(t.Context(), "k")
+		if !errors.Is(err, ErrBreakerOpen) || !errors.Is(err, gobreaker.ErrOpenState) {
+			t.Fatalf("Get with breaker open = %v; want ErrBreakerOpen wrapping gobreaker.ErrOpenState", err)
+		}
+		if d.calls.Load() != 3 {
+			t.Errorf("calls = %d; want 3: an open breaker calls nothing", d.calls.Load())
+		}
+		time.Sleep(11 * time.Second)
+		healthy = true
+		if v, err := l.Get(t.Context(), "k"); err != nil || v != "k#4" {
+			t.Errorf("probe Get = %q, %v; want the probe's value", v, err)
+		}
+		if s := l.Stats(); s.Breaker != BreakerClosed || s.BreakerRejected != 1 {
+			t.Errorf("Stats = %+v; want breaker closed again, 1 rejection", s)
+		}
+	})
+}
+
+// A caller leaving, Close, abandonment and not-found never count as
+// breaker failures; IsFailure can exclude more.
+func TestBreakerIgnoresCancellationAndNotFound(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var notFailure = errors.New("bad request")
+		l, err := New(func(ctx context.Context, key string) (string, error) {
+			switch key {
+			case "gone":
+				return "", ErrNotFound
+			case "bad":
+				return "", notFailure
+			}
+			<-ctx.Done()
+			return "", ctx.Err()
+		}, Options[string, string]{TTL: time.Minute, Policy: CancelAtZero, Breaker: Breaker{
+			ConsecutiveFailures: 1,
+			IsFailure:           func(err error) bool { return !errors.Is(err, notFailure) },
+		}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer l.Close()
+		for range 3 {
+			ctx, cancel := context.WithTimeout(t.Context(), time.Second)
+			l.Get(ctx, "slow") // abandoned at the deadline: excluded
+			cancel()
+			l.Get(t.Context(), "gone")
+			l.Get(t.Context(), "bad")
+		}
+		synctest.Wait()
+		if s := l.Stats(); s.Breaker != BreakerClosed || s.BreakerRejected != 0 {
+			t.Errorf("Stats = %+v; want the breaker still closed", s)
+		}
+	})
+}
+
+// Retries: a transient error is retried with backoff inside the load; a
+// Retryable that says no stops at once; not-found is never retried.
+func TestRetries(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		d := &downstream{fail: func(n int64, key string) error {
+			switch {
+			case key == "gone":
+				return ErrNotFound
+			case key == "fatal":
+				return errBoom
+			case n%3 != 0:
+				return errors.New("transient")
+			}
+			return nil
+		}}
+		l := newLoader(t, d, Options[string, string]{
+			Retry: Retry{MaxAttempts: 5, InitialInterval: 100 * time.Millisecond,
+				Retryable: func(err error) bool { return !errors.Is(err, errBoom) }},
+			Breaker: Breaker{Disabled: true},
+		})
+		start := time.Now()
+		if v, err := l.Get(t.Context(), "k"); err != nil || v != "k#3" {
+			t.Fatalf("Get = %q, %v; want success on the third attempt", v, err)
+		}
+		if waited := time.Since(start); waited < 100*time.Millisecond || waited > time.Second {
+			t.Errorf("two retries took %v; want jittered backoff of about 100ms+150ms", waited)
+		}
+		before := d.calls.Load()
+		l.Get(t.Context(), "fatal")
+		l.Get(t.Context(), "gone")
+		if got := d.calls.Load() - before; got != 2 {
+			t.Errorf("calls for a non-retryable error and a not-found = %d; want 2", got)
+		}
+	})
+}
+
+// Retries stop at the load's deadline, and the error says so while keeping
+// the last real error.
+func TestRetriesStopAtLoadTimeout(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		d := &downstream{fail: func(int64, string) error { return errBoom }}
+		l := newLoader(t, d, Options[string, string]{
+			LoadTimeout: time.Second,
+			Retry:       Retry{MaxAttempts: 100, InitialInterval: 300 * time.Millisecond, MaxInterval: 300 * time.Millisecond},
+			Breaker:     Breaker{Disabled: true},
+		})
+		_, err := l.Get(t.Context(), "k")
+		if !errors.Is(err, ErrLoadTimeout) || !errors.Is(err, errBoom) {
+			t.Errorf("Get = %v; want ErrLoadTimeout wrapping the last errBoom", err)
+		}
+		if n := d.calls.Load(); n < 2 || n > 8 {
+			t.Errorf("calls = %d; want a handful within 1s", n)
+		}
+	})
+}
+
+// A LoadFunc that calls runtime.Goexit ends its goroutine; waiters get an
+// error instead of hanging, and the breaker counts a failure (a half-open
+// probe must not stay taken forever).
+func TestGoexitInLoadFunc(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		l, err := New(func(ctx context.Context, key string) (string, error) {
+			runtime.Goexit()
+			return "", nil
+		}, Options[string, string]{TTL: time.Minute, Breaker: Breaker{ConsecutiveFailures: 2, OpenTimeout: time.Second}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer l.Close()
+		for range 2 {
+			if _, err := l.Get(t.Context(), "k"); !errors.Is(err, errGoexit) {
+				t.Fatalf("Get = %v; want errGoexit", err)
+			}
+		}
+		if s := l.Stats(); s.Breaker != BreakerOpen {
+			t.Fatalf("breaker = %v; want open after two Goexits", s.Breaker)
+		}
+		time.Sleep(2 * time.Second)
+		for range 2 { // each half-open probe Goexits and reopens the breaker
+			l.Get(t.Context(), "k")
+			time.Sleep(2 * time.Second)
+		}
+		if s := l.Stats(); s.Loads != 4 {
+			t.Errorf("Loads = %d; want 4: the half-open probe is released each time", s.Loads)
+		}
+	})
+}

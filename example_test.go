@@ -1,0 +1,174 @@
+package flightcache_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/flightcache/flightcache"
+)
+
+type Product struct {
+	ID    string
+	Price int
+}
+
+// A Loader in front of a slow lookup: a hundred concurrent Gets of a cold
+// key make one downstream call.
+func Example() {
+	var calls atomic.Int32
+	prices, err := flightcache.New(func(ctx context.Context, id string) (Product, error) {
+		calls.Add(1)
+		time.Sleep(50 * time.Millisecond) // the expensive downstream call
+		return Product{ID: id, Price: 1299}, nil
+	}, flightcache.Options[string, Product]{TTL: time.Minute})
+	if err != nil {
+		panic(err)
+	}
+	defer prices.Close()
+
+	var wg sync.WaitGroup
+	for range 100 {
+		wg.Go(func() {
+			if _, err := prices.Get(context.Background(), "p-1"); err != nil {
+				panic(err)
+			}
+		})
+	}
+	wg.Wait()
+	p, _ := prices.Get(context.Background(), "p-1")
+	fmt.Println(p.Price, "from", calls.Load(), "downstream call")
+	// Output: 1299 from 1 downstream call
+}
+
+// GetInfo says where each value came from: the caller that started a load,
+// the callers that shared it, and the hits after it.
+func ExampleLoader_GetInfo() {
+	release := make(chan struct{})
+	l, _ := flightcache.New(func(ctx context.Context, id string) (string, error) {
+		<-release
+		return "value of " + id, nil
+	}, flightcache.Options[string, string]{TTL: time.Minute})
+	defer l.Close()
+
+	ctx := context.Background()
+	first := make(chan flightcache.Info)
+	go func() { _, info, _ := l.GetInfo(ctx, "k"); first <- info }()
+	for l.Stats().Waiting == 0 { // wait until the first Get has started the load
+		time.Sleep(time.Millisecond)
+	}
+	second := make(chan flightcache.Info)
+	go func() { _, info, _ := l.GetInfo(ctx, "k"); second <- info }()
+	for l.Stats().Waiting < 2 {
+		time.Sleep(time.Millisecond)
+	}
+	close(release)
+	fmt.Println((<-first).Source, (<-second).Source)
+	_, info, _ := l.GetInfo(ctx, "k")
+	fmt.Println(info.Source)
+	// Output:
+	// loaded shared
+	// hit
+}
+
+// Under CancelAtZero a load is cancelled when its last caller leaves; under
+// FinishAndFill (the default) it finishes and fills the cache.
+func ExamplePolicy() {
+	for _, policy := range []flightcache.Policy{flightcache.FinishAndFill, flightcache.CancelAtZero} {
+		started := make(chan struct{})
+		finished := make(chan error, 1)
+		l, _ := flightcache.New(func(ctx context.Context, id string) (string, error) {
+			close(started)
+			select {
+			case <-time.After(50 * time.Millisecond):
+				finished <- nil
+				return "loaded", nil
+			case <-ctx.Done():
+				finished <- context.Cause(ctx)
+				return "", ctx.Err()
+			}
+		}, flightcache.Options[string, string]{TTL: time.Minute, Policy: policy})
+
+		ctx, cancel := context.WithCancel(context.Background())
+		go func() { <-started; cancel() }() // the only caller gives up
+		_, err := l.Get(ctx, "k")
+		fmt.Printf("%s: caller got %v; load ended with %v\n", policy, err, <-finished)
+		l.Close()
+	}
+	// Output:
+	// finish-and-fill: caller got context canceled; load ended with <nil>
+	// cancel-at-zero: caller got context canceled; load ended with flightcache: load abandoned by every caller: context canceled
+}
+
+// With StaleIfError a failing downstream does not reach callers while a
+// stale value exists: they get the last good value instead of the error.
+func ExampleOptions_staleIfError() {
+	var down atomic.Bool
+	l, _ := flightcache.New(func(ctx context.Context, id string) (int, error) {
+		if down.Load() {
+			return 0, errors.New("pricing service unavailable")
+		}
+		return 42, nil
+	}, flightcache.Options[string, int]{TTL: 20 * time.Millisecond, StaleIfError: time.Hour})
+	defer l.Close()
+
+	ctx := context.Background()
+	l.Get(ctx, "p-1")
+	down.Store(true)
+	time.Sleep(50 * time.Millisecond) // the value is stale now
+
+	v, info, err := l.GetInfo(ctx, "p-1")
+	fmt.Println(v, info.Source, err)
+	fmt.Println("errors shared with callers:", l.Stats().SharedErrors)
+	// Output:
+	// 42 stale-on-error <nil>
+	// errors shared with callers: 0
+}
+
+// WithMaxStale bounds how stale a value one Get accepts, like HTTP's
+// Cache-Control: max-stale; 0 means no-cache.
+func ExampleWithMaxStale() {
+	var n atomic.Int32
+	l, _ := flightcache.New(func(ctx context.Context, id string) (int32, error) {
+		return n.Add(1), nil
+	}, flightcache.Options[string, int32]{TTL: 20 * time.Millisecond, StaleWhileRevalidate: time.Hour})
+	defer l.Close()
+
+	ctx := context.Background()
+	l.Get(ctx, "k")
+	time.Sleep(50 * time.Millisecond)
+	v, info, _ := l.GetInfo(flightcache.WithMaxStale(ctx, 0), "k")
+	fmt.Println(v, info.Source)
+	// Output: 2 loaded
+}
+
+// OnLoad reports every downstream load; Callers is the blast radius of a
+// failed one.
+func ExampleOptions_onLoad() {
+	release := make(chan struct{})
+	events := make(chan flightcache.LoadEvent[string], 1)
+	l, _ := flightcache.New(func(ctx context.Context, id string) (string, error) {
+		<-release
+		return "", errors.New("query timeout")
+	}, flightcache.Options[string, string]{
+		TTL:    time.Minute,
+		OnLoad: func(ev flightcache.LoadEvent[string]) { events <- ev },
+	})
+	defer l.Close()
+
+	var wg sync.WaitGroup
+	for range 7 {
+		wg.Go(func() { l.Get(context.Background(), "user:1") })
+	}
+	for l.Stats().Waiting < 7 { // every caller is queued behind the one load
+		time.Sleep(time.Millisecond)
+	}
+	close(release)
+	wg.Wait()
+	ev := <-events
+	fmt.Printf("load of %s failed (%v) and reached %d callers\n", ev.Key, ev.Err, ev.Callers)
+	// Output: load of user:1 failed (query timeout) and reached 7 callers
+}

@@ -1,0 +1,120 @@
+package flightcache
+
+import (
+	"math"
+	"testing"
+	"time"
+)
+
+func TestJitter(t *testing.T) {
+	tests := []struct {
+		ttl    time.Duration
+		spread float64
+		u      float64
+		want   time.Duration
+	}{
+		{time.Second, 0, 0.7, time.Second},
+		{time.Second, 0.2, 0, time.Second},
+		{time.Second, 0.2, 0.5, 900 * time.Millisecond},
+		{time.Second, 1, 0.999999999, 1},              // never 0
+		{time.Second, 1, 1, 1},                        // clamped u, still never 0
+		{time.Second, 2, 0.5, 500 * time.Millisecond}, // spread clamped to 1
+		{time.Second, math.NaN(), 0.5, time.Second},
+		{time.Second, 0.5, math.NaN(), time.Second},
+		{0, 0.5, 0.5, 1},
+		{-time.Second, 0.5, 0.5, 1},
+	}
+	for _, tt := range tests {
+		if got := jitter(tt.ttl, tt.spread, tt.u); got != tt.want {
+			t.Errorf("jitter(%v, %v, %v) = %v; want %v", tt.ttl, tt.spread, tt.u, got, tt.want)
+		}
+	}
+}
+
+// FuzzJitter: for any input, the lifetime is in [max(1, ttl·(1−spread)), ttl]
+// (or 1 for ttl < 1), and never 0.
+func FuzzJitter(f *testing.F) {
+	f.Add(int64(time.Second), 0.2, 0.5)
+	f.Add(int64(1), 1.0, 0.99)
+	f.Add(int64(math.MaxInt64), 0.5, 0.5)
+	f.Add(int64(-5), math.NaN(), math.Inf(1))
+	f.Fuzz(func(t *testing.T, ttl int64, spread, u float64) {
+		d := time.Duration(ttl)
+		got := jitter(d, spread, u)
+		if got < 1 {
+			t.Fatalf("jitter(%v, %v, %v) = %v; want >= 1ns", d, spread, u, got)
+		}
+		if d < 1 {
+			if got != 1 {
+				t.Fatalf("jitter(%v, ...) = %v; want 1ns for a non-positive ttl", d, got)
+			}
+			return
+		}
+		if got > d {
+			t.Fatalf("jitter(%v, %v, %v) = %v; want <= ttl", d, spread, u, got)
+		}
+		if s := min(spread, 1); s > 0 && !math.IsNaN(u) {
+			floor := float64(d) * (1 - s)
+			if float64(got) < floor-float64(d)*1e-9-1 {
+				t.Fatalf("jitter(%v, %v, %v) = %v; want >= %v", d, spread, u, got, floor)
+			}
+		}
+	})
+}
+
+func TestPhaseAt(t *testing.T) {
+	w := windows{staleWhileRevalidate: 10, staleIfError: 5}
+	for now, want := range map[time.Duration]phase{
+		99: phaseFresh, 100: phaseStale, 109: phaseStale, 110: phaseStaleIfError,
+		114: phaseStaleIfError, 115: phaseExpired, 1000: phaseExpired,
+	} {
+		if got := w.phaseAt(now, 100); got != want {
+			t.Errorf("phaseAt(%d, 100) = %d; want %d", now, got, want)
+		}
+	}
+	if got := (windows{}).phaseAt(100, 100); got != phaseExpired {
+		t.Errorf("no windows: phaseAt(expiry) = %d; want expired", got)
+	}
+}
+
+func TestXFetch(t *testing.T) {
+	const expiry = 10 * time.Second
+	tests := []struct {
+		now, delta time.Duration
+		beta, u    float64
+		want       bool
+	}{
+		{9 * time.Second, time.Second, 1, 0.5, false},    // gap 0.69s < 1s left
+		{9 * time.Second, time.Second, 1, 0.3, true},     // gap 1.2s >= 1s left
+		{9 * time.Second, time.Second, 2, 0.5, true},     // β=2 doubles the gap
+		{time.Second, time.Second, 1, 0.0001, true},      // rare very early refresh
+		{9 * time.Second, 0, 1, 0.0001, false},           // unknown load time: off
+		{9 * time.Second, time.Second, 0, 0.0001, false}, // β=0: off
+		{11 * time.Second, time.Second, 1, 0.9, false},   // already expired: not early
+		{9 * time.Second, time.Second, 1, 0, true},       // u=0: -ln is +Inf
+		{9 * time.Second, time.Second, 1, 1, false},      // u=1: no gap
+	}
+	for _, tt := range tests {
+		if got := xfetch(tt.now, expiry, tt.delta, tt.beta, tt.u); got != tt.want {
+			t.Errorf("xfetch(now %v, δ %v, β %v, u %v) = %v; want %v", tt.now, tt.delta, tt.beta, tt.u, got, tt.want)
+		}
+	}
+}
+
+func TestRefreshDelay(t *testing.T) {
+	base, limit := 100*time.Millisecond, time.Second
+	for n, want := range map[int][2]time.Duration{
+		1: {50 * time.Millisecond, 100 * time.Millisecond},
+		2: {100 * time.Millisecond, 200 * time.Millisecond},
+		4: {400 * time.Millisecond, 800 * time.Millisecond},
+		9: {500 * time.Millisecond, time.Second},
+	} {
+		lo, hi := refreshDelay(n, base, limit, 0), refreshDelay(n, base, limit, 0.999999)
+		if lo != want[0] || hi < want[0] || hi > want[1] {
+			t.Errorf("refreshDelay(%d) spans [%v, %v]; want [%v, %v)", n, lo, hi, want[0], want[1])
+		}
+	}
+	if d := refreshDelay(1, 0, 0, math.NaN()); d < 1 {
+		t.Errorf("refreshDelay with zero inputs = %v; want >= 1ns", d)
+	}
+}
