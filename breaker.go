@@ -152,6 +152,14 @@ func (l *Loader[K, V]) userBool(f func(error) bool, err error, onPanic bool) (ok
 
 // load runs the LoadFunc for key with retries and the breaker, under ctx.
 func (l *Loader[K, V]) load(ctx context.Context, key K) (v V, attempts int, err error) {
+	if l.opts.Retry.MaxAttempts <= 1 {
+		var called bool
+		v, called, err = l.attempt(ctx, key)
+		if called {
+			attempts = 1
+		}
+		return v, attempts, l.stopped(ctx, err, err)
+	}
 	bo := backoff.NewExponentialBackOff(
 		backoff.WithInitialInterval(l.opts.Retry.InitialInterval),
 		backoff.WithMaxInterval(l.opts.Retry.MaxInterval),
@@ -175,17 +183,23 @@ func (l *Loader[K, V]) load(ctx context.Context, key K) (v V, attempts int, err 
 	if attempts > 1 {
 		l.stats.retries.Add(uint64(attempts - 1))
 	}
-	if err != nil && ctx.Err() != nil {
-		// The load's context ended: say why, keeping the last real error
-		// (backoff reports only ctx.Err() when it stops between attempts).
-		if last != nil {
-			err = last
-		}
-		if cause := context.Cause(ctx); (cause == ErrClosed || cause == ErrLoadTimeout) && !errors.Is(err, cause) {
-			err = fmt.Errorf("%w: %w", cause, err)
-		}
+	return v, attempts, l.stopped(ctx, err, last)
+}
+
+// stopped explains an error of a load whose context has ended: it keeps the
+// last real error (backoff reports only ctx.Err() when it stops between
+// attempts) and adds why the context ended, Close or LoadTimeout.
+func (l *Loader[K, V]) stopped(ctx context.Context, err, last error) error {
+	if err == nil || ctx.Err() == nil {
+		return err
 	}
-	return v, attempts, err
+	if last != nil {
+		err = last
+	}
+	if cause := context.Cause(ctx); (cause == ErrClosed || cause == ErrLoadTimeout) && !errors.Is(err, cause) {
+		err = fmt.Errorf("%w: %w", cause, err)
+	}
+	return err
 }
 
 // attempt makes one downstream call through the breaker. called is false

@@ -23,11 +23,14 @@ type call[K comparable, V any] struct {
 	release    func()
 	background bool         // a refresh nobody waited on when it started
 	from       *entry[K, V] // the entry a background refresh replaces
+	flush      bool         // it replaced a finished call whose write may be unapplied
 
 	// Guarded by the shard's mu.
-	waiters   int  // Gets waiting on the result now, the starter included
-	abandoned bool // cancelled because every waiter left (CancelAtZero)
-	finished  bool // the result is set: a leaving waiter takes it instead
+	waiters   int          // Gets waiting on the result now, the starter included
+	abandoned bool         // cancelled because every waiter left (CancelAtZero)
+	finished  bool         // the result is set: a leaving waiter takes it instead
+	queued    bool         // finished, its entry in ristretto's write buffer; in the map until applied
+	entry     *entry[K, V] // the entry queued
 
 	// Written by finish before done is closed; read-only after.
 	val      V
@@ -60,11 +63,11 @@ func (f *flights[K, V]) shard(h uint64) *shard[K, V] {
 // flight; started reports whether it did. A background join (a refresh)
 // never waits: it returns a nil call when a load is already in flight.
 //
-// Before starting a load, join looks at the cache again under the shard
-// lock: a load that finished between the caller's lookup and now has left
-// the map but stored its value, and that value is returned as fresh instead
-// of loading twice.
-func (l *Loader[K, V]) join(ctx context.Context, key K, h uint64, from *entry[K, V]) (c *call[K, V], started bool, fresh *entry[K, V], err error) {
+// A load that has finished may still be in the map while ristretto applies
+// its write, and a load may have finished between the caller's lookup and
+// now; either way join returns the fresh entry as hit instead of loading
+// twice (rule 2).
+func (l *Loader[K, V]) join(ctx context.Context, key K, h uint64, from *entry[K, V]) (c *call[K, V], started bool, hit *entry[K, V], err error) {
 	background := from != nil
 	marker, _ := ctx.Value(loadKey{}).(*loadMarker) // user code: outside the locks
 	l.closeMu.RLock()
@@ -72,9 +75,20 @@ func (l *Loader[K, V]) join(ctx context.Context, key K, h uint64, from *entry[K,
 	if l.closed.Load() {
 		return nil, false, nil, ErrClosed
 	}
+	now := l.now()
 	sh := l.flights.shard(h)
 	sh.mu.Lock()
-	if c = sh.m[key]; c != nil {
+	flush := false
+	if c = sh.m[key]; c != nil && c.finished {
+		if l.phase(c.entry, now) == phaseFresh {
+			sh.mu.Unlock()
+			if background {
+				return nil, false, nil, nil
+			}
+			return nil, false, c.entry, nil
+		}
+		flush = true // expired before ristretto applied it: load again, after it
+	} else if c != nil {
 		if background {
 			sh.mu.Unlock()
 			return nil, false, nil, nil
@@ -88,14 +102,13 @@ func (l *Loader[K, V]) join(ctx context.Context, key K, h uint64, from *entry[K,
 		c.waiters++
 		sh.mu.Unlock()
 		return c, false, nil, nil
-	}
-	if !background {
-		if e, ok := l.cache.Get(h); ok && e.key == key && l.phase(e, l.now()) == phaseFresh {
+	} else if !background {
+		if e, ok := l.cache.Get(h); ok && e.key == key && l.phase(e, now) == phaseFresh {
 			sh.mu.Unlock()
 			return nil, false, e, nil
 		}
 	}
-	c = &call[K, V]{done: make(chan struct{}), background: background, from: from}
+	c = &call[K, V]{done: make(chan struct{}), background: background, from: from, flush: flush}
 	c.ctx, c.cancel, c.release = loadContext(ctx, l.base, l.opts.LoadTimeout, c)
 	if !background {
 		c.waiters = 1
@@ -133,10 +146,13 @@ func (l *Loader[K, V]) leave(key K, h uint64, c *call[K, V]) bool {
 }
 
 // detach removes key's load from the map without stopping it: its waiters
-// still get its result, but it will not write the cache (rule 6). The
-// caller holds sh.mu.
-func (sh *shard[K, V]) detach(key K) {
+// still get its result, but it will not write the cache (rule 6). It
+// reports whether the load had already queued a write of key's slot that
+// ristretto may not have applied yet. The caller holds sh.mu.
+func (sh *shard[K, V]) detach(key K) (pending bool) {
+	c := sh.m[key]
 	delete(sh.m, key)
+	return c != nil && c.queued
 }
 
 // run is the goroutine of one load.
@@ -162,8 +178,7 @@ func (l *Loader[K, V]) finish(c *call[K, V], key K, h uint64, v V, err error, at
 	cost := int64(1)
 	switch {
 	case err == nil:
-		e = l.newEntry(key, v, now, l.opts.TTL)
-		e.loadTook = took
+		e = l.newEntry(key, v, now, l.opts.TTL, took)
 		if l.opts.Cost != nil {
 			var ok bool
 			if cost, ok = l.costOf(v); !ok {
@@ -171,7 +186,7 @@ func (l *Loader[K, V]) finish(c *call[K, V], key K, h uint64, v V, err error, at
 			}
 		}
 	case l.opts.NotFoundTTL > 0 && errors.Is(err, ErrNotFound):
-		e = l.newEntry(key, v, now, l.opts.NotFoundTTL)
+		e = l.newEntry(key, v, now, l.opts.NotFoundTTL, 0)
 		e.err = err
 	}
 	if err != nil {
@@ -179,25 +194,25 @@ func (l *Loader[K, V]) finish(c *call[K, V], key K, h uint64, v V, err error, at
 		v = zero
 	}
 
-	stored := false
 	sh := l.flights.shard(h)
 	sh.mu.Lock()
-	if sh.m[key] == c {
-		delete(sh.m, key)
-		// The cache is written before the key leaves the map, under the
-		// shard lock: a Get that misses the map finds the value (rule 2).
-		if e != nil && !l.closed.Load() {
-			stored = l.store(h, e, cost)
+	owned := sh.m[key] == c
+	if owned && e != nil && !l.closed.Load() {
+		if c.flush {
+			l.cache.Wait() // apply the write of the call this one replaced first
 		}
+		c.queued, c.entry = l.enqueue(h, e, cost), e
+	}
+	if owned && !c.queued {
+		delete(sh.m, key)
 	}
 	c.val, c.err, c.loadedAt = v, err, now
 	c.finished = true
-	callers, abandoned := c.waiters, c.abandoned
+	abandoned := c.abandoned
 	// Count before the waiters wake, so Stats read after a Get returns
 	// includes the load that answered it.
 	l.stats.inFlight.Add(-1)
 	l.stats.loads.Add(1)
-	l.stats.noteCallers(callers)
 	if err != nil {
 		l.stats.loadErrors.Add(1)
 	}
@@ -213,7 +228,25 @@ func (l *Loader[K, V]) finish(c *call[K, V], key K, h uint64, v V, err error, at
 		}
 	}
 	close(c.done)
+	callers := c.waiters
 	sh.mu.Unlock()
+
+	stored := false
+	if c.queued {
+		// ristretto applies writes from a buffer. Until it has, the finished
+		// call stays in the map: a Get that misses the cache joins it and
+		// takes its result at once instead of loading again (rule 2). The
+		// waiters do not wait for this.
+		l.cache.Wait()
+		sh.mu.Lock()
+		if sh.m[key] == c {
+			delete(sh.m, key)
+			got, ok := l.cache.Get(h)
+			stored = ok && got == e
+		}
+		sh.mu.Unlock()
+	}
+	l.stats.noteCallers(callers)
 
 	if l.opts.OnLoad != nil {
 		l.onLoad(LoadEvent[K]{

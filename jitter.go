@@ -59,21 +59,33 @@ func (w windows) phaseAt(now, freshUntil time.Duration) phase {
 	}
 }
 
-// xfetch is the probabilistic early-expiration test of Vattani, Chierichetti
-// and Lowenstein ("Optimal Probabilistic Cache Stampede Prevention", VLDB
-// 2015): refresh now if now - delta*beta*ln(u) >= expiry, where delta is how
-// long the value took to load and u is uniform in (0, 1]. The chance grows as
-// expiry nears and with slower loads; beta scales it (1 is the paper's
-// optimum, >1 favours earlier refreshes). beta <= 0 or delta <= 0 disables it.
-func xfetch(now, expiry, delta time.Duration, beta, u float64) bool {
-	if !(beta > 0) || delta <= 0 || now >= expiry {
-		return false
+// earlyRefreshAt places the early refresh of an entry loaded at loadedAt and
+// fresh for life, whose load took delta. It is XFetch (Vattani,
+// Chierichetti and Lowenstein, "Optimal Probabilistic Cache Stampede
+// Prevention", VLDB 2015) with two changes:
+//
+//   - the random lead, delta·beta·(−ln u) with u uniform in (0, 1], is drawn
+//     once per entry rather than at every read. Per read, the chance of an
+//     early refresh compounds with the request rate: a key read thousands of
+//     times a second would reload right after every load. Drawn once, the
+//     refresh time keeps XFetch's exponential spread (keys loaded together
+//     refresh apart; slower loads refresh earlier) at any request rate;
+//   - the lead also includes delta itself, so a load as slow as the last one
+//     finishes before the entry expires and no reader waits.
+//
+// The lead is capped at half the entry's life, so an entry is never
+// refreshed right after it was loaded. beta <= 0 or delta <= 0 (unknown load
+// time) means no early refresh: the result is the expiry itself.
+func earlyRefreshAt(loadedAt, life, delta time.Duration, beta, u float64) time.Duration {
+	expiry := loadedAt + life
+	if !(beta > 0) || delta <= 0 {
+		return expiry
 	}
-	if !(u > 0) {
-		return true // -ln(0) is +Inf: the earliest possible refresh
+	lead := float64(life) / 2
+	if u > 0 {
+		lead = min(lead, float64(delta)*(1+beta*-math.Log(min(u, 1))))
 	}
-	gap := float64(delta) * beta * -math.Log(min(u, 1))
-	return float64(now)+gap >= float64(expiry)
+	return expiry - time.Duration(lead)
 }
 
 // refreshDelay is how long to wait before another background refresh of a

@@ -77,28 +77,45 @@ func TestPhaseAt(t *testing.T) {
 	}
 }
 
-func TestXFetch(t *testing.T) {
-	const expiry = 10 * time.Second
+func TestEarlyRefreshAt(t *testing.T) {
+	const loaded, life = 100 * time.Second, 10 * time.Second // expiry at 110s
 	tests := []struct {
-		now, delta time.Duration
-		beta, u    float64
-		want       bool
+		delta time.Duration
+		beta  float64
+		u     float64
+		want  time.Duration
 	}{
-		{9 * time.Second, time.Second, 1, 0.5, false},    // gap 0.69s < 1s left
-		{9 * time.Second, time.Second, 1, 0.3, true},     // gap 1.2s >= 1s left
-		{9 * time.Second, time.Second, 2, 0.5, true},     // β=2 doubles the gap
-		{time.Second, time.Second, 1, 0.0001, true},      // rare very early refresh
-		{9 * time.Second, 0, 1, 0.0001, false},           // unknown load time: off
-		{9 * time.Second, time.Second, 0, 0.0001, false}, // β=0: off
-		{11 * time.Second, time.Second, 1, 0.9, false},   // already expired: not early
-		{9 * time.Second, time.Second, 1, 0, true},       // u=0: -ln is +Inf
-		{9 * time.Second, time.Second, 1, 1, false},      // u=1: no gap
+		{time.Second, 1, 1, 109 * time.Second},                  // no random lead: delta only
+		{time.Second, 1, math.Exp(-1), 108 * time.Second},       // lead 1s + 1s
+		{time.Second, 2, math.Exp(-1), 107 * time.Second},       // β doubles the random part
+		{time.Second, 1, math.Exp(-20), 105 * time.Second},      // capped at half the life
+		{time.Second, 1, 0, 105 * time.Second},                  // -ln 0 is +Inf: the cap
+		{0, 1, 0.5, 110 * time.Second},                          // unknown load time: off
+		{time.Second, 0, 0.5, 110 * time.Second},                // β = 0: off
+		{time.Second, math.NaN(), 0.5, 110 * time.Second},       // NaN: off
+		{2 * time.Second, 0.5, math.Exp(-2), 106 * time.Second}, // 2s + 2·0.5·2s
 	}
 	for _, tt := range tests {
-		if got := xfetch(tt.now, expiry, tt.delta, tt.beta, tt.u); got != tt.want {
-			t.Errorf("xfetch(now %v, δ %v, β %v, u %v) = %v; want %v", tt.now, tt.delta, tt.beta, tt.u, got, tt.want)
+		got := earlyRefreshAt(loaded, life, tt.delta, tt.beta, tt.u)
+		if d := got - tt.want; d < -time.Microsecond || d > time.Microsecond {
+			t.Errorf("earlyRefreshAt(δ %v, β %v, u %v) = %v; want %v", tt.delta, tt.beta, tt.u, got, tt.want)
 		}
 	}
+}
+
+// FuzzEarlyRefreshAt: the early refresh is never after expiry, nor before
+// half the life has passed.
+func FuzzEarlyRefreshAt(f *testing.F) {
+	f.Add(int64(time.Second), int64(time.Millisecond), 1.0, 0.5)
+	f.Fuzz(func(t *testing.T, life, delta int64, beta, u float64) {
+		if life <= 0 || life > int64(1000*time.Hour) {
+			return
+		}
+		at := earlyRefreshAt(0, time.Duration(life), time.Duration(delta), beta, u)
+		if at > time.Duration(life) || at < time.Duration(life)/2 {
+			t.Fatalf("earlyRefreshAt(life %v, δ %v, β %v, u %v) = %v; want in [life/2, life]", time.Duration(life), time.Duration(delta), beta, u, at)
+		}
+	})
 }
 
 func TestRefreshDelay(t *testing.T) {

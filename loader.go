@@ -87,7 +87,7 @@ type entry[K comparable, V any] struct {
 	err          error // a cached not-found error; nil for a value
 	loadedAt     time.Duration
 	freshUntil   time.Duration
-	loadTook     time.Duration // the XFetch delta
+	refreshAt    time.Duration // from here to freshUntil a Get refreshes early; = freshUntil when off
 	refreshFails atomic.Int32  // consecutive failed background refreshes
 	refreshAfter atomic.Int64  // no background refresh before this offset; max while one runs
 }
@@ -148,8 +148,16 @@ func (l *Loader[K, V]) hash(key K) uint64 {
 	return maphash.Comparable(l.seed, key)
 }
 
-func (l *Loader[K, V]) newEntry(key K, v V, now, ttl time.Duration) *entry[K, V] {
-	return &entry[K, V]{key: key, val: v, loadedAt: now, freshUntil: now + jitter(ttl, l.opts.Jitter, rand.Float64())}
+// newEntry builds the entry of a value loaded (or Set) now, fresh for a
+// jittered ttl. took is how long the load took (0 for Set): it places the
+// entry's early refresh.
+func (l *Loader[K, V]) newEntry(key K, v V, now, ttl, took time.Duration) *entry[K, V] {
+	life := jitter(ttl, l.opts.Jitter, rand.Float64())
+	e := &entry[K, V]{key: key, val: v, loadedAt: now, freshUntil: now + life, refreshAt: now + life}
+	if l.opts.EarlyRefresh > 0 {
+		e.refreshAt = earlyRefreshAt(now, life, took, l.opts.EarlyRefresh, 1-rand.Float64())
+	}
+	return e
 }
 
 func (l *Loader[K, V]) phase(e *entry[K, V], now time.Duration) phase {
@@ -189,8 +197,7 @@ func (l *Loader[K, V]) GetInfo(ctx context.Context, key K) (V, Info, error) {
 		case phaseFresh:
 			s.hits.Add(1)
 			l.stats.release(s)
-			if l.opts.EarlyRefresh > 0 && e.err == nil &&
-				xfetch(now, e.freshUntil, e.loadTook, l.opts.EarlyRefresh, 1-rand.Float64()) {
+			if now >= e.refreshAt && e.err == nil {
 				l.refresh(ctx, key, h, e, now)
 			}
 			return e.val, Info{Source: SourceHit, Age: now - e.loadedAt}, e.err
@@ -211,17 +218,13 @@ func (l *Loader[K, V]) GetInfo(ctx context.Context, key K) (V, Info, error) {
 // wait joins (or starts) key's load and waits for it or for ctx.
 func (l *Loader[K, V]) wait(ctx context.Context, key K, h uint64, start time.Duration) (V, Info, error) {
 	var zero V
-	c, started, fresh, err := l.join(ctx, key, h, nil)
+	c, started, hit, err := l.join(ctx, key, h, nil)
 	if err != nil {
 		return zero, Info{}, err
 	}
-	if fresh != nil { // a load finished as this Get looked: it shares the result
-		l.stats.shared.Add(1)
-		if fresh.err != nil {
-			l.stats.sharedErrors.Add(1)
-		}
-		now := l.now()
-		return fresh.val, Info{Source: SourceShared, Age: now - fresh.loadedAt, Waited: now - start}, fresh.err
+	if hit != nil { // a load finished as this Get looked: no need to wait
+		l.stats.lateHits.Add(1)
+		return hit.val, Info{Source: SourceHit, Age: l.now() - hit.loadedAt}, hit.err
 	}
 	l.stats.waiting.Add(1)
 	select {
@@ -312,15 +315,21 @@ func (l *Loader[K, V]) Set(key K, value V) {
 		return
 	}
 	h := l.hash(key)
-	e := l.newEntry(key, value, l.now(), l.opts.TTL)
+	e := l.newEntry(key, value, l.now(), l.opts.TTL, 0)
 	sh := l.flights.shard(h)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	sh.detach(key)
-	if ok {
-		l.store(h, e, cost)
-	} else {
+	// Apply every write of this slot still in ristretto's buffer first (all
+	// are queued under this shard lock): ristretto refuses a second new
+	// write of a key it has not applied yet, which would lose this one.
+	l.cache.Wait()
+	if !ok {
 		l.remove(h, key) // the value cannot be costed: at least drop the old one
+		return
+	}
+	if l.enqueue(h, e, cost) {
+		l.cache.Wait() // readable when Set returns
 	}
 }
 
@@ -337,21 +346,22 @@ func (l *Loader[K, V]) Invalidate(key K) {
 	sh := l.flights.shard(h)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
-	sh.detach(key)
-	l.remove(h, key)
+	if sh.detach(key) {
+		l.cache.Del(h) // queued behind the pending write of this key
+	} else {
+		l.remove(h, key)
+	}
 }
 
-// store writes e to the cache and waits until ristretto has applied it, so
-// that it is readable when store returns. The caller holds the shard lock
-// of h, which orders every write of the slot.
-func (l *Loader[K, V]) store(h uint64, e *entry[K, V], cost int64) bool {
+// enqueue hands e to ristretto, which applies it from a buffer; Wait makes
+// it readable. The caller holds the shard lock of h, which orders every
+// write of the slot.
+func (l *Loader[K, V]) enqueue(h uint64, e *entry[K, V], cost int64) bool {
 	if !l.cache.Set(h, e, cost) {
 		l.stats.setsDropped.Add(1)
 		return false
 	}
-	l.cache.Wait()
-	got, ok := l.cache.Get(h)
-	return ok && got == e
+	return true
 }
 
 // remove deletes key's entry, leaving another key's entry in the slot alone.

@@ -45,16 +45,15 @@ type Options[K comparable, V any] struct {
 	// covered: the key is gone. 0 = off.
 	StaleIfError time.Duration
 
-	// EarlyRefresh is the XFetch β: while an entry is fresh, each Get starts
-	// a background refresh early with probability exp(−remaining/(β·δ)),
-	// where δ is how long the value took to load. The chance grows as
-	// expiry nears, with slower loads and with β. 0 = off.
-	//
-	// NOTE: every Get is a draw, so the refresh comes earlier the more Gets
-	// a key sees: at r Gets per second it lands about β·δ·ln(r·β·δ) before
-	// expiry. β = 1 (the paper's choice) suits TTLs far above that; for a
-	// hot key whose TTL is a few load times, a smaller β (0.1–0.5) avoids
-	// refreshing right after every load.
+	// EarlyRefresh is the XFetch β: each entry is refreshed in the background
+	// before it expires, so hot keys never go stale in front of readers. The
+	// refresh starts δ + β·δ·X before expiry, where δ is how long the value
+	// took to load and X is drawn once per entry from Exp(1) (capped at half
+	// the entry's life): keys loaded together refresh apart, slow loads
+	// refresh earlier, and a larger β spreads refreshes wider at the cost of
+	// more of them. The draw is per entry, not per Get as in the paper, so
+	// the refresh rate does not grow with the request rate. Values stored
+	// with Set (no load time) are not refreshed early. 0 = off.
 	EarlyRefresh float64
 
 	// MaxCost bounds the cache, in the units of Cost. Without Cost every

@@ -158,6 +158,7 @@ type counters struct {
 	refreshes, abandoned, breakerRejected, panics atomic.Uint64
 	setsDropped, setsRejected, evicted            atomic.Uint64
 	inFlight, refreshing, waiting                 atomic.Int64
+	lateHits                                      atomic.Uint64 // Gets counted as misses that found a fresh result without waiting
 }
 
 func (c *counters) init() {
@@ -200,6 +201,9 @@ func (c *counters) noteCallers(n int) {
 
 func (c *counters) snapshot() Stats {
 	var s Stats
+	// A late hit was counted as a miss first: read it before the stripes,
+	// so every late hit read is also in the misses read.
+	late := c.lateHits.Load()
 	for i := range c.stripes {
 		st := &c.stripes[i]
 		s.Hits += st.hits.Load()
@@ -208,6 +212,8 @@ func (c *counters) snapshot() Stats {
 		s.Closed += st.closed.Load()
 		s.Gets += st.gets.Load()
 	}
+	s.Hits += late
+	s.Misses -= late
 	s.StaleOnError = c.staleOnError.Load()
 	s.Shared = c.shared.Load()
 	s.SharedErrors = c.sharedErrors.Load()
