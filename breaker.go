@@ -44,41 +44,72 @@ func (s BreakerState) String() string {
 	}
 }
 
-// errExcluded marks an outcome the breaker must not count either way.
-var errExcluded = errors.New("flightcache: excluded from breaker counts")
+// CircuitBreaker decides whether a downstream call may run. The Loader has
+// its own, built on gobreaker/v2 from [Options.Breaker]; [Breaker.Custom]
+// replaces it, for example with one whose state is shared by processes.
+// Implementations must be safe for concurrent use.
+type CircuitBreaker interface {
+	// Allow asks to make one downstream call. A non-nil error refuses it:
+	// callers receive it wrapped so that it matches [ErrBreakerOpen].
+	// Otherwise done must be called exactly once, with the call's outcome.
+	Allow() (done func(Outcome), err error)
+	// State reports the breaker's state, for [Stats].
+	State() BreakerState
+}
 
-// breaker wraps gobreaker's two-step breaker. The two-step form lets the
+// Outcome is what one downstream call says about the downstream's health.
+type Outcome uint8
+
+const (
+	// OutcomeSuccess: the downstream answered (a not-found included).
+	OutcomeSuccess Outcome = iota
+	// OutcomeFailure: the downstream failed, panicked or ran past
+	// LoadTimeout.
+	OutcomeFailure
+	// OutcomeIgnored: the call was cut short by its callers or by Close;
+	// it says nothing about the downstream and counts neither way.
+	OutcomeIgnored
+)
+
+var (
+	errFailure  = errors.New("flightcache: downstream failure")
+	errExcluded = errors.New("flightcache: excluded from breaker counts")
+)
+
+// gobreaker wraps gobreaker's two-step breaker. The two-step form lets the
 // load report an outcome even when the LoadFunc ends its goroutine with
 // runtime.Goexit, which Execute cannot see (it would leave a half-open probe
 // counted forever).
-type breaker struct {
-	cb        *gobreaker.TwoStepCircuitBreaker[struct{}] // nil when disabled
-	isFailure func(error) bool
+type gobreakerBreaker struct {
+	cb *gobreaker.TwoStepCircuitBreaker[struct{}]
 }
 
-func newBreaker(b Breaker) *breaker {
-	if b.Disabled {
-		return &breaker{}
+// noBreaker lets every call through.
+type noBreaker struct{}
+
+func (noBreaker) Allow() (func(Outcome), error) { return func(Outcome) {}, nil }
+func (noBreaker) State() BreakerState           { return BreakerClosed }
+
+func newBreaker(b Breaker) CircuitBreaker {
+	switch {
+	case b.Custom != nil:
+		return b.Custom
+	case b.Disabled:
+		return noBreaker{}
 	}
 	n := b.ConsecutiveFailures
-	return &breaker{
-		isFailure: b.IsFailure,
-		cb: gobreaker.NewTwoStepCircuitBreaker[struct{}](gobreaker.Settings{
-			Name:        "flightcache",
-			MaxRequests: b.HalfOpenRequests,
-			Timeout:     b.OpenTimeout,
-			ReadyToTrip: func(c gobreaker.Counts) bool { return c.ConsecutiveFailures >= n },
-			IsExcluded:  func(err error) bool { return errors.Is(err, errExcluded) },
-			// No OnStateChange: it runs under the breaker's lock, and
-			// nothing here may call back into the breaker from it.
-		}),
-	}
+	return &gobreakerBreaker{cb: gobreaker.NewTwoStepCircuitBreaker[struct{}](gobreaker.Settings{
+		Name:        "flightcache",
+		MaxRequests: b.HalfOpenRequests,
+		Timeout:     b.OpenTimeout,
+		ReadyToTrip: func(c gobreaker.Counts) bool { return c.ConsecutiveFailures >= n },
+		IsExcluded:  func(err error) bool { return err == errExcluded },
+		// No OnStateChange: it runs under the breaker's lock, and nothing
+		// here may call back into the breaker from it.
+	})}
 }
 
-func (b *breaker) state() BreakerState {
-	if b.cb == nil {
-		return BreakerClosed
-	}
+func (b *gobreakerBreaker) State() BreakerState {
 	switch b.cb.State() {
 	case gobreaker.StateOpen:
 		return BreakerOpen
@@ -89,37 +120,50 @@ func (b *breaker) state() BreakerState {
 	}
 }
 
-func noop(error) {}
-
-// allow asks the breaker for one call. done must be called with the call's
-// outcome, as classified by verdict.
-func (b *breaker) allow() (done func(error), err error) {
-	if b.cb == nil {
-		return noop, nil
-	}
-	done, err = b.cb.Allow()
+func (b *gobreakerBreaker) Allow() (func(Outcome), error) {
+	done, err := b.cb.Allow()
 	if err != nil {
-		return nil, fmt.Errorf("%w: %w", ErrBreakerOpen, err)
+		return nil, err
+	}
+	return func(o Outcome) {
+		switch o {
+		case OutcomeSuccess:
+			done(nil)
+		case OutcomeIgnored:
+			done(errExcluded)
+		default:
+			done(errFailure)
+		}
+	}, nil
+}
+
+// allow asks the breaker for one call, wrapping a refusal in ErrBreakerOpen.
+func (l *Loader[K, V]) allow() (func(Outcome), error) {
+	done, err := l.breaker.Allow()
+	if err != nil {
+		if !errors.Is(err, ErrBreakerOpen) {
+			err = fmt.Errorf("%w: %w", ErrBreakerOpen, err)
+		}
+		return nil, err
 	}
 	return done, nil
 }
 
-// verdict turns a LoadFunc result into what the breaker should count: nil
-// for a success, errExcluded for no count, anything else for a failure.
-// Not-found is a healthy answer; a caller leaving or Close cancelling says
-// nothing about the downstream; a load that ran past LoadTimeout does.
-func (l *Loader[K, V]) verdict(ctx context.Context, err error) error {
+// verdict classifies a LoadFunc result for the breaker. Not-found is a
+// healthy answer; a caller leaving or Close cancelling says nothing about
+// the downstream; a load that ran past LoadTimeout does.
+func (l *Loader[K, V]) verdict(ctx context.Context, err error) Outcome {
 	switch {
 	case err == nil, errors.Is(err, ErrNotFound):
-		return nil
+		return OutcomeSuccess
 	case ctx.Err() != nil && !errors.Is(context.Cause(ctx), ErrLoadTimeout):
-		return errExcluded
+		return OutcomeIgnored
 	case errors.Is(err, context.Canceled):
-		return errExcluded
-	case l.breaker.isFailure != nil && !l.userBool(l.breaker.isFailure, err, true):
-		return nil
+		return OutcomeIgnored
+	case l.opts.Breaker.IsFailure != nil && !l.userBool(l.opts.Breaker.IsFailure, err, true):
+		return OutcomeSuccess
 	}
-	return err
+	return OutcomeFailure
 }
 
 // retryable reports whether a failed attempt may be tried again.
@@ -208,7 +252,7 @@ func (l *Loader[K, V]) stopped(ctx context.Context, err, last error) error {
 // to end the goroutine (the load goroutine's deferred finish shares
 // errGoexit with the waiters).
 func (l *Loader[K, V]) attempt(ctx context.Context, key K) (v V, called bool, err error) {
-	done, err := l.breaker.allow()
+	done, err := l.allow()
 	if err != nil {
 		l.stats.breakerRejected.Add(1)
 		return v, false, err
@@ -223,10 +267,10 @@ func (l *Loader[K, V]) attempt(ctx context.Context, key K) (v V, called bool, er
 		if r := recover(); r != nil {
 			l.stats.panics.Add(1)
 			err = &PanicError{Value: r, Stack: debug.Stack()}
-			done(err)
+			done(OutcomeFailure)
 			return
 		}
-		done(errGoexit)
+		done(OutcomeFailure) // runtime.Goexit
 	}()
 	v, err = l.loadFn(ctx, key)
 	returned = true

@@ -159,26 +159,23 @@ func (sh *shard[K, V]) detach(key K) (pending bool) {
 func (l *Loader[K, V]) run(c *call[K, V], key K, h uint64) {
 	defer l.exit()
 	defer c.release()
-	start := l.now()
-	var (
-		v        V
-		attempts int
-		err      = errGoexit // stays if the LoadFunc ends the goroutine
-	)
-	defer func() { l.finish(c, key, h, v, err, attempts, l.now()-start) }()
-	v, attempts, err = l.load(c.ctx, key)
+	r := loaded[V]{err: errGoexit} // stays if the LoadFunc ends the goroutine
+	defer func() { l.finish(c, key, h, r) }()
+	r = l.fetch(c.ctx, key)
 }
 
 // finish stores a load's result (if it still owns its key), hands it to the
 // waiters, and reports it. It runs deferred, so it also runs when the
 // LoadFunc called runtime.Goexit.
-func (l *Loader[K, V]) finish(c *call[K, V], key K, h uint64, v V, err error, attempts int, took time.Duration) {
+func (l *Loader[K, V]) finish(c *call[K, V], key K, h uint64, r loaded[V]) {
 	now := l.now()
+	loadedAt := now - r.age
+	v, err := r.val, r.err
 	var e *entry[K, V]
 	cost := int64(1)
 	switch {
 	case err == nil:
-		e = l.newEntry(key, v, now, l.opts.TTL, took)
+		e = l.newEntry(key, v, loadedAt, l.opts.TTL, r.took)
 		if l.opts.Cost != nil {
 			var ok bool
 			if cost, ok = l.costOf(v); !ok {
@@ -206,7 +203,7 @@ func (l *Loader[K, V]) finish(c *call[K, V], key K, h uint64, v V, err error, at
 	if owned && !c.queued {
 		delete(sh.m, key)
 	}
-	c.val, c.err, c.loadedAt = v, err, now
+	c.val, c.err, c.loadedAt = v, err, loadedAt
 	c.finished = true
 	abandoned := c.abandoned
 	// Count before the waiters wake, so Stats read after a Get returns
@@ -250,8 +247,8 @@ func (l *Loader[K, V]) finish(c *call[K, V], key K, h uint64, v V, err error, at
 
 	if l.opts.OnLoad != nil {
 		l.onLoad(LoadEvent[K]{
-			Key: key, Duration: took, Err: err, Attempts: attempts,
-			Background: c.background, Callers: callers, Abandoned: abandoned, Stored: stored,
+			Key: key, Duration: r.took, Err: err, Attempts: r.attempts, Background: c.background,
+			Callers: callers, Abandoned: abandoned, Stored: stored, Remote: r.remote,
 		})
 	}
 }

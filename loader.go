@@ -62,7 +62,7 @@ type Loader[K comparable, V any] struct {
 	win     windows
 	cache   *ristretto.Cache[uint64, *entry[K, V]]
 	flights flights[K, V]
-	breaker *breaker
+	breaker CircuitBreaker
 	stats   counters
 	seed    maphash.Seed
 	epoch   time.Time // every time offset in entries is measured from here
@@ -308,11 +308,17 @@ func (l *Loader[K, V]) refresh(ctx context.Context, key K, h uint64, e *entry[K,
 // returns sees value (unless ristretto's admission policy refused it, which
 // Stats.SetsRejected shows). Set after Close does nothing.
 func (l *Loader[K, V]) Set(key K, value V) {
+	if l.set(key, value) {
+		l.remoteSet(key, value)
+	}
+}
+
+func (l *Loader[K, V]) set(key K, value V) bool {
 	cost, ok := l.costOf(value)
 	l.closeMu.RLock()
 	defer l.closeMu.RUnlock()
 	if l.closed.Load() {
-		return
+		return false
 	}
 	h := l.hash(key)
 	e := l.newEntry(key, value, l.now(), l.opts.TTL, 0)
@@ -326,21 +332,28 @@ func (l *Loader[K, V]) Set(key K, value V) {
 	l.cache.Wait()
 	if !ok {
 		l.remove(h, key) // the value cannot be costed: at least drop the old one
-		return
+		return true
 	}
 	if l.enqueue(h, e, cost) {
 		l.cache.Wait() // readable when Set returns
 	}
+	return true
 }
 
 // Invalidate drops key's cached value. A load of key in flight delivers its
 // result to its own waiters but does not write the cache; the next Get
 // starts a fresh load. Invalidate after Close does nothing.
 func (l *Loader[K, V]) Invalidate(key K) {
+	if l.invalidate(key) {
+		l.remoteInvalidate(key)
+	}
+}
+
+func (l *Loader[K, V]) invalidate(key K) bool {
 	l.closeMu.RLock()
 	defer l.closeMu.RUnlock()
 	if l.closed.Load() {
-		return
+		return false
 	}
 	h := l.hash(key)
 	sh := l.flights.shard(h)
@@ -351,6 +364,7 @@ func (l *Loader[K, V]) Invalidate(key K) {
 	} else {
 		l.remove(h, key)
 	}
+	return true
 }
 
 // enqueue hands e to ristretto, which applies it from a buffer; Wait makes
@@ -376,7 +390,7 @@ func (l *Loader[K, V]) remove(h uint64, key K) {
 // call at any time, also after Close.
 func (l *Loader[K, V]) Stats() Stats {
 	s := l.stats.snapshot()
-	s.Breaker = l.breaker.state()
+	s.Breaker = l.breaker.State()
 	return s
 }
 

@@ -104,6 +104,12 @@ type Options[K comparable, V any] struct {
 	// error as a hit. 0 = not-found errors are not cached.
 	NotFoundTTL time.Duration
 
+	// Remote, if set, is a second tier shared between processes (see
+	// [Remote]): a local miss asks it before the downstream, so a fleet
+	// makes one downstream call per key instead of one per process. Set and
+	// Invalidate are passed on to it. nil = local only.
+	Remote Remote[K, V]
+
 	// Hash, if set, replaces the default hash of keys (hash/maphash's
 	// Comparable with a per-Loader seed). Keys are always compared exactly,
 	// so two keys with the same hash never see each other's values; they
@@ -151,6 +157,10 @@ type Breaker struct {
 	// the downstream; errors it rejects count as successes (the downstream
 	// answered). nil means every error counts.
 	IsFailure func(error) bool
+	// Custom, if set, replaces the Loader's own breaker, and the fields
+	// above but IsFailure are ignored: for example a breaker whose state is
+	// shared by processes (the flightredis module has one).
+	Custom CircuitBreaker
 }
 
 // optionError names the field that failed validation.

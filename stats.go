@@ -86,6 +86,9 @@ type LoadEvent[K comparable] struct {
 	// for errors (a cached not-found aside), for loads overtaken by
 	// [Loader.Set] or [Loader.Invalidate], and after Close.
 	Stored bool
+	// Remote is true when the value came from [Options.Remote], loaded by
+	// another process: no downstream call was made here.
+	Remote bool
 }
 
 // Stats is a snapshot of a Loader's cumulative counters, from [Loader.Stats].

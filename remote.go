@@ -1,0 +1,105 @@
+package flightcache
+
+import (
+	"context"
+	"runtime/debug"
+	"time"
+)
+
+// Remote is an optional second tier, shared by several processes, that sits
+// between a Loader's single-flight and its downstream path (for example the
+// Redis tier of the flightredis module). With a Remote, N processes that
+// miss the same key make one downstream call between them, not N.
+//
+// The Loader calls Remote.Load from its load goroutine, once per local
+// load, outside every lock, under the load's context (LoadTimeout and Close
+// bound it). Implementations must be safe for concurrent use.
+type Remote[K comparable, V any] interface {
+	// Load returns key's value from the shared tier or, when the tier has
+	// nothing usable, by calling load: the Loader's own downstream path
+	// (retries, breaker, LoadFunc). An implementation coordinates processes
+	// so that one of them calls load at a time per key, and calls load
+	// itself when the tier is unreachable, so a tier failure never becomes
+	// an error the downstream did not cause. The error returned is load's.
+	Load(ctx context.Context, key K, load func(context.Context) (V, error)) (RemoteValue[V], error)
+	// Set stores a value for key in the shared tier ([Loader.Set]).
+	Set(ctx context.Context, key K, v RemoteValue[V])
+	// Invalidate drops key from the shared tier ([Loader.Invalidate]).
+	Invalidate(ctx context.Context, key K)
+}
+
+// RemoteValue is a value as a [Remote] stores it: with when, and how fast,
+// it was loaded, so every process applies the same freshness rules to it.
+type RemoteValue[V any] struct {
+	// Value is the loaded value.
+	Value V
+	// LoadedAt is when the value was loaded, by whichever process. A value
+	// loaded 5s ago elsewhere is 5s old here: fresh, stale or past use by
+	// the Loader's own windows.
+	LoadedAt time.Time
+	// Took is how long that load took; it places the early refresh
+	// ([Options.EarlyRefresh]). 0 if unknown.
+	Took time.Duration
+	// Loaded is true when this call ran the load itself rather than
+	// finding the value in the tier.
+	Loaded bool
+}
+
+// loaded is what one load produced.
+type loaded[V any] struct {
+	val      V
+	err      error
+	attempts int           // LoadFunc calls made here
+	took     time.Duration // how long the value took to load, wherever it was
+	age      time.Duration // how old the value already is (from a Remote)
+	remote   bool          // the value came from the Remote without a load here
+}
+
+// fetch gets key's value for one load: through the Remote if there is one,
+// else straight down the downstream path.
+func (l *Loader[K, V]) fetch(ctx context.Context, key K) (r loaded[V]) {
+	start := l.now()
+	if l.opts.Remote == nil {
+		r.val, r.attempts, r.err = l.load(ctx, key)
+		r.took = l.now() - start
+		return r
+	}
+	defer func() {
+		if p := recover(); p != nil {
+			l.stats.panics.Add(1)
+			r = loaded[V]{err: &PanicError{Value: p, Stack: debug.Stack()}}
+		}
+	}()
+	rv, err := l.opts.Remote.Load(ctx, key, func(ctx context.Context) (V, error) {
+		v, n, err := l.load(ctx, key)
+		r.attempts += n
+		return v, err
+	})
+	r.val, r.err = rv.Value, err
+	if err != nil {
+		return r
+	}
+	r.remote = !rv.Loaded
+	r.took = rv.Took
+	if !rv.LoadedAt.IsZero() {
+		r.age = max(time.Since(rv.LoadedAt), 0)
+	}
+	if r.took <= 0 && rv.Loaded {
+		r.took = l.now() - start
+	}
+	return r
+}
+
+// remoteSet and remoteInvalidate tell the Remote, if any, about a Set or an
+// Invalidate. They run on the caller's goroutine, outside every lock.
+func (l *Loader[K, V]) remoteSet(key K, v V) {
+	if l.opts.Remote != nil {
+		l.opts.Remote.Set(l.base, key, RemoteValue[V]{Value: v, LoadedAt: time.Now()})
+	}
+}
+
+func (l *Loader[K, V]) remoteInvalidate(key K) {
+	if l.opts.Remote != nil {
+		l.opts.Remote.Invalidate(l.base, key)
+	}
+}
