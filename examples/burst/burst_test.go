@@ -1,0 +1,167 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"io"
+	"strings"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// quick is a scaled-down configuration: short runs and fast loads, with a
+// failure often enough that every run of part b sees some.
+func quick() config {
+	cfg := defaultConfig()
+	cfg.duration = 300 * time.Millisecond
+	cfg.readers = 4
+	cfg.keys = 2
+	cfg.loadMin, cfg.loadMax = 5*time.Millisecond, 10*time.Millisecond
+	cfg.failEvery = 3
+	cfg.minLoads = 10 // so that every run of part b has failed loads, however slow the machine
+	cfg.loadTimeout = 30 * time.Millisecond
+	cfg.wallTTL = 30 * time.Millisecond
+	cfg.wallLoad = 5 * time.Millisecond
+	cfg.think = time.Millisecond
+	return cfg
+}
+
+func TestCoalesce(t *testing.T) {
+	res, err := runCoalesce(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res.Rows) != 4 {
+		t.Fatalf("%d rows; want 4", len(res.Rows))
+	}
+	for _, row := range res.Rows {
+		if int64(row.DownstreamCalls) != row.ServiceCalls {
+			t.Errorf("%s: Stats.Loads %d, downstream counted %d", row.Scenario, row.DownstreamCalls, row.ServiceCalls)
+		}
+		total := 0
+		for _, n := range row.Sources {
+			total += n
+		}
+		if row.Sources != nil && total != row.Requests {
+			t.Errorf("%s: %d Infos for %d requests: %v", row.Scenario, total, row.Requests, row.Sources)
+		}
+		if row.Sources["error"] > 0 {
+			t.Errorf("%s: %d requests failed", row.Scenario, row.Sources["error"])
+		}
+	}
+	noCoord, loader, ttl200, ttl10 := res.Rows[0], res.Rows[1], res.Rows[2], res.Rows[3]
+	if noCoord.DownstreamCalls != burstSize {
+		t.Errorf("no coordination: %d downstream calls; want %d", noCoord.DownstreamCalls, burstSize)
+	}
+	// One load per cold key: a request that arrives after the load is a hit.
+	if loader.DownstreamCalls != 1 || loader.Sources["loaded"] != 1 {
+		t.Errorf("through a Loader: %d downstream calls, sources %v; want 1 load", loader.DownstreamCalls, loader.Sources)
+	}
+	// Timing decides whether a burst finds the TTL 200 ms value fresh, but
+	// never more than one load per burst...
+	if ttl200.DownstreamCalls < 1 || ttl200.DownstreamCalls > burstCount {
+		t.Errorf("TTL 200 ms: %d downstream calls; want 1 to %d", ttl200.DownstreamCalls, burstCount)
+	}
+	// ...and a 10 ms value has always expired 50 ms later.
+	if ttl10.DownstreamCalls < burstCount {
+		t.Errorf("TTL 10 ms: %d downstream calls; want at least %d", ttl10.DownstreamCalls, burstCount)
+	}
+}
+
+func TestBlast(t *testing.T) {
+	cfg := quick()
+	res, err := runBlast(cfg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := res.check(); strings.HasPrefix(got, "MISMATCH") {
+		t.Fatal(got)
+	}
+	control, readers, stale := res.Runs[0], res.Runs[1], res.Runs[2]
+	for _, run := range res.Runs {
+		if run.LoadErrors == 0 {
+			t.Errorf("%s: no failed load in %d loads (every %dth fails)", run.Name, run.Loads, cfg.failEvery)
+		}
+		if run.TimedOut == 0 {
+			t.Errorf("%s: no load matched ErrLoadTimeout", run.Name)
+		}
+	}
+	for _, row := range control.ByCallers {
+		if row.Callers != 1 {
+			t.Errorf("control: a load with %d callers; one reader makes loads of 1", row.Callers)
+		}
+	}
+	if readers.ReaderErrors == 0 {
+		t.Errorf("%s: no reader got an error from %d failed loads", readers.Name, readers.LoadErrors)
+	}
+	// StaleIfError: once a key has a value, a failed load never reaches a
+	// reader as an error.
+	if stale.ErrorsWithStale != 0 {
+		t.Errorf("%s: %d readers got an error while a stale value existed; want 0", stale.Name, stale.ErrorsWithStale)
+	}
+	if stale.StaleOnError == 0 {
+		t.Errorf("%s: no reader was served a stale value for %d failed loads", stale.Name, stale.LoadErrors)
+	}
+
+	var out bytes.Buffer
+	res.print(&out)
+	for _, want := range []string{"callers per load", "while a stale value existed (goal 0)", "Reconciled in every run"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("output lacks %q:\n%s", want, out.String())
+		}
+	}
+}
+
+func TestWall(t *testing.T) {
+	cfg := quick()
+	res, err := runWall(cfg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res.Rows) != 2+len(cfg.betas) {
+		t.Fatalf("%d rows; want %d", len(res.Rows), 2+len(cfg.betas))
+	}
+	ttlOnly, swr := res.Rows[0], res.Rows[1]
+	for _, row := range res.Rows {
+		if row.Gets == 0 || row.Loads == 0 {
+			t.Errorf("%s: %d Gets, %d loads; the run should see the key expire", row.Strategy, row.Gets, row.Loads)
+		}
+	}
+	if ttlOnly.Waited == 0 {
+		t.Errorf("TTL only: no Get waited for a reload in a run 10 TTLs long")
+	}
+	// Within the stale window (1s, longer than the run) no Get waits.
+	if swr.Waited != 0 || swr.Stale == 0 {
+		t.Errorf("%s: %d Gets waited, %d served stale; want 0 waited", swr.Strategy, swr.Waited, swr.Stale)
+	}
+	for _, row := range res.Rows[2:] {
+		if row.Refreshes == 0 {
+			t.Errorf("%s: no background refresh", row.Strategy)
+		}
+	}
+}
+
+func TestRunFlagsAndJSON(t *testing.T) {
+	for _, args := range [][]string{
+		{"-only", "x"}, {"-only", ""}, {"-duration", "0s"}, {"-readers", "0"}, {"-keys", "0"}, {"extra"},
+	} {
+		if err := run(args, io.Discard, io.Discard); err == nil {
+			t.Errorf("run(%q) = nil; want an error", args)
+		}
+	}
+	var out bytes.Buffer
+	if err := run([]string{"-only", "a", "-json"}, &out, io.Discard); err != nil {
+		t.Fatal(err)
+	}
+	var res results
+	if err := json.Unmarshal(out.Bytes(), &res); err != nil {
+		t.Fatalf("-json output: %v\n%s", err, out.String())
+	}
+	if res.A == nil || res.B != nil || res.C != nil || len(res.A.Rows) != 4 {
+		t.Errorf("-only a -json: got %+v", res)
+	}
+}

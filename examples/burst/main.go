@@ -1,0 +1,168 @@
+// Burst runs the experiments flightcache grew from, live, and prints what
+// a Loader did, read from its Stats, its LoadEvents and each Get's Info:
+//
+//   - a. downstream calls for a burst of identical requests: with no
+//     coordination, through a Loader, and with a TTL behind it;
+//   - b. the blast radius of one failed load: how many readers queued
+//     behind it got its error, and how StaleIfError brings that to zero;
+//   - c. the expiry wall of a hot key: how long readers wait when it
+//     expires, with a TTL only, with stale-while-revalidate and with early
+//     refresh.
+//
+// Usage:
+//
+//	go run ./examples/burst [-duration 3s] [-readers 8] [-keys 3] [-only abc] [-json]
+//
+// It needs no server and, with the defaults, takes about 12 seconds. A
+// progress line is drawn on stderr; the tables (or, with -json, one JSON
+// document) go to stdout.
+package main
+
+import (
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+	"time"
+)
+
+// config holds every knob of the three parts. The flags set the first
+// four; the rest are the experiments' fixed settings (tests shrink them).
+type config struct {
+	duration time.Duration // c's runs; b's reader runs last twice as long, its control run a third
+	readers  int           // concurrent readers in b and c
+	keys     int           // hot keys in b
+	only     string        // which parts to run: letters of "abc"
+
+	// Part b: the downstream of the blast-radius experiment.
+	loadMin, loadMax time.Duration // each load takes a duration in [loadMin, loadMax)
+	loadTimeout      time.Duration // a hanging load ends here
+	failEvery        int64         // every failEvery-th load hangs
+	minLoads         int64         // a run goes on past duration until this many loads have finished
+
+	// Part c: the expiry wall.
+	wallTTL  time.Duration
+	wallLoad time.Duration
+	swr      time.Duration // the StaleWhileRevalidate window
+	betas    []float64     // one EarlyRefresh run per β
+	think    time.Duration // each reader's pause between Gets
+	slow     time.Duration // a Get slower than this is counted as slow
+}
+
+func defaultConfig() config {
+	return config{
+		duration: 3 * time.Second,
+		readers:  8,
+		keys:     3,
+		only:     "abc",
+
+		loadMin:     100 * time.Millisecond,
+		loadMax:     120 * time.Millisecond,
+		loadTimeout: 150 * time.Millisecond,
+		failEvery:   10,
+		minLoads:    10, // so that even the control run has a failed load
+
+		wallTTL:  200 * time.Millisecond,
+		wallLoad: 50 * time.Millisecond,
+		swr:      time.Second,
+		betas:    []float64{1, 0.5},
+		think:    5 * time.Millisecond,
+		slow:     40 * time.Millisecond,
+	}
+}
+
+// results is everything one run measured; -json prints it.
+type results struct {
+	A *coalesceResult `json:"a,omitempty"`
+	B *blastResult    `json:"b,omitempty"`
+	C *wallResult     `json:"c,omitempty"`
+}
+
+func main() {
+	if err := run(os.Args[1:], os.Stdout, os.Stderr); err != nil {
+		if !errors.Is(err, flag.ErrHelp) {
+			fmt.Fprintln(os.Stderr, "burst:", err)
+		}
+		os.Exit(2)
+	}
+}
+
+func run(args []string, stdout, stderr io.Writer) error {
+	cfg := defaultConfig()
+	fs := flag.NewFlagSet("burst", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.DurationVar(&cfg.duration, "duration", cfg.duration, "length of part c's runs; part b's reader runs last twice as long, its control run a third")
+	fs.IntVar(&cfg.readers, "readers", cfg.readers, "concurrent readers in parts b and c")
+	fs.IntVar(&cfg.keys, "keys", cfg.keys, "hot keys in part b")
+	fs.StringVar(&cfg.only, "only", cfg.only, "parts to run: any of a, b, c (e.g. -only b or -only a,c)")
+	asJSON := fs.Bool("json", false, "print one JSON document instead of tables")
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	switch {
+	case fs.NArg() > 0:
+		return fmt.Errorf("unexpected arguments %q", fs.Args())
+	case cfg.duration <= 0:
+		return fmt.Errorf("-duration must be > 0, got %v", cfg.duration)
+	case cfg.readers < 1:
+		return fmt.Errorf("-readers must be >= 1, got %d", cfg.readers)
+	case cfg.keys < 1:
+		return fmt.Errorf("-keys must be >= 1, got %d", cfg.keys)
+	case strings.Trim(cfg.only, "abc, ") != "" || strings.Trim(cfg.only, ", ") == "":
+		return fmt.Errorf("-only takes letters of a, b, c; got %q", cfg.only)
+	}
+
+	res, err := measure(cfg, newProgress(stderr))
+	if err != nil {
+		return err
+	}
+	if *asJSON {
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		return enc.Encode(res)
+	}
+	res.print(stdout)
+	return nil
+}
+
+// measure runs the parts cfg.only names.
+func measure(cfg config, p *progress) (*results, error) {
+	res := &results{}
+	var err error
+	if strings.Contains(cfg.only, "a") {
+		if res.A, err = runCoalesce(p); err != nil {
+			return nil, err
+		}
+	}
+	if strings.Contains(cfg.only, "b") {
+		if res.B, err = runBlast(cfg, p); err != nil {
+			return nil, err
+		}
+	}
+	if strings.Contains(cfg.only, "c") {
+		if res.C, err = runWall(cfg, p); err != nil {
+			return nil, err
+		}
+	}
+	return res, nil
+}
+
+func (r *results) print(w io.Writer) {
+	sep := ""
+	if r.A != nil {
+		r.A.print(w)
+		sep = "\n"
+	}
+	if r.B != nil {
+		fmt.Fprint(w, sep)
+		r.B.print(w)
+		sep = "\n"
+	}
+	if r.C != nil {
+		fmt.Fprint(w, sep)
+		r.C.print(w)
+	}
+}

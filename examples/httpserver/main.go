@@ -1,0 +1,196 @@
+// Httpserver is a product API in front of a slow pricing service, with a
+// flightcache.Loader in between.
+//
+// It starts two HTTP servers on loopback: the pricing service (the
+// downstream: every price takes -latency, and a -fail share of requests
+// fail) and the API on -addr:
+//
+//	GET /products/{id}      a product with its price, as JSON; X-Cache and Age say
+//	                        where it came from; Cache-Control: no-cache and
+//	                        max-stale=N bound how stale it may be
+//	GET /debug/flightcache  the Loader's Stats, as JSON
+//	GET /metrics            Prometheus metrics, from otelflightcache
+//
+// The API reads products through a ProductRepository: HTTPRepository calls
+// the pricing service on every Get; CachedRepository, a drop-in with the
+// same interface, puts a Loader in front of it. SIGINT or SIGTERM stops the
+// API gracefully: no new connections, requests in progress finish, then the
+// Loader closes.
+//
+// Usage:
+//
+//	go run ./examples/httpserver [-addr 127.0.0.1:8080] [-latency 80ms] [-fail 0.05]
+//	curl -i localhost:8080/products/42
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/flightcache/flightcache"
+	"github.com/flightcache/flightcache/otelflightcache"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	otelprom "go.opentelemetry.io/otel/exporters/prometheus"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := run(ctx, os.Args[1:], os.Stdout); err != nil {
+		if !errors.Is(err, flag.ErrHelp) {
+			fmt.Fprintln(os.Stderr, "httpserver:", err)
+		}
+		os.Exit(1)
+	}
+}
+
+// config is what the flags set.
+type config struct {
+	addr, pricingAddr string
+	latency           time.Duration
+	failRate          float64
+	ttl               time.Duration
+	loadTimeout       time.Duration
+}
+
+func parseFlags(args []string, out io.Writer) (config, error) {
+	var cfg config
+	fs := flag.NewFlagSet("httpserver", flag.ContinueOnError)
+	fs.SetOutput(out)
+	fs.StringVar(&cfg.addr, "addr", "127.0.0.1:8080", "address of the API")
+	fs.StringVar(&cfg.pricingAddr, "pricing-addr", "127.0.0.1:0", "address of the pricing service (port 0: any free port)")
+	fs.DurationVar(&cfg.latency, "latency", 80*time.Millisecond, "how long the pricing service takes per price")
+	fs.Float64Var(&cfg.failRate, "fail", 0.05, "share of pricing requests that fail, in [0, 1]")
+	fs.DurationVar(&cfg.ttl, "ttl", 10*time.Second, "how long a price is fresh; it is then served stale for as long again while it refreshes")
+	fs.DurationVar(&cfg.loadTimeout, "load-timeout", time.Second, "bound on one load of a price, retries included")
+	if err := fs.Parse(args); err != nil {
+		return cfg, err
+	}
+	switch {
+	case fs.NArg() > 0:
+		return cfg, fmt.Errorf("unexpected arguments %q", fs.Args())
+	case cfg.failRate < 0 || cfg.failRate > 1:
+		return cfg, fmt.Errorf("-fail must be in [0, 1], got %v", cfg.failRate)
+	case cfg.latency < 0:
+		return cfg, fmt.Errorf("-latency must be >= 0, got %v", cfg.latency)
+	case cfg.ttl <= 0 || cfg.loadTimeout <= 0:
+		return cfg, errors.New("-ttl and -load-timeout must be > 0")
+	}
+	return cfg, nil
+}
+
+// cacheOptions is how the example configures its Loader.
+func cacheOptions(cfg config) flightcache.Options[string, Product] {
+	return flightcache.Options[string, Product]{
+		TTL:                  cfg.ttl,
+		Jitter:               0.1, // products loaded together do not expire together
+		StaleWhileRevalidate: cfg.ttl,
+		StaleIfError:         5 * time.Minute, // ride out a pricing outage on the last good price
+		NotFoundTTL:          30 * time.Second,
+		LoadTimeout:          cfg.loadTimeout,
+		MaxCost:              100_000,
+		Retry: flightcache.Retry{
+			MaxAttempts:     2,
+			InitialInterval: 20 * time.Millisecond,
+		},
+		Breaker: flightcache.Breaker{ConsecutiveFailures: 5, OpenTimeout: 5 * time.Second},
+	}
+}
+
+// run serves until ctx ends, then shuts down gracefully. It logs to out.
+func run(ctx context.Context, args []string, out io.Writer) error {
+	cfg, err := parseFlags(args, out)
+	if err != nil {
+		return err
+	}
+	log := slog.New(slog.NewTextHandler(out, nil))
+
+	// The downstream: the pricing service, on its own loopback server.
+	pricing := &pricingService{Latency: cfg.latency, FailRate: cfg.failRate}
+	pricingLn, err := net.Listen("tcp", cfg.pricingAddr)
+	if err != nil {
+		return err
+	}
+	pricingSrv := &http.Server{Handler: pricing.Handler(), ReadHeaderTimeout: 5 * time.Second}
+	pricingDone := make(chan error, 1)
+	go func() { pricingDone <- pricingSrv.Serve(pricingLn) }()
+	pricingURL := "http://" + pricingLn.Addr().String()
+	log.Info("pricing service listening", "url", pricingURL, "latency", cfg.latency, "fail", cfg.failRate)
+
+	// Metrics: otelflightcache on an OpenTelemetry meter provider, exposed
+	// in the Prometheus text format.
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector())
+	exporter, err := otelprom.New(otelprom.WithRegisterer(reg), otelprom.WithoutScopeInfo())
+	if err != nil {
+		return err
+	}
+	provider := sdkmetric.NewMeterProvider(sdkmetric.WithReader(exporter))
+	metrics, err := otelflightcache.New[string](provider, otelflightcache.Options{Name: "products"})
+	if err != nil {
+		return err
+	}
+
+	// The repository: the plain HTTP one, behind a cached one.
+	transport := http.DefaultTransport.(*http.Transport).Clone()
+	transport.MaxIdleConnsPerHost = 64
+	plain := &HTTPRepository{Client: &http.Client{Transport: transport}, BaseURL: pricingURL}
+	opts := cacheOptions(cfg)
+	products, err := NewCachedRepository(plain, opts, metrics)
+	if err != nil {
+		return err
+	}
+
+	a := &api{
+		repo:       products,
+		stats:      products.Stats,
+		metrics:    promhttp.HandlerFor(reg, promhttp.HandlerOpts{}),
+		retryAfter: opts.Breaker.OpenTimeout,
+		log:        log,
+	}
+	ln, err := net.Listen("tcp", cfg.addr)
+	if err != nil {
+		return errors.Join(err, products.Close(), pricingSrv.Close())
+	}
+	srv := &http.Server{Handler: a.routes(), ReadHeaderTimeout: 5 * time.Second}
+	serveDone := make(chan error, 1)
+	go func() { serveDone <- srv.Serve(ln) }()
+	log.Info("listening", "url", "http://"+ln.Addr().String())
+
+	select {
+	case <-ctx.Done():
+		log.Info("shutting down")
+	case err := <-serveDone:
+		return errors.Join(err, products.Close(), pricingSrv.Close())
+	case err := <-pricingDone:
+		return errors.Join(err, srv.Close(), products.Close())
+	}
+
+	// Stop accepting and let the requests in progress finish (their loads
+	// still reach the pricing service), then close the Loader, then the
+	// downstream.
+	shutdownCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	defer cancel()
+	err = srv.Shutdown(shutdownCtx)
+	err = errors.Join(err, products.Close())
+	transport.CloseIdleConnections()
+	err = errors.Join(err, pricingSrv.Shutdown(shutdownCtx), provider.Shutdown(shutdownCtx))
+	if err != nil {
+		return err
+	}
+	log.Info("stopped")
+	return nil
+}

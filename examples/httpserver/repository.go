@@ -1,0 +1,153 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"time"
+
+	"github.com/flightcache/flightcache"
+	"github.com/flightcache/flightcache/otelflightcache"
+)
+
+// Product is what the repository returns: a product with its current price.
+// Values handed out by the cached repository are shared between callers:
+// treat them as read-only.
+type Product struct {
+	ID         string    `json:"id"`
+	Name       string    `json:"name"`
+	PriceCents int64     `json:"price_cents"`
+	Currency   string    `json:"currency"`
+	PricedAt   time.Time `json:"priced_at"` // when the pricing service computed the price
+}
+
+// ErrNotFound is returned (wrapped) by every ProductRepository for an id
+// that does not exist.
+var ErrNotFound = errors.New("products: not found")
+
+// ProductRepository finds products by id. Implementations are safe for
+// concurrent use.
+type ProductRepository interface {
+	// Get returns the product with id, or an error matching ErrNotFound
+	// if there is none. It returns when ctx ends, with ctx's error.
+	Get(ctx context.Context, id string) (Product, error)
+}
+
+// HTTPRepository is the plain ProductRepository: every Get is a request to
+// the pricing service. Its zero value is not usable: set BaseURL.
+type HTTPRepository struct {
+	// Client sends the requests; nil means http.DefaultClient. Set no
+	// Timeout on it: the caller's context bounds each request.
+	Client *http.Client
+	// BaseURL is the pricing service's root, such as http://127.0.0.1:9090.
+	BaseURL string
+}
+
+// Get asks the pricing service for the product with id, under ctx.
+func (r *HTTPRepository) Get(ctx context.Context, id string) (Product, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, r.BaseURL+"/prices/"+url.PathEscape(id), nil)
+	if err != nil {
+		return Product{}, fmt.Errorf("products: %w", err)
+	}
+	client := r.Client
+	if client == nil {
+		client = http.DefaultClient
+	}
+	resp, err := client.Do(req)
+	if err != nil {
+		return Product{}, fmt.Errorf("products: %w", err)
+	}
+	defer resp.Body.Close()
+	switch resp.StatusCode {
+	case http.StatusOK:
+	case http.StatusNotFound:
+		return Product{}, fmt.Errorf("products: id %q: %w", id, ErrNotFound)
+	default:
+		io.Copy(io.Discard, io.LimitReader(resp.Body, 4<<10)) // let the connection be reused
+		return Product{}, fmt.Errorf("products: pricing service answered %s", resp.Status)
+	}
+	var p Product
+	if err := json.NewDecoder(resp.Body).Decode(&p); err != nil {
+		return Product{}, fmt.Errorf("products: decoding the price of %q: %w", id, err)
+	}
+	return p, nil
+}
+
+// CachedRepository is a ProductRepository that puts a flightcache.Loader in
+// front of another one: a drop-in for it. Concurrent Gets of one id share
+// one call to the repository behind it; not-found answers are cached for
+// Options.NotFoundTTL. Create it with NewCachedRepository and Close it when
+// done.
+type CachedRepository struct {
+	loader  *flightcache.Loader[string, Product]
+	metrics *otelflightcache.Metrics[string] // nil: no metrics
+}
+
+// NewCachedRepository returns a CachedRepository that loads from next with
+// opts. If metrics is not nil, the Loader reports to it: its OnLoad is
+// chained before opts.OnLoad, and it observes the Loader's Stats.
+func NewCachedRepository(next ProductRepository, opts flightcache.Options[string, Product], metrics *otelflightcache.Metrics[string]) (*CachedRepository, error) {
+	load := func(ctx context.Context, id string) (Product, error) {
+		p, err := next.Get(ctx, id)
+		if errors.Is(err, ErrNotFound) {
+			// Both sentinels match: the Loader caches it as not-found, and
+			// callers still find the repository's own ErrNotFound.
+			err = fmt.Errorf("%w (%w)", err, flightcache.ErrNotFound)
+		}
+		return p, err
+	}
+	if metrics != nil {
+		userOnLoad := opts.OnLoad
+		opts.OnLoad = func(ev flightcache.LoadEvent[string]) {
+			metrics.OnLoad(ev)
+			if userOnLoad != nil {
+				userOnLoad(ev)
+			}
+		}
+	}
+	l, err := flightcache.New(load, opts)
+	if err != nil {
+		return nil, err
+	}
+	if metrics != nil {
+		if err := metrics.Observe(l); err != nil {
+			l.Close()
+			return nil, err
+		}
+	}
+	return &CachedRepository{loader: l, metrics: metrics}, nil
+}
+
+// Get returns the product with id, from the cache or from one load shared
+// with every concurrent caller of id.
+func (c *CachedRepository) Get(ctx context.Context, id string) (Product, error) {
+	p, _, err := c.GetInfo(ctx, id)
+	return p, err
+}
+
+// GetInfo is Get that also says where the product came from: the HTTP
+// handler turns the Info into its X-Cache and Age headers.
+func (c *CachedRepository) GetInfo(ctx context.Context, id string) (Product, flightcache.Info, error) {
+	p, info, err := c.loader.GetInfo(ctx, id)
+	if c.metrics != nil {
+		c.metrics.RecordWait(ctx, info)
+	}
+	return p, info, err
+}
+
+// Stats returns the Loader's counters.
+func (c *CachedRepository) Stats() flightcache.Stats { return c.loader.Stats() }
+
+// Close stops the Loader (loads in flight are cancelled and waited for) and
+// its metrics. Gets after Close fail with flightcache.ErrClosed.
+func (c *CachedRepository) Close() error {
+	err := c.loader.Close()
+	if c.metrics != nil {
+		err = errors.Join(err, c.metrics.Close())
+	}
+	return err
+}

@@ -1,0 +1,75 @@
+package otelflightcache_test
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"log"
+	"net/http/httptest"
+	"strings"
+	"time"
+
+	"github.com/flightcache/flightcache"
+	"github.com/flightcache/flightcache/otelflightcache"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	otelprom "go.opentelemetry.io/otel/exporters/prometheus"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+)
+
+// The whole wiring, exposed for Prometheus: the Metrics first, then the
+// Loader with its OnLoad, then Observe. A handler would call RecordWait
+// after each GetInfo and serve promhttp.HandlerFor(reg, ...) on /metrics.
+func Example() {
+	reg := prometheus.NewRegistry()
+	exporter, err := otelprom.New(otelprom.WithRegisterer(reg), otelprom.WithoutScopeInfo(), otelprom.WithoutTargetInfo())
+	if err != nil {
+		log.Fatal(err)
+	}
+	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(exporter))
+	defer mp.Shutdown(context.Background())
+
+	metrics, err := otelflightcache.New[string](mp, otelflightcache.Options{Name: "prices"})
+	if err != nil {
+		log.Fatal(err)
+	}
+	loader, err := flightcache.New(func(ctx context.Context, sku string) (int, error) {
+		return 1999, nil // the downstream call
+	}, flightcache.Options[string, int]{TTL: time.Minute, OnLoad: metrics.OnLoad})
+	if err != nil {
+		log.Fatal(err)
+	}
+	if err := metrics.Observe(loader); err != nil {
+		log.Fatal(err)
+	}
+	defer metrics.Close()
+
+	ctx := context.Background()
+	for range 3 {
+		_, info, err := loader.GetInfo(ctx, "sku-1") // a miss, then two hits
+		metrics.RecordWait(ctx, info)
+		if err != nil {
+			log.Fatal(err)
+		}
+	}
+	loader.Close() // waits for OnLoad: the example reads everything below
+
+	rec := httptest.NewRecorder()
+	promhttp.HandlerFor(reg, promhttp.HandlerOpts{}).ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
+	lines := bufio.NewScanner(rec.Body)
+	for lines.Scan() {
+		line := lines.Text()
+		for _, prefix := range []string{"flightcache_gets_total", "flightcache_loads_total", "flightcache_load_callers_sum"} {
+			if strings.HasPrefix(line, prefix) {
+				fmt.Println(line)
+			}
+		}
+	}
+	// Output:
+	// flightcache_gets_total{cache="prices",result="closed"} 0
+	// flightcache_gets_total{cache="prices",result="hit"} 2
+	// flightcache_gets_total{cache="prices",result="miss"} 1
+	// flightcache_gets_total{cache="prices",result="stale"} 0
+	// flightcache_load_callers_sum{cache="prices",outcome="ok"} 1
+	// flightcache_loads_total{cache="prices"} 1
+}
