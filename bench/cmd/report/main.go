@@ -1,0 +1,73 @@
+// Command report turns the raw output of the bench module's benchmarks into
+// docs/benchmarks.md and its SVG charts.
+//
+// Usage, from the bench directory:
+//
+//	go run ./cmd/report [-o ../docs/benchmarks.md] [-wall results/wall] [-notes findings.md] results/raw.txt
+//
+// Medians and 95% confidence intervals are computed with
+// golang.org/x/perf/benchmath, as benchstat computes them, so a 95% interval
+// needs at least 6 runs (-count 6). The charts are written next to the
+// report, in a directory named after it (docs/benchmarks/).
+package main
+
+import (
+	"flag"
+	"fmt"
+	"log"
+	"os"
+	"path/filepath"
+	"strings"
+)
+
+func main() {
+	log.SetFlags(0)
+	log.SetPrefix("report: ")
+	out := flag.String("o", "../docs/benchmarks.md", "the Markdown report to write; charts go to a directory of the same name without .md")
+	wallDir := flag.String("wall", "results/wall", "directory of the expiry-wall traces written by -walltrace")
+	notes := flag.String("notes", "findings.md", "Markdown appended to the report as the findings section (skipped if missing)")
+	flag.Usage = func() {
+		fmt.Fprintf(flag.CommandLine.Output(), "usage: report [flags] raw.txt\n")
+		flag.PrintDefaults()
+	}
+	flag.Parse()
+	if flag.NArg() != 1 {
+		flag.Usage()
+		os.Exit(2)
+	}
+	raw := flag.Arg(0)
+	f, err := os.Open(raw)
+	if err != nil {
+		log.Fatal(err)
+	}
+	res, err := readResults(f, raw)
+	f.Close()
+	if err != nil {
+		log.Fatal(err)
+	}
+	if len(res.order) == 0 {
+		log.Fatalf("%s has no benchmark results", raw)
+	}
+
+	chartDir := strings.TrimSuffix(*out, filepath.Ext(*out))
+	if err := os.MkdirAll(chartDir, 0o755); err != nil {
+		log.Fatal(err)
+	}
+	r := &report{res: res, chartRel: filepath.Base(chartDir), wallDir: *wallDir}
+	charts := r.build()
+	for name, svg := range charts {
+		if err := os.WriteFile(filepath.Join(chartDir, name), []byte(svg), 0o644); err != nil {
+			log.Fatal(err)
+		}
+	}
+	if b, err := os.ReadFile(*notes); err == nil {
+		r.w.WriteString("\n")
+		r.w.Write(b)
+	} else if !os.IsNotExist(err) {
+		log.Fatal(err)
+	}
+	if err := os.WriteFile(*out, []byte(r.w.String()), 0o644); err != nil {
+		log.Fatal(err)
+	}
+	log.Printf("wrote %s and %d charts in %s", *out, len(charts), chartDir)
+}

@@ -1,0 +1,154 @@
+package bench
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"math/rand/v2"
+	"runtime"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+)
+
+// TestMain checks that every cache and loader a benchmark created was closed
+// and left no goroutine behind. When benchmarks run, it first prints, as
+// benchfmt configuration lines, what the report needs and the benchmark
+// output lacks: the Go version, GOMAXPROCS and the flags of this run.
+func TestMain(m *testing.M) {
+	flag.Parse()
+	if f := flag.Lookup("test.bench"); f != nil && f.Value.String() != "" {
+		fmt.Printf("goversion: %s\n", runtime.Version())
+		fmt.Printf("gomaxprocs: %d\n", runtime.GOMAXPROCS(0))
+		fmt.Printf("benchflags: %s\n", benchFlags())
+	}
+	goleak.VerifyTestMain(m)
+}
+
+// benchFlags rebuilds the go test flags of this run from the test binary's.
+func benchFlags() string {
+	var parts []string
+	flag.Visit(func(f *flag.Flag) {
+		name, ok := strings.CutPrefix(f.Name, "test.")
+		switch {
+		case !ok && f.Name == "walltrace":
+			parts = append(parts, "-walltrace "+f.Value.String())
+		case ok && slices.Contains([]string{"run", "bench", "benchmem", "benchtime", "count", "cpu", "timeout"}, name):
+			v := f.Value.String()
+			if name == "benchmem" {
+				parts = append(parts, "-benchmem")
+				break
+			}
+			if strings.ContainsAny(v, "^$*|()[] ") {
+				v = "'" + v + "'"
+			}
+			parts = append(parts, "-"+name+" "+v)
+		}
+	})
+	return strings.Join(parts, " ")
+}
+
+// wallTrace, if set, is a directory where the expiry-wall benchmark writes
+// the latency of every Get, one CSV file per implementation, for the charts
+// of cmd/report.
+var wallTrace = flag.String("walltrace", "", "directory for the per-Get latency traces of BenchmarkExpiryWall")
+
+const (
+	hitKeys   = 100_000 // keys of the hit-path working set
+	zipfS     = 1.01    // Zipf exponent of the hit-path trace
+	traceLen  = 1 << 20 // precomputed accesses; a power of two
+	longTTL   = time.Hour
+	valueSize = 64 // bytes of the value every key maps to
+)
+
+// value is what every key maps to: one shared payload, so that memory
+// figures measure per-entry bookkeeping, not the payloads.
+var value = string(make([]byte, valueSize))
+
+// makeKeys returns n distinct string keys.
+func makeKeys(n int) []string {
+	keys := make([]string, n)
+	for i := range keys {
+		keys[i] = "key:" + strconv.Itoa(i)
+	}
+	return keys
+}
+
+// zipfTrace returns traceLen key indexes in [0, n) drawn from Zipf(s), with
+// a fixed seed so every implementation replays the same accesses. The most
+// popular index is 0.
+func zipfTrace(n int, s float64) []uint32 {
+	r := rand.New(rand.NewPCG(1, 2))
+	z := rand.NewZipf(r, s, 1, uint64(n-1))
+	t := make([]uint32, traceLen)
+	for i := range t {
+		t[i] = uint32(z.Uint64())
+	}
+	return t
+}
+
+// uniformTrace returns traceLen key indexes drawn uniformly from [0, n).
+func uniformTrace(n int) []uint32 {
+	r := rand.New(rand.NewPCG(3, 4))
+	t := make([]uint32, traceLen)
+	for i := range t {
+		t[i] = uint32(r.IntN(n))
+	}
+	return t
+}
+
+// downstream is an instant (or slow, with delay) fake service that counts
+// its calls.
+type downstream struct {
+	delay  time.Duration
+	calls  atomic.Int64 // calls started
+	inside atomic.Int64 // calls running now
+}
+
+func (d *downstream) load(ctx context.Context, key string) (string, error) {
+	d.calls.Add(1)
+	d.inside.Add(1)
+	defer d.inside.Add(-1)
+	if d.delay > 0 {
+		t := time.NewTimer(d.delay)
+		defer t.Stop()
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			return "", ctx.Err()
+		}
+	}
+	return value, nil
+}
+
+// fetch is load in sturdyc's FetchFn shape, for one key.
+func (d *downstream) fetch(key string) func(context.Context) (string, error) {
+	return func(ctx context.Context) (string, error) { return d.load(ctx, key) }
+}
+
+// quiesce waits (bounded) until no call is running: libraries whose
+// background refreshes are not owned by a Close (sturdyc) finish them here,
+// before goleak looks.
+func (d *downstream) quiesce() {
+	for i := 0; d.inside.Load() > 0 && i < 1000; i++ {
+		time.Sleep(time.Millisecond)
+	}
+	time.Sleep(time.Millisecond) // let the goroutine that made the call store its result and exit
+}
+
+// once caches the result of an expensive setup shared by benchmarks.
+type once[T any] struct {
+	sync.Once
+	v T
+}
+
+func (o *once[T]) get(f func() T) T {
+	o.Do(func() { o.v = f() })
+	return o.v
+}
