@@ -26,6 +26,12 @@
 //
 // [WithMaxStale] bounds how stale a value one Get accepts, like HTTP's
 // Cache-Control max-stale; WithMaxStale(ctx, 0) demands a fresh value.
+//
+// # Beyond one process
+//
+// [Options.Remote] adds a tier shared by processes (the flightredis module
+// implements one on Redis), and [Breaker.Custom] a breaker whose state they
+// share, so a fleet makes one downstream call per key, not one per process.
 package flightcache
 
 import (
@@ -33,8 +39,6 @@ import (
 	"errors"
 	"hash/maphash"
 	"math/rand/v2"
-	"runtime"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -418,68 +422,4 @@ func (l *Loader[K, V]) Close() error {
 	}
 	<-l.closeDone
 	return nil
-}
-
-// exit ends a load goroutine; the last one out after Close stops the Loader.
-func (l *Loader[K, V]) exit() {
-	if l.active.Add(-1) == 0 && l.closed.Load() {
-		l.stop()
-	}
-}
-
-// stop frees the cache once no goroutine of the Loader runs and no Get is
-// inside a cache lookup (ristretto's Close must not race its Get or Set).
-func (l *Loader[K, V]) stop() {
-	l.teardown.Do(func() {
-		for !l.stats.quiet() {
-			runtime.Gosched()
-		}
-		l.tearingDown.Store(true)
-		l.cache.Close()
-		close(l.closeDone)
-	})
-}
-
-// runFrame is the name prefix of the Loader's load goroutine.
-const runFrame = "github.com/flightcache/flightcache.(*Loader[...]).run"
-
-// onLoaderGoroutine reports whether the caller runs on a load goroutine of
-// some Loader, found by walking its own stack.
-func onLoaderGoroutine() bool {
-	pcs := make([]uintptr, 64)
-	for {
-		n := runtime.Callers(2, pcs)
-		if n < len(pcs) {
-			pcs = pcs[:n]
-			break
-		}
-		pcs = make([]uintptr, 2*len(pcs))
-	}
-	frames := runtime.CallersFrames(pcs)
-	for {
-		f, more := frames.Next()
-		if f.Function == runFrame || strings.HasPrefix(f.Function, runFrame+".") {
-			return true
-		}
-		if !more {
-			return false
-		}
-	}
-}
-
-// maxStaleKey is the context key of WithMaxStale.
-type maxStaleKey struct{}
-
-// WithMaxStale returns a context that makes a Get accept a stale value only
-// if it went stale at most d ago, like HTTP's Cache-Control max-stale.
-// WithMaxStale(ctx, 0) demands a fresh value, like no-cache: the Get waits
-// for a load (which still coalesces with other callers). A negative d is 0.
-func WithMaxStale(ctx context.Context, d time.Duration) context.Context {
-	return context.WithValue(ctx, maxStaleKey{}, max(d, 0))
-}
-
-// acceptsStale applies the caller's WithMaxStale, if any, to a stale entry.
-func acceptsStale[K comparable, V any](ctx context.Context, e *entry[K, V], now time.Duration) bool {
-	d, ok := ctx.Value(maxStaleKey{}).(time.Duration)
-	return !ok || (d > 0 && now-e.freshUntil <= d)
 }

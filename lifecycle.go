@@ -1,0 +1,59 @@
+package flightcache
+
+import (
+	"runtime"
+	"strings"
+)
+
+// How a Loader shuts down: Close (in loader.go) sets the closed flag, waits
+// out every operation that starts a goroutine or writes the cache, and
+// cancels the loads. The last load goroutine to exit, or Close itself if
+// none runs, then stops the Loader: it waits for Gets still inside a cache
+// lookup and closes ristretto.
+
+// exit ends a load goroutine; the last one out after Close stops the Loader.
+func (l *Loader[K, V]) exit() {
+	if l.active.Add(-1) == 0 && l.closed.Load() {
+		l.stop()
+	}
+}
+
+// stop frees the cache once no goroutine of the Loader runs and no Get is
+// inside a cache lookup (ristretto's Close must not race its Get or Set).
+func (l *Loader[K, V]) stop() {
+	l.teardown.Do(func() {
+		for !l.stats.quiet() {
+			runtime.Gosched()
+		}
+		l.tearingDown.Store(true)
+		l.cache.Close()
+		close(l.closeDone)
+	})
+}
+
+// runFrame is the name prefix of the Loader's load goroutine.
+const runFrame = "github.com/flightcache/flightcache.(*Loader[...]).run"
+
+// onLoaderGoroutine reports whether the caller runs on a load goroutine of
+// some Loader, found by walking its own stack.
+func onLoaderGoroutine() bool {
+	pcs := make([]uintptr, 64)
+	for {
+		n := runtime.Callers(2, pcs)
+		if n < len(pcs) {
+			pcs = pcs[:n]
+			break
+		}
+		pcs = make([]uintptr, 2*len(pcs))
+	}
+	frames := runtime.CallersFrames(pcs)
+	for {
+		f, more := frames.Next()
+		if f.Function == runFrame || strings.HasPrefix(f.Function, runFrame+".") {
+			return true
+		}
+		if !more {
+			return false
+		}
+	}
+}

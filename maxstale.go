@@ -1,0 +1,23 @@
+package flightcache
+
+import (
+	"context"
+	"time"
+)
+
+// maxStaleKey is the context key of WithMaxStale.
+type maxStaleKey struct{}
+
+// WithMaxStale returns a context that makes a Get accept a stale value only
+// if it went stale at most d ago, like HTTP's Cache-Control max-stale.
+// WithMaxStale(ctx, 0) demands a fresh value, like no-cache: the Get waits
+// for a load (which still coalesces with other callers). A negative d is 0.
+func WithMaxStale(ctx context.Context, d time.Duration) context.Context {
+	return context.WithValue(ctx, maxStaleKey{}, max(d, 0))
+}
+
+// acceptsStale applies the caller's WithMaxStale, if any, to a stale entry.
+func acceptsStale[K comparable, V any](ctx context.Context, e *entry[K, V], now time.Duration) bool {
+	d, ok := ctx.Value(maxStaleKey{}).(time.Duration)
+	return !ok || (d > 0 && now-e.freshUntil <= d)
+}
