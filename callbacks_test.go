@@ -118,3 +118,39 @@ func TestPanicsInUserCallbacksAreContained(t *testing.T) {
 		}
 	})
 }
+
+// A Hash that panics propagates to its caller (like a map with an
+// unhashable key) but leaves no Get half-counted: Close still returns.
+func TestPanickingHashDoesNotWedgeClose(t *testing.T) {
+	l, err := New(func(_ context.Context, k string) (string, error) { return k, nil },
+		Options[string, string]{TTL: time.Minute, Hash: func(k string) uint64 {
+			if k == "bad" {
+				panic("unhashable")
+			}
+			return uint64(len(k))
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	func() {
+		defer func() {
+			if recover() == nil {
+				t.Error("Get with a panicking Hash did not panic")
+			}
+		}()
+		l.Get(t.Context(), "bad")
+	}()
+	if v, err := l.Get(t.Context(), "ok"); v != "ok" || err != nil {
+		t.Errorf("Get(ok) = %q, %v", v, err)
+	}
+	done := make(chan struct{})
+	go func() { l.Close(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("Close did not return after a Get panicked in Hash")
+	}
+	if s := l.Stats(); s.Gets != s.Hits+s.StaleHits+s.Misses+s.Closed {
+		t.Errorf("Stats do not add up: %+v", s)
+	}
+}

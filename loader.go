@@ -186,6 +186,9 @@ func (l *Loader[K, V]) GetInfo(ctx context.Context, key K) (V, Info, error) {
 	if ctx == nil {
 		return zero, Info{}, errNilContext
 	}
+	// Hash first: a panicking Hash (or a key whose dynamic type is not
+	// comparable) must not leave a stripe counting a Get that never ends.
+	h := l.hash(key)
 	s := l.stats.acquire()
 	s.gets.Add(1)
 	if l.closed.Load() {
@@ -193,7 +196,6 @@ func (l *Loader[K, V]) GetInfo(ctx context.Context, key K) (V, Info, error) {
 		l.stats.release(s)
 		return zero, Info{}, ErrClosed
 	}
-	h := l.hash(key)
 	e, ok := l.cache.Get(h)
 	now := l.now()
 	if ok && e.key == key {

@@ -113,7 +113,11 @@ type Options[K comparable, V any] struct {
 	// Hash, if set, replaces the default hash of keys (hash/maphash's
 	// Comparable with a per-Loader seed). Keys are always compared exactly,
 	// so two keys with the same hash never see each other's values; they
-	// only share one cache slot.
+	// only share one cache slot. It runs on the caller's goroutine.
+	//
+	// NOTE: like map keys, keys must be comparable at run time: with an
+	// interface K, a key holding a slice, map or func panics in Get, as it
+	// would in a map.
 	Hash func(K) uint64
 }
 
