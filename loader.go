@@ -216,7 +216,7 @@ func (l *Loader[K, V]) GetInfo(ctx context.Context, key K) (V, Info, error) {
 			}
 		}
 	}
-	s.misses.Add(1)
+	s.passed.Add(1)
 	l.stats.release(s)
 	return l.wait(ctx, key, h, now)
 }
@@ -225,12 +225,13 @@ func (l *Loader[K, V]) GetInfo(ctx context.Context, key K) (V, Info, error) {
 func (l *Loader[K, V]) wait(ctx context.Context, key K, h uint64, start time.Duration) (V, Info, error) {
 	var zero V
 	c, started, hit, err := l.join(ctx, key, h, nil)
-	if err != nil {
-		return zero, Info{}, err
-	}
 	if hit != nil { // a load finished as this Get looked: no need to wait
 		l.stats.lateHits.Add(1)
 		return hit.val, Info{Source: SourceHit, Age: l.now() - hit.loadedAt}, hit.err
+	}
+	l.stats.misses.Add(1)
+	if err != nil {
+		return zero, Info{}, err
 	}
 	l.stats.waiting.Add(1)
 	select {
@@ -266,8 +267,10 @@ func (l *Loader[K, V]) wait(ctx context.Context, key K, h uint64, start time.Dur
 	return c.val, info, c.err
 }
 
-// staleOnError looks for a stale value to return instead of a load error.
-// It reads the cache afresh: an Invalidate or Set during the wait counts.
+// staleOnError looks for a cached value to return instead of a load error:
+// a stale one within the windows, or a fresh one that a Set stored during
+// the wait. It reads the cache afresh, so an Invalidate during the wait
+// leaves nothing to fall back on.
 func (l *Loader[K, V]) staleOnError(ctx context.Context, key K, h uint64, err error, now time.Duration) (v V, age time.Duration, ok bool) {
 	if l.opts.StaleIfError == 0 || errors.Is(err, ErrNotFound) || errors.Is(err, ErrClosed) {
 		return v, 0, false
@@ -281,7 +284,10 @@ func (l *Loader[K, V]) staleOnError(ctx context.Context, key K, h uint64, err er
 	if !ok || e.key != key || e.err != nil {
 		return v, 0, false
 	}
-	if p := l.phase(e, now); (p != phaseStale && p != phaseStaleIfError) || !acceptsStale(ctx, e, now) {
+	switch p := l.phase(e, now); {
+	case p == phaseExpired:
+		return v, 0, false
+	case p != phaseFresh && !acceptsStale(ctx, e, now):
 		return v, 0, false
 	}
 	return e.val, now - e.loadedAt, true
@@ -377,6 +383,14 @@ func (l *Loader[K, V]) invalidate(key K) bool {
 // it readable. The caller holds the shard lock of h, which orders every
 // write of the slot.
 func (l *Loader[K, V]) enqueue(h uint64, e *entry[K, V], cost int64) bool {
+	if l.opts.Cost != nil {
+		// ristretto replaces a value it already holds in place and only
+		// records the new cost: no admission, no eviction, so a reload or
+		// a Set could push the cache past MaxCost. Deleting first sends
+		// every costed write through admission and eviction. (Without
+		// Cost every entry costs 1 and a replacement changes nothing.)
+		l.cache.Del(h)
+	}
 	if !l.cache.Set(h, e, cost) {
 		l.stats.setsDropped.Add(1)
 		return false

@@ -64,7 +64,12 @@ type Options[K comparable, V any] struct {
 	// Cost, if set, returns the cost of a value (for example its size in
 	// bytes). It is called once per stored value, outside every lock, and
 	// must not block. A panic in Cost is recovered: the value is returned
-	// to its callers but not cached, and Stats.Panics counts it.
+	// to its callers but not cached, and Stats.Panics counts it. Every
+	// costed write, a reload or Set of a cached key included, goes through
+	// ristretto's admission, so what is cached never costs more than
+	// MaxCost; a value costing more is never cached (Stats.SetsRejected).
+	//
+	// NOTE: keys are not costed. With large keys, leave room for them.
 	Cost func(V) int64
 
 	// NumCounters is the number of TinyLFU frequency counters ristretto

@@ -133,21 +133,23 @@ type Stats struct {
 // out pointers into a fixed array: a stripe dropped from the pool at a GC is
 // never lost, only handed out again later.
 //
-// gets is incremented when a Get starts, and exactly one of the outcome
-// counters when it leaves the cache lookup. Close waits, per stripe, for the
-// outcomes to catch up with gets before it closes ristretto.
+// gets is incremented when a Get starts, and exactly one of the exit
+// counters when it leaves the cache lookup: hits, stale and closed are
+// outcomes; passed means "went on to the in-flight map", where the Get is
+// classified later (a miss, or a late hit). Close waits, per stripe, for
+// the exits to catch up with gets before it closes ristretto.
 type stripe struct {
 	gets   atomic.Uint64
 	hits   atomic.Uint64
 	stale  atomic.Uint64
-	misses atomic.Uint64
+	passed atomic.Uint64
 	closed atomic.Uint64
 	_      [128 - 5*8]byte // one stripe per pair of cache lines
 }
 
 // exits is how many Gets have left the lookup on this stripe.
 func (s *stripe) exits() uint64 {
-	return s.hits.Load() + s.stale.Load() + s.misses.Load() + s.closed.Load()
+	return s.hits.Load() + s.stale.Load() + s.passed.Load() + s.closed.Load()
 }
 
 // counters are all of a Loader's statistics.
@@ -161,7 +163,7 @@ type counters struct {
 	refreshes, abandoned, breakerRejected, panics atomic.Uint64
 	setsDropped, setsRejected, evicted            atomic.Uint64
 	inFlight, refreshing, waiting                 atomic.Int64
-	lateHits                                      atomic.Uint64 // Gets counted as misses that found a fresh result without waiting
+	misses, lateHits                              atomic.Uint64 // of the Gets that passed the lookup: waited (or tried to), or found a fresh result at once
 }
 
 func (c *counters) init() {
@@ -204,19 +206,15 @@ func (c *counters) noteCallers(n int) {
 
 func (c *counters) snapshot() Stats {
 	var s Stats
-	// A late hit was counted as a miss first: read it before the stripes,
-	// so every late hit read is also in the misses read.
-	late := c.lateHits.Load()
 	for i := range c.stripes {
 		st := &c.stripes[i]
 		s.Hits += st.hits.Load()
 		s.StaleHits += st.stale.Load()
-		s.Misses += st.misses.Load()
 		s.Closed += st.closed.Load()
 		s.Gets += st.gets.Load()
 	}
-	s.Hits += late
-	s.Misses -= late
+	s.Hits += c.lateHits.Load()
+	s.Misses = c.misses.Load()
 	s.StaleOnError = c.staleOnError.Load()
 	s.Shared = c.shared.Load()
 	s.SharedErrors = c.sharedErrors.Load()
