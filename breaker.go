@@ -257,23 +257,22 @@ func (l *Loader[K, V]) attempt(ctx context.Context, key K) (v V, called bool, er
 		l.stats.breakerRejected.Add(1)
 		return v, false, err
 	}
-	returned := false
-	l.inUser.Add(1)
+	returned, reported := false, false
 	defer func() {
-		l.inUser.Add(-1)
-		if returned {
-			return
+		if !returned {
+			if r := recover(); r != nil {
+				l.stats.panics.Add(1)
+				err = &PanicError{Value: r, Stack: debug.Stack()}
+			}
 		}
-		if r := recover(); r != nil {
-			l.stats.panics.Add(1)
-			err = &PanicError{Value: r, Stack: debug.Stack()}
+		if !reported { // a panic, or runtime.Goexit in LoadFunc or IsFailure
 			done(OutcomeFailure)
-			return
 		}
-		done(OutcomeFailure) // runtime.Goexit
 	}()
 	v, err = l.loadFn(ctx, key)
 	returned = true
-	done(l.verdict(ctx, err))
+	o := l.verdict(ctx, err)
+	reported = true
+	done(o)
 	return v, true, err
 }

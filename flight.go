@@ -102,14 +102,18 @@ func (l *Loader[K, V]) join(ctx context.Context, key K, h uint64, from *entry[K,
 		c.waiters++
 		sh.mu.Unlock()
 		return c, false, nil, nil
-	} else if !background {
-		if e, ok := l.cache.Get(h); ok && e.key == key && l.phase(e, now) == phaseFresh {
-			sh.mu.Unlock()
-			return nil, false, e, nil
-		}
+	} else if e, ok := l.cache.Get(h); !background && ok && e.key == key && l.phase(e, now) == phaseFresh {
+		sh.mu.Unlock()
+		return nil, false, e, nil
+	} else if background && (!ok || e != from) {
+		sh.mu.Unlock() // a Set or a load replaced the entry this refresh was for
+		return nil, false, nil, nil
 	}
 	c = &call[K, V]{done: make(chan struct{}), background: background, from: from, flush: flush}
-	c.ctx, c.cancel, c.release = loadContext(ctx, l.base, l.opts.LoadTimeout, c)
+	if background {
+		marker = nil // nothing waits on a refresh: it cannot be part of a cycle
+	}
+	c.ctx, c.cancel, c.release = loadContext(ctx, marker, l.base, l.opts.LoadTimeout, c)
 	if !background {
 		c.waiters = 1
 	}
@@ -177,15 +181,32 @@ func (l *Loader[K, V]) finish(c *call[K, V], key K, h uint64, r loaded[V]) {
 	case err == nil:
 		e = l.newEntry(key, v, loadedAt, l.opts.TTL, r.took)
 		if l.opts.Cost != nil {
+			// Cost is user code: if it ends the goroutine (runtime.Goexit),
+			// still hand the value to the waiters, uncached.
+			costed := false
+			defer func() {
+				if !costed {
+					l.complete(c, key, h, r, loadedAt, nil, 0)
+				}
+			}()
 			var ok bool
 			if cost, ok = l.costOf(v); !ok {
 				e = nil
 			}
+			costed = true
 		}
 	case l.opts.NotFoundTTL > 0 && errors.Is(err, ErrNotFound):
 		e = l.newEntry(key, v, now, l.opts.NotFoundTTL, 0)
 		e.err = err
 	}
+	l.complete(c, key, h, r, loadedAt, e, cost)
+}
+
+// complete publishes a load's result: it queues e (if not nil and the load
+// still owns its key), wakes the waiters, and reports the load.
+func (l *Loader[K, V]) complete(c *call[K, V], key K, h uint64, r loaded[V], loadedAt time.Duration, e *entry[K, V], cost int64) {
+	now := l.now()
+	v, err := r.val, r.err
 	if err != nil {
 		var zero V
 		v = zero
@@ -258,9 +279,7 @@ func (l *Loader[K, V]) costOf(v V) (cost int64, ok bool) {
 	if l.opts.Cost == nil {
 		return 1, true
 	}
-	l.inUser.Add(1)
 	defer func() {
-		l.inUser.Add(-1)
 		if recover() != nil {
 			l.stats.panics.Add(1)
 			cost, ok = 0, false
@@ -271,9 +290,7 @@ func (l *Loader[K, V]) costOf(v V) (cost int64, ok bool) {
 
 // onLoad calls the user's OnLoad, recovering a panic.
 func (l *Loader[K, V]) onLoad(ev LoadEvent[K]) {
-	l.inUser.Add(1)
 	defer func() {
-		l.inUser.Add(-1)
 		if recover() != nil {
 			l.stats.panics.Add(1)
 		}

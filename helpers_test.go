@@ -107,3 +107,22 @@ func getAsync(ctx context.Context, l *Loader[string, string], key string) <-chan
 	}()
 	return ch
 }
+
+// eventLog collects LoadEvents; OnLoad runs on load goroutines, several
+// of which may report at once.
+type eventLog struct {
+	mu  sync.Mutex
+	evs []LoadEvent[string]
+}
+
+func (g *eventLog) add(ev LoadEvent[string]) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.evs = append(g.evs, ev)
+}
+
+func (g *eventLog) all() []LoadEvent[string] {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return append([]LoadEvent[string](nil), g.evs...)
+}

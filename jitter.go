@@ -47,12 +47,13 @@ type windows struct {
 // fresh until freshUntil. Negative entries (cached not-found errors) have no
 // stale windows: pass the zero windows for them.
 func (w windows) phaseAt(now, freshUntil time.Duration) phase {
+	staleUntil := addSat(freshUntil, w.staleWhileRevalidate)
 	switch {
 	case now < freshUntil:
 		return phaseFresh
-	case now < freshUntil+w.staleWhileRevalidate:
+	case now < staleUntil:
 		return phaseStale
-	case now < freshUntil+w.staleWhileRevalidate+w.staleIfError:
+	case now < addSat(staleUntil, w.staleIfError):
 		return phaseStaleIfError
 	default:
 		return phaseExpired
@@ -77,7 +78,7 @@ func (w windows) phaseAt(now, freshUntil time.Duration) phase {
 // refreshed right after it was loaded. beta <= 0 or delta <= 0 (unknown load
 // time) means no early refresh: the result is the expiry itself.
 func earlyRefreshAt(loadedAt, life, delta time.Duration, beta, u float64) time.Duration {
-	expiry := loadedAt + life
+	expiry := addSat(loadedAt, life)
 	if !(beta > 0) || delta <= 0 {
 		return expiry
 	}
@@ -106,4 +107,13 @@ func refreshDelay(n int, base, limit time.Duration, u float64) time.Duration {
 	}
 	u = min(u, 1)
 	return max(time.Duration(float64(d)*(0.5+0.5*u)), 1)
+}
+
+// addSat adds two non-negative durations, saturating at the largest one
+// instead of overflowing: a TTL of math.MaxInt64 means "never expires".
+func addSat(a, b time.Duration) time.Duration {
+	if s := a + b; s >= a {
+		return s
+	}
+	return time.Duration(math.MaxInt64)
 }

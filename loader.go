@@ -39,6 +39,7 @@ import (
 	"errors"
 	"hash/maphash"
 	"math/rand/v2"
+	"reflect"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -69,7 +70,11 @@ type Loader[K comparable, V any] struct {
 	breaker CircuitBreaker
 	stats   counters
 	seed    maphash.Seed
-	epoch   time.Time // every time offset in entries is measured from here
+	// checkKeys: a custom Hash with keys whose dynamic type may not be
+	// comparable (an interface inside K); such a key must panic before Get
+	// counts it or takes a lock, as it would with the default hash.
+	checkKeys bool
+	epoch     time.Time // every time offset in entries is measured from here
 
 	base   context.Context         // parent of every load; cancelled by Close
 	cancel context.CancelCauseFunc // cancels base
@@ -77,7 +82,6 @@ type Loader[K comparable, V any] struct {
 	closed      atomic.Bool
 	closeMu     sync.RWMutex // Close holds it to wait out everything that starts a load or writes the cache; those hold it shared
 	active      atomic.Int64 // load goroutines running
-	inUser      atomic.Int64 // load goroutines inside LoadFunc, Cost or OnLoad
 	tearingDown atomic.Bool  // ristretto's own Close evicts everything: do not count it
 	teardown    sync.Once
 	closeDone   chan struct{} // closed once everything has stopped
@@ -117,6 +121,7 @@ func New[K comparable, V any](load LoadFunc[K, V], opts Options[K, V]) (*Loader[
 		epoch:     time.Now(),
 		closeDone: make(chan struct{}),
 	}
+	l.checkKeys = opts.Hash != nil && mayHoldInterface(reflect.TypeFor[K]())
 	l.stats.init()
 	l.flights.init()
 	cache, err := ristretto.NewCache(&ristretto.Config[uint64, *entry[K, V]]{
@@ -157,7 +162,8 @@ func (l *Loader[K, V]) hash(key K) uint64 {
 // entry's early refresh.
 func (l *Loader[K, V]) newEntry(key K, v V, now, ttl, took time.Duration) *entry[K, V] {
 	life := jitter(ttl, l.opts.Jitter, rand.Float64())
-	e := &entry[K, V]{key: key, val: v, loadedAt: now, freshUntil: now + life, refreshAt: now + life}
+	until := addSat(now, life)
+	e := &entry[K, V]{key: key, val: v, loadedAt: now, freshUntil: until, refreshAt: until}
 	if l.opts.EarlyRefresh > 0 {
 		e.refreshAt = earlyRefreshAt(now, life, took, l.opts.EarlyRefresh, 1-rand.Float64())
 	}
@@ -187,8 +193,12 @@ func (l *Loader[K, V]) GetInfo(ctx context.Context, key K) (V, Info, error) {
 		return zero, Info{}, errNilContext
 	}
 	// Hash first: a panicking Hash (or a key whose dynamic type is not
-	// comparable) must not leave a stripe counting a Get that never ends.
+	// comparable) must not leave a stripe counting a Get that never ends,
+	// nor a lock held.
 	h := l.hash(key)
+	if l.checkKeys {
+		_ = maphash.Comparable(l.seed, key) // panics here, before any count or lock
+	}
 	s := l.stats.acquire()
 	s.gets.Add(1)
 	if l.closed.Load() {
@@ -326,13 +336,13 @@ func (l *Loader[K, V]) Set(key K, value V) {
 }
 
 func (l *Loader[K, V]) set(key K, value V) bool {
+	h := l.hash(key) // user code (Hash, Cost): outside the locks
 	cost, ok := l.costOf(value)
 	l.closeMu.RLock()
 	defer l.closeMu.RUnlock()
 	if l.closed.Load() {
 		return false
 	}
-	h := l.hash(key)
 	e := l.newEntry(key, value, l.now(), l.opts.TTL, 0)
 	sh := l.flights.shard(h)
 	sh.mu.Lock()
@@ -362,20 +372,23 @@ func (l *Loader[K, V]) Invalidate(key K) {
 }
 
 func (l *Loader[K, V]) invalidate(key K) bool {
+	h := l.hash(key) // user code: outside the locks
 	l.closeMu.RLock()
 	defer l.closeMu.RUnlock()
 	if l.closed.Load() {
 		return false
 	}
-	h := l.hash(key)
 	sh := l.flights.shard(h)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
-	if sh.detach(key) {
-		l.cache.Del(h) // queued behind the pending write of this key
-	} else {
-		l.remove(h, key)
-	}
+	sh.detach(key)
+	// A finished load's write of this slot may still be in ristretto's
+	// buffer (every write of the slot is queued under this shard lock).
+	// Deleting behind it would leave a moment where the old value is back,
+	// and an update landing in that moment would be deleted too: apply the
+	// pending writes first, then delete.
+	l.cache.Wait()
+	l.remove(h, key)
 	return true
 }
 
@@ -420,10 +433,15 @@ func (l *Loader[K, V]) Stats() Stats {
 // it frees the cache. It is idempotent and always returns nil.
 //
 // WARNING: Close waits for LoadFuncs to return; one that ignores its
-// context delays Close until it does. Close called from inside a LoadFunc,
-// Cost or OnLoad of the same Loader cannot wait for itself: it starts the
-// shutdown and returns at once, and the Loader finishes closing when that
-// callback returns.
+// context delays Close until it does.
+//
+// NOTE: Close called on a load goroutine (from a LoadFunc, Cost, OnLoad,
+// Retryable, IsFailure, a Remote or a custom breaker) cannot wait for
+// itself: it starts the shutdown and returns at once, and the Loader
+// finishes closing when the last of its load goroutines ends. Close cannot
+// tell which Loader a load goroutine belongs to, so it returns at once too
+// when called from another Loader's callback while this Loader has loads
+// running; a later Close from outside waits for everything.
 func (l *Loader[K, V]) Close() error {
 	if !l.closed.Swap(true) {
 		l.closeMu.Lock() // wait out Sets, Invalidates and joins in progress
@@ -433,9 +451,27 @@ func (l *Loader[K, V]) Close() error {
 			l.stop()
 		}
 	}
-	if l.inUser.Load() > 0 && onLoaderGoroutine() {
+	if l.active.Load() > 0 && onLoaderGoroutine() {
 		return nil
 	}
 	<-l.closeDone
 	return nil
+}
+
+// mayHoldInterface reports whether values of t can hold an interface value,
+// whose dynamic type may not be comparable.
+func mayHoldInterface(t reflect.Type) bool {
+	switch t.Kind() {
+	case reflect.Interface:
+		return true
+	case reflect.Array:
+		return mayHoldInterface(t.Elem())
+	case reflect.Struct:
+		for i := range t.NumField() {
+			if mayHoldInterface(t.Field(i).Type) {
+				return true
+			}
+		}
+	}
+	return false
 }

@@ -20,10 +20,8 @@ import (
 func TestCoalescing(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		d := &downstream{gate: make(chan struct{})}
-		var events []LoadEvent[string]
-		l := newLoader(t, d, Options[string, string]{
-			OnLoad: func(ev LoadEvent[string]) { events = append(events, ev) },
-		})
+		var log eventLog
+		l := newLoader(t, d, Options[string, string]{OnLoad: log.add})
 		const n = 100
 		var results []<-chan result
 		for range n {
@@ -46,8 +44,8 @@ func TestCoalescing(t *testing.T) {
 		if sources[SourceLoaded] != 1 || sources[SourceShared] != n-1 {
 			t.Errorf("sources = %v; want 1 loaded, %d shared", sources, n-1)
 		}
-		if len(events) != 1 || events[0].Callers != n || !events[0].Stored {
-			t.Errorf("LoadEvents = %+v; want one with Callers %d, Stored", events, n)
+		if events := log.all(); len(events) != 1 || events[0].Callers != n || !events[0].Stored {
+			t.Errorf("LoadEvents = %+v; want one with Callers %d, Stored", log.all(), n)
 		}
 		s := l.Stats()
 		if s.Loads != 1 || s.Misses != n || s.Shared != n-1 || s.MaxCallersPerLoad != n {
@@ -116,10 +114,8 @@ func TestFullCacheIsVisible(t *testing.T) {
 func TestFailuresSharedAndForgotten(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		d := &downstream{gate: make(chan struct{}), fail: func(int64, string) error { return errBoom }}
-		var callers []int
-		l := newLoader(t, d, Options[string, string]{
-			OnLoad: func(ev LoadEvent[string]) { callers = append(callers, ev.Callers) },
-		})
+		var log eventLog
+		l := newLoader(t, d, Options[string, string]{OnLoad: log.add})
 		var results []<-chan result
 		for range 5 {
 			results = append(results, getAsync(t.Context(), l, "bad"))
@@ -142,8 +138,12 @@ func TestFailuresSharedAndForgotten(t *testing.T) {
 		}
 		synctest.Wait()
 		s := l.Stats()
-		if s.SharedErrors != 4 || s.LoadErrors != 2 || len(callers) != 2 || callers[0] != 5 {
-			t.Errorf("Stats = %+v, callers %v; want SharedErrors 4, LoadErrors 2, first load reaching 5", s, callers)
+		callers := map[int]int{}
+		for _, ev := range log.all() {
+			callers[ev.Callers]++
+		}
+		if s.SharedErrors != 4 || s.LoadErrors != 2 || callers[5] != 1 || callers[1] != 1 {
+			t.Errorf("Stats = %+v, callers per load %v; want SharedErrors 4, LoadErrors 2, loads reaching 5 and 1", s, callers)
 		}
 	})
 }
@@ -202,6 +202,7 @@ func TestCancelAtZero(t *testing.T) {
 		first := make(chan struct{}) // the first load ignores cancellation until closed
 		var cause error
 		var calls atomic.Int32
+		var mu sync.Mutex
 		var events []LoadEvent[string]
 		l, err := New(func(ctx context.Context, key string) (string, error) {
 			if calls.Add(1) == 1 {
@@ -212,7 +213,7 @@ func TestCancelAtZero(t *testing.T) {
 			}
 			return "fresh", nil
 		}, Options[string, string]{TTL: time.Minute, Policy: CancelAtZero,
-			OnLoad: func(ev LoadEvent[string]) { events = append(events, ev) }})
+			OnLoad: func(ev LoadEvent[string]) { mu.Lock(); events = append(events, ev); mu.Unlock() }})
 		if err != nil {
 			t.Fatal(err)
 		}

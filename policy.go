@@ -49,7 +49,9 @@ type loadMarker struct {
 	parent *loadMarker
 }
 
-// loadContext builds the context one load runs under. It keeps the values of
+// loadContext builds the context one load runs under. parent is the marker
+// of the load the caller runs in, if any (read by the caller, outside its
+// locks). It keeps the values of
 // the caller that started the load (trace IDs, auth) but never its
 // cancellation: context.WithoutCancel drops it, so one caller leaving cannot
 // fail the others. The load ends instead when
@@ -60,8 +62,7 @@ type loadMarker struct {
 //
 // release frees the context's timer and its link to base; call it when the
 // load is over.
-func loadContext(caller, base context.Context, timeout time.Duration, c any) (ctx context.Context, cancel context.CancelCauseFunc, release func()) {
-	parent, _ := caller.Value(loadKey{}).(*loadMarker)
+func loadContext(caller context.Context, parent *loadMarker, base context.Context, timeout time.Duration, c any) (ctx context.Context, cancel context.CancelCauseFunc, release func()) {
 	ctx = context.WithValue(context.WithoutCancel(caller), loadKey{}, &loadMarker{call: c, parent: parent})
 	ctx, cancel = context.WithCancelCause(ctx)
 	stop := context.AfterFunc(base, func() { cancel(ErrClosed) })
@@ -71,16 +72,4 @@ func loadContext(caller, base context.Context, timeout time.Duration, c any) (ct
 		cancelTimeout()
 		cancel(context.Canceled)
 	}
-}
-
-// insideLoadOf reports whether ctx belongs to the load of c, or to a load
-// started (transitively) from inside it.
-func insideLoadOf(ctx context.Context, c any) bool {
-	m, _ := ctx.Value(loadKey{}).(*loadMarker)
-	for ; m != nil; m = m.parent {
-		if m.call == c {
-			return true
-		}
-	}
-	return false
 }

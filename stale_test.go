@@ -13,10 +13,9 @@ import (
 func TestStaleWhileRevalidate(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		d := &downstream{gate: make(chan struct{})}
-		var events []LoadEvent[string]
+		var log eventLog
 		l := newLoader(t, d, Options[string, string]{
-			TTL: time.Second, StaleWhileRevalidate: 10 * time.Second,
-			OnLoad: func(ev LoadEvent[string]) { events = append(events, ev) },
+			TTL: time.Second, StaleWhileRevalidate: 10 * time.Second, OnLoad: log.add,
 		})
 		l.Set("k", "old")
 		time.Sleep(1500 * time.Millisecond)
@@ -35,8 +34,8 @@ func TestStaleWhileRevalidate(t *testing.T) {
 		if v, info, _ := l.GetInfo(t.Context(), "k"); v != "k#1" || info.Source != SourceHit {
 			t.Errorf("Get after refresh = %q, %v; want the refreshed value as a hit", v, info.Source)
 		}
-		if len(events) != 1 || !events[0].Background || events[0].Callers != 0 || !events[0].Stored {
-			t.Errorf("events = %+v; want one stored background load with no callers", events)
+		if events := log.all(); len(events) != 1 || !events[0].Background || events[0].Callers != 0 || !events[0].Stored {
+			t.Errorf("events = %+v; want one stored background load with no callers", log.all())
 		}
 		if s := l.Stats(); s.StaleHits != 50 || s.Refreshes != 1 || s.Misses != 0 {
 			t.Errorf("Stats = %+v; want 50 stale hits, 1 refresh, no misses", s)

@@ -1,0 +1,385 @@
+package flightcache
+
+// Regression tests for races and edge cases found in review. Each failed
+// before its fix.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// Invalidate of a key whose finished load is still queued (its write not yet
+// applied by ristretto) must not let the old value back: a delete queued
+// behind the write used to leave a moment, after the write was applied and
+// before the delete, in which a Get that started after Invalidate returned
+// was served the invalidated value.
+func TestInvalidateBehindPendingWriteServesOldValue(t *testing.T) {
+	var mu sync.Mutex
+	seen := map[string]bool{}
+	load := func(ctx context.Context, k string) (string, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		if len(k) > 0 && k[0] == 'f' { // flood keys
+			return k, nil
+		}
+		if !seen[k] {
+			seen[k] = true
+			return "old", nil
+		}
+		return "", errBoom // later loads fail: never cached
+	}
+	l, err := New(load, Options[string, string]{TTL: time.Minute, MaxCost: 1 << 16, Breaker: Breaker{Disabled: true}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+
+	// Other keys' fills, as under real load: they interleave with this key's
+	// itemNew and itemDelete in ristretto's set buffer.
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	var n atomic.Int64
+	for g := 0; g < 2; g++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				l.Get(context.Background(), fmt.Sprintf("f%d", n.Add(1)))
+			}
+		}()
+	}
+	defer func() { close(stop); wg.Wait() }()
+
+	canceled, cancel := context.WithCancel(context.Background())
+	cancel()
+	violations := 0
+	deadline := time.Now().Add(1500 * time.Millisecond)
+	iters := 0
+	for ; time.Now().Before(deadline) && violations == 0; iters++ {
+		k := fmt.Sprintf("k%d", iters)
+		if v, _ := l.Get(context.Background(), k); v != "old" {
+			continue
+		}
+		l.Invalidate(k)
+		for i := 0; i < 200; i++ {
+			v, info, err := l.GetInfo(canceled, k) // a cancelled ctx only probes the cache
+			if err == nil && v == "old" {
+				violations++
+				t.Errorf("iteration %d probe %d: Get after Invalidate returned returned the invalidated value (%v)", iters, i, info.Source)
+				break
+			}
+		}
+	}
+	t.Logf("%d iterations, %d violations, stats %+v", iters, violations, l.Stats())
+}
+
+// Variant: the Get right after Invalidate misses and starts a new load, whose
+// fill used to be an in-place update of the just-applied invalidated write,
+// deleted afterwards by Invalidate's queued delete: a successful fill lost
+// without a trace in SetsDropped, SetsRejected or Evicted (a rule 2 gap).
+func TestInvalidateBehindPendingWriteLosesNextFill(t *testing.T) {
+	var mu sync.Mutex
+	calls := map[string]int{}
+	load := func(ctx context.Context, k string) (string, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		if len(k) > 0 && k[0] == 'f' {
+			return k, nil
+		}
+		calls[k]++
+		if calls[k] == 1 {
+			return "old", nil
+		}
+		return fmt.Sprintf("new%d", calls[k]), nil
+	}
+	var lost atomic.Int64
+	l, err := New(load, Options[string, string]{TTL: time.Minute, MaxCost: 1 << 16, Breaker: Breaker{Disabled: true}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	var n atomic.Int64
+	for g := 0; g < 2; g++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				l.Get(context.Background(), fmt.Sprintf("f%d", n.Add(1)))
+			}
+		}()
+	}
+	defer func() { close(stop); wg.Wait() }()
+
+	ctx := context.Background()
+	deadline := time.Now().Add(1500 * time.Millisecond)
+	iters := 0
+	for ; time.Now().Before(deadline) && lost.Load() == 0; iters++ {
+		k := fmt.Sprintf("k%d", iters)
+		l.Get(ctx, k)
+		l.Invalidate(k)
+		v2, i2, err := l.GetInfo(ctx, k)
+		if err != nil || i2.Source != SourceLoaded {
+			continue // served old (the other variant) or similar
+		}
+		before := l.Stats()
+		l.Set(fmt.Sprintf("settle%d", iters), "x") // two cache.Wait()s: ristretto has applied everything queued
+		v3, i3, _ := l.GetInfo(ctx, k)
+		after := l.Stats()
+		if i3.Source != SourceHit && after.Evicted == before.Evicted && after.SetsRejected == before.SetsRejected && after.SetsDropped == before.SetsDropped {
+			lost.Add(1)
+			t.Errorf("iteration %d: load returned %q to its caller, yet the next Get was %v (%q): fill lost with no Evicted/SetsRejected/SetsDropped", iters, v2, i3.Source, v3)
+		}
+	}
+	t.Logf("%d iterations", iters)
+}
+
+// Variant through join's flush branch: a finished call c1 whose entry is no
+// longer fresh when a Get looks is replaced in the map by c2 while c1's write
+// is still unapplied. Invalidate then detaches c2; it used to find nothing in
+// the store and queue no delete, so c1's write landed afterwards and the
+// invalidated value was served as stale for the whole window.
+func TestInvalidateMissesFlushReplacedWrite(t *testing.T) {
+	var mu sync.Mutex
+	seen := map[string]bool{}
+	load := func(ctx context.Context, k string) (string, error) {
+		if k[0] == 'f' {
+			return k, nil
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		if !seen[k] {
+			seen[k] = true
+			return "old", nil
+		}
+		return "", errBoom
+	}
+	l, err := New(load, Options[string, string]{TTL: 1, StaleWhileRevalidate: time.Minute, MaxCost: 1 << 16, Breaker: Breaker{Disabled: true}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	var n atomic.Int64
+	for g := 0; g < 2; g++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				l.Get(context.Background(), fmt.Sprintf("f%d", n.Add(1)))
+			}
+		}()
+	}
+	defer func() { close(stop); wg.Wait() }()
+	canceled, cancel := context.WithCancel(context.Background())
+	cancel()
+	deadline := time.Now().Add(1500 * time.Millisecond)
+	iters, found := 0, false
+	for ; time.Now().Before(deadline) && !found; iters++ {
+		k := fmt.Sprintf("k%d", iters)
+		l.Get(context.Background(), k) // "old", entry already past freshness (TTL 1ns)
+		sh := l.flights.shard(l.hash(k))
+		sh.mu.Lock()
+		c1 := sh.m[k]
+		sh.mu.Unlock()
+		if c1 == nil {
+			continue // c1's write already applied: not this interleaving
+		}
+		l.GetInfo(canceled, k) // joins: c1 finished, not fresh -> c2 with flush=true
+		l.Invalidate(k)
+		time.Sleep(2 * time.Millisecond)
+		for i := 0; i < 50; i++ {
+			if v, info, err := l.GetInfo(canceled, k); err == nil && v == "old" {
+				t.Errorf("iteration %d: %v %q served 2ms+ after Invalidate returned", iters, info.Source, v)
+				found = true
+				break
+			}
+		}
+	}
+	t.Logf("%d iterations", iters)
+}
+
+// A runtime.Goexit in Cost (t.FailNow in a test's Cost, say) ends the load
+// goroutine inside finish; the waiters must still get the value (uncached)
+// rather than hang with the key wedged in flight.
+func TestGoexitInCostWedgesKey(t *testing.T) {
+	var n atomic.Int64
+	l, err := New(func(ctx context.Context, k string) (string, error) { return "v", nil },
+		Options[string, string]{TTL: time.Minute, MaxCost: 100, Cost: func(string) int64 {
+			if n.Add(1) == 1 {
+				runtime.Goexit()
+			}
+			return 1
+		}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	for i := 0; i < 2; i++ {
+		ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+		_, err := l.Get(ctx, "k")
+		cancel()
+		if err != nil {
+			t.Errorf("Get #%d: %v (InFlight=%d)", i+1, err, l.Stats().InFlight)
+		}
+	}
+}
+
+// A TTL (or a stale window) of math.MaxInt64, a natural "never expires",
+// must not overflow into an entry born expired.
+func TestHugeTTLOverflows(t *testing.T) {
+	d := &downstream{}
+	l := newLoader(t, d, Options[string, string]{TTL: time.Duration(math.MaxInt64)})
+	ctx := context.Background()
+	time.Sleep(time.Millisecond) // now > 0
+	l.Get(ctx, "k")
+	_, info, _ := l.GetInfo(ctx, "k")
+	if d.count("k") != 1 || info.Source != SourceHit {
+		t.Errorf("TTL=MaxInt64: second Get source %v, %d downstream calls (want hit, 1)", info.Source, d.count("k"))
+	}
+}
+
+func TestHugeStaleWindowOverflows(t *testing.T) {
+	w := windows{staleWhileRevalidate: time.Duration(math.MaxInt64)}
+	if p := w.phaseAt(61*time.Second, 60*time.Second); p != phaseStale {
+		t.Errorf("SWR=MaxInt64: phase %d one second after expiry, want phaseStale (%d)", p, phaseStale)
+	}
+}
+
+// A key whose dynamic type is not comparable panics (as in a map) even with
+// a custom Hash, but before Get takes a lock: it used to panic on the map
+// lookup in join with the shard mutex held, hanging every key of the shard.
+func TestPanickingKeyLeaksShardLock(t *testing.T) {
+	l, err := New(func(ctx context.Context, k any) (string, error) { return "v", nil },
+		Options[any, string]{TTL: time.Minute, Hash: func(any) uint64 { return 7 }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	func() {
+		defer func() { t.Logf("recovered: %v", recover()) }()
+		l.Get(context.Background(), []int{1}) // documented to panic "as it would in a map"
+	}()
+	sh := l.flights.shard(7)
+	if sh.mu.TryLock() {
+		sh.mu.Unlock()
+		return
+	}
+	// Public consequence: an unrelated, comparable key in the same shard hangs.
+	done := make(chan struct{})
+	go func() { l.Get(context.Background(), "other"); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(300 * time.Millisecond):
+		t.Errorf("shard mutex left locked by the panic: Get(\"other\") hangs (ctx cannot help)")
+	}
+	sh.mu.Unlock() // clean up so the test binary can finish
+	<-done
+}
+
+// A background refresh started by a Get made from inside A's LoadFunc must
+// not inherit A's load marker: nothing waits on the refresh, so its Get of A
+// is no cycle and must not fail with ErrRecursiveLoad.
+func TestBackgroundRefreshInheritsRecursionMarker(t *testing.T) {
+	phase := 0
+	gotB := make(chan error, 1)
+	var l *Loader[string, string]
+	l, err := New(func(ctx context.Context, k string) (string, error) {
+		switch {
+		case k == "B" && phase == 1: // B's background refresh
+			_, err := l.Get(ctx, "A")
+			gotB <- err
+			return "B2", nil
+		case k == "A" && phase == 1:
+			l.Get(ctx, "B") // stale B: returned at once, refresh starts in the background
+			select {
+			case <-time.After(200 * time.Millisecond): // A is still in flight while B refreshes
+			case <-ctx.Done():
+			}
+			return "A1", nil
+		}
+		return k + "0", nil
+	}, Options[string, string]{TTL: 20 * time.Millisecond, StaleWhileRevalidate: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	ctx := context.Background()
+	l.Get(ctx, "B")
+	time.Sleep(40 * time.Millisecond) // B stale
+	phase = 1
+	go l.Get(ctx, "A")
+	select {
+	case err := <-gotB:
+		if errors.Is(err, ErrRecursiveLoad) {
+			t.Errorf("background refresh of B, Get(A) = %v: nothing waits on this refresh, so no cycle", err)
+		}
+	case <-time.After(2 * time.Second):
+		t.Fatal("refresh of B never ran")
+	}
+}
+
+// Close called from another Loader's load goroutine cannot tell that it is
+// not one of its own: while this Loader has loads running it starts the
+// shutdown and returns at once (documented on Close). It never deadlocks,
+// and a Close from outside afterwards waits for every goroutine.
+func TestCloseOfOtherLoaderFromLoadFunc(t *testing.T) {
+	var bReturned atomic.Bool
+	bIn := make(chan struct{})
+	b, err := New(func(ctx context.Context, k string) (string, error) {
+		close(bIn)
+		<-ctx.Done()                       // honours Close...
+		time.Sleep(100 * time.Millisecond) // ...after a little cleanup
+		bReturned.Store(true)
+		return "", ctx.Err()
+	}, Options[string, string]{TTL: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	bGet := make(chan error, 1)
+	go func() { _, err := b.Get(context.Background(), "x"); bGet <- err }()
+	<-bIn
+
+	a, err := New(func(ctx context.Context, k string) (string, error) {
+		b.Close() // from A's load goroutine: shutdown starts, no deadlock
+		return "ok", nil
+	}, Options[string, string]{TTL: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	if _, err := a.Get(context.Background(), "y"); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-bGet; !errors.Is(err, ErrClosed) {
+		t.Errorf("b's waiter got %v; want ErrClosed once b.Close started", err)
+	}
+	b.Close() // from the test goroutine: waits for b's load goroutine
+	if !bReturned.Load() {
+		t.Errorf("b.Close() from outside returned before b's load goroutine finished")
+	}
+}
