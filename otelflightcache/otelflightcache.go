@@ -37,7 +37,9 @@
 // source is the [flightcache.Source] of the Get (loaded, shared,
 // stale-on-error; none for a Get whose context ended first).
 //
-// Counters, from Stats (one per field, named after it):
+// Counters, from Stats (one per field, named after it). Each is reported
+// as at least its last reported value, so that none ever goes down (see
+// [Metrics.Observe]):
 //
 //	flightcache.gets                {get}    result=hit|stale|miss|closed
 //	flightcache.shared              {get}    misses served by a load they did not start
@@ -45,7 +47,7 @@
 //	flightcache.stale_on_error      {get}    misses answered with a stale value
 //	flightcache.canceled            {get}    misses whose context ended first
 //	flightcache.loads               {load}   downstream loads
-//	flightcache.load.errors         {load}   loads that failed
+//	flightcache.load.errors         {load}   loads that failed (not-found, abandoned included)
 //	flightcache.retries             {call}   downstream calls beyond each load's first
 //	flightcache.refreshes           {load}   background refreshes started
 //	flightcache.abandoned           {load}   loads cancelled when every caller left
@@ -58,6 +60,7 @@
 // Gauges, from Stats:
 //
 //	flightcache.loads.in_flight     {load}    loads running now
+//	flightcache.waiting             {get}     Gets waiting on a load now
 //	flightcache.load.max_callers    {caller}  the most Gets one load reached
 //	flightcache.breaker.state                 1 for the current state, 0 for
 //	                                          the others; state=closed|half-open|open
@@ -204,6 +207,8 @@ func New[K comparable](mp metric.MeterProvider, opts Options) (*Metrics[K], erro
 	return m, nil
 }
 
+// increasing checks that bucket boundaries b are strictly increasing and not
+// NaN, naming field in the error.
 func increasing(field string, b []float64) error {
 	for i := 1; i < len(b); i++ {
 		if !(b[i] > b[i-1]) {

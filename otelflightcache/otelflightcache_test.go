@@ -211,9 +211,60 @@ func TestLoadsWaitsAndStats(t *testing.T) {
 		wantValue(t, got, `flightcache.shared.errors{cache=test}`, 0)
 		wantValue(t, got, `flightcache.load.max_callers{cache=test}`, 3)
 		wantValue(t, got, `flightcache.loads.in_flight{cache=test}`, 0)
+		wantValue(t, got, `flightcache.waiting{cache=test}`, 0)
 		wantValue(t, got, `flightcache.breaker.state{cache=test,state=closed}`, 1)
 		wantValue(t, got, `flightcache.breaker.state{cache=test,state=open}`, 0)
 	})
+}
+
+// fakeStats is a StatsReader that returns the snapshots a test sets.
+type fakeStats struct {
+	mu sync.Mutex
+	s  flightcache.Stats
+}
+
+func (f *fakeStats) Stats() flightcache.Stats {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.s
+}
+
+func (f *fakeStats) set(s flightcache.Stats) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.s = s
+}
+
+// A Get counted as a miss in one snapshot can be a hit in the next; the
+// miss counter must not go down with it. Gauges report what they read.
+func TestCountersNeverGoDown(t *testing.T) {
+	reader := sdkmetric.NewManualReader()
+	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
+	defer mp.Shutdown(context.Background())
+	m, err := New[string](mp, Options{Name: "test"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	stats := &fakeStats{s: flightcache.Stats{Gets: 5, Misses: 5, Loads: 1, InFlight: 1, Waiting: 5}}
+	if err := m.Observe(stats); err != nil {
+		t.Fatal(err)
+	}
+	got := collect(t, reader)
+	wantValue(t, got, `flightcache.gets{cache=test,result=miss}`, 5)
+	wantValue(t, got, `flightcache.waiting{cache=test}`, 5)
+
+	stats.set(flightcache.Stats{Gets: 5, Hits: 1, Misses: 4, Loads: 1})
+	got = collect(t, reader)
+	wantValue(t, got, `flightcache.gets{cache=test,result=miss}`, 5)
+	wantValue(t, got, `flightcache.gets{cache=test,result=hit}`, 1)
+	wantValue(t, got, `flightcache.loads.in_flight{cache=test}`, 0)
+	wantValue(t, got, `flightcache.waiting{cache=test}`, 0)
+
+	stats.set(flightcache.Stats{Gets: 7, Hits: 1, Misses: 6, Loads: 2})
+	got = collect(t, reader)
+	wantValue(t, got, `flightcache.gets{cache=test,result=miss}`, 6)
+	wantValue(t, got, `flightcache.loads{cache=test}`, 2)
 }
 
 func TestBreakerOpen(t *testing.T) {
@@ -352,6 +403,7 @@ func TestPrometheusExposition(t *testing.T) {
 			`flightcache_breaker_state{cache="prices",state="closed"} 1`,
 			`flightcache_load_max_callers{cache="prices"} 1`,
 			`flightcache_loads_in_flight{cache="prices"} 0`,
+			`flightcache_waiting{cache="prices"} 0`,
 		} {
 			if !strings.Contains(body, want+"\n") {
 				t.Errorf("exposition lacks %s", want)

@@ -74,7 +74,7 @@ func runBlast(cfg config, p *progress) (*blastResult, error) {
 	if err != nil {
 		return nil, err
 	}
-	sideBySide(p, "b. 1 reader", max(cfg.duration/3, time.Millisecond), uint64(cfg.minLoads), control)
+	sideBySide(p, "b. 1 reader", max(cfg.duration/3, time.Millisecond), control)
 
 	bare, err := newBlastPhase(cfg, fmt.Sprintf("%d readers", cfg.readers), cfg.readers, 0)
 	if err != nil {
@@ -82,11 +82,11 @@ func runBlast(cfg config, p *progress) (*blastResult, error) {
 	}
 	covered, err := newBlastPhase(cfg, fmt.Sprintf("%d readers, StaleIfError", cfg.readers), cfg.readers, time.Hour)
 	if err != nil {
-		bare.stop()
+		bare.l.Close() // never started: nothing else to stop
 		return nil, err
 	}
 	sideBySide(p, fmt.Sprintf("b. %d readers, without and with StaleIfError", cfg.readers),
-		2*cfg.duration, uint64(cfg.minLoads), bare, covered)
+		2*cfg.duration, bare, covered)
 
 	for _, ph := range []*blastPhase{control, bare, covered} {
 		res.Runs = append(res.Runs, ph.result())
@@ -115,6 +115,8 @@ type blastPhase struct {
 	wg           sync.WaitGroup
 	started      time.Time
 	took         time.Duration
+	minLoads     int           // stop waits until this many loads have finished
+	enough       chan struct{} // closed by OnLoad at the minLoads-th load
 
 	mu     sync.Mutex // guards events
 	events []flightcache.LoadEvent[string]
@@ -128,6 +130,11 @@ func newBlastPhase(cfg config, name string, readers int, staleIfError time.Durat
 		good:        make([]atomic.Bool, cfg.keys),
 		tallies:     make(chan readerTally, readers),
 		stopReaders: make(chan struct{}),
+		minLoads:    cfg.minLoads,
+		enough:      make(chan struct{}),
+	}
+	if ph.minLoads <= 0 {
+		close(ph.enough)
 	}
 	for i := range ph.keys {
 		ph.keys[i] = fmt.Sprintf("user:%d", i+1)
@@ -141,6 +148,9 @@ func newBlastPhase(cfg config, name string, readers int, staleIfError time.Durat
 		OnLoad: func(ev flightcache.LoadEvent[string]) {
 			ph.mu.Lock()
 			ph.events = append(ph.events, ev)
+			if len(ph.events) == ph.minLoads {
+				close(ph.enough)
+			}
 			ph.mu.Unlock()
 		},
 	})
@@ -156,7 +166,10 @@ func (ph *blastPhase) start() {
 
 func (ph *blastPhase) stats() flightcache.Stats { return ph.l.Stats() }
 
+// stop lets the readers run on until minLoads loads have finished (so that
+// even a short run has a failed load), then stops them and closes the Loader.
 func (ph *blastPhase) stop() {
+	<-ph.enough // the readers keep loading: every Get of a 1ns-TTL key is a load
 	close(ph.stopReaders)
 	ph.wg.Wait()
 	ph.took = time.Since(ph.started)
@@ -194,7 +207,7 @@ func (run *blastRun) addEvents(events []flightcache.LoadEvent[string]) {
 			failed++
 			run.FailedCallers += ev.Callers
 			run.MaxBlast = max(run.MaxBlast, ev.Callers)
-			if isTimeout(ev.Err) {
+			if errors.Is(ev.Err, flightcache.ErrLoadTimeout) {
 				run.TimedOut++
 			}
 		} else {
@@ -291,7 +304,7 @@ func (r *blastResult) printCallers(w io.Writer) {
 	var rows [][]string
 	for c := 0; c <= maxCallers; c++ {
 		line := []string{fmt.Sprint(c)}
-		any := false
+		seen := false
 		for _, run := range r.Runs {
 			ok, failed := 0, 0
 			for _, row := range run.ByCallers {
@@ -299,10 +312,10 @@ func (r *blastResult) printCallers(w io.Writer) {
 					ok, failed = row.OK, row.Failed
 				}
 			}
-			any = any || ok+failed > 0
+			seen = seen || ok+failed > 0
 			line = append(line, fmt.Sprint(ok), fmt.Sprint(failed))
 		}
-		if any {
+		if seen {
 			rows = append(rows, line)
 		}
 	}
@@ -384,5 +397,3 @@ func (r *blastResult) check() string {
 		"  without StaleIfError, readers that got an error = Stats.LoadErrors + Stats.SharedErrors;\n" +
 		"  Stats.Loads = the calls the downstream itself counted."
 }
-
-func isTimeout(err error) bool { return errors.Is(err, flightcache.ErrLoadTimeout) }

@@ -43,13 +43,14 @@ func runCoalesce(p *progress) (*coalesceResult, error) {
 
 	// No coordination: every request calls the downstream itself. There is
 	// no Loader here, so the count is the service's own.
+	const name = "100 concurrent, no coordination"
 	svc := &service{min: burstLoad, max: burstLoad}
-	stop := p.start("a. 100 requests, no coordination", burstLoad, func() flightcache.Stats { return flightcache.Stats{} })
+	stop := p.start("a. "+name, burstLoad, func() flightcache.Stats { return flightcache.Stats{} })
 	burst(burstSize, func() { svc.load(context.Background(), "u1") })
 	stop()
 	n := svc.calls.Load()
 	res.Rows = append(res.Rows, burstRow{
-		Scenario: "100 concurrent, no coordination", Requests: burstSize,
+		Scenario: name, Requests: burstSize,
 		DownstreamCalls: uint64(n), ServiceCalls: n,
 	})
 
@@ -79,7 +80,6 @@ func loaderBursts(p *progress, name string, ttl time.Duration, bursts int) (burs
 	if err != nil {
 		return burstRow{}, err
 	}
-	defer l.Close()
 
 	var mu sync.Mutex
 	sources := map[string]int{}

@@ -41,7 +41,7 @@ type config struct {
 	loadMin, loadMax time.Duration // each load takes a duration in [loadMin, loadMax)
 	loadTimeout      time.Duration // a hanging load ends here
 	failEvery        int64         // every failEvery-th load hangs
-	minLoads         int64         // a run goes on past duration until this many loads have finished
+	minLoads         int           // a run of b goes on past its duration until this many loads have finished
 
 	// Part c: the expiry wall.
 	wallTTL  time.Duration

@@ -71,7 +71,7 @@ func runWall(cfg config, p *progress) (*wallResult, error) {
 		phases = append(phases, ph)
 		exps = append(exps, ph)
 	}
-	sideBySide(p, fmt.Sprintf("c. %d strategies side by side", len(exps)), cfg.duration, 0, exps...)
+	sideBySide(p, fmt.Sprintf("c. %d strategies side by side", len(exps)), cfg.duration, exps...)
 	for _, ph := range phases {
 		res.Rows = append(res.Rows, ph.result())
 	}
@@ -188,6 +188,8 @@ func (r *wallResult) print(w io.Writer) {
 	fmt.Fprintln(w, "  With a TTL only, every reader that arrives during a reload waits for it: the wall. With")
 	fmt.Fprintln(w, "  stale-while-revalidate they get the old value at once while one refresh runs. Early refresh")
 	fmt.Fprintln(w, "  reloads before expiry, so nothing is stale either, at the price of a few extra downstream")
-	fmt.Fprintln(w, "  calls: each value is refreshed δ·(1 + β·X) before it expires (δ the load time, X drawn once")
-	fmt.Fprintln(w, "  per value), so a larger β refreshes earlier and a smaller one now and then a little late.")
+	fmt.Fprintln(w, "  calls: a value's refresh falls due δ·(1 + β·X) before it expires (δ its load time, X drawn")
+	fmt.Fprintln(w, "  once per value from Exp(1), the lead capped at half its lifetime) and the first Get after that")
+	fmt.Fprintln(w, "  starts it, so the number of refreshes does not grow with the read rate. A larger β refreshes")
+	fmt.Fprintln(w, "  earlier; a smaller one now and then finishes a little late.")
 }

@@ -118,20 +118,9 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 	}
 	log := slog.New(slog.NewTextHandler(out, nil))
 
-	// The downstream: the pricing service, on its own loopback server.
-	pricing := &pricingService{Latency: cfg.latency, FailRate: cfg.failRate}
-	pricingLn, err := net.Listen("tcp", cfg.pricingAddr)
-	if err != nil {
-		return err
-	}
-	pricingSrv := &http.Server{Handler: pricing.Handler(), ReadHeaderTimeout: 5 * time.Second}
-	pricingDone := make(chan error, 1)
-	go func() { pricingDone <- pricingSrv.Serve(pricingLn) }()
-	pricingURL := "http://" + pricingLn.Addr().String()
-	log.Info("pricing service listening", "url", pricingURL, "latency", cfg.latency, "fail", cfg.failRate)
-
 	// Metrics: otelflightcache on an OpenTelemetry meter provider, exposed
-	// in the Prometheus text format.
+	// in the Prometheus text format. Nothing here runs until scraped, so
+	// an error below needs no cleanup of it.
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector())
 	exporter, err := otelprom.New(otelprom.WithRegisterer(reg), otelprom.WithoutScopeInfo())
@@ -144,6 +133,18 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 		return err
 	}
 
+	// The downstream: the pricing service, on its own loopback server.
+	pricing := &pricingService{Latency: cfg.latency, FailRate: cfg.failRate}
+	pricingLn, err := net.Listen("tcp", cfg.pricingAddr)
+	if err != nil {
+		return err
+	}
+	pricingSrv := &http.Server{Handler: pricing.Handler(), ReadHeaderTimeout: 5 * time.Second}
+	pricingDone := make(chan error, 1)
+	go func() { pricingDone <- pricingSrv.Serve(pricingLn) }()
+	pricingURL := "http://" + pricingLn.Addr().String()
+	log.Info("pricing service listening", "url", pricingURL, "latency", cfg.latency, "fail", cfg.failRate)
+
 	// The repository: the plain HTTP one, behind a cached one.
 	transport := http.DefaultTransport.(*http.Transport).Clone()
 	transport.MaxIdleConnsPerHost = 64
@@ -151,7 +152,7 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 	opts := cacheOptions(cfg)
 	products, err := NewCachedRepository(plain, opts, metrics)
 	if err != nil {
-		return err
+		return errors.Join(err, pricingSrv.Close())
 	}
 
 	a := &api{

@@ -62,12 +62,11 @@ func (r *HTTPRepository) Get(ctx context.Context, id string) (Product, error) {
 		return Product{}, fmt.Errorf("products: %w", err)
 	}
 	defer resp.Body.Close()
-	switch resp.StatusCode {
-	case http.StatusOK:
-	case http.StatusNotFound:
-		return Product{}, fmt.Errorf("products: id %q: %w", id, ErrNotFound)
-	default:
+	if resp.StatusCode != http.StatusOK {
 		io.Copy(io.Discard, io.LimitReader(resp.Body, 4<<10)) // let the connection be reused
+		if resp.StatusCode == http.StatusNotFound {
+			return Product{}, fmt.Errorf("products: id %q: %w", id, ErrNotFound)
+		}
 		return Product{}, fmt.Errorf("products: pricing service answered %s", resp.Status)
 	}
 	var p Product
