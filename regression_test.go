@@ -41,26 +41,7 @@ func TestInvalidateBehindPendingWriteServesOldValue(t *testing.T) {
 	}
 	defer l.Close()
 
-	// Other keys' fills, as under real load: they interleave with this key's
-	// itemNew and itemDelete in ristretto's set buffer.
-	stop := make(chan struct{})
-	var wg sync.WaitGroup
-	var n atomic.Int64
-	for g := 0; g < 2; g++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for {
-				select {
-				case <-stop:
-					return
-				default:
-				}
-				l.Get(context.Background(), fmt.Sprintf("f%d", n.Add(1)))
-			}
-		}()
-	}
-	defer func() { close(stop); wg.Wait() }()
+	defer flood(l)()
 
 	canceled, cancel := context.WithCancel(context.Background())
 	cancel()
@@ -110,24 +91,7 @@ func TestInvalidateBehindPendingWriteLosesNextFill(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer l.Close()
-	stop := make(chan struct{})
-	var wg sync.WaitGroup
-	var n atomic.Int64
-	for g := 0; g < 2; g++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for {
-				select {
-				case <-stop:
-					return
-				default:
-				}
-				l.Get(context.Background(), fmt.Sprintf("f%d", n.Add(1)))
-			}
-		}()
-	}
-	defer func() { close(stop); wg.Wait() }()
+	defer flood(l)()
 
 	ctx := context.Background()
 	deadline := time.Now().Add(1500 * time.Millisecond)
@@ -177,24 +141,7 @@ func TestInvalidateMissesFlushReplacedWrite(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer l.Close()
-	stop := make(chan struct{})
-	var wg sync.WaitGroup
-	var n atomic.Int64
-	for g := 0; g < 2; g++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for {
-				select {
-				case <-stop:
-					return
-				default:
-				}
-				l.Get(context.Background(), fmt.Sprintf("f%d", n.Add(1)))
-			}
-		}()
-	}
-	defer func() { close(stop); wg.Wait() }()
+	defer flood(l)()
 	canceled, cancel := context.WithCancel(context.Background())
 	cancel()
 	deadline := time.Now().Add(1500 * time.Millisecond)
@@ -382,4 +329,26 @@ func TestCloseOfOtherLoaderFromLoadFunc(t *testing.T) {
 	if !bReturned.Load() {
 		t.Errorf("b.Close() from outside returned before b's load goroutine finished")
 	}
+}
+
+// flood loads other keys ("f1", "f2", …) from two goroutines, as under real
+// load: their fills interleave with a test key's writes and deletes in
+// ristretto's set buffer. Call the returned func to stop it.
+func flood(l *Loader[string, string]) (stop func()) {
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	var n atomic.Int64
+	for range 2 {
+		wg.Go(func() {
+			for {
+				select {
+				case <-done:
+					return
+				default:
+				}
+				l.Get(context.Background(), fmt.Sprintf("f%d", n.Add(1)))
+			}
+		})
+	}
+	return func() { close(done); wg.Wait() }
 }
