@@ -32,6 +32,10 @@ type call[K comparable, V any] struct {
 	queued    bool         // finished, its entry in ristretto's write buffer; in the map until applied
 	entry     *entry[K, V] // the entry queued
 
+	// fallback, set with a failed result, is an older value a Remote offered
+	// to cover the failure; never cached.
+	fallback *entry[K, V]
+
 	// Written by finish before done is closed; read-only after.
 	val      V
 	err      error
@@ -225,6 +229,9 @@ func (l *Loader[K, V]) complete(c *call[K, V], key K, h uint64, r loaded[V], loa
 		delete(sh.m, key)
 	}
 	c.val, c.err, c.loadedAt = v, err, loadedAt
+	if fb := r.fallback; err != nil && fb != nil {
+		c.fallback = l.newEntry(key, fb.Value, now-max(time.Since(fb.LoadedAt), 0), l.opts.TTL, 0)
+	}
 	c.finished = true
 	abandoned := c.abandoned
 	// Count before the waiters wake, so Stats read after a Get returns

@@ -261,7 +261,7 @@ func (l *Loader[K, V]) wait(ctx context.Context, key K, h uint64, start time.Dur
 		info.Source = SourceLoaded
 	}
 	if c.err != nil {
-		if v, age, ok := l.staleOnError(ctx, key, h, c.err, end); ok {
+		if v, age, ok := l.staleOnError(ctx, key, h, c, end); ok {
 			l.stats.staleOnError.Add(1)
 			return v, Info{Source: SourceStaleOnError, Age: age, Waited: info.Waited}, nil
 		}
@@ -277,12 +277,13 @@ func (l *Loader[K, V]) wait(ctx context.Context, key K, h uint64, start time.Dur
 	return c.val, info, c.err
 }
 
-// staleOnError looks for a cached value to return instead of a load error:
-// a stale one within the windows, or a fresh one that a Set stored during
-// the wait. It reads the cache afresh, so an Invalidate during the wait
-// leaves nothing to fall back on.
-func (l *Loader[K, V]) staleOnError(ctx context.Context, key K, h uint64, err error, now time.Duration) (v V, age time.Duration, ok bool) {
-	if l.opts.StaleIfError == 0 || errors.Is(err, ErrNotFound) || errors.Is(err, ErrClosed) {
+// staleOnError looks for a value to return instead of c's error: a cached
+// stale one within the windows, a fresh one that a Set stored during the
+// wait, or, failing those, the older value a Remote offered with the error.
+// It reads the cache afresh, so an Invalidate during the wait leaves nothing
+// local to fall back on.
+func (l *Loader[K, V]) staleOnError(ctx context.Context, key K, h uint64, c *call[K, V], now time.Duration) (v V, age time.Duration, ok bool) {
+	if l.opts.StaleIfError == 0 || errors.Is(c.err, ErrNotFound) || errors.Is(c.err, ErrClosed) {
 		return v, 0, false
 	}
 	l.closeMu.RLock()
@@ -292,15 +293,21 @@ func (l *Loader[K, V]) staleOnError(ctx context.Context, key K, h uint64, err er
 	}
 	l.closeMu.RUnlock()
 	if !ok || e.key != key || e.err != nil {
-		return v, 0, false
+		e = nil // nothing of this key's cached, or a cached not-found
 	}
-	switch p := l.phase(e, now); {
-	case p == phaseExpired:
-		return v, 0, false
-	case p != phaseFresh && !acceptsStale(ctx, e, now):
-		return v, 0, false
+	for _, e := range [2]*entry[K, V]{e, c.fallback} {
+		if e == nil {
+			continue
+		}
+		switch p := l.phase(e, now); {
+		case p == phaseExpired:
+			continue
+		case p != phaseFresh && !acceptsStale(ctx, e, now):
+			continue
+		}
+		return e.val, now - e.loadedAt, true
 	}
-	return e.val, now - e.loadedAt, true
+	return v, 0, false
 }
 
 // refresh starts a background refresh of key from entry e, unless one is

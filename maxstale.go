@@ -16,8 +16,16 @@ func WithMaxStale(ctx context.Context, d time.Duration) context.Context {
 	return context.WithValue(ctx, maxStaleKey{}, max(d, 0))
 }
 
+// MaxStale returns the bound [WithMaxStale] put on ctx, if any. A load's
+// context keeps the values of the Get that started it, so a [Remote] can
+// honour the caller's bound too.
+func MaxStale(ctx context.Context) (d time.Duration, ok bool) {
+	d, ok = ctx.Value(maxStaleKey{}).(time.Duration)
+	return d, ok
+}
+
 // acceptsStale applies the caller's WithMaxStale, if any, to a stale entry.
 func acceptsStale[K comparable, V any](ctx context.Context, e *entry[K, V], now time.Duration) bool {
-	d, ok := ctx.Value(maxStaleKey{}).(time.Duration)
+	d, ok := MaxStale(ctx)
 	return !ok || (d > 0 && now-e.freshUntil <= d)
 }

@@ -21,6 +21,12 @@ type Remote[K comparable, V any] interface {
 	// so that one of them calls load at a time per key, and calls load
 	// itself when the tier is unreachable, so a tier failure never becomes
 	// an error the downstream did not cause. The error returned is load's.
+	//
+	// When load fails and the tier holds an older value of key, Load may
+	// return that value (LoadedAt set) with the error: the Loader serves it
+	// to its callers as stale-on-error if it is within the Options'
+	// StaleIfError window and their [MaxStale], and never caches it. So a
+	// process with no local copy is covered by the fleet's.
 	Load(ctx context.Context, key K, load func(context.Context) (V, error)) (RemoteValue[V], error)
 	// Set stores a value for key in the shared tier ([Loader.Set]).
 	Set(ctx context.Context, key K, v RemoteValue[V])
@@ -49,10 +55,11 @@ type RemoteValue[V any] struct {
 type loaded[V any] struct {
 	val      V
 	err      error
-	attempts int           // LoadFunc calls made here
-	took     time.Duration // how long the value took to load, wherever it was
-	age      time.Duration // how old the value already is (from a Remote)
-	remote   bool          // the value came from the Remote without a load here
+	attempts int             // LoadFunc calls made here
+	took     time.Duration   // how long the value took to load, wherever it was
+	age      time.Duration   // how old the value already is (from a Remote)
+	remote   bool            // the value came from the Remote without a load here
+	fallback *RemoteValue[V] // with err: an older value the Remote offers to cover it
 }
 
 // fetch gets key's value for one load: through the Remote if there is one,
@@ -77,6 +84,9 @@ func (l *Loader[K, V]) fetch(ctx context.Context, key K) (r loaded[V]) {
 	})
 	r.val, r.err = rv.Value, err
 	if err != nil {
+		if !rv.LoadedAt.IsZero() {
+			r.fallback = &rv
+		}
 		return r
 	}
 	r.remote = !rv.Loaded

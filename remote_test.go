@@ -1,0 +1,110 @@
+package flightcache
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+	"testing/synctest"
+	"time"
+)
+
+// fakeRemote is a shared tier in memory: what another process stored, and
+// what this one asked of it.
+type fakeRemote struct {
+	mu          sync.Mutex
+	shared      map[string]RemoteValue[string]
+	loads       int
+	sets        []string
+	invalidated []string
+}
+
+func (r *fakeRemote) Load(ctx context.Context, key string, load func(context.Context) (string, error)) (RemoteValue[string], error) {
+	r.mu.Lock()
+	rv, ok := r.shared[key]
+	r.mu.Unlock()
+	if ok && time.Since(rv.LoadedAt) < time.Minute {
+		return rv, nil // another process loaded it less than a minute ago
+	}
+	r.mu.Lock()
+	r.loads++
+	r.mu.Unlock()
+	v, err := load(ctx)
+	if err != nil {
+		if ok { // offer the older value to cover the failure
+			return rv, err
+		}
+		return RemoteValue[string]{}, err
+	}
+	return RemoteValue[string]{Value: v, LoadedAt: time.Now(), Loaded: true}, nil
+}
+
+func (r *fakeRemote) Set(_ context.Context, key string, v RemoteValue[string]) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.sets = append(r.sets, key+"="+v.Value)
+}
+
+func (r *fakeRemote) Invalidate(_ context.Context, key string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.invalidated = append(r.invalidated, key)
+}
+
+// A value another process loaded is used without a downstream call, and is
+// as old here as it is there: the Loader's windows apply to its real age.
+func TestRemoteValuesKeepTheirAge(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		r := &fakeRemote{shared: map[string]RemoteValue[string]{}}
+		r.shared["k"] = RemoteValue[string]{Value: "from-peer", LoadedAt: time.Now().Add(-5 * time.Second), Took: time.Second}
+		d := &downstream{}
+		var log eventLog
+		l := newLoader(t, d, Options[string, string]{TTL: 10 * time.Second, StaleWhileRevalidate: time.Hour, Remote: r, OnLoad: log.add})
+		v, info, err := l.GetInfo(t.Context(), "k")
+		if v != "from-peer" || err != nil || info.Source != SourceLoaded || info.Age != 5*time.Second {
+			t.Fatalf("Get = %q, %+v, %v; want the peer's value, 5s old", v, info, err)
+		}
+		synctest.Wait()
+		if evs := log.all(); len(evs) != 1 || !evs[0].Remote || evs[0].Attempts != 0 || d.calls.Load() != 0 {
+			t.Errorf("events %+v, %d downstream calls; want one remote load and no call", evs, d.calls.Load())
+		}
+		time.Sleep(6 * time.Second) // 11s old: stale here, as it would be there
+		if _, info, _ := l.GetInfo(t.Context(), "k"); info.Source != SourceStale {
+			t.Errorf("Get at age 11s = %v; want stale (TTL 10s)", info.Source)
+		}
+		l.Set("k", "local")
+		l.Invalidate("k")
+		if len(r.sets) != 1 || r.sets[0] != "k=local" || len(r.invalidated) != 1 {
+			t.Errorf("remote saw sets %v, invalidations %v; want both passed on", r.sets, r.invalidated)
+		}
+	})
+}
+
+// A process with no local copy is covered by the older value the fleet
+// holds when the load fails, within StaleIfError and the caller's MaxStale.
+func TestRemoteFallbackCoversAFailedLoad(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		r := &fakeRemote{shared: map[string]RemoteValue[string]{}}
+		r.shared["k"] = RemoteValue[string]{Value: "old", LoadedAt: time.Now().Add(-2 * time.Minute)}
+		d := &downstream{fail: func(int64, string) error { return errBoom }}
+		l := newLoader(t, d, Options[string, string]{TTL: time.Minute, StaleIfError: 5 * time.Minute, Remote: r,
+			Breaker: Breaker{Disabled: true}})
+		v, info, err := l.GetInfo(t.Context(), "k")
+		if v != "old" || err != nil || info.Source != SourceStaleOnError || info.Age != 2*time.Minute {
+			t.Errorf("Get = %q, %+v, %v; want the fleet's old value as stale-on-error", v, info, err)
+		}
+		if _, err := l.Get(WithMaxStale(t.Context(), 30*time.Second), "k"); !errors.Is(err, errBoom) {
+			t.Errorf("Get with max-stale 30s = %v; want the error: the value went stale 60s ago", err)
+		}
+		if d, ok := MaxStale(WithMaxStale(t.Context(), -time.Second)); !ok || d != 0 {
+			t.Errorf("MaxStale = %v, %v; want 0, true", d, ok)
+		}
+		time.Sleep(5 * time.Minute) // past the window
+		if _, err := l.Get(t.Context(), "k"); !errors.Is(err, errBoom) {
+			t.Errorf("Get past StaleIfError = %v; want the error", err)
+		}
+		if _, info, _ := l.GetInfo(t.Context(), "k"); info.Source == SourceHit {
+			t.Errorf("the fallback was cached; it must never be")
+		}
+	})
+}
