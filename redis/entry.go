@@ -1,0 +1,125 @@
+package flightredis
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Codec turns values into bytes for Redis and back. Implementations must be
+// safe for concurrent use. The zero Options use [JSON].
+type Codec[V any] interface {
+	// Marshal encodes v.
+	Marshal(v V) ([]byte, error)
+	// Unmarshal decodes data, as written by Marshal (possibly by another
+	// process, possibly by another version of the program).
+	Unmarshal(data []byte) (V, error)
+}
+
+// JSON is the default [Codec]: encoding/json. Its zero value is ready to use
+// and safe for concurrent use.
+type JSON[V any] struct{}
+
+// Marshal encodes v with json.Marshal.
+func (JSON[V]) Marshal(v V) ([]byte, error) { return json.Marshal(v) }
+
+// Unmarshal decodes data with json.Unmarshal.
+func (JSON[V]) Unmarshal(data []byte) (V, error) {
+	var v V
+	err := json.Unmarshal(data, &v)
+	return v, err
+}
+
+// keys are the Redis names of one key's state. They share a hash tag, so
+// they live in one Redis Cluster slot and one Lua script may touch them all.
+type keys struct {
+	base  string // the hash-tagged name; also the pub/sub message for the key
+	entry string // hash: the shared entry (fields below)
+	lease string // string: the token of the process loading the key
+	alive string // string: the same token while its holder proves it is alive
+	fail  string // string: "token\nkind\nmessage" of a load that just failed
+}
+
+// keysFor names the state of the key whose string form is k. The hash tag
+// is k itself, escaped so that the tag never ends early and never is empty
+// (Redis hashes a whole name whose tag is empty, which would scatter one
+// key's state over several Cluster slots). The escaping is injective.
+func keysFor(prefix, k string) keys {
+	tag := "%" // the empty key: "%" alone is never the escape of another key
+	if k != "" {
+		tag = strings.NewReplacer("%", "%25", "}", "%7D").Replace(k)
+	}
+	base := prefix + "{" + tag + "}"
+	return keys{base: base, entry: base + ":v", lease: base + ":l", alive: base + ":a", fail: base + ":f"}
+}
+
+// entry is the shared entry of one key, as stored in a Redis hash. Times are
+// Unix microseconds on the clock of the process that wrote the entry, so
+// that Lua (whose numbers are doubles) can hold them exactly.
+type entry struct {
+	ok    bool   // the hash exists
+	id    string // version: random per write, compared to detect a change
+	val   []byte // the value, encoded by the Codec
+	at    int64  // loaded at
+	took  int64  // how long the load took
+	fresh int64  // fresh until
+	stale int64  // served stale until (the end of StaleWhileRevalidate)
+}
+
+// entryFields are the hash fields read back, in this order.
+var entryFields = []string{"id", "v", "at", "took", "fresh", "stale"}
+
+// parseEntry reads the reply of HMGET entryFields (or the same list returned
+// by a script). A missing hash gives ok == false; a hash with a field that
+// does not parse is reported as an error, and treated by callers as
+// missing.
+func parseEntry(vals []any) (entry, error) {
+	if len(vals) < len(entryFields) || vals[0] == nil {
+		return entry{}, nil
+	}
+	// On error the entry keeps its id, so the caller can replace this
+	// version under the lease instead of reading it again and again.
+	id, _ := vals[0].(string)
+	s := make([]string, len(entryFields))
+	for i := range entryFields {
+		v, ok := vals[i].(string)
+		if !ok {
+			return entry{id: id}, fmt.Errorf("flightredis: entry field %v is %T", entryFields[i], vals[i])
+		}
+		s[i] = v
+	}
+	e := entry{ok: true, id: id, val: []byte(s[1])}
+	for i, p := range []*int64{&e.at, &e.took, &e.fresh, &e.stale} {
+		n, err := strconv.ParseInt(s[i+2], 10, 64)
+		if err != nil {
+			return entry{id: id}, fmt.Errorf("flightredis: entry field %s: %w", entryFields[i+2], err)
+		}
+		*p = n
+	}
+	return e, nil
+}
+
+// micros converts between time.Time and the entry's Unix microseconds.
+func micros(t time.Time) int64 { return t.UnixMicro() }
+
+func fromMicros(us int64) time.Time { return time.UnixMicro(us) }
+
+// token returns a random hex string of n bytes.
+func token(n int) string {
+	b := make([]byte, n)
+	_, _ = rand.Read(b) // never fails (crypto/rand panics instead)
+	return hex.EncodeToString(b)
+}
+
+// keyString is the default Options.Key: a string as is, anything else
+// through fmt.Sprint.
+func keyString[K comparable](k K) string {
+	if s, ok := any(k).(string); ok {
+		return s
+	}
+	return fmt.Sprint(k)
+}

@@ -1,0 +1,75 @@
+package flightredis
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/flightcache/flightcache"
+	"github.com/redis/go-redis/v9"
+)
+
+func TestKeysShareOneHashTag(t *testing.T) {
+	tag := func(name string) string { // Redis Cluster's rule
+		i := strings.IndexByte(name, '{')
+		if i < 0 {
+			return name
+		}
+		j := strings.IndexByte(name[i+1:], '}')
+		if j <= 0 {
+			return name
+		}
+		return name[i+1 : i+1+j]
+	}
+	bases := map[string]string{}
+	for _, k := range []string{"", "%", "}", "{", "a}b", "%7D", "%25", "{x}", "plain"} {
+		ks := keysFor("p:", k)
+		want := tag(ks.base)
+		if want == ks.base {
+			t.Errorf("keysFor(%q).base = %q has no hash tag", k, ks.base)
+		}
+		for _, name := range []string{ks.entry, ks.lease, ks.alive, ks.fail} {
+			if got := tag(name); got != want {
+				t.Errorf("keysFor(%q): %q has tag %q; want %q", k, name, got, want)
+			}
+		}
+		if other, dup := bases[ks.base]; dup {
+			t.Errorf("keys %q and %q share the base %q", k, other, ks.base)
+		}
+		bases[ks.base] = k
+	}
+}
+
+func TestNewRejectsBadOptions(t *testing.T) {
+	good := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", ContextTimeoutEnabled: true})
+	defer good.Close()
+	bad := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"})
+	defer bad.Close()
+	lo := flightcache.Options[string, int]{TTL: time.Second, LoadTimeout: 2 * time.Second}
+	for _, tc := range []struct {
+		name   string
+		client redis.UniversalClient
+		lo     flightcache.Options[string, int]
+		o      Options[string, int]
+		want   string
+	}{
+		{"no context timeouts", bad, lo, Options[string, int]{}, "ContextTimeoutEnabled"},
+		{"no TTL", good, flightcache.Options[string, int]{}, Options[string, int]{}, "TTL"},
+		{"short lease", good, lo, Options[string, int]{LeaseTTL: 2 * time.Second}, "LeaseTTL"},
+		{"brace", good, lo, Options[string, int]{Prefix: "a{"}, "Prefix"},
+		{"holder vs timeout", good, lo, Options[string, int]{HolderTimeout: time.Second, Timeout: time.Second}, "HolderTimeout"},
+	} {
+		_, err := New(tc.client, tc.lo, tc.o)
+		if err == nil || !strings.Contains(err.Error(), tc.want) || !strings.HasPrefix(err.Error(), "flightredis: ") {
+			t.Errorf("%s: New = %v; want an error naming %s", tc.name, err, tc.want)
+		}
+	}
+	tier, err := New(good, lo, Options[string, int]{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tier.Close()
+	if got, want := tier.opts.LeaseTTL, 3*time.Second; got != want {
+		t.Errorf("default LeaseTTL = %v; want %v (LoadTimeout + max(LoadTimeout/2, 1s))", got, want)
+	}
+}

@@ -1,0 +1,400 @@
+package flightredis
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/flightcache/flightcache"
+	"github.com/redis/go-redis/v9"
+)
+
+// The lease protocol, per key (every script touches only keys that share
+// the key's hash tag, so it also runs on Redis Cluster):
+//
+//	acquire  the entry changed since the caller looked → return it;
+//	         the load the caller waited on failed      → return its error;
+//	         a lease is held and its holder is alive   → "held";
+//	         a lease is held, its holder is not        → take it over;
+//	         no lease                                  → take it.
+//	beat     the holder, every HolderTimeout/3: still mine → extend "alive".
+//	write    still mine → replace the entry, drop the lease, publish.
+//	release  still mine → drop the lease, note a shareable failure, publish.
+//
+// A lease is "SET NX PX LeaseTTL" with a random token; "alive" is a second
+// key with the same token and a PX of HolderTimeout, set with the lease and
+// extended by the holder's beats. A holder that dies stops beating, so a
+// waiter takes its lease over within HolderTimeout, long before LeaseTTL.
+
+var acquireScript = redis.NewScript(`
+local id = redis.call('HGET', KEYS[1], 'id') or ''
+if id ~= ARGV[1] then
+  return {'entry', redis.call('HMGET', KEYS[1], 'id', 'v', 'at', 'took', 'fresh', 'stale')}
+end
+if ARGV[5] ~= '' then
+  local f = redis.call('GET', KEYS[4])
+  if f and string.sub(f, 1, string.len(ARGV[5]) + 1) == ARGV[5] .. '\n' then
+    return {'failed', f}
+  end
+end
+local cur = redis.call('GET', KEYS[2])
+if cur and redis.call('GET', KEYS[3]) == cur then
+  return {'held', cur, redis.call('PTTL', KEYS[3])}
+end
+redis.call('SET', KEYS[2], ARGV[2], 'PX', ARGV[3])
+redis.call('SET', KEYS[3], ARGV[2], 'PX', ARGV[4])
+if cur then
+  return {'stolen', cur}
+end
+return {'won'}
+`)
+
+var beatScript = redis.NewScript(`
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+redis.call('SET', KEYS[2], ARGV[1], 'PX', ARGV[2])
+return 1
+`)
+
+// writeScript stores an entry. With a token (ARGV[1]) it writes only while
+// that lease is still held; without one (Set) it always writes. Either way
+// it drops the lease, so a load in flight elsewhere will not overwrite it.
+var writeScript = redis.NewScript(`
+if ARGV[1] ~= '' and redis.call('GET', KEYS[2]) ~= ARGV[1] then return 0 end
+redis.call('DEL', KEYS[1], KEYS[2], KEYS[3])
+redis.call('HSET', KEYS[1], 'id', ARGV[2], 'v', ARGV[3], 'at', ARGV[4], 'took', ARGV[5], 'fresh', ARGV[6], 'stale', ARGV[7])
+redis.call('PEXPIRE', KEYS[1], ARGV[8])
+redis.call('PUBLISH', ARGV[9], ARGV[10])
+return 1
+`)
+
+var releaseScript = redis.NewScript(`
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+redis.call('DEL', KEYS[1], KEYS[2])
+if ARGV[2] ~= '' then redis.call('SET', KEYS[3], ARGV[2], 'PX', ARGV[3]) end
+redis.call('PUBLISH', ARGV[4], ARGV[5])
+return 1
+`)
+
+var invalidateScript = redis.NewScript(`
+redis.call('DEL', KEYS[1], KEYS[2], KEYS[3])
+redis.call('PUBLISH', ARGV[1], ARGV[2])
+return 1
+`)
+
+// ErrPeerFailed matches (with [errors.Is]) the error of a Load that waited
+// for another process's load of the same key when that load failed: the
+// failure is shared, as it is between the callers of one process, so an
+// outage costs one downstream call per burst, not one per process. The
+// error's text carries the other process's error; a not-found there also
+// matches [flightcache.ErrNotFound] here.
+var ErrPeerFailed = errors.New("flightredis: the load failed in another process")
+
+// Load implements [flightcache.Remote]: it returns key's shared entry when
+// it is usable under the Loader's freshness rules, waits for the process
+// that is loading key, or takes the lease and calls load itself. When Redis
+// fails or is slow, it calls load (local-only service) and counts it in
+// [Stats]; its error is then always load's.
+func (t *Tier[K, V]) Load(ctx context.Context, key K, load func(context.Context) (V, error)) (flightcache.RemoteValue[V], error) {
+	if t.closed.Load() || t.down() {
+		return t.local(ctx, load)
+	}
+	ks := keysFor(t.opts.Prefix, t.key(key))
+	w := t.events.watch(ks.base)
+	defer t.events.unwatch(ks.base, w)
+
+	c, cancel := t.op(ctx)
+	vals, err := t.rdb.HMGet(c, ks.entry, entryFields...).Result()
+	cancel()
+	if err != nil {
+		return t.fallback(ctx, err, load)
+	}
+	e, perr := parseEntry(vals)
+	waited := "" // token of the lease this Load waited on
+	for attempt := 0; ; attempt++ {
+		if perr == nil && e.ok && t.usable(ks, e) {
+			if v, err := t.codec.Unmarshal(e.val); err == nil {
+				return t.hand(ks, e, v, waited != ""), nil
+			}
+			t.stats.decodeErrors.Add(1)
+		} else if perr != nil {
+			t.stats.decodeErrors.Add(1)
+		}
+		tok := token(16)
+		c, cancel := t.op(ctx)
+		res, err := acquireScript.Run(c, t.rdb, []string{ks.entry, ks.lease, ks.alive, ks.fail},
+			e.id, tok, t.leaseMS, t.aliveMS, waited).Slice()
+		cancel()
+		if err != nil {
+			return t.fallback(ctx, err, load)
+		}
+		kind, _ := res[0].(string)
+		switch kind {
+		case "entry":
+			fields, _ := res[1].([]any)
+			e, perr = parseEntry(fields)
+			continue
+		case "failed":
+			t.stats.peerErrors.Add(1)
+			return flightcache.RemoteValue[V]{}, peerError(res[1])
+		case "won", "stolen":
+			if kind == "stolen" {
+				t.stats.takeovers.Add(1)
+			}
+			return t.hold(ctx, ks, tok, load)
+		}
+		// "held": wait for the holder's publish, a poll, or the holder's
+		// alive key to lapse, whichever comes first.
+		if waited == "" {
+			t.stats.waits.Add(1)
+		}
+		waited, _ = res[1].(string)
+		d := min(t.opts.PollInterval, t.opts.PollInterval/8<<min(attempt, 3))
+		if ttl, ok := res[2].(int64); ok && ttl >= 0 {
+			d = min(d, time.Duration(ttl)*time.Millisecond+time.Millisecond)
+		}
+		timer := time.NewTimer(jitter(d))
+		select {
+		case <-w:
+			t.stats.wakeups.Add(1)
+		case <-timer.C:
+			t.stats.polls.Add(1)
+		case <-ctx.Done():
+			timer.Stop()
+			return flightcache.RemoteValue[V]{}, ctxError(ctx)
+		}
+		timer.Stop()
+	}
+}
+
+// usable reports whether entry e may be handed to the Loader now.
+func (t *Tier[K, V]) usable(ks keys, e entry) bool {
+	now := micros(time.Now())
+	held := t.served.get(ks.base) == e.id
+	switch {
+	case now < e.fresh:
+		// The Loader asks again for a fresh entry it already holds either
+		// to refresh it early (possible only in the second half of its
+		// life) or because it evicted it.
+		return !held || !t.early || now < e.at+t.fresh.Microseconds()/2
+	case now < e.stale:
+		return !held // a stale entry once; then a refresh reloads it
+	}
+	return false
+}
+
+// hand returns a decoded entry to the Loader and remembers it was served.
+func (t *Tier[K, V]) hand(ks keys, e entry, v V, waited bool) flightcache.RemoteValue[V] {
+	t.served.put(ks.base, e.id)
+	switch {
+	case waited:
+		t.stats.shared.Add(1)
+	case micros(time.Now()) < e.fresh:
+		t.stats.hits.Add(1)
+	default:
+		t.stats.staleHits.Add(1)
+	}
+	return flightcache.RemoteValue[V]{
+		Value:    v,
+		LoadedAt: fromMicros(e.at),
+		Took:     time.Duration(e.took) * time.Microsecond,
+	}
+}
+
+// hold runs load under the lease tok, then writes the entry (success) or
+// releases the lease (failure). Its deferred release also runs when load
+// ends its goroutine with runtime.Goexit.
+func (t *Tier[K, V]) hold(ctx context.Context, ks keys, tok string, load func(context.Context) (V, error)) (flightcache.RemoteValue[V], error) {
+	t.stats.leases.Add(1)
+	stop := t.beat(ks, tok)
+	bg := context.WithoutCancel(ctx) // the lease must be released even if ctx ended
+	done := false
+	defer func() {
+		if !done {
+			stop()
+			t.release(bg, ks, tok, "")
+		}
+	}()
+	start := time.Now()
+	v, err := load(ctx)
+	end := time.Now()
+	done = true
+	stop()
+	if err != nil {
+		t.release(bg, ks, tok, failure(ctx, tok, err))
+		return flightcache.RemoteValue[V]{}, err
+	}
+	rv := flightcache.RemoteValue[V]{Value: v, LoadedAt: end, Took: end.Sub(start), Loaded: true}
+	t.write(bg, ks, tok, rv)
+	return rv, nil
+}
+
+// beat extends the holder's alive key every HolderTimeout/3 until stop.
+func (t *Tier[K, V]) beat(ks keys, tok string) (stop func()) {
+	quit := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		tick := time.NewTicker(t.opts.HolderTimeout / 3)
+		defer tick.Stop()
+		for {
+			select {
+			case <-quit:
+				return
+			case <-t.ctx.Done():
+				return
+			case <-tick.C:
+			}
+			c, cancel := t.op(t.ctx)
+			n, err := beatScript.Run(c, t.rdb, []string{ks.lease, ks.alive}, tok, t.aliveMS).Int()
+			cancel()
+			if err == nil && n == 0 {
+				return // lost the lease (Set, Invalidate, takeover): stop beating
+			}
+		}
+	})
+	return func() { close(quit); wg.Wait() }
+}
+
+// write stores rv as the key's entry if the lease tok is still held, or
+// unconditionally when tok is "" (Set).
+func (t *Tier[K, V]) write(ctx context.Context, ks keys, tok string, rv flightcache.RemoteValue[V]) {
+	data, err := t.codec.Marshal(rv.Value)
+	if err != nil {
+		t.stats.encodeErrors.Add(1)
+		if tok != "" {
+			t.release(ctx, ks, tok, "")
+		}
+		return
+	}
+	id := token(8)
+	at := micros(rv.LoadedAt)
+	fresh := at + t.fresh.Microseconds()
+	stale := fresh + t.swr.Microseconds()
+	life := t.fresh + t.swr + t.sie // Redis frees the entry when no process can use it
+	c, cancel := t.op(ctx)
+	n, err := writeScript.Run(c, t.rdb, []string{ks.entry, ks.lease, ks.alive},
+		tok, id, data, at, rv.Took.Microseconds(), fresh, stale, max(life.Milliseconds(), 1),
+		t.channel, ks.base).Int()
+	cancel()
+	switch {
+	case err != nil:
+		t.failed()
+	case n == 0:
+		t.stats.writesLost.Add(1)
+	default:
+		t.served.put(ks.base, id)
+	}
+}
+
+// release drops the lease tok and publishes, so waiters look again. A
+// non-empty fail is left for the waiters of this lease to share.
+func (t *Tier[K, V]) release(ctx context.Context, ks keys, tok, fail string) {
+	c, cancel := t.op(ctx)
+	err := releaseScript.Run(c, t.rdb, []string{ks.lease, ks.alive, ks.fail},
+		tok, fail, t.failMS, t.channel, ks.base).Err()
+	cancel()
+	if err != nil {
+		t.failed()
+	}
+}
+
+// failure is what a failed load leaves for the processes that waited on it:
+// "" when the failure says nothing about the downstream (the load was
+// cancelled here, or the breaker refused it), so a waiter loads instead.
+func failure(ctx context.Context, tok string, err error) string {
+	switch {
+	case errors.Is(err, flightcache.ErrBreakerOpen),
+		errors.Is(err, context.Canceled),
+		errors.Is(err, flightcache.ErrClosed),
+		ctx.Err() != nil && !errors.Is(context.Cause(ctx), flightcache.ErrLoadTimeout):
+		return ""
+	}
+	kind := "err"
+	if errors.Is(err, flightcache.ErrNotFound) {
+		kind = "nf"
+	}
+	msg := err.Error()
+	if len(msg) > 512 {
+		msg = msg[:512]
+	}
+	return tok + "\n" + kind + "\n" + msg
+}
+
+// peerError turns a failure left by another process into this Load's error.
+func peerError(v any) error {
+	s, _ := v.(string)
+	parts := strings.SplitN(s, "\n", 3)
+	if len(parts) < 3 {
+		return ErrPeerFailed
+	}
+	if parts[1] == "nf" {
+		return fmt.Errorf("%w: %w: %s", ErrPeerFailed, flightcache.ErrNotFound, parts[2])
+	}
+	return fmt.Errorf("%w: %s", ErrPeerFailed, parts[2])
+}
+
+// ctxError is the error of a Load whose context ended while it waited.
+func ctxError(ctx context.Context) error {
+	err, cause := ctx.Err(), context.Cause(ctx)
+	if cause != nil && cause != err {
+		return fmt.Errorf("flightredis: waiting for another process's load: %w: %w", cause, err)
+	}
+	return fmt.Errorf("flightredis: waiting for another process's load: %w", err)
+}
+
+// fallback serves a Load locally after a Redis failure: unless the Load's
+// own context ended (then there is nothing to do), it counts the failure,
+// steps the tier aside and calls load.
+func (t *Tier[K, V]) fallback(ctx context.Context, err error, load func(context.Context) (V, error)) (flightcache.RemoteValue[V], error) {
+	if ctx.Err() != nil {
+		return flightcache.RemoteValue[V]{}, ctxError(ctx)
+	}
+	_ = err // the cause is in Redis; the caller gets load's result instead
+	t.failed()
+	return t.local(ctx, load)
+}
+
+// local calls load without the tier.
+func (t *Tier[K, V]) local(ctx context.Context, load func(context.Context) (V, error)) (flightcache.RemoteValue[V], error) {
+	t.stats.localLoads.Add(1)
+	start := time.Now()
+	v, err := load(ctx)
+	end := time.Now()
+	if err != nil {
+		return flightcache.RemoteValue[V]{}, err
+	}
+	return flightcache.RemoteValue[V]{Value: v, LoadedAt: end, Took: end.Sub(start), Loaded: true}, nil
+}
+
+// Set implements [flightcache.Remote]: it stores v as key's shared entry
+// and drops any lease on key, so a load in flight in another process does
+// not overwrite it. Other processes' local copies are not touched: they
+// keep their value until it leaves their own cache.
+func (t *Tier[K, V]) Set(ctx context.Context, key K, v flightcache.RemoteValue[V]) {
+	if t.closed.Load() || t.down() {
+		t.stats.skipped.Add(1)
+		return
+	}
+	t.write(ctx, keysFor(t.opts.Prefix, t.key(key)), "", v)
+}
+
+// Invalidate implements [flightcache.Remote]: it deletes key's shared entry
+// and drops any lease on key, so a load in flight elsewhere does not store
+// its result; the next miss anywhere loads afresh. Other processes' local
+// copies are not touched.
+func (t *Tier[K, V]) Invalidate(ctx context.Context, key K) {
+	if t.closed.Load() || t.down() {
+		t.stats.skipped.Add(1)
+		return
+	}
+	ks := keysFor(t.opts.Prefix, t.key(key))
+	t.served.drop(ks.base)
+	c, cancel := t.op(ctx)
+	err := invalidateScript.Run(c, t.rdb, []string{ks.entry, ks.lease, ks.alive}, t.channel, ks.base).Err()
+	cancel()
+	if err != nil {
+		t.failed()
+	}
+}

@@ -1,0 +1,66 @@
+package flightredis
+
+import "sync/atomic"
+
+// Stats are a [Tier]'s cumulative counters, from [Tier.Stats]. Every
+// counter is per process.
+type Stats struct {
+	// Hits counts fresh shared entries handed to the Loader: local misses
+	// that another process's load (or an earlier one here) answered.
+	Hits uint64
+	// StaleHits counts stale shared entries handed to the Loader (inside
+	// StaleWhileRevalidate), which then refreshes them in the background.
+	StaleHits uint64
+	// Leases counts leases taken: loads this process ran for the fleet.
+	Leases uint64
+	// Takeovers counts, of Leases, those taken from a holder that had
+	// stopped proving it was alive (it died, or lost Redis).
+	Takeovers uint64
+	// Waits counts Loads that waited for another process's load.
+	Waits uint64
+	// Shared counts, of Waits, those answered by the other process's value.
+	Shared uint64
+	// PeerErrors counts, of Waits, those answered by the other process's
+	// failure ([ErrPeerFailed]).
+	PeerErrors uint64
+	// Wakeups and Polls count how waits resumed: by a pub/sub message, or
+	// by a poll timer.
+	Wakeups, Polls uint64
+	// WritesLost counts values loaded here under a lease that was gone when
+	// they were written (Set or Invalidate elsewhere, or a takeover after
+	// this holder stopped beating): they reached this process's callers but
+	// not Redis.
+	WritesLost uint64
+	// RedisErrors counts Redis round trips that failed or timed out (the
+	// Loader's own cancellations aside). Each one steps the tier aside for
+	// Options.RetryAfter.
+	RedisErrors uint64
+	// LocalLoads counts loads that went straight to the downstream because
+	// Redis had failed (or the tier was closed): local-only service.
+	LocalLoads uint64
+	// Skipped counts Set and Invalidate calls not passed on to Redis
+	// because the tier was stepping aside.
+	Skipped uint64
+	// DecodeErrors and EncodeErrors count entries the Codec could not read
+	// (they are reloaded) or write (the value is served but not shared).
+	DecodeErrors, EncodeErrors uint64
+}
+
+type counters struct {
+	hits, staleHits, leases, takeovers, waits, shared, peerErrors atomic.Uint64
+	wakeups, polls, writesLost, redisErrors, localLoads, skipped  atomic.Uint64
+	decodeErrors, encodeErrors                                    atomic.Uint64
+}
+
+// Stats returns the tier's counters. It is safe to call at any time.
+func (t *Tier[K, V]) Stats() Stats {
+	c := &t.stats
+	return Stats{
+		Hits: c.hits.Load(), StaleHits: c.staleHits.Load(), Leases: c.leases.Load(),
+		Takeovers: c.takeovers.Load(), Waits: c.waits.Load(), Shared: c.shared.Load(),
+		PeerErrors: c.peerErrors.Load(), Wakeups: c.wakeups.Load(), Polls: c.polls.Load(),
+		WritesLost: c.writesLost.Load(), RedisErrors: c.redisErrors.Load(),
+		LocalLoads: c.localLoads.Load(), Skipped: c.skipped.Load(),
+		DecodeErrors: c.decodeErrors.Load(), EncodeErrors: c.encodeErrors.Load(),
+	}
+}

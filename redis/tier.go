@@ -1,0 +1,342 @@
+// Package flightredis is a second tier for a [flightcache.Loader], shared
+// by every process of a fleet through Redis: when N processes miss the same
+// key at once, one of them calls the downstream and the others use its
+// value, so the downstream sees one call per key, not N.
+//
+// # Tier
+//
+// A [Tier] is a [flightcache.Remote]: set it as [flightcache.Options.Remote]
+// and a Loader that misses locally asks it before calling its LoadFunc.
+// The tier keeps, per key:
+//
+//   - a shared entry: the value (encoded by a [Codec], JSON by default) with
+//     when it was loaded, how long the load took, and until when it is fresh
+//     and usable stale, computed from the Loader's own Options;
+//   - a lease: the process that holds it loads the key for the fleet, writes
+//     the entry and publishes; the others wait for the publish (pub/sub) or
+//     poll, and take the lease over if its holder stops proving it is alive.
+//
+// Redis down or slow never fails a Get: every round trip is bounded by
+// [Options.Timeout], and after a failure the tier steps aside for
+// [Options.RetryAfter] while the Loader loads locally. [Tier.Stats] counts
+// what happened.
+//
+// # Breaker
+//
+// [Breaker] is a [flightcache.CircuitBreaker] whose state the fleet shares,
+// built on gobreaker's DistributedCircuitBreaker with a Redis
+// SharedDataStore; set it as [flightcache.Breaker.Custom]. It is opt-in.
+//
+// See docs/distributed.md in the repository for the protocol, the failure
+// modes and measured costs.
+package flightredis
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/flightcache/flightcache"
+	"github.com/redis/go-redis/v9"
+)
+
+// Defaults for the zero values of [Options].
+const (
+	DefaultPrefix        = "flightcache:"         // Options.Prefix
+	DefaultTimeout       = 250 * time.Millisecond // Options.Timeout, BreakerOptions.Timeout
+	DefaultRetryAfter    = time.Second            // Options.RetryAfter, BreakerOptions.RetryAfter
+	DefaultHolderTimeout = 2 * time.Second        // Options.HolderTimeout
+	DefaultPollInterval  = 100 * time.Millisecond // Options.PollInterval
+)
+
+// Options configures a [Tier]. Its zero value is a sensible configuration;
+// every zero field means the default its comment gives. The freshness
+// windows are not here: [New] reads them from the Loader's Options.
+type Options[K comparable, V any] struct {
+	// Prefix starts the name of every Redis key and of the pub/sub channel
+	// the tier uses, so several tiers (or programs) can share one Redis.
+	// It must not contain '{' or '}' (they delimit Redis Cluster hash
+	// tags). "" means DefaultPrefix ("flightcache:").
+	Prefix string
+
+	// Key returns the string that names key in Redis. Two keys must never
+	// share a string, or they would share a value across the fleet. nil
+	// means the key itself for a string key and fmt.Sprint(key) otherwise.
+	//
+	// WARNING: fmt.Sprint is not injective for every type (pointers,
+	// structs with pointer fields, keys whose String method drops
+	// fields): give Key for such key types.
+	Key func(K) string
+
+	// Codec encodes values for Redis. nil means [JSON]. Every process of a
+	// fleet must use compatible codecs; an entry that does not decode is
+	// treated as missing and reloaded.
+	Codec Codec[V]
+
+	// Timeout bounds each Redis round trip. When one fails or times out,
+	// the load goes on locally, as if the tier were absent. 0 means
+	// DefaultTimeout (250ms).
+	Timeout time.Duration
+
+	// RetryAfter is how long the tier steps aside after a Redis failure:
+	// loads in that time go straight to the downstream, without a Redis
+	// round trip. 0 means DefaultRetryAfter (1s).
+	RetryAfter time.Duration
+
+	// LeaseTTL is how long a lease lives in Redis. It must be longer than
+	// the Loader's LoadTimeout, so a live holder never loses its lease in
+	// mid-load; it bounds how long a lease can outlive a holder that could
+	// not release it. 0 means LoadTimeout + max(LoadTimeout/2, 1s).
+	LeaseTTL time.Duration
+
+	// HolderTimeout is how long a lease holder may go without proving it is
+	// alive (it does every HolderTimeout/3 while it loads) before a waiting
+	// process takes its lease over. It bounds the wait when a holder dies
+	// (SIGKILL, OOM, a lost machine) and is far shorter than LeaseTTL. It
+	// must exceed Timeout. 0 means DefaultHolderTimeout (2s).
+	HolderTimeout time.Duration
+
+	// PollInterval caps the wait between two looks at Redis while a process
+	// waits for another's load; the publish usually wakes it sooner. Polls
+	// start at PollInterval/8 and double, with jitter. 0 means
+	// DefaultPollInterval (100ms).
+	PollInterval time.Duration
+}
+
+// Tier is the Redis tier of a [flightcache.Loader]: a [flightcache.Remote]
+// shared by every process that uses the same Redis and Prefix. Create it
+// with [New] and set it as [flightcache.Options.Remote]. It is safe for
+// concurrent use. Close it after the Loader: Close stops its pub/sub
+// subscription; the Redis client stays the caller's to close.
+type Tier[K comparable, V any] struct {
+	rdb   redis.UniversalClient
+	opts  Options[K, V] // defaults applied
+	key   func(K) string
+	codec Codec[V]
+
+	// From the Loader's Options.
+	fresh time.Duration // TTL·(1−Jitter): the shortest freshness any process draws
+	swr   time.Duration // StaleWhileRevalidate
+	sie   time.Duration // StaleIfError
+	early bool          // EarlyRefresh > 0
+
+	leaseMS, aliveMS, failMS int64 // PX arguments
+	channel                  string
+
+	served served
+	events events
+	stats  counters
+
+	downUntil atomic.Int64 // UnixNano until which Redis is skipped; 0 = up
+
+	ctx    context.Context // parent of the tier's own work; cancelled by Close
+	cancel context.CancelFunc
+	closed atomic.Bool
+	once   sync.Once
+}
+
+var _ flightcache.Remote[string, int] = (*Tier[string, int])(nil)
+
+// New returns a Tier on client for a Loader configured with loader (the
+// same Options value that is then given to [flightcache.New], with Remote
+// set to the Tier): the tier reads TTL, Jitter, StaleWhileRevalidate,
+// StaleIfError, EarlyRefresh and LoadTimeout from it, so every process
+// applies the same freshness rules to a shared entry.
+//
+// client may be a single node, a Sentinel failover client or a Cluster
+// client. It must have been created with ContextTimeoutEnabled, or a slow
+// Redis would hold loads past Timeout; New returns an error otherwise.
+// New does not contact Redis: a tier created while Redis is down starts
+// working when Redis is back.
+func New[K comparable, V any](client redis.UniversalClient, loader flightcache.Options[K, V], opts Options[K, V]) (*Tier[K, V], error) {
+	if client == nil {
+		return nil, errors.New("flightredis: nil client")
+	}
+	if err := checkClient(client); err != nil {
+		return nil, err
+	}
+	if err := opts.validate(loader); err != nil {
+		return nil, err
+	}
+	opts = opts.withDefaults(loadTimeout(loader))
+	t := &Tier[K, V]{
+		rdb:     client,
+		opts:    opts,
+		key:     opts.Key,
+		codec:   opts.Codec,
+		fresh:   time.Duration(float64(loader.TTL) * (1 - loader.Jitter)),
+		swr:     loader.StaleWhileRevalidate,
+		sie:     loader.StaleIfError,
+		early:   loader.EarlyRefresh > 0,
+		leaseMS: opts.LeaseTTL.Milliseconds(),
+		aliveMS: opts.HolderTimeout.Milliseconds(),
+		failMS:  max(4*opts.PollInterval, time.Second).Milliseconds(),
+		channel: opts.Prefix + "loaded",
+	}
+	t.fresh = max(t.fresh, time.Millisecond)
+	if t.key == nil {
+		t.key = keyString[K]
+	}
+	if t.codec == nil {
+		t.codec = JSON[V]{}
+	}
+	t.served.init()
+	t.ctx, t.cancel = context.WithCancel(context.Background())
+	t.events.start(t.ctx, client, t.channel, opts.Timeout)
+	return t, nil
+}
+
+// checkClient rejects a client whose commands ignore context deadlines.
+func checkClient(c redis.UniversalClient) error {
+	enabled := true
+	switch c := c.(type) {
+	case *redis.Client:
+		enabled = c.Options().ContextTimeoutEnabled
+	case *redis.ClusterClient:
+		enabled = c.Options().ContextTimeoutEnabled
+	case *redis.Ring:
+		enabled = c.Options().ContextTimeoutEnabled
+	}
+	if !enabled {
+		return errors.New("flightredis: the client must be created with ContextTimeoutEnabled: true, or a slow Redis would hold loads past Options.Timeout")
+	}
+	return nil
+}
+
+func loadTimeout[K comparable, V any](o flightcache.Options[K, V]) time.Duration {
+	if o.LoadTimeout > 0 {
+		return o.LoadTimeout
+	}
+	return flightcache.DefaultLoadTimeout
+}
+
+func (o *Options[K, V]) validate(l flightcache.Options[K, V]) error {
+	switch {
+	case l.TTL <= 0:
+		return fmt.Errorf("flightredis: the Loader's Options.TTL must be > 0, got %v", l.TTL)
+	case !(l.Jitter >= 0 && l.Jitter <= 1):
+		return fmt.Errorf("flightredis: the Loader's Options.Jitter must be in [0, 1], got %v", l.Jitter)
+	case l.StaleWhileRevalidate < 0 || l.StaleIfError < 0 || l.LoadTimeout < 0:
+		return errors.New("flightredis: the Loader's Options has a negative window or LoadTimeout")
+	case strings.ContainsAny(o.Prefix, "{}"):
+		return fmt.Errorf("flightredis: Options.Prefix must not contain '{' or '}', got %q", o.Prefix)
+	case o.Timeout < 0:
+		return fmt.Errorf("flightredis: Options.Timeout must be >= 0, got %v", o.Timeout)
+	case o.RetryAfter < 0:
+		return fmt.Errorf("flightredis: Options.RetryAfter must be >= 0, got %v", o.RetryAfter)
+	case o.PollInterval < 0:
+		return fmt.Errorf("flightredis: Options.PollInterval must be >= 0, got %v", o.PollInterval)
+	case o.LeaseTTL != 0 && o.LeaseTTL <= loadTimeout(l):
+		return fmt.Errorf("flightredis: Options.LeaseTTL must be longer than the Loader's LoadTimeout (%v), got %v", loadTimeout(l), o.LeaseTTL)
+	case o.HolderTimeout < 0:
+		return fmt.Errorf("flightredis: Options.HolderTimeout must be >= 0, got %v", o.HolderTimeout)
+	}
+	timeout := cmp(o.Timeout, DefaultTimeout)
+	if h := cmp(o.HolderTimeout, DefaultHolderTimeout); h <= timeout {
+		return fmt.Errorf("flightredis: Options.HolderTimeout (%v) must be longer than Options.Timeout (%v)", h, timeout)
+	}
+	return nil
+}
+
+// cmp returns d, or def when d is 0.
+func cmp(d, def time.Duration) time.Duration {
+	if d == 0 {
+		return def
+	}
+	return d
+}
+
+func (o Options[K, V]) withDefaults(loadTimeout time.Duration) Options[K, V] {
+	if o.Prefix == "" {
+		o.Prefix = DefaultPrefix
+	}
+	o.Timeout = cmp(o.Timeout, DefaultTimeout)
+	o.RetryAfter = cmp(o.RetryAfter, DefaultRetryAfter)
+	o.HolderTimeout = cmp(o.HolderTimeout, DefaultHolderTimeout)
+	o.PollInterval = cmp(o.PollInterval, DefaultPollInterval)
+	o.LeaseTTL = cmp(o.LeaseTTL, loadTimeout+max(loadTimeout/2, time.Second))
+	return o
+}
+
+// Close stops the tier's pub/sub subscription and its background work.
+// Call it after [flightcache.Loader.Close]; a Load after Close goes
+// straight to the downstream. Close does not close the Redis client. It is
+// idempotent and always returns nil.
+//
+// NOTE: with Redis hung, Close waits for go-redis to give up setting up the
+// subscription's connection, which only the client's ReadTimeout bounds
+// (about twice ReadTimeout); keep ReadTimeout short (1s).
+func (t *Tier[K, V]) Close() error {
+	t.once.Do(func() {
+		t.closed.Store(true)
+		t.cancel()
+		t.events.stop()
+	})
+	return nil
+}
+
+// down reports whether the tier is stepping aside after a Redis failure.
+func (t *Tier[K, V]) down() bool {
+	u := t.downUntil.Load()
+	return u != 0 && time.Now().UnixNano() < u
+}
+
+// failed records a Redis failure and steps aside for RetryAfter.
+func (t *Tier[K, V]) failed() {
+	t.stats.redisErrors.Add(1)
+	t.downUntil.Store(time.Now().Add(t.opts.RetryAfter).UnixNano())
+}
+
+// op returns the context of one Redis round trip.
+func (t *Tier[K, V]) op(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(ctx, t.opts.Timeout)
+}
+
+// jitter spreads d uniformly over [d/2, 3d/2).
+func jitter(d time.Duration) time.Duration {
+	return time.Duration(float64(d) * (0.5 + rand.Float64()))
+}
+
+// served remembers, per key, the version of the shared entry last handed
+// to this process's Loader. The Loader asks again for a key it holds only
+// to refresh it (stale-while-revalidate, early refresh) or after a local
+// eviction; so a stale entry this process already has is not handed back,
+// and the tier reloads it under the lease instead. Bounded: when full, an
+// arbitrary key is forgotten, which costs at most one Redis round trip.
+type served struct {
+	mu sync.Mutex
+	m  map[string]string // keys.base → entry id; guarded by mu
+}
+
+const maxServed = 1 << 16
+
+func (s *served) init() { s.m = make(map[string]string) }
+
+func (s *served) get(base string) string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.m[base]
+}
+
+func (s *served) put(base, id string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if _, ok := s.m[base]; !ok && len(s.m) >= maxServed {
+		for k := range s.m {
+			delete(s.m, k)
+			break
+		}
+	}
+	s.m[base] = id
+}
+
+func (s *served) drop(base string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	delete(s.m, base)
+}

@@ -1,0 +1,262 @@
+package flightredis
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/flightcache/flightcache"
+)
+
+// downstream is a fake downstream shared by the Loaders of one test: it
+// counts calls, and each call waits on gate (when set) until the test
+// closes it.
+type downstream struct {
+	calls   atomic.Int64
+	gate    chan struct{}
+	started chan struct{} // receives (without blocking) when a call starts
+	delay   time.Duration // how long each call takes
+	mu      sync.Mutex
+	err     error
+}
+
+func newDownstream() *downstream {
+	return &downstream{started: make(chan struct{}, 64)}
+}
+
+func (d *downstream) load(ctx context.Context, key string) (string, error) {
+	n := d.calls.Add(1)
+	select {
+	case d.started <- struct{}{}:
+	default:
+	}
+	if d.gate != nil {
+		select {
+		case <-d.gate:
+		case <-ctx.Done():
+			return "", ctx.Err()
+		}
+	}
+	if d.delay > 0 {
+		time.Sleep(d.delay)
+	}
+	d.mu.Lock()
+	err := d.err
+	d.mu.Unlock()
+	if err != nil {
+		return "", err
+	}
+	return fmt.Sprintf("%s-v%d", key, n), nil
+}
+
+func (d *downstream) fail(err error) {
+	d.mu.Lock()
+	d.err = err
+	d.mu.Unlock()
+}
+
+// proc is one simulated process: a Loader with its own tier and client.
+type proc struct {
+	l *flightcache.Loader[string, string]
+	t *Tier[string, string]
+}
+
+func newProc(t *testing.T, addr, prefix string, lo flightcache.Options[string, string], to Options[string, string], d *downstream) proc {
+	t.Helper()
+	c := newClient(t, addr)
+	to.Prefix = prefix
+	tier, err := New(c, lo, to)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = tier.Close() })
+	lo.Remote = tier
+	l, err := flightcache.New(d.load, lo)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = l.Close() })
+	return proc{l: l, t: tier}
+}
+
+func eventually(t *testing.T, d time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s", d, what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+var ctx = context.Background()
+
+func TestTwoLoadersMakeOneCall(t *testing.T) {
+	addr := redisAddr(t)
+	p := testPrefix(t, newClient(t, addr))
+	d := newDownstream()
+	d.gate = make(chan struct{})
+	lo := flightcache.Options[string, string]{TTL: time.Minute}
+	a := newProc(t, addr, p, lo, Options[string, string]{}, d)
+	b := newProc(t, addr, p, lo, Options[string, string]{}, d)
+
+	var wg sync.WaitGroup
+	results := make(chan string, 20)
+	for _, pr := range []proc{a, b} {
+		for range 10 {
+			wg.Go(func() {
+				v, err := pr.l.Get(ctx, "k")
+				if err != nil {
+					t.Errorf("Get(k) = %v", err)
+				}
+				results <- v
+			})
+		}
+	}
+	<-d.started
+	eventually(t, 10*time.Second, "the second loader to wait on the lease", func() bool {
+		return a.t.Stats().Waits+b.t.Stats().Waits == 1
+	})
+	close(d.gate)
+	wg.Wait()
+	close(results)
+	for v := range results {
+		if v != "k-v1" {
+			t.Errorf("Get(k) = %q; want k-v1", v)
+		}
+	}
+	if n := d.calls.Load(); n != 1 {
+		t.Errorf("downstream calls = %d; want 1", n)
+	}
+	sa, sb := a.t.Stats(), b.t.Stats()
+	if sa.Leases+sb.Leases != 1 || sa.Shared+sb.Shared != 1 {
+		t.Errorf("stats: a %+v, b %+v; want one lease and one shared", sa, sb)
+	}
+}
+
+func TestSharedEntryKeepsItsAge(t *testing.T) {
+	addr := redisAddr(t)
+	p := testPrefix(t, newClient(t, addr))
+	d := newDownstream()
+	lo := flightcache.Options[string, string]{TTL: time.Minute}
+	a := newProc(t, addr, p, lo, Options[string, string]{}, d)
+	b := newProc(t, addr, p, lo, Options[string, string]{}, d)
+
+	if _, err := a.l.Get(ctx, "k"); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(100 * time.Millisecond)
+	v, info, err := b.l.GetInfo(ctx, "k")
+	if err != nil || v != "k-v1" {
+		t.Fatalf("b.Get(k) = %q, %v; want k-v1", v, err)
+	}
+	if info.Age < 100*time.Millisecond {
+		t.Errorf("b.Get(k) age = %v; want >= 100ms (the value was loaded by a)", info.Age)
+	}
+	if n := d.calls.Load(); n != 1 {
+		t.Errorf("downstream calls = %d; want 1", n)
+	}
+	if s := b.t.Stats(); s.Hits != 1 || s.Leases != 0 {
+		t.Errorf("b stats %+v; want 1 hit, no lease", s)
+	}
+}
+
+func TestStaleEntryServedThenRefreshedOnce(t *testing.T) {
+	addr := redisAddr(t)
+	p := testPrefix(t, newClient(t, addr))
+	d := newDownstream()
+	lo := flightcache.Options[string, string]{TTL: 200 * time.Millisecond, StaleWhileRevalidate: time.Minute}
+	a := newProc(t, addr, p, lo, Options[string, string]{}, d)
+	b := newProc(t, addr, p, lo, Options[string, string]{}, d)
+
+	if _, err := a.l.Get(ctx, "k"); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(300 * time.Millisecond) // stale everywhere
+	// b has nothing locally: the stale shared entry is served at once.
+	if v, err := b.l.Get(ctx, "k"); err != nil || v != "k-v1" {
+		t.Fatalf("b.Get(k) = %q, %v; want k-v1 (stale)", v, err)
+	}
+	if n := d.calls.Load(); n != 1 {
+		t.Fatalf("downstream calls = %d; want 1 (stale served without a load)", n)
+	}
+	// b's next Gets see its local copy stale and refresh it: the tier does
+	// not hand the same stale entry back, it takes the lease and reloads.
+	// Both processes then see v2.
+	eventually(t, 10*time.Second, "b's refresh", func() bool {
+		v, _ := b.l.Get(ctx, "k")
+		return v == "k-v2"
+	})
+	// a refreshes too, when its copy is stale: it finds v2 in Redis.
+	eventually(t, 10*time.Second, "a's refresh", func() bool {
+		v, _ := a.l.Get(ctx, "k")
+		return v == "k-v2"
+	})
+	if n := d.calls.Load(); n != 2 {
+		t.Errorf("downstream calls = %d; want 2", n)
+	}
+}
+
+func TestFailureIsSharedWithWaiters(t *testing.T) {
+	addr := redisAddr(t)
+	p := testPrefix(t, newClient(t, addr))
+	d := newDownstream()
+	d.gate = make(chan struct{})
+	d.fail(fmt.Errorf("wrapped: %w", flightcache.ErrNotFound))
+	lo := flightcache.Options[string, string]{TTL: time.Minute, Breaker: flightcache.Breaker{Disabled: true}}
+	a := newProc(t, addr, p, lo, Options[string, string]{}, d)
+	b := newProc(t, addr, p, lo, Options[string, string]{}, d)
+
+	errs := make(chan error, 2)
+	go func() { _, err := a.l.Get(ctx, "k"); errs <- err }()
+	<-d.started
+	go func() { _, err := b.l.Get(ctx, "k"); errs <- err }()
+	eventually(t, 10*time.Second, "b to wait on a's lease", func() bool { return b.t.Stats().Waits == 1 })
+	close(d.gate)
+	for range 2 {
+		if err := <-errs; !errors.Is(err, flightcache.ErrNotFound) {
+			t.Errorf("Get(k) error = %v; want one matching ErrNotFound", err)
+		}
+	}
+	if s := b.t.Stats(); s.PeerErrors != 1 {
+		t.Errorf("b stats %+v; want 1 peer error", s)
+	}
+	if n := d.calls.Load(); n != 1 {
+		t.Errorf("downstream calls = %d; want 1 (the failure is shared)", n)
+	}
+	// Forgotten: the next Get loads again.
+	d.fail(nil)
+	if v, err := b.l.Get(ctx, "k"); err != nil || v != "k-v2" {
+		t.Errorf("b.Get(k) = %q, %v; want k-v2", v, err)
+	}
+}
+
+func TestDeadHolderIsTakenOver(t *testing.T) {
+	addr := redisAddr(t)
+	c := newClient(t, addr)
+	p := testPrefix(t, c)
+	d := newDownstream()
+	lo := flightcache.Options[string, string]{TTL: time.Minute, LoadTimeout: 10 * time.Second}
+	b := newProc(t, addr, p, lo, Options[string, string]{HolderTimeout: 500 * time.Millisecond}, d)
+
+	// A holder that took the lease and died: its lease lives on (LeaseTTL),
+	// its alive key lapses after HolderTimeout.
+	ks := keysFor(p, "k")
+	c.Set(ctx, ks.lease, "dead", time.Minute)
+	c.Set(ctx, ks.alive, "dead", 300*time.Millisecond)
+
+	start := time.Now()
+	v, err := b.l.Get(ctx, "k")
+	if err != nil || v != "k-v1" {
+		t.Fatalf("Get(k) = %q, %v; want k-v1", v, err)
+	}
+	if s := b.t.Stats(); s.Takeovers != 1 || s.Waits != 1 {
+		t.Errorf("stats %+v; want 1 takeover after 1 wait", s)
+	}
+	t.Logf("took over a dead holder's lease in %v", time.Since(start))
+}
