@@ -37,9 +37,10 @@ type call[K comparable, V any] struct {
 	fallback *entry[K, V]
 
 	// Written by finish before done is closed; read-only after.
-	val      V
-	err      error
-	loadedAt time.Duration
+	val        V
+	err        error
+	loadedAt   time.Duration
+	freshUntil time.Duration // when val goes stale
 }
 
 // shard is one in-flight map, singleflight-style.
@@ -229,8 +230,16 @@ func (l *Loader[K, V]) complete(c *call[K, V], key K, h uint64, r loaded[V], loa
 		delete(sh.m, key)
 	}
 	c.val, c.err, c.loadedAt = v, err, loadedAt
+	// Judge values that were never cached by the shortest freshness any
+	// entry can draw, so that no caller's max-stale is stretched by jitter.
+	shortest := jitter(l.opts.TTL, l.opts.Jitter, 1)
+	c.freshUntil = addSat(loadedAt, shortest)
+	if e != nil {
+		c.freshUntil = e.freshUntil
+	}
 	if fb := r.fallback; err != nil && fb != nil {
-		c.fallback = l.newEntry(key, fb.Value, now-max(time.Since(fb.LoadedAt), 0), l.opts.TTL, 0)
+		at := now - max(time.Since(fb.LoadedAt), 0)
+		c.fallback = &entry[K, V]{key: key, val: fb.Value, loadedAt: at, freshUntil: addSat(at, shortest)}
 	}
 	c.finished = true
 	abandoned := c.abandoned

@@ -218,7 +218,7 @@ func (l *Loader[K, V]) GetInfo(ctx context.Context, key K) (V, Info, error) {
 			}
 			return e.val, Info{Source: SourceHit, Age: now - e.loadedAt}, e.err
 		case phaseStale:
-			if acceptsStale(ctx, e, now) {
+			if acceptsStale(ctx, e.freshUntil, now) {
 				s.stale.Add(1)
 				l.stats.release(s)
 				l.refresh(ctx, key, h, e, now)
@@ -233,13 +233,23 @@ func (l *Loader[K, V]) GetInfo(ctx context.Context, key K) (V, Info, error) {
 
 // wait joins (or starts) key's load and waits for it or for ctx.
 func (l *Loader[K, V]) wait(ctx context.Context, key K, h uint64, start time.Duration) (V, Info, error) {
+	return l.waitFor(ctx, key, h, start, false)
+}
+
+// waitFor is wait; again is true on the one retry for a value that was
+// stale beyond the caller's max-stale (the Get was counted already).
+func (l *Loader[K, V]) waitFor(ctx context.Context, key K, h uint64, start time.Duration, again bool) (V, Info, error) {
 	var zero V
 	c, started, hit, err := l.join(ctx, key, h, nil)
 	if hit != nil { // a load finished as this Get looked: no need to wait
-		l.stats.lateHits.Add(1)
+		if !again {
+			l.stats.lateHits.Add(1)
+		}
 		return hit.val, Info{Source: SourceHit, Age: l.now() - hit.loadedAt}, hit.err
 	}
-	l.stats.misses.Add(1)
+	if !again {
+		l.stats.misses.Add(1)
+	}
 	if err != nil {
 		return zero, Info{}, err
 	}
@@ -267,6 +277,12 @@ func (l *Loader[K, V]) wait(ctx context.Context, key K, h uint64, start time.Dur
 		}
 	} else {
 		info.Age = end - c.loadedAt
+		if !again && end >= c.freshUntil && !acceptsStale(ctx, c.freshUntil, end) {
+			// A Remote gave the load a value already stale, and this caller's
+			// max-stale refuses it (the load carried only its starter's
+			// bound): load once more, and this caller's bound goes with it.
+			return l.waitFor(ctx, key, h, start, true)
+		}
 	}
 	if !started {
 		l.stats.shared.Add(1)
@@ -302,7 +318,7 @@ func (l *Loader[K, V]) staleOnError(ctx context.Context, key K, h uint64, c *cal
 		switch p := l.phase(e, now); {
 		case p == phaseExpired:
 			continue
-		case p != phaseFresh && !acceptsStale(ctx, e, now):
+		case p != phaseFresh && !acceptsStale(ctx, e.freshUntil, now):
 			continue
 		}
 		return e.val, now - e.loadedAt, true

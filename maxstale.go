@@ -24,8 +24,9 @@ func MaxStale(ctx context.Context) (d time.Duration, ok bool) {
 	return d, ok
 }
 
-// acceptsStale applies the caller's WithMaxStale, if any, to a stale entry.
-func acceptsStale[K comparable, V any](ctx context.Context, e *entry[K, V], now time.Duration) bool {
+// acceptsStale applies the caller's WithMaxStale, if any, to a value that
+// went stale at freshUntil.
+func acceptsStale(ctx context.Context, freshUntil, now time.Duration) bool {
 	d, ok := MaxStale(ctx)
-	return !ok || (d > 0 && now-e.freshUntil <= d)
+	return !ok || (d > 0 && now-freshUntil <= d)
 }

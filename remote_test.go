@@ -12,6 +12,8 @@ import (
 // fakeRemote is a shared tier in memory: what another process stored, and
 // what this one asked of it.
 type fakeRemote struct {
+	ttl         time.Duration // the Loader's TTL, to honour MaxStale; 0 = ignore it
+	gate        chan struct{} // if set, each Load waits for it
 	mu          sync.Mutex
 	shared      map[string]RemoteValue[string]
 	loads       int
@@ -20,9 +22,15 @@ type fakeRemote struct {
 }
 
 func (r *fakeRemote) Load(ctx context.Context, key string, load func(context.Context) (string, error)) (RemoteValue[string], error) {
+	if r.gate != nil {
+		<-r.gate
+	}
 	r.mu.Lock()
 	rv, ok := r.shared[key]
 	r.mu.Unlock()
+	if d, bounded := MaxStale(ctx); ok && r.ttl > 0 && bounded && (d == 0 || time.Since(rv.LoadedAt)-r.ttl > d) {
+		ok = false // stale beyond the caller's bound: load
+	}
 	if ok && time.Since(rv.LoadedAt) < time.Minute {
 		return rv, nil // another process loaded it less than a minute ago
 	}
@@ -105,6 +113,30 @@ func TestRemoteFallbackCoversAFailedLoad(t *testing.T) {
 		}
 		if _, info, _ := l.GetInfo(t.Context(), "k"); info.Source == SourceHit {
 			t.Errorf("the fallback was cached; it must never be")
+		}
+	})
+}
+
+// A Remote may hand a load a value already stale; a caller that joined
+// that load with a max-stale refusing it loads once more, and its bound
+// reaches the Remote.
+func TestJoinerMaxStaleRefusesAStaleRemoteValue(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		r := &fakeRemote{ttl: 30 * time.Second, gate: make(chan struct{}), shared: map[string]RemoteValue[string]{}}
+		r.shared["k"] = RemoteValue[string]{Value: "stale", LoadedAt: time.Now().Add(-45 * time.Second)}
+		d := &downstream{}
+		l := newLoader(t, d, Options[string, string]{TTL: 30 * time.Second, StaleWhileRevalidate: time.Hour, Remote: r})
+		starter := getAsync(t.Context(), l, "k") // accepts any staleness
+		synctest.Wait()                          // its load waits in the Remote
+		joiner := getAsync(WithMaxStale(t.Context(), 0), l, "k")
+		synctest.Wait() // the joiner waits on the starter's load
+		close(r.gate)
+		if s := <-starter; s.v != "stale" || s.err != nil {
+			t.Fatalf("starter = %q, %v; want the shared stale value", s.v, s.err)
+		}
+		j := <-joiner
+		if j.err != nil || j.v == "stale" {
+			t.Errorf("joiner with max-stale 0 = %q (%v), %v; want a freshly loaded value", j.v, j.info.Source, j.err)
 		}
 	})
 }
