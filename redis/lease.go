@@ -22,7 +22,8 @@ import (
 //	         no lease                                  → take it.
 //	beat     the holder, every HolderTimeout/3: still mine → extend "alive".
 //	write    still mine → replace the entry, drop the lease, publish.
-//	release  still mine → drop the lease, note a shareable failure, publish.
+//	release  still mine → drop the lease, note a shareable failure, publish;
+//	         after a failed load → also return the entry, to cover it.
 //
 // A lease is "SET NX PX LeaseTTL" with a random token; "alive" is a second
 // key with the same token and a PX of HolderTimeout, set with the lease and
@@ -70,12 +71,20 @@ redis.call('PUBLISH', ARGV[9], ARGV[10])
 return 1
 `)
 
+// releaseScript drops the lease if it is still the caller's. With ARGV[6]
+// set it also returns the entry as it is now, whoever holds the lease: the
+// older value a failed load may be covered with, read in the same step, so
+// an Invalidate that ran during the load leaves nothing to cover it.
 var releaseScript = redis.NewScript(`
-if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
-redis.call('DEL', KEYS[1], KEYS[2])
-if ARGV[2] ~= '' then redis.call('SET', KEYS[3], ARGV[2], 'PX', ARGV[3]) end
-redis.call('PUBLISH', ARGV[4], ARGV[5])
-return 1
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  redis.call('DEL', KEYS[1], KEYS[2])
+  if ARGV[2] ~= '' then redis.call('SET', KEYS[3], ARGV[2], 'PX', ARGV[3]) end
+  redis.call('PUBLISH', ARGV[4], ARGV[5])
+end
+if ARGV[6] ~= '' then
+  return redis.call('HMGET', KEYS[4], 'id', 'v', 'at', 'took', 'fresh', 'stale')
+end
+return {}
 `)
 
 var invalidateScript = redis.NewScript(`
@@ -93,10 +102,16 @@ return 1
 var ErrPeerFailed = errors.New("flightredis: the load failed in another process")
 
 // Load implements [flightcache.Remote]: it returns key's shared entry when
-// it is usable under the Loader's freshness rules, waits for the process
-// that is loading key, or takes the lease and calls load itself. When Redis
-// fails or is slow, it calls load (local-only service) and counts it in
-// [Stats]; its error is then always load's.
+// it is usable under the Loader's freshness rules and the caller's
+// [flightcache.MaxStale], waits for the process that is loading key, or
+// takes the lease and calls load itself. When Redis fails or is slow, it
+// calls load (local-only service) and counts it in [Stats]; its error is
+// then always load's.
+//
+// When the load it ran or waited for fails and the shared entry of key is
+// still inside the Loader's StaleIfError window, Load returns that entry
+// with the error, for the Loader to serve as stale-on-error (a not-found is
+// never covered).
 func (t *Tier[K, V]) Load(ctx context.Context, key K, load func(context.Context) (V, error)) (flightcache.RemoteValue[V], error) {
 	if t.closed.Load() || t.down() {
 		return t.local(ctx, load)
@@ -114,7 +129,7 @@ func (t *Tier[K, V]) Load(ctx context.Context, key K, load func(context.Context)
 	e, perr := parseEntry(vals)
 	waited := "" // token of the lease this Load waited on
 	for attempt := 0; ; attempt++ {
-		if perr == nil && e.ok && t.usable(ks, e) {
+		if perr == nil && e.ok && t.usable(ctx, ks, e) {
 			if v, err := t.codec.Unmarshal(e.val); err == nil {
 				return t.hand(ks, e, v, waited != ""), nil
 			}
@@ -137,8 +152,10 @@ func (t *Tier[K, V]) Load(ctx context.Context, key K, load func(context.Context)
 			e, perr = parseEntry(fields)
 			continue
 		case "failed":
+			// The entry is still e (acquire compared the ids): it may
+			// cover the failure.
 			t.stats.peerErrors.Add(1)
-			return flightcache.RemoteValue[V]{}, peerError(res[1])
+			return t.cover(e, peerError(res[1]))
 		case "won", "stolen":
 			if kind == "stolen" {
 				t.stats.takeovers.Add(1)
@@ -167,22 +184,6 @@ func (t *Tier[K, V]) Load(ctx context.Context, key K, load func(context.Context)
 		}
 		timer.Stop()
 	}
-}
-
-// usable reports whether entry e may be handed to the Loader now.
-func (t *Tier[K, V]) usable(ks keys, e entry) bool {
-	now := micros(time.Now())
-	held := t.served.get(ks.base) == e.id
-	switch {
-	case now < e.fresh:
-		// The Loader asks again for a fresh entry it already holds either
-		// to refresh it early (possible only in the second half of its
-		// life) or because it evicted it.
-		return !held || !t.early || now < e.at+t.fresh.Microseconds()/2
-	case now < e.stale:
-		return !held // a stale entry once; then a refresh reloads it
-	}
-	return false
 }
 
 // hand returns a decoded entry to the Loader and remembers it was served.
@@ -214,7 +215,7 @@ func (t *Tier[K, V]) hold(ctx context.Context, ks keys, tok string, load func(co
 	defer func() {
 		if !done {
 			stop()
-			t.release(bg, ks, tok, "")
+			t.release(bg, ks, tok, "", false)
 		}
 	}()
 	start := time.Now()
@@ -223,8 +224,8 @@ func (t *Tier[K, V]) hold(ctx context.Context, ks keys, tok string, load func(co
 	done = true
 	stop()
 	if err != nil {
-		t.release(bg, ks, tok, failure(ctx, tok, err))
-		return flightcache.RemoteValue[V]{}, err
+		want := t.sie > 0 && coverable(err)
+		return t.cover(t.release(bg, ks, tok, failure(ctx, tok, err), want), err)
 	}
 	rv := flightcache.RemoteValue[V]{Value: v, LoadedAt: end, Took: end.Sub(start), Loaded: true}
 	t.write(bg, ks, tok, rv)
@@ -264,7 +265,7 @@ func (t *Tier[K, V]) write(ctx context.Context, ks keys, tok string, rv flightca
 	if err != nil {
 		t.stats.encodeErrors.Add(1)
 		if tok != "" {
-			t.release(ctx, ks, tok, "")
+			t.release(ctx, ks, tok, "", false)
 		}
 		return
 	}
@@ -289,15 +290,24 @@ func (t *Tier[K, V]) write(ctx context.Context, ks keys, tok string, rv flightca
 }
 
 // release drops the lease tok and publishes, so waiters look again. A
-// non-empty fail is left for the waiters of this lease to share.
-func (t *Tier[K, V]) release(ctx context.Context, ks keys, tok, fail string) {
+// non-empty fail is left for the waiters of this lease to share. With want,
+// it returns the key's entry as it is after the release (ok false if there
+// is none, or Redis failed): what may cover the failed load.
+func (t *Tier[K, V]) release(ctx context.Context, ks keys, tok, fail string, want bool) entry {
+	flag := ""
+	if want {
+		flag = "1"
+	}
 	c, cancel := t.op(ctx)
-	err := releaseScript.Run(c, t.rdb, []string{ks.lease, ks.alive, ks.fail},
-		tok, fail, t.failMS, t.channel, ks.base).Err()
+	res, err := releaseScript.Run(c, t.rdb, []string{ks.lease, ks.alive, ks.fail, ks.entry},
+		tok, fail, t.failMS, t.channel, ks.base, flag).Slice()
 	cancel()
 	if err != nil {
 		t.failed()
+		return entry{}
 	}
+	e, _ := parseEntry(res) // an entry that does not parse covers nothing
+	return e
 }
 
 // failure is what a failed load leaves for the processes that waited on it:

@@ -23,6 +23,11 @@ type Stats struct {
 	// PeerErrors counts, of Waits, those answered by the other process's
 	// failure ([ErrPeerFailed]).
 	PeerErrors uint64
+	// StaleOffers counts failed loads (run here, or by the process a Load
+	// waited for) that Load returned with the key's older shared entry,
+	// still inside StaleIfError, for the Loader to serve as stale-on-error
+	// within its window and the caller's max-stale.
+	StaleOffers uint64
 	// Wakeups and Polls count how waits resumed: by a pub/sub message, or
 	// by a poll timer.
 	Wakeups, Polls uint64
@@ -49,7 +54,7 @@ type Stats struct {
 type counters struct {
 	hits, staleHits, leases, takeovers, waits, shared, peerErrors atomic.Uint64
 	wakeups, polls, writesLost, redisErrors, localLoads, skipped  atomic.Uint64
-	decodeErrors, encodeErrors                                    atomic.Uint64
+	decodeErrors, encodeErrors, staleOffers                       atomic.Uint64
 }
 
 // Stats returns the tier's counters. It is safe to call at any time.
@@ -58,7 +63,7 @@ func (t *Tier[K, V]) Stats() Stats {
 	return Stats{
 		Hits: c.hits.Load(), StaleHits: c.staleHits.Load(), Leases: c.leases.Load(),
 		Takeovers: c.takeovers.Load(), Waits: c.waits.Load(), Shared: c.shared.Load(),
-		PeerErrors: c.peerErrors.Load(), Wakeups: c.wakeups.Load(), Polls: c.polls.Load(),
+		PeerErrors: c.peerErrors.Load(), StaleOffers: c.staleOffers.Load(), Wakeups: c.wakeups.Load(), Polls: c.polls.Load(),
 		WritesLost: c.writesLost.Load(), RedisErrors: c.redisErrors.Load(),
 		LocalLoads: c.localLoads.Load(), Skipped: c.skipped.Load(),
 		DecodeErrors: c.decodeErrors.Load(), EncodeErrors: c.encodeErrors.Load(),

@@ -1,0 +1,72 @@
+package flightredis
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/flightcache/flightcache"
+)
+
+// This file holds what the tier decides about a shared entry's age: whether
+// a Load may hand it to the Loader (the Loader's windows, the caller's
+// max-stale, what this process already holds), and whether it may cover a
+// failed load (StaleIfError).
+
+// usable reports whether entry e may be handed to the Loader now, for a
+// load whose context is ctx.
+func (t *Tier[K, V]) usable(ctx context.Context, ks keys, e entry) bool {
+	now := micros(time.Now())
+	held := t.served.get(ks.base) == e.id
+	switch {
+	case now < e.fresh:
+		// The Loader asks again for a fresh entry it already holds either
+		// to refresh it early (possible only in the second half of its
+		// life) or because it evicted it.
+		return !held || !t.early || now < e.at+t.fresh.Microseconds()/2
+	case now < e.stale:
+		// A stale entry once; then a refresh reloads it. The Loader hands
+		// a load's value to its callers as loaded, without judging its
+		// age: a stale entry the caller's max-stale refuses is reloaded.
+		return !held && acceptsStale(ctx, now-e.fresh)
+	}
+	return false
+}
+
+// acceptsStale applies the caller's [flightcache.WithMaxStale], if any, to
+// an entry stale for staleUS microseconds, as the Loader does to its own
+// entries: a bound of 0 accepts no stale value.
+func acceptsStale(ctx context.Context, staleUS int64) bool {
+	d, ok := flightcache.MaxStale(ctx)
+	return !ok || (d > 0 && staleUS <= d.Microseconds())
+}
+
+// cover returns err with, when it may cover the failure, the older value
+// of entry e (see [flightcache.Remote]): e must be inside the Loader's
+// StaleIfError window and decode, and err must not be a not-found (the
+// Loader never covers one) nor mean the Loader closed. Whether the value is
+// served is the Loader's call: its window and each caller's max-stale.
+func (t *Tier[K, V]) cover(e entry, err error) (flightcache.RemoteValue[V], error) {
+	switch {
+	case !coverable(err), t.sie <= 0, !e.ok,
+		micros(time.Now()) >= e.stale+t.sie.Microseconds():
+		return flightcache.RemoteValue[V]{}, err
+	}
+	v, derr := t.codec.Unmarshal(e.val)
+	if derr != nil {
+		t.stats.decodeErrors.Add(1)
+		return flightcache.RemoteValue[V]{}, err
+	}
+	t.stats.staleOffers.Add(1)
+	return flightcache.RemoteValue[V]{
+		Value:    v,
+		LoadedAt: fromMicros(e.at),
+		Took:     time.Duration(e.took) * time.Microsecond,
+	}, err
+}
+
+// coverable reports whether a failed load's error may be covered with an
+// older value: the Loader serves none for a not-found or after Close.
+func coverable(err error) bool {
+	return !errors.Is(err, flightcache.ErrNotFound) && !errors.Is(err, flightcache.ErrClosed)
+}
