@@ -195,14 +195,12 @@ func (l *Loader[K, V]) userBool(f func(error) bool, err error, onPanic bool) (ok
 }
 
 // load runs the LoadFunc for key with retries and the breaker, under ctx.
-func (l *Loader[K, V]) load(ctx context.Context, key K) (v V, attempts int, err error) {
+// It counts the LoadFunc calls it makes in *calls as they start, so that the
+// count survives a call that ends the goroutine.
+func (l *Loader[K, V]) load(ctx context.Context, key K, calls *int) (v V, err error) {
 	if l.opts.Retry.MaxAttempts <= 1 {
-		var called bool
-		v, called, err = l.attempt(ctx, key)
-		if called {
-			attempts = 1
-		}
-		return v, attempts, l.stopped(ctx, err, err)
+		v, err = l.attempt(ctx, key, calls)
+		return v, l.stopped(ctx, err, err)
 	}
 	bo := backoff.NewExponentialBackOff(
 		backoff.WithInitialInterval(l.opts.Retry.InitialInterval),
@@ -212,10 +210,7 @@ func (l *Loader[K, V]) load(ctx context.Context, key K) (v V, attempts int, err 
 	policy := backoff.WithContext(backoff.WithMaxRetries(bo, uint64(l.opts.Retry.MaxAttempts-1)), ctx)
 	var last error
 	v, err = backoff.RetryWithData(func() (V, error) {
-		v, called, err := l.attempt(ctx, key)
-		if called {
-			attempts++
-		}
+		v, err := l.attempt(ctx, key, calls)
 		if err != nil {
 			last = err
 			if !l.retryable(ctx, err) {
@@ -224,10 +219,7 @@ func (l *Loader[K, V]) load(ctx context.Context, key K) (v V, attempts int, err 
 		}
 		return v, err
 	}, policy)
-	if attempts > 1 {
-		l.stats.retries.Add(uint64(attempts - 1))
-	}
-	return v, attempts, l.stopped(ctx, err, last)
+	return v, l.stopped(ctx, err, last)
 }
 
 // stopped explains an error of a load whose context has ended: it keeps the
@@ -246,16 +238,20 @@ func (l *Loader[K, V]) stopped(ctx context.Context, err, last error) error {
 	return err
 }
 
-// attempt makes one downstream call through the breaker. called is false
-// when the breaker refused. A panic in the LoadFunc becomes a *PanicError;
+// attempt makes one downstream call through the breaker, counting it in
+// *calls (and in Stats.Retries past the first) unless the breaker refuses
+// it. A panic in the LoadFunc becomes a *PanicError;
 // a runtime.Goexit is reported to the breaker as a failure and then allowed
 // to end the goroutine (the load goroutine's deferred finish shares
 // errGoexit with the waiters).
-func (l *Loader[K, V]) attempt(ctx context.Context, key K) (v V, called bool, err error) {
+func (l *Loader[K, V]) attempt(ctx context.Context, key K, calls *int) (v V, err error) {
 	done, err := l.allow()
 	if err != nil {
 		l.stats.breakerRejected.Add(1)
-		return v, false, err
+		return v, err
+	}
+	if *calls++; *calls > 1 {
+		l.stats.retries.Add(1)
 	}
 	returned, reported := false, false
 	defer func() {
@@ -274,5 +270,5 @@ func (l *Loader[K, V]) attempt(ctx context.Context, key K) (v V, called bool, er
 	o := l.verdict(ctx, err)
 	reported = true
 	done(o)
-	return v, true, err
+	return v, err
 }

@@ -170,7 +170,7 @@ func (l *Loader[K, V]) run(c *call[K, V], key K, h uint64) {
 	defer c.release()
 	r := loaded[V]{err: errGoexit} // stays if the LoadFunc ends the goroutine
 	defer func() { l.finish(c, key, h, r) }()
-	r = l.fetch(c.ctx, key)
+	l.fetch(c.ctx, key, &r)
 }
 
 // finish stores a load's result (if it still owns its key), hands it to the
@@ -226,7 +226,17 @@ func (l *Loader[K, V]) complete(c *call[K, V], key K, h uint64, r loaded[V], loa
 		}
 		c.queued, c.entry = l.enqueue(h, e, cost), e
 	}
-	if owned && !c.queued {
+	stored := c.queued
+	if c.queued && l.applier.backlogged() {
+		// Backpressure: with many writes waiting for ristretto, apply this
+		// one before waking the waiters, so a storm of misses slows down
+		// instead of piling up values in ristretto's buffer.
+		sh.mu.Unlock()
+		l.cache.Wait()
+		sh.mu.Lock()
+		c.queued = false // applied (a detach in between found it pending)
+	}
+	if sh.m[key] == c && !c.queued {
 		delete(sh.m, key)
 	}
 	c.val, c.err, c.loadedAt = v, err, loadedAt
@@ -265,20 +275,8 @@ func (l *Loader[K, V]) complete(c *call[K, V], key K, h uint64, r loaded[V], loa
 	callers := c.waiters
 	sh.mu.Unlock()
 
-	stored := false
 	if c.queued {
-		// ristretto applies writes from a buffer. Until it has, the finished
-		// call stays in the map: a Get that misses the cache joins it and
-		// takes its result at once instead of loading again (rule 2). The
-		// waiters do not wait for this.
-		l.cache.Wait()
-		sh.mu.Lock()
-		if sh.m[key] == c {
-			delete(sh.m, key)
-			got, ok := l.cache.Get(h)
-			stored = ok && got == e
-		}
-		sh.mu.Unlock()
+		l.applier.add(pendingWrite[K, V]{c: c, key: key, h: h}) // out of the map once applied
 	}
 	l.stats.noteCallers(callers)
 

@@ -22,6 +22,8 @@ func (l *Loader[K, V]) exit() {
 // inside a cache lookup (ristretto's Close must not race its Get or Set).
 func (l *Loader[K, V]) stop() {
 	l.teardown.Do(func() {
+		close(l.applier.stop) // no load is left to add to it
+		<-l.applier.done
 		for !l.stats.quiet() {
 			runtime.Gosched()
 		}

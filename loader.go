@@ -67,6 +67,7 @@ type Loader[K comparable, V any] struct {
 	win     windows
 	cache   *ristretto.Cache[uint64, *entry[K, V]]
 	flights flights[K, V]
+	applier applier[K, V] // takes finished loads out of flights once ristretto applied them
 	breaker CircuitBreaker
 	stats   counters
 	seed    maphash.Seed
@@ -143,6 +144,8 @@ func New[K comparable, V any](load LoadFunc[K, V], opts Options[K, V]) (*Loader[
 	}
 	l.cache = cache
 	l.base, l.cancel = context.WithCancelCause(context.Background())
+	l.applier.init()
+	go l.runApplier()
 	return l, nil
 }
 

@@ -12,6 +12,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"testing/synctest"
 	"time"
 )
 
@@ -351,4 +352,142 @@ func flood(l *Loader[string, string]) (stop func()) {
 		})
 	}
 	return func() { close(done); wg.Wait() }
+}
+
+// LoadEvent.Attempts is "the number of LoadFunc calls the load made", and
+// Stats.Retries counts the calls after a load's first. A call that panics,
+// or ends its goroutine with runtime.Goexit, is a call too; it used to go
+// uncounted, so a load whose only call panicked reported 0 attempts, as if
+// the breaker had refused it.
+func TestAttemptsCountCallsThatPanicOrGoexit(t *testing.T) {
+	cases := []struct {
+		name  string
+		fault func(call int) // called with 1, 2, ... for each LoadFunc call
+		calls int
+	}{
+		{"panic", func(int) { panic("boom") }, 1},
+		{"Goexit", func(int) { runtime.Goexit() }, 1},
+		{"error, then panic", func(n int) {
+			if n == 2 {
+				panic("boom")
+			}
+		}, 2},
+		{"error, then Goexit", func(n int) {
+			if n == 2 {
+				runtime.Goexit()
+			}
+		}, 2},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				calls := 0
+				var events eventLog
+				l, err := New(func(context.Context, string) (string, error) {
+					calls++
+					tc.fault(calls)
+					return "", errBoom // retryable: a second call follows
+				}, Options[string, string]{
+					TTL: time.Minute, OnLoad: events.add,
+					Retry: Retry{MaxAttempts: 3, InitialInterval: time.Millisecond},
+				})
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer l.Close()
+				l.Get(t.Context(), "k")
+				synctest.Wait()
+				evs := events.all()
+				if calls != tc.calls || len(evs) != 1 {
+					t.Fatalf("%d calls, %d LoadEvents; want %d and 1", calls, len(evs), tc.calls)
+				}
+				if evs[0].Attempts != calls {
+					t.Errorf("LoadEvent.Attempts = %d; want %d: every LoadFunc call counts", evs[0].Attempts, calls)
+				}
+				if s := l.Stats(); s.Retries != uint64(calls-1) {
+					t.Errorf("Stats.Retries = %d; want %d", s.Retries, calls-1)
+				}
+			})
+		})
+	}
+}
+
+// A miss storm of distinct keys must hold no more than MaxCost allows,
+// plus what the callers hold (rule 10). Loads used to wake their waiters and
+// then wait, each on its own goroutine holding its value, for ristretto's
+// single writer to apply their writes: callers moving on to new keys
+// outpaced it and thousands of goroutines piled up (with 64 KiB values and
+// MaxCost 100, 6.4 MB, the live heap reached 120-170 MB). One applier now
+// waits for ristretto per batch, and past a backlog a load applies its
+// write before waking its waiters.
+func TestMissStormIsBoundedByMaxCost(t *testing.T) {
+	const (
+		callers   = 32
+		valueSize = 64 << 10
+		maxCost   = 100
+	)
+	dur := 2 * time.Second
+	if testing.Short() {
+		dur = time.Second
+	}
+	l, err := New(func(context.Context, int) ([]byte, error) { return make([]byte, valueSize), nil },
+		Options[int, []byte]{TTL: time.Hour, MaxCost: maxCost})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	runtime.GC()
+	base := runtime.NumGoroutine()
+
+	var peakG, peakInFlight atomic.Int64
+	var peakMem atomic.Uint64
+	stop := make(chan struct{})
+	var sampler sync.WaitGroup
+	sampler.Go(func() {
+		for i := 0; ; i++ {
+			select {
+			case <-stop:
+				return
+			case <-time.After(20 * time.Millisecond):
+			}
+			storeMax(&peakG, int64(runtime.NumGoroutine()))
+			storeMax(&peakInFlight, l.Stats().InFlight)
+			if i%10 == 0 {
+				runtime.GC()
+				var m runtime.MemStats
+				runtime.ReadMemStats(&m)
+				if v := m.HeapAlloc + m.StackInuse; v > peakMem.Load() {
+					peakMem.Store(v)
+				}
+			}
+		}
+	})
+	var next atomic.Int64
+	end := time.Now().Add(dur)
+	var wg sync.WaitGroup
+	for range callers {
+		wg.Go(func() {
+			for time.Now().Before(end) {
+				l.Get(context.Background(), int(next.Add(1)))
+			}
+		})
+	}
+	wg.Wait()
+	close(stop)
+	sampler.Wait()
+
+	// By design: the callers, the sampler, one load per caller waiting and
+	// one per caller finishing; no background refreshes here.
+	maxG := base + 1 + 3*callers + 16
+	maxMem := uint64((maxCost+2*callers)*valueSize) + 48<<20
+	t.Logf("%d Gets in %v: peak goroutines %d (bound %d), peak Stats.InFlight %d, peak live heap+stacks %.0f MB (bound %.0f MB)",
+		next.Load(), dur, peakG.Load(), maxG, peakInFlight.Load(), float64(peakMem.Load())/(1<<20), float64(maxMem)/(1<<20))
+	if int(peakG.Load()) > maxG {
+		t.Errorf("%d goroutines at once with %d callers; want at most %d: finished loads wait on ristretto's write buffer, unbounded",
+			peakG.Load(), callers, maxG)
+	}
+	if peakMem.Load() > maxMem {
+		t.Errorf("live heap and stacks peaked at %.0f MB; want at most %.0f MB with MaxCost %d × %d KiB values and %d callers",
+			float64(peakMem.Load())/(1<<20), float64(maxMem)/(1<<20), maxCost, valueSize>>10, callers)
+	}
 }

@@ -62,32 +62,32 @@ type loaded[V any] struct {
 	fallback *RemoteValue[V] // with err: an older value the Remote offers to cover it
 }
 
-// fetch gets key's value for one load: through the Remote if there is one,
-// else straight down the downstream path.
-func (l *Loader[K, V]) fetch(ctx context.Context, key K) (r loaded[V]) {
+// fetch gets key's value for one load, into r: through the Remote if there
+// is one, else straight down the downstream path. r.attempts counts
+// LoadFunc calls as they start; the other fields are set when fetch
+// returns (a LoadFunc that ends the goroutine leaves them as they were).
+func (l *Loader[K, V]) fetch(ctx context.Context, key K, r *loaded[V]) {
 	start := l.now()
 	if l.opts.Remote == nil {
-		r.val, r.attempts, r.err = l.load(ctx, key)
-		r.took = l.now() - start
-		return r
+		v, err := l.load(ctx, key, &r.attempts)
+		r.val, r.err, r.took = v, err, l.now()-start
+		return
 	}
 	defer func() {
 		if p := recover(); p != nil {
 			l.stats.panics.Add(1)
-			r = loaded[V]{err: &PanicError{Value: p, Stack: debug.Stack()}}
+			*r = loaded[V]{err: &PanicError{Value: p, Stack: debug.Stack()}, attempts: r.attempts}
 		}
 	}()
 	rv, err := l.opts.Remote.Load(ctx, key, func(ctx context.Context) (V, error) {
-		v, n, err := l.load(ctx, key)
-		r.attempts += n
-		return v, err
+		return l.load(ctx, key, &r.attempts)
 	})
 	r.val, r.err = rv.Value, err
 	if err != nil {
 		if !rv.LoadedAt.IsZero() {
 			r.fallback = &rv
 		}
-		return r
+		return
 	}
 	r.remote = !rv.Loaded
 	r.took = rv.Took
@@ -97,7 +97,6 @@ func (l *Loader[K, V]) fetch(ctx context.Context, key K) (r loaded[V]) {
 	if r.took <= 0 && rv.Loaded {
 		r.took = l.now() - start
 	}
-	return r
 }
 
 // remoteSet and remoteInvalidate tell the Remote, if any, about a Set or an

@@ -82,9 +82,11 @@ type LoadEvent[K comparable] struct {
 	// Abandoned is true when the load was cancelled because every waiter
 	// left ([CancelAtZero]).
 	Abandoned bool
-	// Stored is true when the result was written to the cache. It is false
+	// Stored is true when the result was handed to the cache. It is false
 	// for errors (a cached not-found aside), for loads overtaken by
-	// [Loader.Set] or [Loader.Invalidate], and after Close.
+	// [Loader.Set] or [Loader.Invalidate], and after Close. ristretto
+	// applies writes asynchronously and may still refuse one under memory
+	// pressure, which Stats.SetsRejected counts.
 	Stored bool
 	// Remote is true when the value came from [Options.Remote], loaded by
 	// another process: no downstream call was made here.
