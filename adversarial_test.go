@@ -3,7 +3,10 @@ package flightcache
 import (
 	"context"
 	"encoding/binary"
+	"errors"
 	"fmt"
+	"math/rand/v2"
+	"reflect"
 	"runtime"
 	"slices"
 	"strings"
@@ -12,6 +15,8 @@ import (
 	"testing"
 	"testing/synctest"
 	"time"
+
+	"go.uber.org/goleak"
 )
 
 // Values whose Cost exceeds MaxCost reach their callers but are never
@@ -210,5 +215,347 @@ func TestManyDistinctKeysKeepTheHeapBounded(t *testing.T) {
 	}
 	if s.InFlight != 0 || s.Waiting != 0 {
 		t.Errorf("Stats: InFlight %d, Waiting %d after every Get returned; want 0", s.InFlight, s.Waiting)
+	}
+}
+
+// A LoadFunc that returns the zero value with a nil error has loaded a value
+// like any other: Get returns it with a nil error, it is cached, and the
+// next Get is a hit, whatever the zero value is (an empty string, 0, a nil
+// pointer, slice, map or interface, an empty struct), also when Cost says
+// it costs 0. Set of a zero value is cached too.
+func TestZeroValueIsCached(t *testing.T) {
+	t.Run("string", func(t *testing.T) { checkZeroValueIsCached[string](t, nil) })
+	t.Run("string costing 0", func(t *testing.T) {
+		checkZeroValueIsCached(t, func(v string) int64 { return int64(len(v)) })
+	})
+	t.Run("int", func(t *testing.T) { checkZeroValueIsCached[int](t, nil) })
+	t.Run("pointer", func(t *testing.T) { checkZeroValueIsCached[*int](t, nil) })
+	t.Run("slice", func(t *testing.T) { checkZeroValueIsCached[[]byte](t, nil) })
+	t.Run("map", func(t *testing.T) { checkZeroValueIsCached[map[string]int](t, nil) })
+	t.Run("interface", func(t *testing.T) { checkZeroValueIsCached[any](t, nil) })
+	t.Run("struct", func(t *testing.T) { checkZeroValueIsCached[struct{}](t, nil) })
+}
+
+func checkZeroValueIsCached[V any](t *testing.T, cost func(V) int64) {
+	synctest.Test(t, func(t *testing.T) {
+		calls := 0
+		var events eventLog
+		l, err := New(func(context.Context, string) (V, error) {
+			calls++
+			var zero V
+			return zero, nil
+		}, Options[string, V]{TTL: time.Minute, MaxCost: 100, Cost: cost, OnLoad: events.add})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer l.Close()
+		isZero := func(v V) bool { return reflect.ValueOf(&v).Elem().IsZero() }
+		for _, want := range []Source{SourceLoaded, SourceHit} {
+			v, info, err := l.GetInfo(t.Context(), "k")
+			if !isZero(v) || info.Source != want || err != nil {
+				t.Errorf("Get(%q) = %v, %v, %v; want the zero value, %v, nil", "k", v, info.Source, err, want)
+			}
+			synctest.Wait() // the load's write is applied
+		}
+		var zero V
+		l.Set("s", zero)
+		if v, info, err := l.GetInfo(t.Context(), "s"); !isZero(v) || info.Source != SourceHit || err != nil {
+			t.Errorf("Get(%q) after Set of the zero value = %v, %v, %v; want the zero value, hit, nil", "s", v, info.Source, err)
+		}
+		if calls != 1 {
+			t.Errorf("%d downstream calls; want 1: the zero value is cached", calls)
+		}
+		if evs := events.all(); len(evs) != 1 || evs[0].Err != nil || !evs[0].Stored {
+			t.Errorf("LoadEvents = %+v; want one, stored, without an error", evs)
+		}
+		if s := l.Stats(); s.Hits != 2 || s.Misses != 1 || s.Loads != 1 || s.LoadErrors != 0 || s.SetsRejected != 0 {
+			t.Errorf("Stats = %+v; want Hits 2, Misses 1, Loads 1, no LoadErrors, no SetsRejected", s)
+		}
+	})
+}
+
+// Keys are compared exactly however large, and are not costed (Options.Cost
+// says so): 1 MB string keys that differ only in their last byte, with one
+// a prefix of the others and one longer, each load once and are cached,
+// although each key alone is a thousand times MaxCost; Gets of all of them
+// at once, Set and Invalidate of some, and a Hash under which they all
+// collide never mix their values.
+func TestHugeKeys(t *testing.T) {
+	const size = 1 << 20
+	prefix := strings.Repeat("k", size-1)
+	keys := []string{prefix, prefix + "aa"} // a prefix of the others, and a longer key
+	for c := 'a'; c < 'a'+8; c++ {
+		keys = append(keys, prefix+string(c))
+	}
+	// A key's value names its length and its last two bytes: unique here.
+	valueOf := func(k string) string { return fmt.Sprintf("%d:%s", len(k), k[len(k)-2:]) }
+	build := func(t *testing.T, hash func(string) uint64) (*Loader[string, string], func(string) int) {
+		var mu sync.Mutex
+		calls := map[string]int{} // by value: the keys themselves are large
+		l, err := New(func(_ context.Context, k string) (string, error) {
+			mu.Lock()
+			calls[valueOf(k)]++
+			mu.Unlock()
+			return valueOf(k), nil
+		}, Options[string, string]{
+			TTL: time.Hour, MaxCost: 1000, Hash: hash,
+			Cost: func(v string) int64 { return int64(len(v)) }, // values cost ~10; keys cost nothing
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { l.Close() })
+		return l, func(k string) int {
+			mu.Lock()
+			defer mu.Unlock()
+			return calls[valueOf(k)]
+		}
+	}
+	check := func(t *testing.T, l *Loader[string, string], k, want string, src Source) {
+		t.Helper()
+		v, info, err := l.GetInfo(t.Context(), k)
+		if v != want || err != nil || (src != SourceNone && info.Source != src) {
+			t.Errorf("Get(key of %d bytes ending %q) = %q, %v, %v; want %q, %v", len(k), k[len(k)-2:], v, info.Source, err, want, src)
+		}
+	}
+
+	t.Run("default hash", func(t *testing.T) {
+		l, calls := build(t, nil)
+		for _, k := range keys {
+			check(t, l, k, valueOf(k), SourceLoaded)
+		}
+		l.Set("settle", "x") // ristretto has applied every fill
+		for _, k := range keys {
+			check(t, l, k, valueOf(k), SourceHit)
+		}
+		var wg sync.WaitGroup
+		for g := range len(keys) {
+			wg.Go(func() {
+				for i := range 50 {
+					k := keys[(g+i)%len(keys)]
+					if v, err := l.Get(t.Context(), k); v != valueOf(k) || err != nil {
+						t.Errorf("concurrent Get(key of %d bytes ending %q) = %q, %v; want %q", len(k), k[len(k)-2:], v, err, valueOf(k))
+						return
+					}
+				}
+			})
+		}
+		wg.Wait()
+		for _, k := range keys {
+			if n := calls(k); n != 1 {
+				t.Errorf("key of %d bytes ending %q: %d downstream calls; want 1", len(k), k[len(k)-2:], n)
+			}
+		}
+		l.Set(keys[2], "set")
+		l.Invalidate(keys[3])
+		check(t, l, keys[2], "set", SourceHit)
+		check(t, l, keys[3], valueOf(keys[3]), SourceLoaded)
+		for _, k := range append(keys[:2:2], keys[4:]...) { // their neighbours are untouched
+			check(t, l, k, valueOf(k), SourceHit)
+		}
+		if s := l.Stats(); s.SetsRejected != 0 || s.Evicted != 0 {
+			t.Errorf("Stats = %+v; want nothing rejected or evicted: keys are not costed", s)
+		}
+	})
+
+	t.Run("colliding hash", func(t *testing.T) {
+		// Every key has the same hash: they share one cache slot and one
+		// in-flight shard, and only an exact comparison tells them apart.
+		l, _ := build(t, func(k string) uint64 { return uint64(k[0]) })
+		var wg sync.WaitGroup
+		for g := range 2 * len(keys) {
+			wg.Go(func() {
+				for i := range 20 {
+					k := keys[(g+i)%len(keys)]
+					switch i % 7 {
+					case 5:
+						l.Invalidate(k)
+					case 6:
+						l.Set(k, valueOf(k))
+					default:
+						if v, err := l.Get(t.Context(), k); v != valueOf(k) || err != nil {
+							t.Errorf("Get(key of %d bytes ending %q) = %q, %v; want %q", len(k), k[len(k)-2:], v, err, valueOf(k))
+							return
+						}
+					}
+				}
+			})
+		}
+		wg.Wait()
+		for _, k := range keys {
+			check(t, l, k, valueOf(k), SourceNone)
+		}
+	})
+}
+
+// Close racing Gets, Sets and Invalidates from 64 goroutines, round after
+// round and under both policies, with stale windows and early refreshes so
+// background refreshes race it too: nothing panics; every Get returns, with
+// a value of its key, its own context's error, or ErrClosed (an error
+// caused by Close is never covered by a stale value); once Close has
+// returned no load runs or starts and every Get returns ErrClosed; Stats
+// add up; and no goroutine is left behind.
+func TestCloseRacingEverything(t *testing.T) {
+	const (
+		workers = 64
+		keys    = 200
+		rounds  = 8
+	)
+	for round := range rounds {
+		closeRacingRound(t, round, Policy(round%2), workers, keys)
+	}
+	goleak.VerifyNone(t)
+}
+
+func closeRacingRound(t *testing.T, round int, policy Policy, workers, keys int) {
+	var calls, inside, lateCalls atomic.Int64
+	var closeReturned, stop atomic.Bool
+	l, err := New(func(ctx context.Context, k int) (string, error) {
+		calls.Add(1)
+		inside.Add(1)
+		defer inside.Add(-1)
+		if closeReturned.Load() { // entered after Close returned: Close waits for running loads
+			lateCalls.Add(1)
+		}
+		n := calls.Load()
+		d := time.Duration(rand.N(2000)) * time.Microsecond
+		if k%10 == 0 { // ignores its context
+			time.Sleep(d)
+			return fmt.Sprintf("%d#%d", k, n), nil
+		}
+		tm := time.NewTimer(d)
+		defer tm.Stop()
+		select {
+		case <-tm.C:
+			return fmt.Sprintf("%d#%d", k, n), nil
+		case <-ctx.Done():
+			return "", ctx.Err()
+		}
+	}, Options[int, string]{
+		TTL: 10 * time.Millisecond, Jitter: 0.5, StaleWhileRevalidate: 10 * time.Millisecond,
+		StaleIfError: time.Minute, EarlyRefresh: 1, MaxCost: int64(keys), Policy: policy,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	isValueOf := func(k int, v string) bool {
+		return v == fmt.Sprintf("set%d", k) || strings.HasPrefix(v, fmt.Sprintf("%d#", k))
+	}
+
+	var gets, values, ctxErrs, closedErrs, afterClose atomic.Int64
+	var bad atomic.Int64
+	report := func(format string, args ...any) {
+		if bad.Add(1) <= 5 {
+			t.Errorf("round %d (%v): "+format, append([]any{round, policy}, args...)...)
+		}
+	}
+	get := func(rng *rand.Rand, k int) {
+		ctx := context.Background()
+		switch rng.IntN(3) {
+		case 1:
+			c, cancel := context.WithTimeout(ctx, time.Duration(rng.IntN(3000))*time.Microsecond)
+			defer cancel()
+			ctx = c
+		case 2:
+			c, cancel := context.WithCancel(ctx)
+			defer cancel()
+			defer time.AfterFunc(time.Duration(rng.IntN(3000))*time.Microsecond, cancel).Stop()
+			ctx = c
+		}
+		gets.Add(1)
+		v, info, err := l.GetInfo(ctx, k)
+		switch {
+		case err == nil && isValueOf(k, v):
+			values.Add(1)
+			if info.Source == SourceStaleOnError {
+				report("Get(%d) = %q, stale-on-error: only Close failed loads, and its errors are not covered", k, v)
+			}
+		case err == nil:
+			report("Get(%d) = %q; want a value of key %d", k, v, k)
+		case errors.Is(err, ErrClosed):
+			closedErrs.Add(1)
+		case ctx.Err() != nil && err == ctx.Err():
+			ctxErrs.Add(1)
+		default:
+			report("Get(%d) = %v, %v; want a value, the context's error or ErrClosed", k, info.Source, err)
+		}
+	}
+
+	var wg sync.WaitGroup
+	for w := range workers {
+		wg.Go(func() {
+			rng := rand.New(rand.NewPCG(uint64(round), uint64(w)))
+			for !stop.Load() {
+				k := rng.IntN(keys)
+				switch p := rng.IntN(100); {
+				case p < 5:
+					l.Set(k, fmt.Sprintf("set%d", k))
+				case p < 10:
+					l.Invalidate(k)
+				default:
+					get(rng, k)
+				}
+			}
+			for !closeReturned.Load() {
+				time.Sleep(time.Millisecond)
+			}
+			// Close has returned: Gets are refused, Set and Invalidate do nothing.
+			l.Set(0, "set0")
+			l.Invalidate(1)
+			gets.Add(1)
+			if v, info, err := l.GetInfo(context.Background(), rng.IntN(keys)); !errors.Is(err, ErrClosed) || info.Source != SourceNone {
+				report("Get after Close returned = %q, %v, %v; want ErrClosed", v, info.Source, err)
+			}
+			afterClose.Add(1)
+			closedErrs.Add(1)
+		})
+	}
+
+	time.Sleep(time.Duration(5+rand.N(30)) * time.Millisecond)
+	var closers sync.WaitGroup
+	for range 3 { // Close is idempotent; every Close from outside waits for everything
+		closers.Go(func() {
+			if err := l.Close(); err != nil {
+				report("Close = %v", err)
+			}
+		})
+	}
+	closed := make(chan struct{})
+	go func() { closers.Wait(); close(closed) }()
+	start := time.Now()
+	select {
+	case <-closed: // the workers kept going until Close returned
+	case <-time.After(10 * time.Second):
+		report("Close did not return within 10s while %d goroutines kept calling the Loader (see TestCloseStarvedByGets)", workers)
+		stop.Store(true)
+		<-closed
+	}
+	closeTook := time.Since(start)
+	stop.Store(true)
+	closeReturned.Store(true)
+	if n, s := inside.Load(), l.Stats(); n != 0 || s.InFlight != 0 {
+		report("Close returned with %d LoadFuncs running, Stats.InFlight %d", n, s.InFlight)
+	}
+	waitOrDump(t, &wg, 30*time.Second, fmt.Sprintf("round %d: Gets racing Close", round))
+
+	s := l.Stats()
+	if n := lateCalls.Load(); n > 0 {
+		report("%d LoadFunc calls began after Close returned", n)
+	}
+	if s.Gets != uint64(gets.Load()) || s.Gets != s.Hits+s.StaleHits+s.Misses+s.Closed {
+		report("Stats: Gets %d (%d made) != Hits %d + StaleHits %d + Misses %d + Closed %d", s.Gets, gets.Load(), s.Hits, s.StaleHits, s.Misses, s.Closed)
+	}
+	if s.Canceled != uint64(ctxErrs.Load()) {
+		report("Stats.Canceled = %d; %d Gets returned their context's error", s.Canceled, ctxErrs.Load())
+	}
+	if s.Closed < uint64(afterClose.Load()) || s.Closed > uint64(closedErrs.Load()) {
+		report("Stats.Closed = %d; want between the %d Gets after Close returned and the %d that got ErrClosed", s.Closed, afterClose.Load(), closedErrs.Load())
+	}
+	if s.Loads != uint64(calls.Load()) || s.InFlight != 0 || s.Waiting != 0 || s.StaleOnError != 0 || s.Panics != 0 {
+		report("Stats = %+v; want Loads = %d LoadFunc calls, nothing in flight or waiting, no StaleOnError, no Panics", s, calls.Load())
+	}
+	if round == 0 || testing.Verbose() {
+		t.Logf("round %d (%v): Close took %v; %d Gets: %d values, %d context errors, %d ErrClosed; %d loads; Stats %+v",
+			round, policy, closeTook.Round(time.Millisecond), gets.Load(), values.Load(), ctxErrs.Load(), closedErrs.Load(), calls.Load(), s)
 	}
 }

@@ -202,9 +202,15 @@ func (l *Loader[K, V]) GetInfo(ctx context.Context, key K) (V, Info, error) {
 	if l.checkKeys {
 		_ = maphash.Comparable(l.seed, key) // panics here, before any count or lock
 	}
+	if l.closed.Load() {
+		// Refused at the door, off the stripes: Close waits for the stripes
+		// to settle, and a stream of refused Gets must not keep them moving.
+		l.stats.closedEarly.Add(1)
+		return zero, Info{}, ErrClosed
+	}
 	s := l.stats.acquire()
 	s.gets.Add(1)
-	if l.closed.Load() {
+	if l.closed.Load() { // Close began between the two checks
 		s.closed.Add(1)
 		l.stats.release(s)
 		return zero, Info{}, ErrClosed

@@ -13,7 +13,23 @@ import (
 // operations (Gets with and without cancellation, Set, Invalidate, time
 // advancing) and downstream outcomes (success, failure, panic, not-found),
 // run in a synctest bubble against a small reference model of DESIGN.md's
-// rules. Every Get's value, error, Source and Age must match the model.
+// rules. Every Get's value, error, Source and Age must match the model, and
+// so must the downstream call count after every operation and the Stats at
+// the end.
+//
+// The bytes are read in pairs (operation, argument). An input of odd length
+// ends in a configuration byte: its lowest bit selects the Policy (0
+// FinishAndFill, 1 CancelAtZero). Inputs of even length run under
+// FinishAndFill.
+//
+// A Get with a cancelled context that has to wait for a load may leave
+// before the load ends (it gets context.Canceled) or find the result
+// already there (the load goroutine ran first): which one is up to the
+// scheduler. The model follows the branch the Get reports and is exact in
+// both: under FinishAndFill the load fills the cache either way; under
+// CancelAtZero a Get that left abandoned the load (it was the only waiter),
+// so the downstream was called but nothing is stored, and a Get that took
+// the result saw a load that finished and filled the cache as usual.
 
 const (
 	modelTTL      = 4 * time.Second
@@ -52,15 +68,18 @@ type model struct {
 	now     time.Duration
 	calls   int
 	entries map[string]*modelEntry
+	stats   Stats // the counters the Loader's Stats must match at the end
 }
 
 // load applies one downstream call with outcome o, returning its result.
 func (m *model) load(key string, o outcome) (string, error) {
 	m.calls++
+	m.stats.Loads++
 	switch o {
 	case fail:
 		return "", errBoom
 	case panics:
+		m.stats.Panics++
 		return "", &PanicError{}
 	case notFound:
 		m.entries[key] = &modelEntry{notFound: true, loadedAt: m.now}
@@ -78,23 +97,29 @@ func (m *model) get(key string, o outcome) (string, Source, time.Duration, error
 	if e != nil {
 		p = e.phase(m.now)
 	}
+	m.stats.Gets++
 	switch p {
 	case phaseFresh:
+		m.stats.Hits++
 		if e.notFound {
 			return "", SourceHit, m.now - e.loadedAt, ErrNotFound
 		}
 		return e.val, SourceHit, m.now - e.loadedAt, nil
 	case phaseStale:
+		m.stats.StaleHits++
 		v, age := e.val, m.now-e.loadedAt
 		if m.now >= e.refreshAfter {
+			m.stats.Refreshes++
 			if _, err := m.load(key, o); err != nil && !errors.Is(err, ErrNotFound) {
 				e.refreshAfter = m.now + 1 // the backoff delay is 1ns in this model
 			}
 		}
 		return v, SourceStale, age, nil
 	}
+	m.stats.Misses++
 	v, err := m.load(key, o)
 	if err != nil && !errors.Is(err, ErrNotFound) && p == phaseStaleIfError {
+		m.stats.StaleOnError++
 		return e.val, SourceStaleOnError, m.now - e.loadedAt, nil
 	}
 	if err != nil {
@@ -103,7 +128,38 @@ func (m *model) get(key string, o outcome) (string, Source, time.Duration, error
 	return v, SourceLoaded, 0, nil
 }
 
-func runModel(t *testing.T, ops []byte) {
+// left amends a prediction of get for a Get that left with its context's
+// error before the load it waited for ended: it is counted as Canceled, not
+// by how the load ended, and under CancelAtZero the load was abandoned, so
+// key keeps the entry it had before (prev).
+func (m *model) left(key string, prev *modelEntry, o outcome, policy Policy) {
+	m.stats.Canceled++
+	if prev != nil && prev.phase(m.now) == phaseStaleIfError && o != succeed && o != notFound {
+		m.stats.StaleOnError-- // predicted for a Get that stayed
+	}
+	if policy != CancelAtZero {
+		return // FinishAndFill: the load fills the cache as predicted
+	}
+	m.stats.Abandoned++
+	if prev == nil {
+		delete(m.entries, key)
+	} else {
+		m.entries[key] = prev
+	}
+}
+
+// modelInput splits a fuzz input into the Policy (the last byte of an input
+// of odd length) and the operations, at most maxOps pairs of bytes.
+func modelInput(data []byte, maxOps int) (Policy, []byte) {
+	policy := FinishAndFill
+	if len(data)%2 == 1 {
+		policy = Policy(data[len(data)-1] % 2)
+		data = data[:len(data)-1]
+	}
+	return policy, data[:min(len(data), 2*maxOps)]
+}
+
+func runModel(t *testing.T, policy Policy, ops []byte) {
 	synctest.Test(t, func(t *testing.T) {
 		m := &model{entries: map[string]*modelEntry{}}
 		var next outcome
@@ -121,6 +177,7 @@ func runModel(t *testing.T, ops []byte) {
 			return fmt.Sprintf("%s#%d", key, calls), nil
 		}, Options[string, string]{
 			TTL: modelTTL, StaleWhileRevalidate: modelSWR, StaleIfError: modelSIE, NotFoundTTL: modelNotFound,
+			Policy:  policy,
 			Retry:   Retry{InitialInterval: 1, MaxInterval: 1},
 			Breaker: Breaker{Disabled: true},
 		})
@@ -142,11 +199,19 @@ func runModel(t *testing.T, ops []byte) {
 					cancel()
 					ctx = c
 				}
+				prev := m.entries[key]
 				wv, ws, wage, werr := m.get(key, next)
 				v, info, err := l.GetInfo(ctx, key)
 				synctest.Wait() // background refreshes and abandoned loads finish
 				if op == 1 && errors.Is(err, context.Canceled) && ws != SourceHit && ws != SourceStale {
-					break // left before the result: allowed, the load still fills
+					// Left before the result: allowed. The load was called
+					// either way; whether it filled depends on the Policy.
+					if info.Source != SourceNone || v != "" {
+						t.Fatalf("op %d at %v: Get(%q) with a cancelled context = %q, %v, %v; want no value and Source none",
+							i/2, m.now, key, v, info.Source, err)
+					}
+					m.left(key, prev, next, policy)
+					break
 				}
 				var pe *PanicError
 				sameErr := errors.Is(err, werr) || (errors.As(werr, &pe) && errors.As(err, &pe))
@@ -171,8 +236,17 @@ func runModel(t *testing.T, ops []byte) {
 		}
 		synctest.Wait()
 		s := l.Stats()
-		if s.Gets != s.Hits+s.StaleHits+s.Misses+s.Closed || s.InFlight != 0 {
+		if s.Gets != s.Hits+s.StaleHits+s.Misses+s.Closed || s.InFlight != 0 || s.Waiting != 0 {
 			t.Errorf("Stats do not add up: %+v", s)
+		}
+		// Only the counters the model keeps; the others are zero in both.
+		got := Stats{
+			Gets: s.Gets, Hits: s.Hits, StaleHits: s.StaleHits, Misses: s.Misses,
+			StaleOnError: s.StaleOnError, Canceled: s.Canceled, Loads: s.Loads,
+			Refreshes: s.Refreshes, Abandoned: s.Abandoned, Panics: s.Panics,
+		}
+		if got != m.stats {
+			t.Errorf("%v: Stats = %+v;\nmodel says %+v", policy, got, m.stats)
 		}
 	})
 }
@@ -181,10 +255,12 @@ func FuzzModel(f *testing.F) {
 	f.Add([]byte{0, 0, 0, 0, 4, 18, 0, 0, 4, 10, 0, 4, 0, 4})              // load, expire, stale, refresh
 	f.Add([]byte{0, 1, 4, 19, 0, 4, 0, 7, 0, 1, 3, 1, 0, 1})               // failures, stale-if-error
 	f.Add([]byte{0, 11, 0, 11, 4, 5, 0, 2, 2, 2, 0, 2, 1, 0, 4, 19, 1, 6}) // not-found, Set, cancelled Gets
-	f.Fuzz(func(t *testing.T, ops []byte) {
-		if len(ops) > 400 {
-			ops = ops[:400]
-		}
-		runModel(t, ops)
+	// CancelAtZero (odd length, last byte odd): cancelled Gets of a cold
+	// key, of a stale-if-error key whose load fails, then of a not-found.
+	f.Add([]byte{1, 0, 0, 0, 1, 1, 0, 1, 4, 19, 4, 9, 1, 3, 0, 3, 1, 11, 0, 11, 1})
+	f.Add([]byte{0, 0, 4, 19, 4, 8, 1, 1, 1, 4, 0, 4, 1, 2, 2, 2, 1, 8, 4, 3, 1, 7, 1})
+	f.Fuzz(func(t *testing.T, data []byte) {
+		policy, ops := modelInput(data, 200)
+		runModel(t, policy, ops)
 	})
 }

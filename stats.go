@@ -166,6 +166,7 @@ type counters struct {
 	setsDropped, setsRejected, evicted            atomic.Uint64
 	inFlight, refreshing, waiting                 atomic.Int64
 	misses, lateHits                              atomic.Uint64 // of the Gets that passed the lookup: waited (or tried to), or found a fresh result at once
+	closedEarly                                   atomic.Uint64 // Gets refused after Close before touching a stripe
 }
 
 func (c *counters) init() {
@@ -184,7 +185,10 @@ func (c *counters) release(s *stripe) { c.pool.Put(s) }
 
 // quiet reports whether no Get is inside a cache lookup. Read the outcomes
 // before gets: a Get that starts after the read of gets sees the closed flag
-// (set before quiet is called) and never touches the cache.
+// (set before quiet is called) and never touches the cache. Once closed is
+// set, new Gets are refused before they touch a stripe, so only the Gets
+// already past that first check can still move the counters: quiet becomes
+// true in bounded time however many Gets keep arriving.
 func (c *counters) quiet() bool {
 	for i := range c.stripes {
 		s := &c.stripes[i]
@@ -215,6 +219,9 @@ func (c *counters) snapshot() Stats {
 		s.Closed += st.closed.Load()
 		s.Gets += st.gets.Load()
 	}
+	early := c.closedEarly.Load()
+	s.Gets += early
+	s.Closed += early
 	s.Hits += c.lateHits.Load()
 	s.Misses = c.misses.Load()
 	s.StaleOnError = c.staleOnError.Load()
