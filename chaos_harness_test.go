@@ -45,6 +45,7 @@ type chaosObs struct {
 	stamp time.Time // when the value was made: its entry was stamped no earlier
 	at    time.Time // when the harness learned it
 	gen   uint64
+	via   string // "a Get" or "a Set": for failure messages
 }
 
 // chaosInflight is one downstream call running.
@@ -80,7 +81,7 @@ func (k *chaosKey) observe(tok *chaosToken, stamp time.Time) {
 		return
 	}
 	if !k.obs.ok || k.obs.gen != k.gen() || stamp.After(k.obs.stamp) {
-		k.obs = chaosObs{ok: true, stamp: stamp, at: time.Now(), gen: k.gen()}
+		k.obs = chaosObs{ok: true, stamp: stamp, at: time.Now(), gen: k.gen(), via: "a Get"}
 	}
 }
 

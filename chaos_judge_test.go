@@ -121,8 +121,8 @@ func (r *chaosRun) judgeLoadError(k *chaosKey, tok *chaosToken, key int, info In
 		r.n.staleDuringClose.Add(1)
 		return
 	}
-	r.v.add(vErrorDespiteStale, "Get(%d) = %v (%v) at age %v of a value cached %v before the Get began; it stays servable %v",
-		key, err, info.Source, ret.Sub(obs.stamp), tok.begin.Sub(obs.at), chaosMinUse)
+	r.v.add(vErrorDespiteStale, "Get(%d) = %v (%v) at age %v of a value cached (seen by %s) %v before the Get began; it stays servable %v",
+		key, err, info.Source, ret.Sub(obs.stamp), obs.via, tok.begin.Sub(obs.at), chaosMinUse)
 }
 
 func (r *chaosRun) noteOverdue(kind chaosViolation, from, to time.Time, format string, args ...any) {

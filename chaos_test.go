@@ -233,15 +233,20 @@ func (r *chaosRun) set(key int) {
 	r.n.sets.Add(1)
 	k := &r.d.keys[key]
 	k.mu.Lock()
+	alone := k.starts == k.ends // no Invalidate or Set of the key in progress
 	k.starts++
+	mine := k.starts
 	k.mu.Unlock()
 	stamp := time.Now()
 	r.l.Set(key, chaosVal{key: key, stamp: stamp, seq: r.d.seq.Add(1)})
 	storeMax(&r.n.maxWrite, int64(time.Since(stamp)))
 	k.mu.Lock()
 	k.ends++
-	if k.starts == k.ends { // readable when Set returns, and nothing else touched the key
-		k.obs = chaosObs{ok: true, stamp: stamp, at: time.Now(), gen: k.gen()}
+	// Readable when Set returns, if no other Invalidate or Set of the key
+	// overlapped it: one that did may have been ordered after it (an
+	// Invalidate then rightly drops this value), even if it has returned.
+	if alone && k.starts == mine && k.starts == k.ends {
+		k.obs = chaosObs{ok: true, stamp: stamp, at: time.Now(), gen: k.gen(), via: "a Set"}
 	}
 	k.mu.Unlock()
 }

@@ -29,7 +29,9 @@ var ErrLoadTimeout = errors.New("flightcache: load timed out")
 
 // ErrRecursiveLoad is returned when a [LoadFunc], directly or through other
 // loads, calls Get for a key whose load it is part of. Waiting would never
-// end (until LoadTimeout), so the Get fails at once instead.
+// end (until LoadTimeout), so the Get fails at once instead. The load is
+// recognised through its context: a LoadFunc must pass the context it was
+// given (or one derived from it) to the Gets it makes.
 var ErrRecursiveLoad = errors.New("flightcache: Get called from inside the load of the same key")
 
 // errNilContext is returned for a nil context instead of a panic deep inside.

@@ -156,12 +156,13 @@ func (l *Loader[K, V]) leave(key K, h uint64, c *call[K, V]) bool {
 
 // detach removes key's load from the map without stopping it: its waiters
 // still get its result, but it will not write the cache (rule 6). It
-// reports whether the load had already queued a write of key's slot that
-// ristretto may not have applied yet. The caller holds sh.mu.
+// reports whether a write of key may still be in ristretto's buffer: the
+// load's own, or that of a finished load it replaced. The caller holds
+// sh.mu.
 func (sh *shard[K, V]) detach(key K) (pending bool) {
 	c := sh.m[key]
 	delete(sh.m, key)
-	return c != nil && c.queued
+	return c != nil && (c.queued || c.flush)
 }
 
 // run is the goroutine of one load.

@@ -55,6 +55,11 @@ import (
 //
 // NOTE: the value returned is shared by every caller of the load and stored
 // in the cache: treat it as read-only.
+//
+// WARNING: a LoadFunc that calls Get must pass its own ctx (or one derived
+// from it): that is how a Get of a key whose load it is part of is
+// recognised and fails with [ErrRecursiveLoad]. Under an unrelated context
+// such a Get waits on itself until that context ends.
 type LoadFunc[K comparable, V any] func(ctx context.Context, key K) (V, error)
 
 // Loader is a cache-aside loader: a cache in front of a LoadFunc, with one
@@ -376,19 +381,15 @@ func (l *Loader[K, V]) set(key K, value V) bool {
 		return false
 	}
 	e := l.newEntry(key, value, l.now(), l.opts.TTL, 0)
-	sh := l.flights.shard(h)
-	sh.mu.Lock()
-	defer sh.mu.Unlock()
-	sh.detach(key)
-	// Apply every write of this slot still in ristretto's buffer first (all
-	// are queued under this shard lock): ristretto refuses a second new
-	// write of a key it has not applied yet, which would lose this one.
-	l.cache.Wait()
-	if !ok {
+	sh := l.lockSettled(key, h)
+	queued := false
+	if ok {
+		queued = l.enqueue(h, e, cost)
+	} else {
 		l.remove(h, key) // the value cannot be costed: at least drop the old one
-		return true
 	}
-	if l.enqueue(h, e, cost) {
+	sh.mu.Unlock()
+	if queued {
 		l.cache.Wait() // readable when Set returns
 	}
 	return true
@@ -410,18 +411,29 @@ func (l *Loader[K, V]) invalidate(key K) bool {
 	if l.closed.Load() {
 		return false
 	}
-	sh := l.flights.shard(h)
-	sh.mu.Lock()
-	defer sh.mu.Unlock()
-	sh.detach(key)
-	// A finished load's write of this slot may still be in ristretto's
-	// buffer (every write of the slot is queued under this shard lock).
-	// Deleting behind it would leave a moment where the old value is back,
-	// and an update landing in that moment would be deleted too: apply the
-	// pending writes first, then delete.
-	l.cache.Wait()
+	sh := l.lockSettled(key, h)
 	l.remove(h, key)
+	sh.mu.Unlock()
 	return true
+}
+
+// lockSettled detaches key's load, if any, and returns its shard locked
+// with no write of key left in ristretto's buffer. A finished load's write
+// may still be there: deleting behind it would leave a moment where the old
+// value is back (and an update landing then would be deleted too), and a
+// new write behind it would be refused by ristretto. Such writes are applied
+// first, outside the lock, so Gets of the shard's other keys never wait on
+// ristretto.
+func (l *Loader[K, V]) lockSettled(key K, h uint64) *shard[K, V] {
+	sh := l.flights.shard(h)
+	for {
+		sh.mu.Lock()
+		if !sh.detach(key) {
+			return sh
+		}
+		sh.mu.Unlock()
+		l.cache.Wait()
+	}
 }
 
 // enqueue hands e to ristretto, which applies it from a buffer; Wait makes
