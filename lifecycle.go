@@ -3,6 +3,7 @@ package flightcache
 import (
 	"runtime"
 	"strings"
+	"sync/atomic"
 )
 
 // How a Loader shuts down: Close (in loader.go) sets the closed flag, waits
@@ -12,11 +13,25 @@ import (
 // lookup and closes ristretto.
 
 // exit ends a load goroutine; the last one out after Close stops the Loader.
+//
+// "Last" is judged only once Close has drained the joins: before that, a
+// join that passed its closed check may still start a load. Reading the
+// count again after the flag matters too: between this goroutine's
+// decrement and its look at the flag, a join may have started another load
+// and Close may have drained; that load has to end before the Loader stops.
 func (l *Loader[K, V]) exit() {
-	if l.active.Add(-1) == 0 && l.closed.Load() {
+	l.active.Add(-1)
+	if hook := testHookExit.Load(); hook != nil {
+		(*hook)()
+	}
+	if l.drained.Load() && l.active.Load() == 0 {
 		l.stop()
 	}
 }
+
+// testHookExit, when set by a test, runs in exit between the decrement and
+// the check that may stop the Loader.
+var testHookExit atomic.Pointer[func()]
 
 // stop frees the cache once no goroutine of the Loader runs and no Get is
 // inside a cache lookup (ristretto's Close must not race its Get or Set).

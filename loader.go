@@ -87,6 +87,7 @@ type Loader[K comparable, V any] struct {
 
 	closed      atomic.Bool
 	closeMu     sync.RWMutex // Close holds it to wait out everything that starts a load or writes the cache; those hold it shared
+	drained     atomic.Bool  // set by Close once no load can start any more: active only falls from then on
 	active      atomic.Int64 // load goroutines running
 	tearingDown atomic.Bool  // ristretto's own Close evicts everything: do not count it
 	teardown    sync.Once
@@ -490,6 +491,7 @@ func (l *Loader[K, V]) Close() error {
 	if !l.closed.Swap(true) {
 		l.closeMu.Lock() // wait out Sets, Invalidates and joins in progress
 		l.closeMu.Unlock()
+		l.drained.Store(true)
 		l.cancel(ErrClosed)
 		if l.active.Load() == 0 {
 			l.stop()

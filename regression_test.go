@@ -529,3 +529,64 @@ func TestCloseStarvedByGets(t *testing.T) {
 	<-closed
 	t.Logf("Close returned %v after it was called", time.Since(start))
 }
+
+// Close waits for every load. A load goroutine's exit used to read "no load
+// left" and "closed" at two different moments: in between, a Get could start
+// a new load and Close could begin, and the exiting goroutine then stopped
+// the Loader, so Close returned (and freed the cache) while the new load's
+// LoadFunc was still running. testHookExit holds the exiting goroutine in
+// exactly that gap.
+func TestCloseReturnsWhileLoadStartedDuringExit(t *testing.T) {
+	entered := make(chan struct{})
+	release := make(chan struct{})
+	l, err := New(func(ctx context.Context, k string) (string, error) {
+		if k == "b" {
+			close(entered)
+			<-release
+		}
+		return k, nil
+	}, Options[string, string]{TTL: time.Minute, Breaker: Breaker{Disabled: true}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	closeReturned := make(chan struct{})
+	hookDone := make(chan struct{})
+	var once sync.Once
+	hook := func() {
+		once.Do(func() {
+			// The load of "a" has counted itself out and not yet looked
+			// at the closed flag: start another load, then begin Close.
+			wg.Go(func() {
+				if v, err := l.Get(ctx, "b"); err != nil || v != "b" {
+					t.Errorf(`Get("b") = %q, %v; want "b", nil`, v, err)
+				}
+			})
+			<-entered
+			wg.Go(func() {
+				l.Close()
+				close(closeReturned)
+			})
+			for !l.drained.Load() {
+				runtime.Gosched()
+			}
+			close(hookDone)
+		})
+	}
+	testHookExit.Store(&hook)
+	defer testHookExit.Store(nil)
+
+	if v, err := l.Get(ctx, "a"); err != nil || v != "a" {
+		t.Fatalf(`Get("a") = %q, %v; want "a", nil`, v, err)
+	}
+	<-hookDone
+	select {
+	case <-closeReturned:
+		t.Error("Close returned while the load of b was running")
+	case <-time.After(100 * time.Millisecond):
+	}
+	close(release)
+	<-closeReturned
+}
