@@ -383,16 +383,16 @@ func (l *Loader[K, V]) set(key K, value V) bool {
 	}
 	e := l.newEntry(key, value, l.now(), l.opts.TTL, 0)
 	sh := l.lockSettled(key, h)
-	queued := false
-	if ok {
-		queued = l.enqueue(h, e, cost)
-	} else {
+	if !ok {
 		l.remove(h, key) // the value cannot be costed: at least drop the old one
+	} else if l.enqueue(h, e, cost) {
+		// Readable when Set returns, and applied before the shard is
+		// unlocked: another write of key queued while this one is still
+		// in ristretto's buffer would reach it as a second new item, which
+		// its policy refuses, keeping this value instead of the later one.
+		l.cache.Wait()
 	}
 	sh.mu.Unlock()
-	if queued {
-		l.cache.Wait() // readable when Set returns
-	}
 	return true
 }
 
@@ -423,8 +423,8 @@ func (l *Loader[K, V]) invalidate(key K) bool {
 // may still be there: deleting behind it would leave a moment where the old
 // value is back (and an update landing then would be deleted too), and a
 // new write behind it would be refused by ristretto. Such writes are applied
-// first, outside the lock, so Gets of the shard's other keys never wait on
-// ristretto.
+// first, outside the lock, so that a miss on another key of the shard does
+// not wait on ristretto for a load's write.
 func (l *Loader[K, V]) lockSettled(key K, h uint64) *shard[K, V] {
 	sh := l.flights.shard(h)
 	for {

@@ -590,3 +590,38 @@ func TestCloseReturnsWhileLoadStartedDuringExit(t *testing.T) {
 	close(release)
 	<-closeReturned
 }
+
+// Two writes of one key must not both reach ristretto as new items: when the
+// second is queued before the first is applied, ristretto's policy refuses
+// it (counted in SetsRejected) and keeps the first value. Set used to wait
+// for ristretto only after releasing the shard lock, so a concurrent Set of
+// the same key (or a load finishing) could queue its write in that gap: the
+// later write was lost, and a Get after both Sets returned saw the earlier
+// value.
+func TestConcurrentSetsOfOneKeyLoseTheLaterWrite(t *testing.T) {
+	l, err := New(func(ctx context.Context, k int) (int, error) { return -1, nil },
+		Options[int, int]{TTL: time.Hour, MaxCost: 1 << 20, Breaker: Breaker{Disabled: true}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	const rounds = 3000
+	for k := range rounds {
+		start := make(chan struct{})
+		var wg sync.WaitGroup
+		for w := range 2 {
+			wg.Go(func() {
+				<-start
+				l.Set(k, 2*k+w)
+			})
+		}
+		close(start)
+		wg.Wait()
+		if v, info, err := l.GetInfo(context.Background(), k); err != nil || info.Source != SourceHit || v/2 != k {
+			t.Fatalf("round %d: Get after both Sets returned = %d, %v, %v; want a hit with a value Set for %d", k, v, info.Source, err, k)
+		}
+	}
+	if s := l.Stats(); s.SetsRejected != 0 || s.SetsDropped != 0 {
+		t.Errorf("%d Sets of %d keys with room for all: SetsRejected %d, SetsDropped %d; want 0, 0", 2*rounds, rounds, s.SetsRejected, s.SetsDropped)
+	}
+}
