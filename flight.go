@@ -23,7 +23,6 @@ type call[K comparable, V any] struct {
 	release    func()
 	background bool         // a refresh nobody waited on when it started
 	from       *entry[K, V] // the entry a background refresh replaces
-	flush      bool         // it replaced a finished call whose write may be unapplied
 
 	// Guarded by the shard's mu.
 	waiters   int          // Gets waiting on the result now, the starter included
@@ -83,16 +82,29 @@ func (l *Loader[K, V]) join(ctx context.Context, key K, h uint64, from *entry[K,
 	now := l.now()
 	sh := l.flights.shard(h)
 	sh.mu.Lock()
-	flush := false
-	if c = sh.m[key]; c != nil && c.finished {
-		if l.phase(c.entry, now) == phaseFresh {
-			sh.mu.Unlock()
-			if background {
-				return nil, false, nil, nil
-			}
-			return nil, false, c.entry, nil
+	for {
+		c = sh.m[key]
+		if c == nil || !c.finished || l.phase(c.entry, now) == phaseFresh {
+			break
 		}
-		flush = true // expired before ristretto applied it: load again, after it
+		// A finished load whose value expired before ristretto applied its
+		// write: apply it, outside the lock, before the call leaves the
+		// map. No write of a key may be left in ristretto's buffer once no
+		// call of the key is in the map: Set and Invalidate rely on that,
+		// and so does the next fill (a second new item of a key is refused).
+		sh.mu.Unlock()
+		l.cache.Wait()
+		sh.mu.Lock()
+		if sh.m[key] == c {
+			delete(sh.m, key)
+		}
+	}
+	if c != nil && c.finished {
+		sh.mu.Unlock()
+		if background {
+			return nil, false, nil, nil
+		}
+		return nil, false, c.entry, nil
 	} else if c != nil {
 		if background {
 			sh.mu.Unlock()
@@ -114,7 +126,7 @@ func (l *Loader[K, V]) join(ctx context.Context, key K, h uint64, from *entry[K,
 		sh.mu.Unlock() // a Set or a load replaced the entry this refresh was for
 		return nil, false, nil, nil
 	}
-	c = &call[K, V]{done: make(chan struct{}), background: background, from: from, flush: flush}
+	c = &call[K, V]{done: make(chan struct{}), background: background, from: from}
 	if background {
 		marker = nil // nothing waits on a refresh: it cannot be part of a cycle
 	}
@@ -152,17 +164,6 @@ func (l *Loader[K, V]) leave(key K, h uint64, c *call[K, V]) bool {
 		c.cancel(errAbandoned)
 	}
 	return true
-}
-
-// detach removes key's load from the map without stopping it: its waiters
-// still get its result, but it will not write the cache (rule 6). It
-// reports whether a write of key may still be in ristretto's buffer: the
-// load's own, or that of a finished load it replaced. The caller holds
-// sh.mu.
-func (sh *shard[K, V]) detach(key K) (pending bool) {
-	c := sh.m[key]
-	delete(sh.m, key)
-	return c != nil && (c.queued || c.flush)
 }
 
 // run is the goroutine of one load.
@@ -222,9 +223,6 @@ func (l *Loader[K, V]) complete(c *call[K, V], key K, h uint64, r loaded[V], loa
 	sh.mu.Lock()
 	owned := sh.m[key] == c
 	if owned && e != nil && !l.closed.Load() {
-		if c.flush {
-			l.cache.Wait() // apply the write of the call this one replaced first
-		}
 		c.queued, c.entry = l.enqueue(h, e, cost), e
 	}
 	stored := c.queued
@@ -235,7 +233,7 @@ func (l *Loader[K, V]) complete(c *call[K, V], key K, h uint64, r loaded[V], loa
 		sh.mu.Unlock()
 		l.cache.Wait()
 		sh.mu.Lock()
-		c.queued = false // applied (a detach in between found it pending)
+		c.queued = false // applied
 	}
 	if sh.m[key] == c && !c.queued {
 		delete(sh.m, key)

@@ -418,22 +418,32 @@ func (l *Loader[K, V]) invalidate(key K) bool {
 	return true
 }
 
-// lockSettled detaches key's load, if any, and returns its shard locked
-// with no write of key left in ristretto's buffer. A finished load's write
-// may still be there: deleting behind it would leave a moment where the old
-// value is back (and an update landing then would be deleted too), and a
-// new write behind it would be refused by ristretto. Such writes are applied
-// first, outside the lock, so that a miss on another key of the shard does
-// not wait on ristretto for a load's write.
+// lockSettled returns key's shard locked, with no call of key in its map
+// and no write of key left in ristretto's buffer. A load in flight is
+// detached: taken out of the map without being stopped, its waiters still
+// get its result, but it will not write the cache (rule 6). A call whose
+// write may still be queued (a finished load, or one applying its own write
+// under backpressure) is waited for first, outside the lock, so that a miss
+// on another key of the shard does not wait on ristretto: deleting behind
+// that write would leave a moment where the old value is back, and a new
+// write behind it would be refused by ristretto. The call stays in the map
+// while ristretto applies it, so no other write of key can slip in between.
 func (l *Loader[K, V]) lockSettled(key K, h uint64) *shard[K, V] {
 	sh := l.flights.shard(h)
 	for {
 		sh.mu.Lock()
-		if !sh.detach(key) {
+		c := sh.m[key]
+		if c == nil || !c.queued {
+			delete(sh.m, key)
 			return sh
 		}
 		sh.mu.Unlock()
 		l.cache.Wait()
+		sh.mu.Lock()
+		if sh.m[key] == c {
+			delete(sh.m, key)
+		}
+		sh.mu.Unlock()
 	}
 }
 

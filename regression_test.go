@@ -117,11 +117,13 @@ func TestInvalidateBehindPendingWriteLosesNextFill(t *testing.T) {
 	t.Logf("%d iterations", iters)
 }
 
-// Variant through join's flush branch: a finished call c1 whose entry is no
-// longer fresh when a Get looks is replaced in the map by c2 while c1's write
-// is still unapplied. Invalidate then detaches c2; it used to find nothing in
-// the store and queue no delete, so c1's write landed afterwards and the
-// invalidated value was served as stale for the whole window.
+// Variant through a finished call c1 whose entry is no longer fresh when a
+// Get looks, while c1's write is still unapplied: the Get starts c2. c2 used
+// to replace c1 in the map at once, carrying a flag that c1's write was
+// pending. Invalidate then found c2 (or, once c2 had failed and left the
+// map, nothing at all), queued no delete behind c1's write, and c1's value
+// landed afterwards and was served as stale for the whole window. Now the
+// Get waits for c1's write to be applied before c1 leaves the map.
 func TestInvalidateMissesFlushReplacedWrite(t *testing.T) {
 	var mu sync.Mutex
 	seen := map[string]bool{}
@@ -157,7 +159,7 @@ func TestInvalidateMissesFlushReplacedWrite(t *testing.T) {
 		if c1 == nil {
 			continue // c1's write already applied: not this interleaving
 		}
-		l.GetInfo(canceled, k) // joins: c1 finished, not fresh -> c2 with flush=true
+		l.GetInfo(canceled, k) // joins: c1 finished, not fresh -> c2
 		l.Invalidate(k)
 		time.Sleep(2 * time.Millisecond)
 		for i := 0; i < 50; i++ {
@@ -166,6 +168,61 @@ func TestInvalidateMissesFlushReplacedWrite(t *testing.T) {
 				found = true
 				break
 			}
+		}
+	}
+	t.Logf("%d iterations", iters)
+}
+
+// The same, with c2 already failed and gone from the map when Invalidate
+// runs: Invalidate then found no call at all and did not wait for c1's
+// write.
+func TestInvalidateAfterReplacingCallFailed(t *testing.T) {
+	var mu sync.Mutex
+	seen := map[string]bool{}
+	load := func(ctx context.Context, k string) (string, error) {
+		if k[0] == 'f' {
+			return k, nil
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		if !seen[k] {
+			seen[k] = true
+			return "old", nil
+		}
+		return "", errBoom
+	}
+	l, err := New(load, Options[string, string]{TTL: 1, StaleWhileRevalidate: time.Minute, MaxCost: 1 << 16, Breaker: Breaker{Disabled: true}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	defer flood(l)()
+	inMap := func(k string) bool {
+		sh := l.flights.shard(l.hash(k))
+		sh.mu.Lock()
+		defer sh.mu.Unlock()
+		return sh.m[k] != nil
+	}
+	deadline := time.Now().Add(1500 * time.Millisecond)
+	iters, found := 0, false
+	for ; time.Now().Before(deadline) && !found; iters++ {
+		k := fmt.Sprintf("k%d", iters)
+		l.Get(context.Background(), k) // "old", already past freshness (TTL 1ns)
+		if !inMap(k) {
+			continue // c1's write already applied: not this interleaving
+		}
+		// c1 is finished and stale: this Get starts c2, which fails at once.
+		if _, _, err := l.GetInfo(context.Background(), k); err == nil {
+			continue // c1's write was applied meanwhile and served stale
+		}
+		for inMap(k) {
+			runtime.Gosched()
+		}
+		l.Invalidate(k)
+		time.Sleep(2 * time.Millisecond)
+		if v, info, err := l.GetInfo(context.Background(), k); err == nil && v == "old" {
+			t.Errorf("iteration %d: %v %q served 2ms+ after Invalidate returned", iters, info.Source, v)
+			found = true
 		}
 	}
 	t.Logf("%d iterations", iters)
