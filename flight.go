@@ -156,7 +156,10 @@ func (l *Loader[K, V]) leave(key K, h uint64, c *call[K, V]) bool {
 		return false
 	}
 	c.waiters--
-	if c.waiters == 0 && !c.background && l.opts.Policy == CancelAtZero {
+	// A queued call has its value already and is applying its write under
+	// backpressure: there is nothing left to cancel, and it must stay in
+	// the map until ristretto has applied that write.
+	if c.waiters == 0 && !c.background && !c.queued && l.opts.Policy == CancelAtZero {
 		if sh.m[key] == c {
 			delete(sh.m, key)
 		}

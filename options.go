@@ -118,7 +118,10 @@ type Options[K comparable, V any] struct {
 	// Hash, if set, replaces the default hash of keys (hash/maphash's
 	// Comparable with a per-Loader seed). Keys are always compared exactly,
 	// so two keys with the same hash never see each other's values; they
-	// only share one cache slot. It runs on the caller's goroutine.
+	// only share one cache slot: a write of one replaces the other, and
+	// while one's write is still being applied by ristretto a write of the
+	// other may be refused (Stats.SetsRejected) and simply not cached. It
+	// runs on the caller's goroutine.
 	//
 	// NOTE: like map keys, keys must be comparable at run time: with an
 	// interface K, a key holding a slice, map or func panics in Get, as it

@@ -682,3 +682,57 @@ func TestConcurrentSetsOfOneKeyLoseTheLaterWrite(t *testing.T) {
 		t.Errorf("%d Sets of %d keys with room for all: SetsRejected %d, SetsDropped %d; want 0, 0", 2*rounds, rounds, s.SetsRejected, s.SetsDropped)
 	}
 }
+
+// Under backpressure a finishing load applies its own write before waking
+// its waiters, and releases the shard lock meanwhile. Its last waiter
+// leaving in that window under CancelAtZero used to take it out of the map
+// as if it could still be cancelled: its write was still in ristretto's
+// buffer with no call of the key in the map, so an Invalidate found nothing
+// to wait for, deleted nothing, and the value landed afterwards.
+func TestLeaveDuringBackpressureLosesInvalidate(t *testing.T) {
+	var mu sync.Mutex
+	loading := map[string]chan struct{}{}
+	l, err := New(func(ctx context.Context, k string) (string, error) {
+		if k[0] == 'f' {
+			return k, nil
+		}
+		mu.Lock()
+		ch := loading[k]
+		mu.Unlock()
+		close(ch) // the test cancels the waiter now, as the value is stored
+		return "v", nil
+	}, Options[string, string]{TTL: time.Minute, MaxCost: 1 << 16, Policy: CancelAtZero, Breaker: Breaker{Disabled: true}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	l.applier.backlog.Add(1 << 30) // every load takes the backpressure path
+	defer l.applier.backlog.Add(-1 << 30)
+	defer flood(l)() // and ristretto's buffer is busy, so the window is wide
+
+	canceled, cancel := context.WithCancel(context.Background())
+	cancel()
+	deadline := time.Now().Add(1500 * time.Millisecond)
+	iters, windows := 0, 0
+	for ; time.Now().Before(deadline); iters++ {
+		k := fmt.Sprintf("k%d", iters)
+		ch := make(chan struct{})
+		mu.Lock()
+		loading[k] = ch
+		mu.Unlock()
+		ctx, cancel := context.WithCancel(context.Background())
+		go func() { <-ch; cancel() }()
+		_, err := l.Get(ctx, k)
+		cancel()
+		if err == nil {
+			continue // the value was delivered first
+		}
+		windows++
+		l.Invalidate(k)
+		time.Sleep(2 * time.Millisecond)
+		if v, info, err := l.GetInfo(canceled, k); err == nil {
+			t.Fatalf("iteration %d: %v %q served 2ms+ after Invalidate returned", iters, info.Source, v)
+		}
+	}
+	t.Logf("%d iterations, %d Gets left before the value was delivered", iters, windows)
+}
