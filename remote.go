@@ -27,6 +27,10 @@ type Remote[K comparable, V any] interface {
 	// to its callers as stale-on-error if it is within the Options'
 	// StaleIfError window and their [MaxStale], and never caches it. So a
 	// process with no local copy is covered by the fleet's.
+	//
+	// load must be called on Load's own goroutine (or waited for) and must
+	// not be called after Load returns: the Loader counts a load as running
+	// until Load returns, and Close waits only for that.
 	Load(ctx context.Context, key K, load func(context.Context) (V, error)) (RemoteValue[V], error)
 	// Set stores a value for key in the shared tier ([Loader.Set]).
 	Set(ctx context.Context, key K, v RemoteValue[V])
