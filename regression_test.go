@@ -22,26 +22,7 @@ import (
 // before the delete, in which a Get that started after Invalidate returned
 // was served the invalidated value.
 func TestInvalidateBehindPendingWriteServesOldValue(t *testing.T) {
-	var mu sync.Mutex
-	seen := map[string]bool{}
-	load := func(ctx context.Context, k string) (string, error) {
-		mu.Lock()
-		defer mu.Unlock()
-		if len(k) > 0 && k[0] == 'f' { // flood keys
-			return k, nil
-		}
-		if !seen[k] {
-			seen[k] = true
-			return "old", nil
-		}
-		return "", errBoom // later loads fail: never cached
-	}
-	l, err := New(load, Options[string, string]{TTL: time.Minute, MaxCost: 1 << 16, Breaker: Breaker{Disabled: true}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-
+	l := oldThenFailing(t, time.Minute)
 	defer flood(l)()
 
 	canceled, cancel := context.WithCancel(context.Background())
@@ -125,25 +106,7 @@ func TestInvalidateBehindPendingWriteLosesNextFill(t *testing.T) {
 // landed afterwards and was served as stale for the whole window. Now the
 // Get waits for c1's write to be applied before c1 leaves the map.
 func TestInvalidateMissesFlushReplacedWrite(t *testing.T) {
-	var mu sync.Mutex
-	seen := map[string]bool{}
-	load := func(ctx context.Context, k string) (string, error) {
-		if k[0] == 'f' {
-			return k, nil
-		}
-		mu.Lock()
-		defer mu.Unlock()
-		if !seen[k] {
-			seen[k] = true
-			return "old", nil
-		}
-		return "", errBoom
-	}
-	l, err := New(load, Options[string, string]{TTL: 1, StaleWhileRevalidate: time.Minute, MaxCost: 1 << 16, Breaker: Breaker{Disabled: true}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
+	l := oldThenFailing(t, 1) // fresh for 1ns, then stale for a minute
 	defer flood(l)()
 	canceled, cancel := context.WithCancel(context.Background())
 	cancel()
@@ -177,25 +140,7 @@ func TestInvalidateMissesFlushReplacedWrite(t *testing.T) {
 // runs: Invalidate then found no call at all and did not wait for c1's
 // write.
 func TestInvalidateAfterReplacingCallFailed(t *testing.T) {
-	var mu sync.Mutex
-	seen := map[string]bool{}
-	load := func(ctx context.Context, k string) (string, error) {
-		if k[0] == 'f' {
-			return k, nil
-		}
-		mu.Lock()
-		defer mu.Unlock()
-		if !seen[k] {
-			seen[k] = true
-			return "old", nil
-		}
-		return "", errBoom
-	}
-	l, err := New(load, Options[string, string]{TTL: 1, StaleWhileRevalidate: time.Minute, MaxCost: 1 << 16, Breaker: Breaker{Disabled: true}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
+	l := oldThenFailing(t, 1) // fresh for 1ns, then stale for a minute
 	defer flood(l)()
 	inMap := func(k string) bool {
 		sh := l.flights.shard(l.hash(k))
@@ -409,6 +354,38 @@ func flood(l *Loader[string, string]) (stop func()) {
 		})
 	}
 	return func() { close(done); wg.Wait() }
+}
+
+// oldThenFailing returns a Loader whose first load of a key returns "old"
+// and every later one fails (so "old" is the only value a key ever has),
+// while flood keys (starting with 'f') load as themselves. With a TTL
+// shorter than a minute, values stay a minute in StaleWhileRevalidate.
+func oldThenFailing(t *testing.T, ttl time.Duration) *Loader[string, string] {
+	t.Helper()
+	var mu sync.Mutex
+	seen := map[string]bool{}
+	load := func(ctx context.Context, k string) (string, error) {
+		if len(k) > 0 && k[0] == 'f' {
+			return k, nil
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		if !seen[k] {
+			seen[k] = true
+			return "old", nil
+		}
+		return "", errBoom
+	}
+	opts := Options[string, string]{TTL: ttl, MaxCost: 1 << 16, Breaker: Breaker{Disabled: true}}
+	if ttl < time.Minute {
+		opts.StaleWhileRevalidate = time.Minute
+	}
+	l, err := New(load, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	return l
 }
 
 // LoadEvent.Attempts is "the number of LoadFunc calls the load made", and
