@@ -115,19 +115,15 @@ func TestInvalidateMissesFlushReplacedWrite(t *testing.T) {
 	for ; time.Now().Before(deadline) && !found; iters++ {
 		k := fmt.Sprintf("k%d", iters)
 		l.Get(context.Background(), k) // "old", entry already past freshness (TTL 1ns)
-		sh := l.flights.shard(l.hash(k))
-		sh.mu.Lock()
-		c1 := sh.m[k]
-		sh.mu.Unlock()
-		if c1 == nil {
+		if !inFlightMap(l, k) {
 			continue // c1's write already applied: not this interleaving
 		}
 		l.GetInfo(canceled, k) // joins: c1 finished, not fresh -> c2
 		l.Invalidate(k)
-		time.Sleep(2 * time.Millisecond)
+		l.cache.Wait() // every write queued before Invalidate returned is applied
 		for i := 0; i < 50; i++ {
 			if v, info, err := l.GetInfo(canceled, k); err == nil && v == "old" {
-				t.Errorf("iteration %d: %v %q served 2ms+ after Invalidate returned", iters, info.Source, v)
+				t.Errorf("iteration %d: %v %q served after Invalidate returned and ristretto applied its buffer", iters, info.Source, v)
 				found = true
 				break
 			}
@@ -142,31 +138,25 @@ func TestInvalidateMissesFlushReplacedWrite(t *testing.T) {
 func TestInvalidateAfterReplacingCallFailed(t *testing.T) {
 	l := oldThenFailing(t, 1) // fresh for 1ns, then stale for a minute
 	defer flood(l)()
-	inMap := func(k string) bool {
-		sh := l.flights.shard(l.hash(k))
-		sh.mu.Lock()
-		defer sh.mu.Unlock()
-		return sh.m[k] != nil
-	}
 	deadline := time.Now().Add(1500 * time.Millisecond)
 	iters, found := 0, false
 	for ; time.Now().Before(deadline) && !found; iters++ {
 		k := fmt.Sprintf("k%d", iters)
 		l.Get(context.Background(), k) // "old", already past freshness (TTL 1ns)
-		if !inMap(k) {
+		if !inFlightMap(l, k) {
 			continue // c1's write already applied: not this interleaving
 		}
 		// c1 is finished and stale: this Get starts c2, which fails at once.
 		if _, _, err := l.GetInfo(context.Background(), k); err == nil {
 			continue // c1's write was applied meanwhile and served stale
 		}
-		for inMap(k) {
+		for inFlightMap(l, k) {
 			runtime.Gosched()
 		}
 		l.Invalidate(k)
-		time.Sleep(2 * time.Millisecond)
+		l.cache.Wait() // every write queued before Invalidate returned is applied
 		if v, info, err := l.GetInfo(context.Background(), k); err == nil && v == "old" {
-			t.Errorf("iteration %d: %v %q served 2ms+ after Invalidate returned", iters, info.Source, v)
+			t.Errorf("iteration %d: %v %q served after Invalidate returned and ristretto applied its buffer", iters, info.Source, v)
 			found = true
 		}
 	}
@@ -354,6 +344,15 @@ func flood(l *Loader[string, string]) (stop func()) {
 		})
 	}
 	return func() { close(done); wg.Wait() }
+}
+
+// inFlightMap reports whether a call of k (running, or finished with its
+// write not yet applied) is in l's in-flight map.
+func inFlightMap(l *Loader[string, string], k string) bool {
+	sh := l.flights.shard(l.hash(k))
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	return sh.m[k] != nil
 }
 
 // oldThenFailing returns a Loader whose first load of a key returns "old"
@@ -706,9 +705,9 @@ func TestLeaveDuringBackpressureLosesInvalidate(t *testing.T) {
 		}
 		windows++
 		l.Invalidate(k)
-		time.Sleep(2 * time.Millisecond)
+		l.cache.Wait() // every write queued before Invalidate returned is applied
 		if v, info, err := l.GetInfo(canceled, k); err == nil {
-			t.Fatalf("iteration %d: %v %q served 2ms+ after Invalidate returned", iters, info.Source, v)
+			t.Fatalf("iteration %d: %v %q served after Invalidate returned and ristretto applied its buffer", iters, info.Source, v)
 		}
 	}
 	t.Logf("%d iterations, %d Gets left before the value was delivered", iters, windows)
