@@ -152,8 +152,8 @@ func TestGoexitInLoadFunc(t *testing.T) {
 		}
 		defer l.Close()
 		for range 2 {
-			if _, err := l.Get(t.Context(), "k"); !errors.Is(err, errGoexit) {
-				t.Fatalf("Get = %v; want errGoexit", err)
+			if _, err := l.Get(t.Context(), "k"); !errors.Is(err, ErrGoexit) {
+				t.Fatalf("Get = %v; want ErrGoexit", err)
 			}
 		}
 		if s := l.Stats(); s.Breaker != BreakerOpen {

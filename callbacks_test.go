@@ -119,8 +119,10 @@ func TestPanicsInUserCallbacksAreContained(t *testing.T) {
 	})
 }
 
-// A Hash that panics propagates to its caller (like a map with an
-// unhashable key) but leaves no Get half-counted: Close still returns.
+// A Hash that panics goes through the user-code guard (docs/design.md,
+// "One guard for user code"): the Get returns a *PanicError, Set and
+// Invalidate of the key do nothing, no Get is left half-counted and Close
+// still returns.
 func TestPanickingHashDoesNotWedgeClose(t *testing.T) {
 	l, err := New(func(_ context.Context, k string) (string, error) { return k, nil },
 		Options[string, string]{TTL: time.Minute, Hash: func(k string) uint64 {
@@ -132,14 +134,15 @@ func TestPanickingHashDoesNotWedgeClose(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	func() {
-		defer func() {
-			if recover() == nil {
-				t.Error("Get with a panicking Hash did not panic")
-			}
-		}()
-		l.Get(t.Context(), "bad")
-	}()
+	var pe *PanicError
+	if _, err := l.Get(t.Context(), "bad"); !errors.As(err, &pe) || pe.Value != "unhashable" {
+		t.Errorf("Get with a panicking Hash = %v; want a *PanicError with the panic value", err)
+	}
+	l.Set("bad", "x")
+	l.Invalidate("bad")
+	if s := l.Stats(); s.Panics != 3 || s.Gets != 0 {
+		t.Errorf("Stats after three calls with a panicking Hash: Panics %d, Gets %d; want 3, 0", s.Panics, s.Gets)
+	}
 	if v, err := l.Get(t.Context(), "ok"); v != "ok" || err != nil {
 		t.Errorf("Get(ok) = %q, %v", v, err)
 	}

@@ -188,10 +188,10 @@ func (d *chaosDownstream) abandoned(key int, ctx context.Context) bool {
 		return false
 	}
 	c := m.call.(*call[int, chaosVal])
-	sh := d.l.flights.shard(d.l.hash(key))
+	sh := d.l.flights.shard(c.h)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
-	return c.abandoned && sh.m[key] != c
+	return c.abandoned && sh.loads[key] != c
 }
 
 // missing reports whether key does not exist downstream: its loads return

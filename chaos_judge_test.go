@@ -90,7 +90,7 @@ func (r *chaosRun) judgeLoadError(k *chaosKey, tok *chaosToken, key int, info In
 	case errors.Is(err, ErrBreakerOpen):
 		r.n.breakerErrs.Add(1)
 	case errors.Is(err, errChaos), errors.Is(err, errChaosOutage), errors.As(err, &pe),
-		errors.Is(err, errGoexit), errors.Is(err, ErrLoadTimeout):
+		errors.Is(err, ErrGoexit), errors.Is(err, ErrLoadTimeout):
 	default:
 		r.v.add(vUnexpected, "Get(%d) = %v (%v)", key, err, info.Source)
 	}

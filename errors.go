@@ -37,23 +37,30 @@ var ErrRecursiveLoad = errors.New("flightcache: Get called from inside the load 
 // errNilContext is returned for a nil context instead of a panic deep inside.
 var errNilContext = errors.New("flightcache: nil context")
 
-// errGoexit is the result shared with waiters when a LoadFunc called
-// runtime.Goexit: the load goroutine ends without a value or an error.
-var errGoexit = errors.New("flightcache: load function called runtime.Goexit")
+// ErrGoexit matches (with [errors.Is]) the error the callers of a load
+// receive when its [LoadFunc] (or a [Remote], or a custom breaker on the load
+// path) called runtime.Goexit, as t.FailNow does: the load goroutine ended
+// without a value or an error. Nothing is cached and the breaker counts a
+// failure.
+var ErrGoexit = errors.New("flightcache: load function called runtime.Goexit")
 
 // PanicError is the error every waiter of a load receives when the
-// [LoadFunc] panicked. The panic is recovered on the load goroutine, so the
-// process keeps running; nothing is cached and the breaker counts a failure.
+// [LoadFunc] (or a [Remote] or custom breaker on the load path) panicked, and
+// the error a Get, Set or Invalidate gets when [Options.Hash] panicked. The
+// panic is recovered, so the process keeps running; nothing is cached and the
+// breaker counts a failure.
 type PanicError struct {
 	// Value is the value passed to panic.
 	Value any
-	// Stack is the stack of the load goroutine at the time of the panic.
+	// Stack is the stack of the goroutine at the time of the panic, without
+	// its "goroutine N [running]:" header (that goroutine may be gone or
+	// doing something else by the time the error is read).
 	Stack []byte
 }
 
 // Error reports the panic value; the stack is in the Stack field.
 func (e *PanicError) Error() string {
-	return fmt.Sprintf("flightcache: load function panicked: %v", e.Value)
+	return fmt.Sprintf("flightcache: user code panicked: %v", e.Value)
 }
 
 // Unwrap returns the panic value if it is an error, so that errors.Is and
@@ -63,4 +70,14 @@ func (e *PanicError) Unwrap() error {
 		return err
 	}
 	return nil
+}
+
+// errorsIsAny reports whether err matches any of targets.
+func errorsIsAny(err error, targets ...error) bool {
+	for _, t := range targets {
+		if errors.Is(err, t) {
+			return true
+		}
+	}
+	return false
 }

@@ -2,60 +2,81 @@ package flightcache
 
 import (
 	"context"
-	"errors"
-	"math/rand/v2"
 	"sync"
 	"time"
 )
 
 // flightShards is the number of independent in-flight maps. A key's shard
 // is chosen by its hash, so keys that share a cache slot (a hash collision)
-// also share a shard lock, and every write of one slot is serialised.
+// also share a shard.
 const flightShards = 64
 
-// call is one load in flight and, once done is closed, its result.
+// flights owns the in-flight state of every key: the load running for it
+// and the write ristretto has not applied yet. Its methods are the only
+// code that reads or edits the shard maps, each under one shard lock, in
+// three steps: work out what to do before locking, commit it under the
+// lock, act (cancel a context, hand a write over, wake nobody else) after
+// unlocking. No user code and no ristretto wait ever runs under a shard
+// lock; the one ristretto call made under it is a lookup (write).
+type flights[K comparable, V any] struct {
+	shards [flightShards]shard[K, V]
+}
+
+// shard is one in-flight map, singleflight-style.
+type shard[K comparable, V any] struct {
+	mu sync.Mutex // guards the maps and the guarded fields of their calls and writes
+	// loads is the load in flight per key. Only the load's own finish, a
+	// detach (Set, Invalidate) or its last waiter leaving under
+	// CancelAtZero takes it out, each only if it still owns the key
+	// (loads[key] == c).
+	loads map[K]*call[K, V]
+	// writes is the write per key that ristretto may not have applied yet.
+	// While a key has one, it is the truth about the key and the cache is
+	// not: a Get that finds nothing usable in the cache looks here.
+	writes map[K]*write[K, V]
+	// detached holds the loads a Set or Invalidate took out of loads while
+	// they ran, so Close can still cancel them.
+	detached map[*call[K, V]]struct{}
+	_        [64 - 8 - 3*8]byte // keep neighbouring shards off one cache line
+}
+
+// call is one load and, once done is closed, its result.
 type call[K comparable, V any] struct {
+	l    *Loader[K, V]
+	key  K
+	h    uint64
 	done chan struct{} // closed by finish once the result fields are set
 
-	// Set before the call is published in a shard map; read-only after.
+	// Set before the call is published in a shard map; read-only after
+	// (ctx and values.deadline: set by the load goroutine before user code).
 	ctx        context.Context
-	cancel     context.CancelCauseFunc
-	release    func()
+	values     loadValues
+	stopTimer  context.CancelFunc
 	background bool         // a refresh nobody waited on when it started
 	from       *entry[K, V] // the entry a background refresh replaces
+	slot       *stripe      // the stripe the load goroutine is counted on (lifecycle)
 
 	// Guarded by the shard's mu.
-	waiters   int          // Gets waiting on the result now, the starter included
-	abandoned bool         // cancelled because every waiter left (CancelAtZero)
-	finished  bool         // the result is set: a leaving waiter takes it instead
-	queued    bool         // finished, its entry in ristretto's write buffer; in the map until applied
-	entry     *entry[K, V] // the entry queued
-
-	// fallback, set with a failed result, is an older value a Remote offered
-	// to cover the failure; never cached.
-	fallback *entry[K, V]
+	cancel    context.CancelCauseFunc // nil until the load goroutine has built ctx
+	cause     error                   // a cancellation asked for before that
+	waiters   int                     // Gets waiting on the result now, the starter included
+	abandoned bool                    // cancelled because every waiter left (CancelAtZero)
+	finished  bool                    // the result is set: a leaving waiter takes it instead
 
 	// Written by finish before done is closed; read-only after.
 	val        V
 	err        error
 	loadedAt   time.Duration
 	freshUntil time.Duration // when val goes stale
-}
+	fallback   *entry[K, V]  // with err: an older value a Remote offered; never cached
 
-// shard is one in-flight map, singleflight-style.
-type shard[K comparable, V any] struct {
-	mu sync.Mutex        // guards m and the guarded fields of its calls
-	m  map[K]*call[K, V] // the load in flight per key; the finishing goroutine deletes its key only if it still owns it (m[key] == c)
-	_  [64 - 8 - 8]byte  // keep neighbouring shards off one cache line
-}
-
-type flights[K comparable, V any] struct {
-	shards [flightShards]shard[K, V]
+	w write[K, V] // the write this load leaves, if it fills the cache (no allocation of its own)
 }
 
 func (f *flights[K, V]) init() {
 	for i := range f.shards {
-		f.shards[i].m = make(map[K]*call[K, V])
+		f.shards[i].loads = make(map[K]*call[K, V])
+		f.shards[i].writes = make(map[K]*write[K, V])
 	}
 }
 
@@ -63,253 +84,215 @@ func (f *flights[K, V]) shard(h uint64) *shard[K, V] {
 	return &f.shards[h%flightShards]
 }
 
-// join makes ctx's caller a waiter of key's load, starting one if none is in
-// flight; started reports whether it did. A background join (a refresh)
-// never waits: it returns a nil call when a load is already in flight.
-//
-// A load that has finished may still be in the map while ristretto applies
-// its write, and a load may have finished between the caller's lookup and
-// now; either way join returns the fresh entry as hit instead of loading
-// twice (rule 2).
-func (l *Loader[K, V]) join(ctx context.Context, key K, h uint64, from *entry[K, V]) (c *call[K, V], started bool, hit *entry[K, V], err error) {
-	background := from != nil
-	marker, _ := ctx.Value(loadKey{}).(*loadMarker) // user code: outside the locks
-	l.closeMu.RLock()
-	defer l.closeMu.RUnlock()
-	if l.closed.Load() {
-		return nil, false, nil, ErrClosed
-	}
-	now := l.now()
+// joined is what join found for a Get that the cache could not answer.
+type joined[K comparable, V any] struct {
+	c       *call[K, V]  // the load to wait for
+	started bool         // this Get started c
+	hit     *entry[K, V] // a fresh value a write left, not yet in the cache
+	err     error        // ErrClosed or ErrRecursiveLoad
+}
+
+// join is the locked lookup of a Get the cache did not answer: a fresh
+// value a write left for key (rule 2: never load twice), else the key's
+// load in flight, which the caller joins, else a new load it starts.
+func (l *Loader[K, V]) join(ctx context.Context, s *stripe, key K, h uint64, now time.Duration) joined[K, V] {
+	marker := markerOf(ctx) // user code (ctx.Value): outside the lock
 	sh := l.flights.shard(h)
 	sh.mu.Lock()
-	for {
-		c = sh.m[key]
-		if c == nil || !c.finished || l.phase(c.entry, now) == phaseFresh {
-			break
-		}
-		// A finished load whose value expired before ristretto applied its
-		// write: apply it, outside the lock, before the call leaves the
-		// map. No write of a key may be left in ristretto's buffer once no
-		// call of the key is in the map: Set and Invalidate rely on that,
-		// and so does the next fill (a second new item of a key is refused).
+	if w := sh.writes[key]; w != nil && w.entry != nil && l.phase(w.entry, now) == phaseFresh {
+		e := w.entry
 		sh.mu.Unlock()
-		l.cache.Wait()
-		sh.mu.Lock()
-		if sh.m[key] == c {
-			delete(sh.m, key)
-		}
+		return joined[K, V]{hit: e}
 	}
-	if c != nil && c.finished {
-		sh.mu.Unlock()
-		if background {
-			return nil, false, nil, nil
-		}
-		return nil, false, c.entry, nil
-	} else if c != nil {
-		if background {
+	if c := sh.loads[key]; c != nil {
+		if marker.waitsOn(c) {
 			sh.mu.Unlock()
-			return nil, false, nil, nil
-		}
-		for m := marker; m != nil; m = m.parent {
-			if m.call == c {
-				sh.mu.Unlock()
-				return nil, false, nil, ErrRecursiveLoad
-			}
+			return joined[K, V]{err: ErrRecursiveLoad}
 		}
 		c.waiters++
 		sh.mu.Unlock()
-		return c, false, nil, nil
-	} else if e, ok := l.cache.Get(h); !background && ok && e.key == key && l.phase(e, now) == phaseFresh {
+		return joined[K, V]{c: c}
+	}
+	if e := l.cached(h, key); e != nil && l.phase(e, now) == phaseFresh {
+		// The writer closed the key's write, its value now in the cache,
+		// between this Get's look at the cache and the lock (a lookup,
+		// not a wait).
 		sh.mu.Unlock()
-		return nil, false, e, nil
-	} else if background && (!ok || e != from) {
-		sh.mu.Unlock() // a Set or a load replaced the entry this refresh was for
-		return nil, false, nil, nil
+		return joined[K, V]{hit: e}
 	}
-	c = &call[K, V]{done: make(chan struct{}), background: background, from: from}
-	if background {
-		marker = nil // nothing waits on a refresh: it cannot be part of a cycle
+	c := l.start(sh, ctx, key, h, marker, nil)
+	sh.mu.Unlock()
+	if c == nil {
+		return joined[K, V]{err: ErrClosed}
 	}
-	c.ctx, c.cancel, c.release = loadContext(ctx, marker, l.base, l.opts.LoadTimeout, c)
-	if !background {
+	l.launch(c, s)
+	return joined[K, V]{c: c, started: true}
+}
+
+// startRefresh starts a background load of key to replace from, unless
+// from has been replaced already or a load of key is in flight. It reports
+// whether it started one.
+func (l *Loader[K, V]) startRefresh(ctx context.Context, s *stripe, key K, h uint64, from *entry[K, V]) bool {
+	sh := l.flights.shard(h)
+	sh.mu.Lock()
+	var c *call[K, V]
+	if !from.gone.Load() && sh.loads[key] == nil {
+		c = l.start(sh, ctx, key, h, nil, from)
+	}
+	sh.mu.Unlock()
+	if c == nil {
+		return false
+	}
+	l.launch(c, s)
+	return true
+}
+
+// start publishes a new load of key in sh, under sh.mu; from is the entry a
+// background refresh replaces (nil for a Get's load). It returns nil after
+// Close: Close sets its flag before it sweeps the shards (cancelAll), so a
+// load is either swept or never started.
+func (l *Loader[K, V]) start(sh *shard[K, V], ctx context.Context, key K, h uint64, marker *loadMarker, from *entry[K, V]) *call[K, V] {
+	if l.closed.Load() {
+		return nil
+	}
+	c := &call[K, V]{l: l, key: key, h: h, done: make(chan struct{}), background: from != nil, from: from}
+	if from == nil {
 		c.waiters = 1
 	}
-	sh.m[key] = c
-	sh.mu.Unlock()
-	// Still under closeMu: Close cannot have started waiting for goroutines.
-	l.active.Add(1)
-	l.stats.inFlight.Add(1)
-	go l.run(c, key, h)
-	return c, true, nil, nil
+	c.values = loadValues{caller: ctx, marker: loadMarker{call: c, parent: marker}}
+	sh.loads[key] = c
+	return c
 }
 
 // leave withdraws a waiter whose context ended. It returns false if the
 // result was already delivered, in which case the caller must take it: it
 // has been counted as one of the load's callers. Under CancelAtZero the
-// last waiter out cancels the load and removes it from the map under the
-// same lock, so no later caller can join the cancelled load.
-func (l *Loader[K, V]) leave(key K, h uint64, c *call[K, V]) bool {
-	sh := l.flights.shard(h)
+// last waiter out takes the load out of the map under the same lock, so no
+// later caller can join the cancelled load, and cancels it after unlocking.
+func (l *Loader[K, V]) leave(c *call[K, V]) bool {
+	sh := l.flights.shard(c.h)
 	sh.mu.Lock()
-	defer sh.mu.Unlock()
 	if c.finished {
+		sh.mu.Unlock()
 		return false
 	}
 	c.waiters--
-	// A queued call has its value already and is applying its write under
-	// backpressure: there is nothing left to cancel, and it must stay in
-	// the map until ristretto has applied that write.
-	if c.waiters == 0 && !c.background && !c.queued && l.opts.Policy == CancelAtZero {
-		if sh.m[key] == c {
-			delete(sh.m, key)
-		}
+	var cancel context.CancelCauseFunc
+	if c.waiters == 0 && !c.background && l.opts.Policy == CancelAtZero {
+		sh.forget(c)
 		c.abandoned = true
-		c.cancel(errAbandoned)
+		cancel = c.cancelLocked(errAbandoned)
+	}
+	sh.mu.Unlock()
+	if cancel != nil {
+		cancel(errAbandoned)
 	}
 	return true
 }
 
-// run is the goroutine of one load.
-func (l *Loader[K, V]) run(c *call[K, V], key K, h uint64) {
-	defer l.exit()
-	defer c.release()
-	r := loaded[V]{err: errGoexit} // stays if the LoadFunc ends the goroutine
-	defer func() { l.finish(c, key, h, r) }()
-	l.fetch(c.ctx, key, &r)
+// forget takes c out of sh's maps, wherever it is. The caller holds sh.mu.
+func (sh *shard[K, V]) forget(c *call[K, V]) {
+	if sh.loads[c.key] == c {
+		delete(sh.loads, c.key)
+	} else {
+		delete(sh.detached, c)
+	}
 }
 
-// finish stores a load's result (if it still owns its key), hands it to the
-// waiters, and reports it. It runs deferred, so it also runs when the
-// LoadFunc called runtime.Goexit.
-func (l *Loader[K, V]) finish(c *call[K, V], key K, h uint64, r loaded[V]) {
-	now := l.now()
-	loadedAt := now - r.age
-	v, err := r.val, r.err
-	var e *entry[K, V]
-	cost := int64(1)
-	switch {
-	case err == nil:
-		e = l.newEntry(key, v, loadedAt, l.opts.TTL, r.took)
-		if l.opts.Cost != nil {
-			// Cost is user code: if it ends the goroutine (runtime.Goexit),
-			// still hand the value to the waiters, uncached.
-			costed := false
-			defer func() {
-				if !costed {
-					l.complete(c, key, h, r, loadedAt, nil, 0)
-				}
-			}()
-			var ok bool
-			if cost, ok = l.costOf(v); !ok {
-				e = nil
-			}
-			costed = true
+// detach takes key's load in flight out of the map without stopping it
+// (rule 6): its waiters still get its result, but it no longer owns the key
+// and will not write the cache. The caller holds sh.mu.
+func (sh *shard[K, V]) detach(key K) {
+	if c := sh.loads[key]; c != nil {
+		delete(sh.loads, key)
+		if sh.detached == nil {
+			sh.detached = make(map[*call[K, V]]struct{})
 		}
-	case l.opts.NotFoundTTL > 0 && errors.Is(err, ErrNotFound):
-		e = l.newEntry(key, v, now, l.opts.NotFoundTTL, 0)
-		e.err = err
+		sh.detached[c] = struct{}{}
 	}
-	l.complete(c, key, h, r, loadedAt, e, cost)
 }
 
-// complete publishes a load's result: it queues e (if not nil and the load
-// still owns its key), wakes the waiters, and reports the load.
-func (l *Loader[K, V]) complete(c *call[K, V], key K, h uint64, r loaded[V], loadedAt time.Duration, e *entry[K, V], cost int64) {
-	now := l.now()
-	v, err := r.val, r.err
-	if err != nil {
-		var zero V
-		v = zero
-	}
+// delivery is what a load delivers to its waiters.
+type delivery[K comparable, V any] struct {
+	val        V
+	err        error
+	loadedAt   time.Duration
+	freshUntil time.Duration
+	fallback   *entry[K, V]
+}
 
+// finish sets c's result: it takes c out of the map and leaves e (if not
+// nil and c still owns its key) as the key's value. It returns how many
+// Gets receive the result, whether e was stored, and the write to hand to
+// the writer, if a new one was opened. The caller then closes c.done.
+func (l *Loader[K, V]) finish(c *call[K, V], r delivery[K, V], e *entry[K, V], cost int64) (callers int, stored bool, opened *write[K, V]) {
+	sh := l.flights.shard(c.h)
+	sh.mu.Lock()
+	owned := sh.loads[c.key] == c
+	sh.forget(c)
+	if owned && e != nil && !l.closed.Load() {
+		opened, stored = l.put(sh, c.key, c.h, e, cost, &c.w), true
+	}
+	c.val, c.err, c.loadedAt, c.freshUntil, c.fallback = r.val, r.err, r.loadedAt, r.freshUntil, r.fallback
+	c.finished = true // from here a leaving waiter takes the result: done is closed soon
+	callers = c.waiters
+	sh.mu.Unlock()
+	return callers, stored, opened
+}
+
+// overwrite makes e (nil: nothing) key's value for Set and Invalidate: the
+// load in flight, if any, is detached, and the write wins over it.
+func (l *Loader[K, V]) overwrite(key K, h uint64, e *entry[K, V], cost int64) *write[K, V] {
 	sh := l.flights.shard(h)
 	sh.mu.Lock()
-	owned := sh.m[key] == c
-	if owned && e != nil && !l.closed.Load() {
-		c.queued, c.entry = l.enqueue(h, e, cost), e
-	}
-	stored := c.queued
-	if c.queued && l.applier.backlogged() {
-		// Backpressure: with many writes waiting for ristretto, apply this
-		// one before waking the waiters, so a storm of misses slows down
-		// instead of piling up values in ristretto's buffer.
-		sh.mu.Unlock()
-		l.cache.Wait()
-		sh.mu.Lock()
-		c.queued = false // applied
-	}
-	if sh.m[key] == c && !c.queued {
-		delete(sh.m, key)
-	}
-	c.val, c.err, c.loadedAt = v, err, loadedAt
-	// Judge values that were never cached by the shortest freshness any
-	// entry can draw, so that no caller's max-stale is stretched by jitter.
-	shortest := jitter(l.opts.TTL, l.opts.Jitter, 1)
-	c.freshUntil = addSat(loadedAt, shortest)
-	if e != nil {
-		c.freshUntil = e.freshUntil
-	}
-	if fb := r.fallback; err != nil && fb != nil {
-		at := now - max(time.Since(fb.LoadedAt), 0)
-		c.fallback = &entry[K, V]{key: key, val: fb.Value, loadedAt: at, freshUntil: addSat(at, shortest)}
-	}
-	c.finished = true
-	abandoned := c.abandoned
-	// Count before the waiters wake, so Stats read after a Get returns
-	// includes the load that answered it.
-	l.stats.inFlight.Add(-1)
-	l.stats.loads.Add(1)
-	if err != nil {
-		l.stats.loadErrors.Add(1)
-	}
-	if abandoned {
-		l.stats.abandoned.Add(1)
-	}
-	if c.background {
-		l.stats.refreshing.Add(-1)
-		if err != nil {
-			n := c.from.refreshFails.Add(1)
-			d := refreshDelay(int(n), l.opts.Retry.InitialInterval, l.opts.Retry.MaxInterval, rand.Float64())
-			c.from.refreshAfter.Store(int64(now + d))
-		}
-	}
-	close(c.done)
-	callers := c.waiters
+	sh.detach(key)
+	w := l.put(sh, key, h, e, cost, nil)
 	sh.mu.Unlock()
+	return w
+}
 
-	if c.queued {
-		l.applier.add(pendingWrite[K, V]{c: c, key: key, h: h}) // out of the map once applied
+// latest returns key's current entry: the one a pending write leaves, or
+// the cached one. Used when a load failed, to find a value to cover it.
+func (l *Loader[K, V]) latest(key K, h uint64) *entry[K, V] {
+	sh := l.flights.shard(h)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	if w := sh.writes[key]; w != nil {
+		return w.entry
 	}
-	l.stats.noteCallers(callers)
+	return l.cached(h, key)
+}
 
-	if l.opts.OnLoad != nil {
-		l.onLoad(LoadEvent[K]{
-			Key: key, Duration: r.took, Err: err, Attempts: r.attempts, Background: c.background,
-			Callers: callers, Abandoned: abandoned, Stored: stored, Remote: r.remote,
-		})
+// cancelAll cancels every load running (in the maps or detached) with
+// cause. Close calls it after setting its flag, so no load starts after a
+// shard has been swept.
+func (l *Loader[K, V]) cancelAll(cause error) {
+	var cancels []context.CancelCauseFunc
+	for i := range l.flights.shards {
+		sh := &l.flights.shards[i]
+		sh.mu.Lock()
+		for _, c := range sh.loads {
+			if cancel := c.cancelLocked(cause); cancel != nil {
+				cancels = append(cancels, cancel)
+			}
+		}
+		for c := range sh.detached {
+			if cancel := c.cancelLocked(cause); cancel != nil {
+				cancels = append(cancels, cancel)
+			}
+		}
+		sh.mu.Unlock()
+	}
+	for _, cancel := range cancels {
+		cancel(cause)
 	}
 }
 
-// costOf calls the user's Cost, turning a panic into ok == false.
-func (l *Loader[K, V]) costOf(v V) (cost int64, ok bool) {
-	if l.opts.Cost == nil {
-		return 1, true
-	}
-	defer func() {
-		if recover() != nil {
-			l.stats.panics.Add(1)
-			cost, ok = 0, false
-		}
-	}()
-	return max(l.opts.Cost(v), 1), true
-}
-
-// onLoad calls the user's OnLoad, recovering a panic.
-func (l *Loader[K, V]) onLoad(ev LoadEvent[K]) {
-	defer func() {
-		if recover() != nil {
-			l.stats.panics.Add(1)
-		}
-	}()
-	l.opts.OnLoad(ev)
+// pending reports whether key has a load in flight or a write not yet
+// applied (for tests).
+func (l *Loader[K, V]) pending(key K) bool {
+	sh := l.flights.shard(l.mustHash(key))
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	return sh.loads[key] != nil || sh.writes[key] != nil
 }

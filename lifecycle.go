@@ -1,58 +1,180 @@
 package flightcache
 
 import (
+	"context"
+	"reflect"
 	"runtime"
-	"strings"
 	"sync/atomic"
 )
 
-// How a Loader shuts down: Close (in loader.go) sets the closed flag, waits
-// out every operation that starts a goroutine or writes the cache, and
-// cancels the loads. The last load goroutine to exit, or Close itself if
-// none runs, then stops the Loader: it waits for Gets still inside a cache
-// lookup and closes ristretto.
-
-// exit ends a load goroutine; the last one out after Close stops the Loader.
+// How a Loader shuts down. One mechanism says "no new work, wait for what
+// runs": the closed flag and the counter stripes (stats.go).
 //
-// "Last" is judged only once Close has drained the joins: before that, a
-// join that passed its closed check may still start a load. Reading the
-// count again after the flag matters too: between this goroutine's
-// decrement and its look at the flag, a join may have started another load
-// and Close may have drained; that load has to end before the Loader stops.
-func (l *Loader[K, V]) exit() {
-	l.active.Add(-1)
-	if hook := testHookExit.Load(); hook != nil {
-		(*hook)()
+//   - Every operation that touches the cache or starts a goroutine enters
+//     on a stripe (a Get counts in gets and leaves through one of its
+//     outcomes; Set, Invalidate, loads and refreshes count in ops and out of
+//     it) and checks the flag after counting itself in: after Close, it
+//     counts itself out at once and does nothing.
+//   - A load goroutine is counted in by the operation that starts it, while
+//     that operation is still inside, so the count cannot reach zero between
+//     the two.
+//   - Close sets the flag, cancels every load (cancelAll), and checks
+//     whether everything has left; after the flag, so does every operation
+//     that leaves. The one that sees all stripes balanced closes idle.
+//   - The writer goroutine, the only code left running, sees idle, closes
+//     ristretto (whose Close must not race its Get or Set) and closes
+//     closeDone. Close and Shutdown wait for closeDone.
+//
+// Close called from user code that runs on a load goroutine (a LoadFunc,
+// OnLoad, Cost, Retryable, IsFailure, a Remote, a custom breaker) cannot
+// wait: its own load keeps the Loader from going idle. It must tell that it
+// runs there, and the only thing that knows is the goroutine's stack: the
+// caller of Close may be any code, passed no context, and Go has no
+// goroutine-local state. So every load goroutine starts in loaderGoroutine,
+// and Close looks for that function in its stack, by address, not by name:
+// a rename cannot break it silently (TestCloseFromLoaderGoroutine checks
+// the lookup both ways). Shutdown(ctx) needs no such look: it waits until
+// ctx ends.
+
+// Close stops the Loader: later Gets return [ErrClosed], Set and Invalidate
+// do nothing, loads and refreshes in flight have their contexts cancelled
+// (their waiters get ErrClosed), and Close waits for every goroutine the
+// Loader started before it frees the cache. It is idempotent and always
+// returns nil.
+//
+// WARNING: Close waits for LoadFuncs to return; one that ignores its
+// context delays Close until it does. [Loader.Shutdown] bounds the wait.
+//
+// NOTE: Close called on a load goroutine (from a LoadFunc, Cost, OnLoad,
+// Retryable, IsFailure, a Remote or a custom breaker) cannot wait for
+// itself: it starts the shutdown and returns at once, and the Loader
+// finishes closing when the last of its loads ends. Close cannot tell which
+// Loader a load goroutine belongs to, so it returns at once too when called
+// from another Loader's callback; a later Close from outside waits.
+func (l *Loader[K, V]) Close() error {
+	l.shutdown()
+	if onLoaderGoroutine() {
+		return nil
 	}
-	if l.drained.Load() && l.active.Load() == 0 {
-		l.stop()
+	<-l.closeDone
+	return nil
+}
+
+// Shutdown is [Loader.Close] that waits at most until ctx ends: it stops the
+// Loader as Close does and returns nil once every goroutine of the Loader
+// has ended, or ctx.Err() if ctx ends first (the Loader then finishes
+// closing in the background). Like Close, it may be called more than once,
+// and concurrently with Close.
+func (l *Loader[K, V]) Shutdown(ctx context.Context) error {
+	l.shutdown()
+	select {
+	case <-l.closeDone:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
 	}
 }
 
-// testHookExit, when set by a test, runs in exit between the decrement and
-// the check that may stop the Loader.
-var testHookExit atomic.Pointer[func()]
-
-// stop frees the cache once no goroutine of the Loader runs and no Get is
-// inside a cache lookup (ristretto's Close must not race its Get or Set).
-func (l *Loader[K, V]) stop() {
-	l.teardown.Do(func() {
-		close(l.applier.stop) // no load is left to add to it
-		<-l.applier.done
-		for !l.stats.quiet() {
-			runtime.Gosched()
-		}
-		l.tearingDown.Store(true)
-		l.cache.Close()
-		close(l.closeDone)
-	})
+// shutdown sets the closed flag, once, and cancels every load.
+func (l *Loader[K, V]) shutdown() {
+	if l.closed.Swap(true) {
+		return
+	}
+	l.stop(ErrClosed) // the context Remote.Set and Remote.Invalidate run under
+	l.cancelAll(ErrClosed)
+	l.checkIdle()
 }
 
-// runFrame is the name prefix of the Loader's load goroutine.
-const runFrame = "github.com/flightcache/flightcache.(*Loader[...]).run"
+// enterGet counts a Get in. It returns false (the Get counted out as
+// closed) after Close.
+func (l *Loader[K, V]) enterGet() (*stripe, bool) {
+	if l.closed.Load() {
+		// Refused at the door, off the stripes: a stream of refused Gets
+		// must not keep Close checking them.
+		l.stats.closedEarly.Add(1)
+		return nil, false
+	}
+	s := l.stats.acquire()
+	s.gets.Add(1)
+	if l.closed.Load() { // Close began between the two checks
+		l.exitGet(s, &s.closed)
+		return nil, false
+	}
+	return s, true
+}
+
+// exitGet counts a Get out through one of its outcome counters.
+func (l *Loader[K, V]) exitGet(s *stripe, outcome *atomic.Uint64) {
+	outcome.Add(1)
+	l.stats.release(s)
+	if l.closed.Load() {
+		l.checkIdle()
+	}
+}
+
+// enterOp counts an operation other than a Get in (Set, Invalidate). It
+// returns false after Close.
+func (l *Loader[K, V]) enterOp() (*stripe, bool) {
+	s := l.stats.acquire()
+	s.opsIn.Add(1)
+	if l.closed.Load() {
+		l.exitOp(s)
+		return nil, false
+	}
+	return s, true
+}
+
+// exitOp counts an operation out.
+func (l *Loader[K, V]) exitOp(s *stripe) {
+	l.exitChild(s)
+	l.stats.release(s)
+}
+
+// exitChild counts out a load goroutine, counted in by launch on the stripe
+// of the operation that started it. Not handing the stripe back to the pool:
+// that operation may hold it still.
+func (l *Loader[K, V]) exitChild(s *stripe) {
+	s.opsOut.Add(1)
+	if l.closed.Load() {
+		l.checkIdle()
+	}
+}
+
+// checkIdle closes idle once the Loader is closed and nothing is inside.
+func (l *Loader[K, V]) checkIdle() {
+	if l.stats.quiet() && l.idleOnce.CompareAndSwap(false, true) {
+		close(l.idle)
+	}
+}
+
+// launch starts c's load goroutine, counting it in on s, the stripe of the
+// operation that starts it, which is still inside: the goroutine is counted
+// in before that operation is counted out, on one stripe, so Close (which
+// reads a stripe's outs before its ins) cannot see both out at once.
+func (l *Loader[K, V]) launch(c *call[K, V], s *stripe) {
+	c.slot = s
+	s.opsIn.Add(1)
+	l.stats.inFlight.Add(1)
+	go loaderGoroutine(c)
+}
+
+// body runs c's load; see loaderGoroutine.
+func (c *call[K, V]) body() {
+	defer c.l.exitChild(c.slot)
+	c.l.run(c)
+}
+
+// loaderGoroutine is the first frame of every load goroutine, so that
+// onLoaderGoroutine can find it.
+//
+//go:noinline
+func loaderGoroutine(b interface{ body() }) { b.body() }
+
+// loaderGoroutinePC is the entry address of loaderGoroutine.
+var loaderGoroutinePC = reflect.ValueOf(loaderGoroutine).Pointer()
 
 // onLoaderGoroutine reports whether the caller runs on a load goroutine of
-// some Loader, found by walking its own stack.
+// some Loader.
 func onLoaderGoroutine() bool {
 	pcs := make([]uintptr, 64)
 	for {
@@ -66,11 +188,19 @@ func onLoaderGoroutine() bool {
 	frames := runtime.CallersFrames(pcs)
 	for {
 		f, more := frames.Next()
-		if f.Function == runFrame || strings.HasPrefix(f.Function, runFrame+".") {
+		if f.Entry == loaderGoroutinePC {
 			return true
 		}
 		if !more {
 			return false
 		}
 	}
+}
+
+// teardown frees the cache; the writer goroutine runs it once the Loader is
+// closed and idle, so nothing else can be inside ristretto.
+func (l *Loader[K, V]) teardown() {
+	l.tearingDown.Store(true)
+	l.cache.Close()
+	close(l.closeDone)
 }

@@ -2,7 +2,6 @@ package flightcache
 
 import (
 	"context"
-	"runtime/debug"
 	"time"
 )
 
@@ -55,64 +54,16 @@ type RemoteValue[V any] struct {
 	Loaded bool
 }
 
-// loaded is what one load produced.
-type loaded[V any] struct {
-	val      V
-	err      error
-	attempts int             // LoadFunc calls made here
-	took     time.Duration   // how long the value took to load, wherever it was
-	age      time.Duration   // how old the value already is (from a Remote)
-	remote   bool            // the value came from the Remote without a load here
-	fallback *RemoteValue[V] // with err: an older value the Remote offers to cover it
-}
-
-// fetch gets key's value for one load, into r: through the Remote if there
-// is one, else straight down the downstream path. r.attempts counts
-// LoadFunc calls as they start; the other fields are set when fetch
-// returns (a LoadFunc that ends the goroutine leaves them as they were).
-func (l *Loader[K, V]) fetch(ctx context.Context, key K, r *loaded[V]) {
-	start := l.now()
-	if l.opts.Remote == nil {
-		v, err := l.load(ctx, key, &r.attempts)
-		r.val, r.err, r.took = v, err, l.now()-start
-		return
-	}
-	defer func() {
-		if p := recover(); p != nil {
-			l.stats.panics.Add(1)
-			*r = loaded[V]{err: &PanicError{Value: p, Stack: debug.Stack()}, attempts: r.attempts}
-		}
-	}()
-	rv, err := l.opts.Remote.Load(ctx, key, func(ctx context.Context) (V, error) {
-		return l.load(ctx, key, &r.attempts)
-	})
-	r.val, r.err = rv.Value, err
-	if err != nil {
-		if !rv.LoadedAt.IsZero() {
-			r.fallback = &rv
-		}
-		return
-	}
-	r.remote = !rv.Loaded
-	r.took = rv.Took
-	if !rv.LoadedAt.IsZero() {
-		r.age = max(time.Since(rv.LoadedAt), 0)
-	}
-	if r.took <= 0 && rv.Loaded {
-		r.took = l.now() - start
-	}
-}
-
 // remoteSet and remoteInvalidate tell the Remote, if any, about a Set or an
 // Invalidate. They run on the caller's goroutine, outside every lock.
 func (l *Loader[K, V]) remoteSet(key K, v V) {
 	if l.opts.Remote != nil {
-		l.opts.Remote.Set(l.base, key, RemoteValue[V]{Value: v, LoadedAt: time.Now()})
+		l.guard(func() { l.opts.Remote.Set(l.ctx, key, RemoteValue[V]{Value: v, LoadedAt: time.Now()}) }, nil)
 	}
 }
 
 func (l *Loader[K, V]) remoteInvalidate(key K) {
 	if l.opts.Remote != nil {
-		l.opts.Remote.Invalidate(l.base, key)
+		l.guard(func() { l.opts.Remote.Invalidate(l.ctx, key) }, nil)
 	}
 }

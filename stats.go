@@ -136,20 +136,22 @@ type Stats struct {
 // never lost, only handed out again later.
 //
 // gets is incremented when a Get starts, and exactly one of the exit
-// counters when it leaves the cache lookup: hits, stale and closed are
-// outcomes; passed means "went on to the in-flight map", where the Get is
-// classified later (a miss, or a late hit). Close waits, per stripe, for
-// the exits to catch up with gets before it closes ristretto.
+// counters when it ends: hits, stale and closed are outcomes; passed means
+// "went on to the in-flight map", where the Get is classified (a miss, or a
+// late hit). The stripes are also how Close knows that nothing runs any
+// more (lifecycle.go).
 type stripe struct {
 	gets   atomic.Uint64
 	hits   atomic.Uint64
 	stale  atomic.Uint64
-	passed atomic.Uint64
+	passed atomic.Uint64 // left after the locked path (a miss, or a late hit: counted apart)
 	closed atomic.Uint64
-	_      [128 - 5*8]byte // one stripe per pair of cache lines
+	opsIn  atomic.Uint64   // Sets, Invalidates and load goroutines counted in (lifecycle.go)
+	opsOut atomic.Uint64   // and out
+	_      [128 - 7*8]byte // one stripe per pair of cache lines
 }
 
-// exits is how many Gets have left the lookup on this stripe.
+// exits is how many Gets have left on this stripe.
 func (s *stripe) exits() uint64 {
 	return s.hits.Load() + s.stale.Load() + s.passed.Load() + s.closed.Load()
 }
@@ -183,16 +185,16 @@ func (c *counters) init() {
 func (c *counters) acquire() *stripe  { return c.pool.Get().(*stripe) }
 func (c *counters) release(s *stripe) { c.pool.Put(s) }
 
-// quiet reports whether no Get is inside a cache lookup. Read the outcomes
-// before gets: a Get that starts after the read of gets sees the closed flag
-// (set before quiet is called) and never touches the cache. Once closed is
-// set, new Gets are refused before they touch a stripe, so only the Gets
-// already past that first check can still move the counters: quiet becomes
-// true in bounded time however many Gets keep arriving.
+// quiet reports whether no operation is inside the Loader. Per stripe, the
+// outs are read before the ins: an operation that counts in after its
+// stripe was read sees the closed flag (set before quiet is called) and
+// does nothing, and a load goroutine is counted in on its starter's stripe
+// before the starter counts out.
 func (c *counters) quiet() bool {
 	for i := range c.stripes {
 		s := &c.stripes[i]
-		if s.exits() != s.gets.Load() {
+		out, opsOut := s.exits(), s.opsOut.Load()
+		if out != s.gets.Load() || opsOut != s.opsIn.Load() {
 			return false
 		}
 	}

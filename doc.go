@@ -1,0 +1,35 @@
+// Package flightcache is a cache-aside loader for an expensive downstream
+// call. When a hot key expires and hundreds of requests miss at once, one
+// load serves them all, so the downstream sees one call instead of hundreds.
+//
+// # Layers
+//
+// A [Loader] answers [Loader.Get] through these layers, outside in:
+//
+//   - a ristretto cache with jittered expiry and stale serving
+//     ([Options.StaleWhileRevalidate], [Options.StaleIfError],
+//     [Options.EarlyRefresh]);
+//   - a single-flight registry: one load per key serves every concurrent
+//     caller, and [Options.Policy] decides what happens when they all leave;
+//   - retries with jittered backoff ([Options.Retry]);
+//   - a circuit breaker ([Options.Breaker]);
+//   - the [LoadFunc], under [Options.LoadTimeout].
+//
+// # Observability
+//
+// [Loader.GetInfo] says where one value came from ([Info]); [Options.OnLoad]
+// reports every load, with how many callers its result reached
+// ([LoadEvent.Callers]: the blast radius of a failure); [Loader.Stats] gives
+// cumulative counters.
+//
+// # Per-call freshness
+//
+// [WithMaxStale] bounds how stale a value one Get accepts, like HTTP's
+// Cache-Control max-stale; WithMaxStale(ctx, 0) demands a fresh value.
+//
+// # Beyond one process
+//
+// [Options.Remote] adds a tier shared by processes (the flightredis module
+// implements one on Redis), and [Breaker.Custom] a breaker whose state they
+// share, so a fleet makes one downstream call per key, not one per process.
+package flightcache

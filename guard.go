@@ -1,0 +1,56 @@
+package flightcache
+
+import (
+	"bytes"
+	"runtime/debug"
+)
+
+// guard is the one way the Loader calls user code: the LoadFunc, Cost,
+// OnLoad, Retry.Retryable, Breaker.IsFailure, Hash, a Remote and a custom
+// breaker all run through it.
+//
+// f runs on the calling goroutine. If it returns, guard returns nil. If it
+// panics, the panic is recovered, counted in Stats.Panics, and returned as a
+// *PanicError. If it calls runtime.Goexit, nothing can stop the goroutine
+// from ending: guard runs onGoexit (if not nil) on the way out, so the
+// caller can leave its state consistent (hand the waiters ErrGoexit, say),
+// and the deferred calls of the goroutine run after it.
+//
+// The two nested defers tell the three endings apart as
+// golang.org/x/sync/singleflight's doCall does: the inner one sees a panic
+// (recover is not nil), the outer one sees neither a return nor a panic,
+// which is a Goexit.
+func (l *Loader[K, V]) guard(f func(), onGoexit func()) (err error) {
+	returned, panicked := false, false
+	defer func() {
+		if !returned && !panicked && onGoexit != nil {
+			onGoexit()
+		}
+	}()
+	func() {
+		defer func() {
+			if returned {
+				return
+			}
+			if r := recover(); r != nil { // since Go 1.21, panic(nil) recovers a *runtime.PanicNilError
+				panicked = true
+				l.stats.panics.Add(1)
+				err = newPanicError(r)
+			}
+		}()
+		f()
+		returned = true
+	}()
+	return err
+}
+
+// newPanicError captures the stack of a recovered panic. The first line of
+// debug.Stack ("goroutine N [running]:") is dropped: by the time a waiter
+// reads the error that goroutine may have ended or moved on.
+func newPanicError(v any) *PanicError {
+	stack := debug.Stack()
+	if i := bytes.IndexByte(stack, '\n'); i >= 0 {
+		stack = stack[i+1:]
+	}
+	return &PanicError{Value: v, Stack: stack}
+}

@@ -1,0 +1,134 @@
+package flightcache
+
+import (
+	"errors"
+	"math/rand/v2"
+	"time"
+)
+
+// run is the body of one load goroutine: fetch the value, then deliver it.
+// complete runs deferred, so the waiters get ErrGoexit when the LoadFunc
+// (or a Remote, or a custom breaker) ends the goroutine.
+func (l *Loader[K, V]) run(c *call[K, V]) {
+	c.buildContext(l.opts.LoadTimeout)
+	r := loaded[V]{err: ErrGoexit} // stays if fetch ends the goroutine
+	defer l.complete(c, &r)
+	l.fetch(c.ctx, c.key, &r)
+}
+
+// complete turns what a load produced into its result and its entry (all
+// the arithmetic, before any lock), delivers them (finish), and reports the
+// load.
+func (l *Loader[K, V]) complete(c *call[K, V], r *loaded[V]) {
+	now := l.now()
+	res := delivery[K, V]{val: r.val, err: r.err, loadedAt: now - r.age}
+	var e *entry[K, V]
+	cost := int64(1)
+	switch {
+	case r.err == nil:
+		e = l.newEntry(c.key, r.val, res.loadedAt, l.opts.TTL, r.took)
+		if l.opts.Cost != nil {
+			var ok bool
+			// Cost is user code: if it ends the goroutine, the waiters
+			// still get the value, uncached.
+			cost, ok = l.costOf(r.val, func() { l.deliver(c, r, res, nil, 0) })
+			if !ok || l.tooBig(cost) {
+				e = nil // cannot be costed, or never fits
+			}
+		}
+	case l.opts.NotFoundTTL > 0 && errors.Is(r.err, ErrNotFound):
+		e = l.newEntry(c.key, r.val, now, l.opts.NotFoundTTL, 0)
+		e.err = r.err
+	}
+	if r.err != nil {
+		var zero V
+		res.val = zero
+	}
+	// Values never cached are judged by the shortest freshness any entry
+	// can draw, so that no caller's max-stale is stretched by jitter.
+	shortest := jitter(l.opts.TTL, l.opts.Jitter, 1)
+	res.freshUntil = addSat(res.loadedAt, shortest)
+	if e != nil {
+		res.freshUntil = e.freshUntil
+	}
+	if fb := r.fallback; r.err != nil && fb != nil {
+		at := now - max(time.Since(fb.LoadedAt), 0)
+		res.fallback = &entry[K, V]{key: c.key, val: fb.Value, loadedAt: at, freshUntil: addSat(at, shortest)}
+	}
+	l.deliver(c, r, res, e, cost)
+}
+
+// deliver hands res to c's waiters, e to the cache, and reports the load.
+func (l *Loader[K, V]) deliver(c *call[K, V], r *loaded[V], res delivery[K, V], e *entry[K, V], cost int64) {
+	c.release()
+	if e != nil {
+		l.throttle() // a storm of misses slows down here, holding no lock
+	}
+	// Count before the waiters wake, so Stats read after a Get returns
+	// includes the load that answered it.
+	l.stats.inFlight.Add(-1)
+	l.stats.loads.Add(1)
+	if res.err != nil {
+		l.stats.loadErrors.Add(1)
+	}
+	if c.background {
+		l.stats.refreshing.Add(-1)
+		if res.err != nil {
+			n := c.from.refreshFails.Add(1)
+			d := refreshDelay(int(n), l.opts.Retry.InitialInterval, l.opts.Retry.MaxInterval, rand.Float64())
+			c.from.refreshAfter.Store(int64(l.now() + d))
+		}
+	}
+	callers, stored, w := l.finish(c, res, e, cost)
+	if w != nil {
+		l.hand(w)
+	}
+	if c.abandoned { // written under the lock before finish; read-only now
+		l.stats.abandoned.Add(1)
+	}
+	l.stats.noteCallers(callers)
+	close(c.done) // the waiters wake; this goroutine has little left to do
+	if l.opts.OnLoad != nil {
+		ev := LoadEvent[K]{
+			Key: c.key, Duration: r.took, Err: res.err, Attempts: r.attempts, Background: c.background,
+			Callers: callers, Abandoned: c.abandoned, Stored: stored, Remote: r.remote,
+		}
+		l.guard(func() { l.opts.OnLoad(ev) }, nil)
+	}
+}
+
+// newEntry builds the entry of a value loaded (or Set) at now, fresh for a
+// jittered ttl. took is how long the load took (0 for Set): it places the
+// entry's early refresh.
+func (l *Loader[K, V]) newEntry(key K, v V, now, ttl, took time.Duration) *entry[K, V] {
+	life := jitter(ttl, l.opts.Jitter, rand.Float64())
+	until := addSat(now, life)
+	e := &entry[K, V]{key: key, val: v, loadedAt: now, freshUntil: until, refreshAt: until}
+	if l.opts.EarlyRefresh > 0 {
+		e.refreshAt = earlyRefreshAt(now, life, took, l.opts.EarlyRefresh, 1-rand.Float64())
+	}
+	return e
+}
+
+// costOf calls the user's Cost through the guard: a panic gives ok ==
+// false, a Goexit runs onGoexit on its way out.
+func (l *Loader[K, V]) costOf(v V, onGoexit func()) (cost int64, ok bool) {
+	if l.opts.Cost == nil {
+		return 1, true
+	}
+	if err := l.guard(func() { cost = l.opts.Cost(v) }, onGoexit); err != nil {
+		return 0, false
+	}
+	return max(cost, 1), true
+}
+
+// tooBig reports (and counts in Stats.SetsRejected, as ristretto would)
+// a value that costs more than the whole cache: it is never cached, so it
+// must not wait in a pending write either.
+func (l *Loader[K, V]) tooBig(cost int64) bool {
+	if cost > l.opts.MaxCost {
+		l.stats.setsRejected.Add(1)
+		return true
+	}
+	return false
+}

@@ -1,0 +1,197 @@
+package flightcache
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/cenkalti/backoff/v4"
+)
+
+// The downstream path of one load, outside in:
+//
+//	Remote (if any) → retry (backoff/v4) → breaker → LoadFunc
+//
+// Retries wrap the breaker, so every attempt asks the breaker first and a
+// refusal ends the retries at once (it is marked backoff.Permanent). The
+// whole sequence runs under the load's context, whose deadline is
+// LoadTimeout. Each load gets its own ExponentialBackOff: it is not safe for
+// concurrent use. Every call of user code on this path goes through guard.
+
+// loaded is what one load produced.
+type loaded[V any] struct {
+	val      V
+	err      error
+	attempts int             // LoadFunc calls made here
+	took     time.Duration   // how long the value took to load, wherever it was
+	age      time.Duration   // how old the value already is (from a Remote)
+	remote   bool            // the value came from the Remote without a load here
+	fallback *RemoteValue[V] // with err: an older value the Remote offers to cover it
+}
+
+// fetch gets key's value for one load, into r: through the Remote if there
+// is one, else straight down the downstream path. r.attempts counts
+// LoadFunc calls as they start; the other fields are set when fetch
+// returns (a callee that ends the goroutine leaves them as they were).
+func (l *Loader[K, V]) fetch(ctx context.Context, key K, r *loaded[V]) {
+	start := l.now()
+	if l.opts.Remote == nil {
+		v, err := l.load(ctx, key, &r.attempts)
+		r.val, r.err, r.took = v, err, l.now()-start
+		return
+	}
+	var rv RemoteValue[V]
+	var err error
+	if perr := l.guard(func() {
+		rv, err = l.opts.Remote.Load(ctx, key, func(ctx context.Context) (V, error) {
+			return l.load(ctx, key, &r.attempts)
+		})
+	}, nil); perr != nil {
+		*r = loaded[V]{err: perr, attempts: r.attempts}
+		return
+	}
+	r.val, r.err = rv.Value, err
+	if err != nil {
+		if !rv.LoadedAt.IsZero() {
+			r.fallback = &rv
+		}
+		return
+	}
+	r.remote = !rv.Loaded
+	r.took = rv.Took
+	if !rv.LoadedAt.IsZero() {
+		r.age = max(time.Since(rv.LoadedAt), 0)
+	}
+	if r.took <= 0 && rv.Loaded {
+		r.took = l.now() - start
+	}
+}
+
+// load runs the LoadFunc for key with retries and the breaker, under ctx.
+// It counts the LoadFunc calls it makes in *calls as they start, so that the
+// count survives a call that ends the goroutine.
+func (l *Loader[K, V]) load(ctx context.Context, key K, calls *int) (v V, err error) {
+	if l.opts.Retry.MaxAttempts <= 1 {
+		v, err = l.attempt(ctx, key, calls)
+		return v, l.stopped(ctx, err, err)
+	}
+	bo := backoff.NewExponentialBackOff(
+		backoff.WithInitialInterval(l.opts.Retry.InitialInterval),
+		backoff.WithMaxInterval(l.opts.Retry.MaxInterval),
+		backoff.WithMaxElapsedTime(0), // LoadTimeout bounds the load instead
+	)
+	policy := backoff.WithContext(backoff.WithMaxRetries(bo, uint64(l.opts.Retry.MaxAttempts-1)), ctx)
+	var last error
+	v, err = backoff.RetryWithData(func() (V, error) {
+		v, err := l.attempt(ctx, key, calls)
+		if err != nil {
+			last = err
+			if !l.retryable(ctx, err) {
+				return v, backoff.Permanent(err)
+			}
+		}
+		return v, err
+	}, policy)
+	return v, l.stopped(ctx, err, last)
+}
+
+// stopped explains an error of a load whose context has ended: it keeps the
+// last real error (backoff reports only ctx.Err() when it stops between
+// attempts) and adds why the context ended, Close or LoadTimeout.
+func (l *Loader[K, V]) stopped(ctx context.Context, err, last error) error {
+	if err == nil || ctx.Err() == nil {
+		return err
+	}
+	if last != nil {
+		err = last
+	}
+	if cause := context.Cause(ctx); (cause == ErrClosed || cause == ErrLoadTimeout) && !errors.Is(err, cause) {
+		err = fmt.Errorf("%w: %w", cause, err)
+	}
+	return err
+}
+
+// attempt makes one downstream call through the breaker, counting it in
+// *calls (and in Stats.Retries past the first) unless the breaker refuses
+// it. A panic in the LoadFunc becomes a *PanicError; a runtime.Goexit is
+// reported to the breaker as a failure on its way out (the load
+// goroutine's deferred complete gives the waiters ErrGoexit).
+func (l *Loader[K, V]) attempt(ctx context.Context, key K, calls *int) (v V, err error) {
+	done, err := l.allow()
+	if err != nil {
+		l.stats.breakerRejected.Add(1)
+		return v, err
+	}
+	if *calls++; *calls > 1 {
+		l.stats.retries.Add(1)
+	}
+	outcome := OutcomeFailure // a panic or a Goexit
+	defer func() { l.guard(func() { done(outcome) }, nil) }()
+	if perr := l.guard(func() { v, err = l.loadFn(ctx, key) }, nil); perr != nil {
+		var zero V
+		return zero, perr
+	}
+	outcome = l.verdict(ctx, err)
+	return v, err
+}
+
+// allow asks the breaker for one call, wrapping a refusal in ErrBreakerOpen.
+// A breaker that panics refuses.
+func (l *Loader[K, V]) allow() (done func(Outcome), err error) {
+	if perr := l.guard(func() { done, err = l.breaker.Allow() }, nil); perr != nil {
+		err = perr
+	}
+	if err != nil {
+		if !errors.Is(err, ErrBreakerOpen) {
+			err = fmt.Errorf("%w: %w", ErrBreakerOpen, err)
+		}
+		return nil, err
+	}
+	if done == nil {
+		done = func(Outcome) {}
+	}
+	return done, nil
+}
+
+// verdict classifies a LoadFunc result for the breaker. Not-found is a
+// healthy answer; a caller leaving or Close cancelling says nothing about
+// the downstream; a load that ran past LoadTimeout does.
+func (l *Loader[K, V]) verdict(ctx context.Context, err error) Outcome {
+	switch {
+	case err == nil, errors.Is(err, ErrNotFound):
+		return OutcomeSuccess
+	case ctx.Err() != nil && !errors.Is(context.Cause(ctx), ErrLoadTimeout):
+		return OutcomeIgnored
+	case errors.Is(err, context.Canceled):
+		return OutcomeIgnored
+	case l.opts.Breaker.IsFailure != nil && !l.userBool(l.opts.Breaker.IsFailure, err, true):
+		return OutcomeSuccess
+	}
+	return OutcomeFailure
+}
+
+// retryable reports whether a failed attempt may be tried again.
+func (l *Loader[K, V]) retryable(ctx context.Context, err error) bool {
+	var pe *PanicError
+	switch {
+	case ctx.Err() != nil,
+		errors.Is(err, ErrNotFound),
+		errors.Is(err, ErrBreakerOpen),
+		errors.Is(err, context.Canceled),
+		errors.Is(err, context.DeadlineExceeded),
+		errors.As(err, &pe):
+		return false
+	case l.opts.Retry.Retryable == nil:
+		return true
+	}
+	return l.userBool(l.opts.Retry.Retryable, err, false)
+}
+
+// userBool calls a user predicate through the guard; a panic gives onPanic.
+func (l *Loader[K, V]) userBool(f func(error) bool, err error, onPanic bool) (ok bool) {
+	if l.guard(func() { ok = f(err) }, nil) != nil {
+		return onPanic
+	}
+	return ok
+}
