@@ -2,6 +2,7 @@ package flightcache
 
 import (
 	"errors"
+	"sync/atomic"
 
 	"github.com/sony/gobreaker/v2"
 )
@@ -66,12 +67,22 @@ var (
 	errExcluded = errors.New("flightcache: excluded from breaker counts")
 )
 
-// gobreaker wraps gobreaker's two-step breaker. The two-step form lets the
-// load report an outcome even when the LoadFunc ends its goroutine with
-// runtime.Goexit, which Execute cannot see (it would leave a half-open probe
-// counted forever).
+// gobreakerBreaker wraps gobreaker's two-step breaker. The two-step form
+// lets the load report an outcome even when the LoadFunc ends its goroutine
+// with runtime.Goexit, which Execute cannot see (it would leave a half-open
+// probe counted forever).
+//
+// While the breaker is closed with no failure in its current streak
+// (healthy), Allow takes no lock and allocates nothing: a success or an
+// ignored call changes nothing gobreaker decides on (it trips on
+// ConsecutiveFailures only), and a failure is then reported to gobreaker as
+// one call, which ends the healthy state. Successes admitted while healthy
+// do not reset a streak that began meanwhile; every call made once the
+// streak has begun goes through gobreaker.
 type gobreakerBreaker struct {
-	cb *gobreaker.TwoStepCircuitBreaker[struct{}]
+	cb       *gobreaker.TwoStepCircuitBreaker[struct{}]
+	healthy  atomic.Bool
+	fastDone func(Outcome) // b.reportFast, made once
 }
 
 // noBreaker lets every call through.
@@ -88,7 +99,7 @@ func newBreaker(b Breaker) CircuitBreaker {
 		return noBreaker{}
 	}
 	n := b.ConsecutiveFailures
-	return &gobreakerBreaker{cb: gobreaker.NewTwoStepCircuitBreaker[struct{}](gobreaker.Settings{
+	gb := &gobreakerBreaker{cb: gobreaker.NewTwoStepCircuitBreaker[struct{}](gobreaker.Settings{
 		Name:        "flightcache",
 		MaxRequests: b.HalfOpenRequests,
 		Timeout:     b.OpenTimeout,
@@ -97,6 +108,9 @@ func newBreaker(b Breaker) CircuitBreaker {
 		// No OnStateChange: it runs under the breaker's lock, and nothing
 		// here may call back into the breaker from it.
 	})}
+	gb.fastDone = gb.reportFast
+	gb.healthy.Store(true)
+	return gb
 }
 
 func (b *gobreakerBreaker) State() BreakerState {
@@ -111,18 +125,45 @@ func (b *gobreakerBreaker) State() BreakerState {
 }
 
 func (b *gobreakerBreaker) Allow() (func(Outcome), error) {
+	if b.healthy.Load() {
+		return b.fastDone, nil
+	}
 	done, err := b.cb.Allow()
 	if err != nil {
 		return nil, err
 	}
 	return func(o Outcome) {
-		switch o {
-		case OutcomeSuccess:
-			done(nil)
-		case OutcomeIgnored:
-			done(errExcluded)
-		default:
-			done(errFailure)
-		}
+		done(outcomeError(o))
+		b.check()
 	}, nil
+}
+
+// reportFast reports the outcome of a call admitted while healthy.
+func (b *gobreakerBreaker) reportFast(o Outcome) {
+	if o != OutcomeFailure {
+		return
+	}
+	b.healthy.Store(false)
+	if done, err := b.cb.Allow(); err == nil {
+		done(errFailure)
+	}
+	b.check()
+}
+
+// check sets healthy from gobreaker's state.
+func (b *gobreakerBreaker) check() {
+	b.healthy.Store(b.cb.State() == gobreaker.StateClosed && b.cb.Counts().ConsecutiveFailures == 0)
+}
+
+// outcomeError is how gobreaker hears an outcome: nil is a success,
+// errExcluded is excluded from its counts (Settings.IsExcluded).
+func outcomeError(o Outcome) error {
+	switch o {
+	case OutcomeSuccess:
+		return nil
+	case OutcomeIgnored:
+		return errExcluded
+	default:
+		return errFailure
+	}
 }

@@ -48,20 +48,19 @@ type call[K comparable, V any] struct {
 	done chan struct{} // closed by finish once the result fields are set
 
 	// Set before the call is published in a shard map; read-only after
-	// (ctx and values.deadline: set by the load goroutine before user code).
-	ctx        context.Context
-	values     loadValues
-	stopTimer  context.CancelFunc
+	// (lctx's deadline, timer and causer: set by the load goroutine,
+	// before user code, with ready).
+	lctx       loadCtx
 	background bool         // a refresh nobody waited on when it started
 	from       *entry[K, V] // the entry a background refresh replaces
 	slot       *stripe      // the stripe the load goroutine is counted on (lifecycle)
 
 	// Guarded by the shard's mu.
-	cancel    context.CancelCauseFunc // nil until the load goroutine has built ctx
-	cause     error                   // a cancellation asked for before that
-	waiters   int                     // Gets waiting on the result now, the starter included
-	abandoned bool                    // cancelled because every waiter left (CancelAtZero)
-	finished  bool                    // the result is set: a leaving waiter takes it instead
+	ready     bool  // the load goroutine has built lctx: it can be cancelled
+	cause     error // a cancellation asked for before that
+	waiters   int   // Gets waiting on the result now, the starter included
+	abandoned bool  // cancelled because every waiter left (CancelAtZero)
+	finished  bool  // the result is set: a leaving waiter takes it instead
 
 	// Written by finish before done is closed; read-only after.
 	val        V
@@ -159,7 +158,13 @@ func (l *Loader[K, V]) start(sh *shard[K, V], ctx context.Context, key K, h uint
 	if from == nil {
 		c.waiters = 1
 	}
-	c.values = loadValues{caller: ctx, marker: loadMarker{call: c, parent: marker}}
+	if ctx.Done() != nil {
+		// Keep ctx's values, never its cancellation, nor its cause: the
+		// load's context.Cause must not find the caller's cancel context.
+		// (A context without Done has no cancel context to find.)
+		ctx = context.WithoutCancel(ctx)
+	}
+	c.lctx.caller, c.lctx.marker = ctx, loadMarker{call: c, parent: marker}
 	sh.loads[key] = c
 	return c
 }
@@ -177,7 +182,7 @@ func (l *Loader[K, V]) leave(c *call[K, V]) bool {
 		return false
 	}
 	c.waiters--
-	var cancel context.CancelCauseFunc
+	var cancel func(error)
 	if c.waiters == 0 && !c.background && l.opts.Policy == CancelAtZero {
 		sh.forget(c)
 		c.abandoned = true
@@ -267,7 +272,7 @@ func (l *Loader[K, V]) latest(key K, h uint64) *entry[K, V] {
 // cause. Close calls it after setting its flag, so no load starts after a
 // shard has been swept.
 func (l *Loader[K, V]) cancelAll(cause error) {
-	var cancels []context.CancelCauseFunc
+	var cancels []func(error)
 	for i := range l.flights.shards {
 		sh := &l.flights.shards[i]
 		sh.mu.Lock()

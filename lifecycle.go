@@ -201,6 +201,7 @@ func onLoaderGoroutine() bool {
 // closed and idle, so nothing else can be inside ristretto.
 func (l *Loader[K, V]) teardown() {
 	l.tearingDown.Store(true)
+	l.timeouts.stop()
 	l.cache.Close()
 	close(l.closeDone)
 }

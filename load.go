@@ -10,10 +10,10 @@ import (
 // complete runs deferred, so the waiters get ErrGoexit when the LoadFunc
 // (or a Remote, or a custom breaker) ends the goroutine.
 func (l *Loader[K, V]) run(c *call[K, V]) {
-	c.buildContext(l.opts.LoadTimeout)
+	c.buildContext()
 	r := loaded[V]{err: ErrGoexit} // stays if fetch ends the goroutine
 	defer l.complete(c, &r)
-	l.fetch(c.ctx, c.key, &r)
+	l.fetch(&c.lctx, c.key, &r)
 }
 
 // complete turns what a load produced into its result and its entry (all

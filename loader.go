@@ -32,15 +32,16 @@ type LoadFunc[K comparable, V any] func(ctx context.Context, key K) (V, error)
 // use by any number of goroutines. Call [Loader.Close] when done with it, to
 // stop its loads and free its goroutines.
 type Loader[K comparable, V any] struct {
-	loadFn  LoadFunc[K, V]
-	opts    Options[K, V] // validated, defaults applied
-	win     windows
-	cache   *ristretto.Cache[uint64, *entry[K, V]]
-	flights flights[K, V] // loads in flight and writes ristretto has not applied (flight.go)
-	writer  writer[K, V]  // the goroutine that writes ristretto (write.go)
-	breaker CircuitBreaker
-	stats   counters
-	seed    maphash.Seed
+	loadFn   LoadFunc[K, V]
+	opts     Options[K, V] // validated, defaults applied
+	win      windows
+	cache    *ristretto.Cache[uint64, *entry[K, V]]
+	flights  flights[K, V] // loads in flight and writes ristretto has not applied (flight.go)
+	writer   writer[K, V]  // the goroutine that writes ristretto (write.go)
+	timeouts timeouts      // ends loads at LoadTimeout (loadctx.go)
+	breaker  CircuitBreaker
+	stats    counters
+	seed     maphash.Seed
 	// hashMayPanic: a custom Hash, or keys whose dynamic type may not be
 	// comparable (an interface inside K): hashing goes through the guard.
 	hashMayPanic bool
@@ -100,6 +101,7 @@ func New[K comparable, V any](load LoadFunc[K, V], opts Options[K, V]) (*Loader[
 	l.stats.init()
 	l.flights.init()
 	l.writer.init()
+	l.timeouts.init(opts.LoadTimeout)
 	cache, err := ristretto.NewCache(&ristretto.Config[uint64, *entry[K, V]]{
 		NumCounters: opts.NumCounters,
 		MaxCost:     opts.MaxCost,

@@ -596,6 +596,7 @@ func TestCloseReturnsWhileLoadStartedDuringExit(t *testing.T) {
 	if v, err := l.Get(context.Background(), "a"); err != nil || v != "a" {
 		t.Fatalf(`Get("a") = %q, %v; want "a", nil`, v, err)
 	}
+	<-entered // b's load runs; a's goroutine is on its way out
 	closeReturned := make(chan struct{})
 	wg.Go(func() {
 		l.Close()

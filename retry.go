@@ -158,12 +158,13 @@ func (l *Loader[K, V]) allow() (done func(Outcome), err error) {
 // healthy answer; a caller leaving or Close cancelling says nothing about
 // the downstream; a load that ran past LoadTimeout does.
 func (l *Loader[K, V]) verdict(ctx context.Context, err error) Outcome {
+	// A load past LoadTimeout is the downstream's fault, whatever error the
+	// LoadFunc made of it.
+	timedOut := ctx.Err() != nil && errors.Is(context.Cause(ctx), ErrLoadTimeout)
 	switch {
 	case err == nil, errors.Is(err, ErrNotFound):
 		return OutcomeSuccess
-	case ctx.Err() != nil && !errors.Is(context.Cause(ctx), ErrLoadTimeout):
-		return OutcomeIgnored
-	case errors.Is(err, context.Canceled):
+	case !timedOut && (ctx.Err() != nil || errors.Is(err, context.Canceled)):
 		return OutcomeIgnored
 	case l.opts.Breaker.IsFailure != nil && !l.userBool(l.opts.Breaker.IsFailure, err, true):
 		return OutcomeSuccess
