@@ -3,6 +3,7 @@ package flightcache
 import (
 	"context"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -14,10 +15,11 @@ const flightShards = 64
 // flights owns the in-flight state of every key: the load running for it
 // and the write ristretto has not applied yet. Its methods are the only
 // code that reads or edits the shard maps, each under one shard lock, in
-// three steps: work out what to do before locking, commit it under the
-// lock, act (cancel a context, hand a write over, wake nobody else) after
-// unlocking. No user code and no ristretto wait ever runs under a shard
-// lock; the one ristretto call made under it is a lookup (write).
+// three steps: work out what to do before locking (the entry a key has in
+// the cache is looked up then: lockCurrent), commit it under the lock, act
+// (cancel a context, hand a write over) after unlocking. No user code and
+// no ristretto wait ever runs under a shard lock (and a ristretto lookup
+// only when lockCurrent keeps losing a race with the writer).
 type flights[K comparable, V any] struct {
 	shards [flightShards]shard[K, V]
 }
@@ -37,7 +39,12 @@ type shard[K comparable, V any] struct {
 	// detached holds the loads a Set or Invalidate took out of loads while
 	// they ran, so Close can still cancel them.
 	detached map[*call[K, V]]struct{}
-	_        [64 - 8 - 3*8]byte // keep neighbouring shards off one cache line
+	// settles counts the writes closed in this shard (written under mu): a
+	// key's cached entry changes only by a write that then closes, so an
+	// entry looked up before locking is still the key's if settles has not
+	// moved (lockCurrent).
+	settles atomic.Uint64
+	_       [64 - 8 - 3*8 - 8]byte // keep neighbouring shards off one cache line
 }
 
 // call is one load and, once done is closed, its result.
@@ -97,11 +104,16 @@ type joined[K comparable, V any] struct {
 func (l *Loader[K, V]) join(ctx context.Context, s *stripe, key K, h uint64, now time.Duration) joined[K, V] {
 	marker := markerOf(ctx) // user code (ctx.Value): outside the lock
 	sh := l.flights.shard(h)
-	sh.mu.Lock()
-	if w := sh.writes[key]; w != nil && w.entry != nil && l.phase(w.entry, now) == phaseFresh {
-		e := w.entry
+	cur := l.lockCurrent(sh, h, key)
+	if w := sh.writes[key]; w != nil {
+		cur = w.entry
+	}
+	if cur != nil && l.phase(cur, now) == phaseFresh {
+		// A load (or Set) finished as this Get looked: its value is in
+		// the key's pending write, or its write closed between this Get's
+		// look at the cache and now.
 		sh.mu.Unlock()
-		return joined[K, V]{hit: e}
+		return joined[K, V]{hit: cur}
 	}
 	if c := sh.loads[key]; c != nil {
 		if marker.waitsOn(c) {
@@ -111,13 +123,6 @@ func (l *Loader[K, V]) join(ctx context.Context, s *stripe, key K, h uint64, now
 		c.waiters++
 		sh.mu.Unlock()
 		return joined[K, V]{c: c}
-	}
-	if e := l.cached(h, key); e != nil && l.phase(e, now) == phaseFresh {
-		// The writer closed the key's write, its value now in the cache,
-		// between this Get's look at the cache and the lock (a lookup,
-		// not a wait).
-		sh.mu.Unlock()
-		return joined[K, V]{hit: e}
 	}
 	c := l.start(sh, ctx, key, h, marker, nil)
 	sh.mu.Unlock()
@@ -232,11 +237,11 @@ type delivery[K comparable, V any] struct {
 // the writer, if a new one was opened. The caller then closes c.done.
 func (l *Loader[K, V]) finish(c *call[K, V], r delivery[K, V], e *entry[K, V], cost int64) (callers int, stored bool, opened *write[K, V]) {
 	sh := l.flights.shard(c.h)
-	sh.mu.Lock()
+	cur := l.lockCurrent(sh, c.h, c.key)
 	owned := sh.loads[c.key] == c
 	sh.forget(c)
 	if owned && e != nil && !l.closed.Load() {
-		opened, stored = l.put(sh, c.key, c.h, e, cost, &c.w), true
+		opened, stored = l.put(sh, c.key, c.h, cur, e, cost, &c.w), true
 	}
 	c.val, c.err, c.loadedAt, c.freshUntil, c.fallback = r.val, r.err, r.loadedAt, r.freshUntil, r.fallback
 	c.finished = true // from here a leaving waiter takes the result: done is closed soon
@@ -249,9 +254,9 @@ func (l *Loader[K, V]) finish(c *call[K, V], r delivery[K, V], e *entry[K, V], c
 // load in flight, if any, is detached, and the write wins over it.
 func (l *Loader[K, V]) overwrite(key K, h uint64, e *entry[K, V], cost int64) *write[K, V] {
 	sh := l.flights.shard(h)
-	sh.mu.Lock()
+	cur := l.lockCurrent(sh, h, key)
 	sh.detach(key)
-	w := l.put(sh, key, h, e, cost, nil)
+	w := l.put(sh, key, h, cur, e, cost, nil)
 	sh.mu.Unlock()
 	return w
 }
@@ -260,11 +265,31 @@ func (l *Loader[K, V]) overwrite(key K, h uint64, e *entry[K, V], cost int64) *w
 // the cached one. Used when a load failed, to find a value to cover it.
 func (l *Loader[K, V]) latest(key K, h uint64) *entry[K, V] {
 	sh := l.flights.shard(h)
-	sh.mu.Lock()
+	cur := l.lockCurrent(sh, h, key)
 	defer sh.mu.Unlock()
 	if w := sh.writes[key]; w != nil {
 		return w.entry
 	}
+	return cur
+}
+
+// lockCurrent locks sh and returns key's cached entry as it is under the
+// lock: looked up before locking (no ristretto call under a shard lock),
+// and looked up again if a write of the shard closed in between. After a
+// few such misfortunes (the writer closing a burst of writes of the shard)
+// it looks up under the lock: a lookup is short and never waits, and the
+// caller must make progress.
+func (l *Loader[K, V]) lockCurrent(sh *shard[K, V], h uint64, key K) *entry[K, V] {
+	for range 3 {
+		seen := sh.settles.Load()
+		cur := l.cached(h, key)
+		sh.mu.Lock()
+		if sh.settles.Load() == seen {
+			return cur
+		}
+		sh.mu.Unlock()
+	}
+	sh.mu.Lock()
 	return l.cached(h, key)
 }
 

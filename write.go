@@ -63,10 +63,11 @@ type write[K comparable, V any] struct {
 	issued *entry[K, V] // what it issued last (nil with sent: a Del)
 }
 
-// put records e (nil: nothing) as key's value, under sh.mu. It returns the
-// write it opened (rec, if not nil, is used for it), which the caller
-// hands to the writer after unlocking, or nil if an open write took e.
-func (l *Loader[K, V]) put(sh *shard[K, V], key K, h uint64, e *entry[K, V], cost int64, rec *write[K, V]) *write[K, V] {
+// put records e (nil: nothing) as key's value, under sh.mu; cur is key's
+// cached entry (lockCurrent). It returns the write it opened (rec, if not
+// nil, is used for it), which the caller hands to the writer after
+// unlocking, or nil if an open write took e.
+func (l *Loader[K, V]) put(sh *shard[K, V], key K, h uint64, cur, e *entry[K, V], cost int64, rec *write[K, V]) *write[K, V] {
 	if w := sh.writes[key]; w != nil {
 		if w.entry != nil {
 			w.entry.gone.Store(true)
@@ -74,7 +75,6 @@ func (l *Loader[K, V]) put(sh *shard[K, V], key K, h uint64, e *entry[K, V], cos
 		w.entry, w.cost = e, cost
 		return nil
 	}
-	cur := l.cached(h, key) // a lookup, not a wait
 	if cur == nil && e == nil {
 		return nil
 	}
@@ -143,6 +143,9 @@ func (l *Loader[K, V]) runWriter() {
 			l.teardown()
 			return
 		}
+		if hook := testHookWriter.Load(); hook != nil {
+			(*hook)()
+		}
 		wr.mu.Lock()
 		batch, wr.queue = wr.queue, batch[:0]
 		wr.mu.Unlock()
@@ -171,6 +174,11 @@ func (l *Loader[K, V]) runWriter() {
 		clear(batch) // drop the references to values
 	}
 }
+
+// testHookWriter, when set by a test, runs at the start of every batch of
+// the writer: a test holds the writer there to show that nothing else
+// waits for it.
+var testHookWriter atomic.Pointer[func()]
 
 // issue hands w's latest value to ristretto.
 func (l *Loader[K, V]) issue(w *write[K, V]) {
@@ -202,6 +210,7 @@ func (l *Loader[K, V]) settle(w *write[K, V]) bool {
 	}
 	if sh.writes[w.key] == w {
 		delete(sh.writes, w.key)
+		sh.settles.Add(1)
 	}
 	return true
 }

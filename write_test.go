@@ -1,0 +1,122 @@
+package flightcache
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+)
+
+// holdWriter stops every Loader's writer at the start of its next batch
+// until the returned release is called. Tests that use it must not run in
+// parallel with others.
+func holdWriter(t *testing.T) (release func()) {
+	t.Helper()
+	gate := make(chan struct{})
+	hook := func() { <-gate }
+	testHookWriter.Store(&hook)
+	var once sync.Once
+	release = func() {
+		once.Do(func() {
+			testHookWriter.Store(nil)
+			close(gate)
+		})
+	}
+	t.Cleanup(release)
+	return release
+}
+
+// docs/design.md rule 17, and rule 2 for writes still on their way: with
+// the writer held (nothing reaches ristretto), Set, Invalidate and fills of
+// one key return, a Get after each sees its effect, and misses of other
+// keys of the same shard load and return. Nothing waits for ristretto.
+func TestNoWriteWaitsForRistretto(t *testing.T) {
+	release := holdWriter(t)
+	// Hash puts every key in shard 0: keys 0, 64, 128, ...
+	l, err := New(func(_ context.Context, k int) (string, error) { return "loaded", nil },
+		Options[int, string]{TTL: time.Hour, Hash: func(k int) uint64 { return uint64(k) }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	ctx := context.Background()
+	check := func(what string, k int, want string, src Source) {
+		t.Helper()
+		if v, info, err := l.GetInfo(ctx, k); v != want || info.Source != src || err != nil {
+			t.Fatalf("%s: Get(%d) = %q, %v, %v; want %q, %v", what, k, v, info.Source, err, want, src)
+		}
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		check("first Get", 0, "loaded", SourceLoaded)
+		check("Get after the fill", 0, "loaded", SourceHit)
+		l.Set(0, "set")
+		check("Get after Set", 0, "set", SourceHit)
+		l.Set(0, "set again")
+		check("Get after a second Set", 0, "set again", SourceHit)
+		l.Invalidate(0)
+		check("Get after Invalidate", 0, "loaded", SourceLoaded)
+		for k := 64; k <= 64*20; k += 64 {
+			check("miss of another key of the shard", k, "loaded", SourceLoaded)
+			l.Set(0, "set")
+		}
+		check("Get after the last Set", 0, "set", SourceHit)
+	}()
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("an operation waited for the writer (held)")
+	}
+	if n := l.writer.backlog.Load(); n == 0 {
+		t.Fatal("the writer was not held: no write is pending")
+	}
+	release()
+	// Once the writer runs, the values reach ristretto and the pending
+	// writes close.
+	deadline := time.Now().Add(10 * time.Second)
+	for l.pending(0) && time.Now().Before(deadline) {
+		time.Sleep(time.Millisecond)
+	}
+	if l.pending(0) {
+		t.Fatal("the write of key 0 is still pending 10s after the writer was released")
+	}
+	if e := l.cached(l.mustHash(0), 0); e == nil || e.val != "set" {
+		t.Fatalf("ristretto holds %v for key 0; want the last Set's value", e)
+	}
+	check("Get once the write settled", 0, "set", SourceHit)
+}
+
+// docs/design.md rules 2 and 6 across the writer's batches, with the
+// writer held between them, step by step as write.go's top comment tells
+// it: a Set racing the fill of its key wins, and the later value reaches
+// ristretto in place of the earlier one (never as a second new item, which
+// ristretto would refuse).
+func TestSetOverPendingFill(t *testing.T) {
+	release := holdWriter(t)
+	l, err := New(func(_ context.Context, k string) (string, error) { return "v1", nil },
+		Options[string, string]{TTL: time.Hour, MaxCost: 1 << 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	ctx := context.Background()
+	if v, _ := l.Get(ctx, "k"); v != "v1" {
+		t.Fatalf("Get = %q; want v1", v)
+	}
+	l.Set("k", "v2")
+	if v, info, _ := l.GetInfo(ctx, "k"); v != "v2" || info.Source != SourceHit {
+		t.Fatalf("Get after Set = %q, %v; want v2, hit", v, info.Source)
+	}
+	release()
+	deadline := time.Now().Add(10 * time.Second)
+	for l.pending("k") && time.Now().Before(deadline) {
+		time.Sleep(time.Millisecond)
+	}
+	if e := l.cached(l.mustHash("k"), "k"); e == nil || e.val != "v2" {
+		t.Fatalf("ristretto holds %+v; want v2", e)
+	}
+	if s := l.Stats(); s.SetsRejected != 0 || s.SetsDropped != 0 || s.Loads != 1 {
+		t.Errorf("Stats = %+v; want 1 load, nothing rejected or dropped", s)
+	}
+}
