@@ -121,11 +121,12 @@ type Options[K comparable, V any] struct {
 	// only share one cache slot: a write of one replaces the other, and
 	// while one's write is still being applied by ristretto a write of the
 	// other may be refused (Stats.SetsRejected) and simply not cached. It
-	// runs on the caller's goroutine.
+	// runs on the caller's goroutine. A panic in Hash is recovered: Get
+	// returns it as a *PanicError, Set and Invalidate of the key do nothing.
 	//
 	// NOTE: like map keys, keys must be comparable at run time: with an
-	// interface K, a key holding a slice, map or func panics in Get, as it
-	// would in a map.
+	// interface K, a key holding a slice, map or func cannot be hashed, and
+	// Get returns a *PanicError for it where a map would panic.
 	Hash func(K) uint64
 }
 
