@@ -27,6 +27,5 @@ func MaxStale(ctx context.Context) (d time.Duration, ok bool) {
 // acceptsStale applies the caller's WithMaxStale, if any, to a value that
 // went stale at freshUntil.
 func acceptsStale(ctx context.Context, freshUntil, now time.Duration) bool {
-	d, ok := MaxStale(ctx)
-	return !ok || (d > 0 && now-freshUntil <= d)
+	return AcceptsStale(ctx, now-freshUntil)
 }

@@ -28,17 +28,9 @@ func (t *Tier[K, V]) usable(ctx context.Context, ks keys, e entry) bool {
 		// A stale entry once; then a refresh reloads it. The Loader hands
 		// a load's value to its callers as loaded, without judging its
 		// age: a stale entry the caller's max-stale refuses is reloaded.
-		return !held && acceptsStale(ctx, now-e.fresh)
+		return !held && flightcache.AcceptsStale(ctx, time.Duration(now-e.fresh)*time.Microsecond)
 	}
 	return false
-}
-
-// acceptsStale applies the caller's [flightcache.WithMaxStale], if any, to
-// an entry stale for staleUS microseconds, as the Loader does to its own
-// entries: a bound of 0 accepts no stale value.
-func acceptsStale(ctx context.Context, staleUS int64) bool {
-	d, ok := flightcache.MaxStale(ctx)
-	return !ok || (d > 0 && staleUS <= d.Microseconds())
 }
 
 // cover returns err with, when it may cover the failure, the older value

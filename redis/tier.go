@@ -119,8 +119,8 @@ type Tier[K comparable, V any] struct {
 	key   func(K) string
 	codec Codec[V]
 
-	// From the Loader's Options.
-	fresh time.Duration // TTL·(1−Jitter): the shortest freshness any process draws
+	// The Loader's windows (flightcache.Options.Windows).
+	fresh time.Duration // the shortest freshness any process draws, at least 1ms
 	swr   time.Duration // StaleWhileRevalidate
 	sie   time.Duration // StaleIfError
 	early bool          // EarlyRefresh > 0
@@ -160,19 +160,23 @@ func New[K comparable, V any](client redis.UniversalClient, loader flightcache.O
 	if err := checkClient(client); err != nil {
 		return nil, err
 	}
-	if err := opts.validate(loader); err != nil {
+	w, err := loader.Windows() // the Loader's own validation and rules
+	if err != nil {
+		return nil, fmt.Errorf("flightredis: the Loader's options: %w", err)
+	}
+	if err := opts.validate(w.LoadTimeout); err != nil {
 		return nil, err
 	}
-	opts = opts.withDefaults(loadTimeout(loader))
+	opts = opts.withDefaults(w.LoadTimeout)
 	t := &Tier[K, V]{
 		rdb:     client,
 		opts:    opts,
 		key:     opts.Key,
 		codec:   opts.Codec,
-		fresh:   time.Duration(float64(loader.TTL) * (1 - loader.Jitter)),
-		swr:     loader.StaleWhileRevalidate,
-		sie:     loader.StaleIfError,
-		early:   loader.EarlyRefresh > 0,
+		fresh:   w.Fresh,
+		swr:     w.StaleWhileRevalidate,
+		sie:     w.StaleIfError,
+		early:   w.EarlyRefresh,
 		leaseMS: opts.LeaseTTL.Milliseconds(),
 		aliveMS: opts.HolderTimeout.Milliseconds(),
 		failMS:  max(4*opts.PollInterval, time.Second).Milliseconds(),
@@ -208,21 +212,9 @@ func checkClient(c redis.UniversalClient) error {
 	return nil
 }
 
-func loadTimeout[K comparable, V any](o flightcache.Options[K, V]) time.Duration {
-	if o.LoadTimeout > 0 {
-		return o.LoadTimeout
-	}
-	return flightcache.DefaultLoadTimeout
-}
-
-func (o *Options[K, V]) validate(l flightcache.Options[K, V]) error {
+// validate checks the tier's own options; loadTimeout is the Loader's.
+func (o *Options[K, V]) validate(loadTimeout time.Duration) error {
 	switch {
-	case l.TTL <= 0:
-		return fmt.Errorf("flightredis: the Loader's Options.TTL must be > 0, got %v", l.TTL)
-	case !(l.Jitter >= 0 && l.Jitter <= 1):
-		return fmt.Errorf("flightredis: the Loader's Options.Jitter must be in [0, 1], got %v", l.Jitter)
-	case l.StaleWhileRevalidate < 0 || l.StaleIfError < 0 || l.LoadTimeout < 0:
-		return errors.New("flightredis: the Loader's Options has a negative window or LoadTimeout")
 	case strings.ContainsAny(o.Prefix, "{}"):
 		return fmt.Errorf("flightredis: Options.Prefix must not contain '{' or '}', got %q", o.Prefix)
 	case o.Timeout < 0:
@@ -231,8 +223,8 @@ func (o *Options[K, V]) validate(l flightcache.Options[K, V]) error {
 		return fmt.Errorf("flightredis: Options.RetryAfter must be >= 0, got %v", o.RetryAfter)
 	case o.PollInterval < 0:
 		return fmt.Errorf("flightredis: Options.PollInterval must be >= 0, got %v", o.PollInterval)
-	case o.LeaseTTL != 0 && o.LeaseTTL <= loadTimeout(l):
-		return fmt.Errorf("flightredis: Options.LeaseTTL must be longer than the Loader's LoadTimeout (%v), got %v", loadTimeout(l), o.LeaseTTL)
+	case o.LeaseTTL != 0 && o.LeaseTTL <= loadTimeout:
+		return fmt.Errorf("flightredis: Options.LeaseTTL must be longer than the Loader's LoadTimeout (%v), got %v", loadTimeout, o.LeaseTTL)
 	case o.HolderTimeout < 0:
 		return fmt.Errorf("flightredis: Options.HolderTimeout must be >= 0, got %v", o.HolderTimeout)
 	}

@@ -4,12 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/flightcache/flightcache"
+	"github.com/redis/go-redis/v9"
 )
 
 // downstream is a fake downstream shared by the Loaders of one test: it
@@ -259,4 +261,15 @@ func TestDeadHolderIsTakenOver(t *testing.T) {
 		t.Errorf("stats %+v; want 1 takeover after 1 wait", s)
 	}
 	t.Logf("took over a dead holder's lease in %v", time.Since(start))
+}
+
+// The tier applies the Loader's own validation (flightcache.Options.Windows):
+// a bad Loader option is refused by name, as flightcache.New refuses it.
+func TestNewRejectsTheLoadersBadOptions(t *testing.T) {
+	client := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", ContextTimeoutEnabled: true})
+	defer client.Close()
+	_, err := New(client, flightcache.Options[string, string]{TTL: time.Second, StaleIfError: -1}, Options[string, string]{})
+	if err == nil || !strings.Contains(err.Error(), "Options.StaleIfError ") {
+		t.Errorf("New with the Loader's StaleIfError -1 = %v; want an error naming it", err)
+	}
 }

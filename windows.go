@@ -1,0 +1,51 @@
+package flightcache
+
+import (
+	"context"
+	"time"
+)
+
+// Windows is how a Loader judges a value's age, in a form a [Remote] can
+// use to judge a value it shares with other processes exactly as the
+// Loader will: the same freshness, the same stale windows, the same load
+// timeout. Get it from [Options.Windows].
+type Windows struct {
+	// Fresh is the shortest time any value stays fresh: TTL·(1−Jitter),
+	// never 0. Each cached value draws its own freshness from [Fresh, TTL];
+	// a value judged by Fresh is never served fresh past any process's
+	// draw.
+	Fresh time.Duration
+	// StaleWhileRevalidate and StaleIfError are the Options' windows.
+	StaleWhileRevalidate time.Duration
+	StaleIfError         time.Duration
+	// EarlyRefresh is true when fresh values are refreshed before they
+	// expire ([Options.EarlyRefresh] > 0).
+	EarlyRefresh bool
+	// LoadTimeout bounds one load, its default applied.
+	LoadTimeout time.Duration
+}
+
+// Windows validates o as [New] does (the error names the bad field) and
+// returns the windows a Loader made with o applies.
+func (o Options[K, V]) Windows() (Windows, error) {
+	if err := o.validate(); err != nil {
+		return Windows{}, err
+	}
+	o = o.withDefaults()
+	return Windows{
+		Fresh:                jitter(o.TTL, o.Jitter, 1),
+		StaleWhileRevalidate: o.StaleWhileRevalidate,
+		StaleIfError:         o.StaleIfError,
+		EarlyRefresh:         o.EarlyRefresh > 0,
+		LoadTimeout:          o.LoadTimeout,
+	}, nil
+}
+
+// AcceptsStale reports whether a Get made under ctx accepts a value that
+// went stale d ago, by the bound [WithMaxStale] put on ctx (no bound: any
+// stale value the windows allow; a bound of 0: none). A [Remote] uses it
+// to judge a shared value by the caller's bound, as the Loader does.
+func AcceptsStale(ctx context.Context, d time.Duration) bool {
+	max, ok := MaxStale(ctx)
+	return !ok || (max > 0 && d <= max)
+}
