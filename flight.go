@@ -21,6 +21,7 @@ const flightShards = 64
 // no ristretto wait ever runs under a shard lock (and a ristretto lookup
 // only when lockCurrent keeps losing a race with the writer).
 type flights[K comparable, V any] struct {
+	l      *Loader[K, V] // the Loader they belong to: its clock, phases, cache lookups and goroutines
 	shards [flightShards]shard[K, V]
 }
 
@@ -79,7 +80,8 @@ type call[K comparable, V any] struct {
 	w write[K, V] // the write this load leaves, if it fills the cache (no allocation of its own)
 }
 
-func (f *flights[K, V]) init() {
+func (f *flights[K, V]) init(l *Loader[K, V]) {
+	f.l = l
 	for i := range f.shards {
 		f.shards[i].loads = make(map[K]*call[K, V])
 		f.shards[i].writes = make(map[K]*write[K, V])
@@ -98,16 +100,25 @@ type joined[K comparable, V any] struct {
 	err     error        // ErrClosed or ErrRecursiveLoad
 }
 
-// join is the locked lookup of a Get the cache did not answer: a fresh
-// value a write left for key (rule 2: never load twice), else the key's
-// load in flight, which the caller joins, else a new load it starts.
-func (l *Loader[K, V]) join(ctx context.Context, s *stripe, key K, h uint64, now time.Duration) joined[K, V] {
-	marker := markerOf(ctx) // user code (ctx.Value): outside the lock
-	sh := l.flights.shard(h)
-	cur := l.lockCurrent(sh, h, key)
+// lookup locks key's shard and returns what it knows of key: its current
+// entry (the one a pending write leaves, else the cached one) and its load
+// in flight. join and startRefresh both start from it; the caller unlocks.
+func (f *flights[K, V]) lookup(key K, h uint64) (sh *shard[K, V], cur *entry[K, V], running *call[K, V]) {
+	sh = f.shard(h)
+	cur = f.lockCurrent(sh, h, key)
 	if w := sh.writes[key]; w != nil {
 		cur = w.entry
 	}
+	return sh, cur, sh.loads[key]
+}
+
+// join is what a Get the cache did not answer does with lookup: take a
+// fresh value a write left for key (rule 2: never load twice), else join
+// the key's load in flight, else start one.
+func (f *flights[K, V]) join(ctx context.Context, s *stripe, key K, h uint64, now time.Duration) joined[K, V] {
+	l := f.l
+	marker := markerOf(ctx) // user code (ctx.Value): outside the lock
+	sh, cur, c := f.lookup(key, h)
 	if cur != nil && l.phase(cur, now) == phaseFresh {
 		// A load (or Set) finished as this Get looked: its value is in
 		// the key's pending write, or its write closed between this Get's
@@ -115,7 +126,7 @@ func (l *Loader[K, V]) join(ctx context.Context, s *stripe, key K, h uint64, now
 		sh.mu.Unlock()
 		return joined[K, V]{hit: cur}
 	}
-	if c := sh.loads[key]; c != nil {
+	if c != nil {
 		if marker.waitsOn(c) {
 			sh.mu.Unlock()
 			return joined[K, V]{err: ErrRecursiveLoad}
@@ -124,7 +135,7 @@ func (l *Loader[K, V]) join(ctx context.Context, s *stripe, key K, h uint64, now
 		sh.mu.Unlock()
 		return joined[K, V]{c: c}
 	}
-	c := l.start(sh, ctx, key, h, marker, nil)
+	c = f.start(sh, ctx, key, h, marker, nil)
 	sh.mu.Unlock()
 	if c == nil {
 		return joined[K, V]{err: ErrClosed}
@@ -133,15 +144,15 @@ func (l *Loader[K, V]) join(ctx context.Context, s *stripe, key K, h uint64, now
 	return joined[K, V]{c: c, started: true}
 }
 
-// startRefresh starts a background load of key to replace from, unless
-// from has been replaced already or a load of key is in flight. It reports
-// whether it started one.
-func (l *Loader[K, V]) startRefresh(ctx context.Context, s *stripe, key K, h uint64, from *entry[K, V]) bool {
-	sh := l.flights.shard(h)
-	sh.mu.Lock()
+// startRefresh is what a background refresh does with lookup: start a
+// load of key to replace from, unless from is no longer key's entry or a
+// load of key is in flight. It reports whether it started one.
+func (f *flights[K, V]) startRefresh(ctx context.Context, s *stripe, key K, h uint64, from *entry[K, V]) bool {
+	l := f.l
+	sh, cur, running := f.lookup(key, h)
 	var c *call[K, V]
-	if !from.gone.Load() && sh.loads[key] == nil {
-		c = l.start(sh, ctx, key, h, nil, from)
+	if cur == from && running == nil {
+		c = f.start(sh, ctx, key, h, nil, from)
 	}
 	sh.mu.Unlock()
 	if c == nil {
@@ -155,7 +166,8 @@ func (l *Loader[K, V]) startRefresh(ctx context.Context, s *stripe, key K, h uin
 // background refresh replaces (nil for a Get's load). It returns nil after
 // Close: Close sets its flag before it sweeps the shards (cancelAll), so a
 // load is either swept or never started.
-func (l *Loader[K, V]) start(sh *shard[K, V], ctx context.Context, key K, h uint64, marker *loadMarker, from *entry[K, V]) *call[K, V] {
+func (f *flights[K, V]) start(sh *shard[K, V], ctx context.Context, key K, h uint64, marker *loadMarker, from *entry[K, V]) *call[K, V] {
+	l := f.l
 	if l.closed.Load() {
 		return nil
 	}
@@ -179,8 +191,9 @@ func (l *Loader[K, V]) start(sh *shard[K, V], ctx context.Context, key K, h uint
 // has been counted as one of the load's callers. Under CancelAtZero the
 // last waiter out takes the load out of the map under the same lock, so no
 // later caller can join the cancelled load, and cancels it after unlocking.
-func (l *Loader[K, V]) leave(c *call[K, V]) bool {
-	sh := l.flights.shard(c.h)
+func (f *flights[K, V]) leave(c *call[K, V]) bool {
+	l := f.l
+	sh := f.shard(c.h)
 	sh.mu.Lock()
 	if c.finished {
 		sh.mu.Unlock()
@@ -235,13 +248,14 @@ type delivery[K comparable, V any] struct {
 // nil and c still owns its key) as the key's value. It returns how many
 // Gets receive the result, whether e was stored, and the write to hand to
 // the writer, if a new one was opened. The caller then closes c.done.
-func (l *Loader[K, V]) finish(c *call[K, V], r delivery[K, V], e *entry[K, V], cost int64) (callers int, stored bool, opened *write[K, V]) {
-	sh := l.flights.shard(c.h)
-	cur := l.lockCurrent(sh, c.h, c.key)
+func (f *flights[K, V]) finish(c *call[K, V], r delivery[K, V], e *entry[K, V], cost int64) (callers int, stored bool, opened *write[K, V]) {
+	l := f.l
+	sh := f.shard(c.h)
+	cur := f.lockCurrent(sh, c.h, c.key)
 	owned := sh.loads[c.key] == c
 	sh.forget(c)
 	if owned && e != nil && !l.closed.Load() {
-		opened, stored = l.put(sh, c.key, c.h, cur, e, cost, &c.w), true
+		opened, stored = f.put(sh, c.key, c.h, cur, e, cost, &c.w), true
 	}
 	c.val, c.err, c.loadedAt, c.freshUntil, c.fallback = r.val, r.err, r.loadedAt, r.freshUntil, r.fallback
 	c.finished = true // from here a leaving waiter takes the result: done is closed soon
@@ -252,20 +266,20 @@ func (l *Loader[K, V]) finish(c *call[K, V], r delivery[K, V], e *entry[K, V], c
 
 // overwrite makes e (nil: nothing) key's value for Set and Invalidate: the
 // load in flight, if any, is detached, and the write wins over it.
-func (l *Loader[K, V]) overwrite(key K, h uint64, e *entry[K, V], cost int64) *write[K, V] {
-	sh := l.flights.shard(h)
-	cur := l.lockCurrent(sh, h, key)
+func (f *flights[K, V]) overwrite(key K, h uint64, e *entry[K, V], cost int64) *write[K, V] {
+	sh := f.shard(h)
+	cur := f.lockCurrent(sh, h, key)
 	sh.detach(key)
-	w := l.put(sh, key, h, cur, e, cost, nil)
+	w := f.put(sh, key, h, cur, e, cost, nil)
 	sh.mu.Unlock()
 	return w
 }
 
 // latest returns key's current entry: the one a pending write leaves, or
 // the cached one. Used when a load failed, to find a value to cover it.
-func (l *Loader[K, V]) latest(key K, h uint64) *entry[K, V] {
-	sh := l.flights.shard(h)
-	cur := l.lockCurrent(sh, h, key)
+func (f *flights[K, V]) latest(key K, h uint64) *entry[K, V] {
+	sh := f.shard(h)
+	cur := f.lockCurrent(sh, h, key)
 	defer sh.mu.Unlock()
 	if w := sh.writes[key]; w != nil {
 		return w.entry
@@ -279,7 +293,8 @@ func (l *Loader[K, V]) latest(key K, h uint64) *entry[K, V] {
 // few such misfortunes (the writer closing a burst of writes of the shard)
 // it looks up under the lock: a lookup is short and never waits, and the
 // caller must make progress.
-func (l *Loader[K, V]) lockCurrent(sh *shard[K, V], h uint64, key K) *entry[K, V] {
+func (f *flights[K, V]) lockCurrent(sh *shard[K, V], h uint64, key K) *entry[K, V] {
+	l := f.l
 	for range 3 {
 		seen := sh.settles.Load()
 		cur := l.cached(h, key)
@@ -296,10 +311,10 @@ func (l *Loader[K, V]) lockCurrent(sh *shard[K, V], h uint64, key K) *entry[K, V
 // cancelAll cancels every load running (in the maps or detached) with
 // cause. Close calls it after setting its flag, so no load starts after a
 // shard has been swept.
-func (l *Loader[K, V]) cancelAll(cause error) {
+func (f *flights[K, V]) cancelAll(cause error) {
 	var cancels []func(error)
-	for i := range l.flights.shards {
-		sh := &l.flights.shards[i]
+	for i := range f.shards {
+		sh := &f.shards[i]
 		sh.mu.Lock()
 		for _, c := range sh.loads {
 			if cancel := c.cancelLocked(cause); cancel != nil {
@@ -320,9 +335,52 @@ func (l *Loader[K, V]) cancelAll(cause error) {
 
 // pending reports whether key has a load in flight or a write not yet
 // applied (for tests).
-func (l *Loader[K, V]) pending(key K) bool {
-	sh := l.flights.shard(l.mustHash(key))
+func (f *flights[K, V]) pending(key K) bool {
+	l := f.l
+	sh := f.shard(l.mustHash(key))
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	return sh.loads[key] != nil || sh.writes[key] != nil
+}
+
+// put records e (nil: nothing) as key's value, under sh.mu; cur is key's
+// cached entry (lockCurrent). It returns the write it opened (rec, if not
+// nil, is used for it), which the caller hands to the writer after
+// unlocking, or nil if an open write took e.
+func (f *flights[K, V]) put(sh *shard[K, V], key K, h uint64, cur, e *entry[K, V], cost int64, rec *write[K, V]) *write[K, V] {
+	if w := sh.writes[key]; w != nil {
+		if w.entry != nil {
+			w.entry.gone.Store(true)
+		}
+		w.entry, w.cost = e, cost
+		return nil
+	}
+	if cur == nil && e == nil {
+		return nil
+	}
+	if cur != nil {
+		cur.gone.Store(true)
+	}
+	if rec == nil {
+		rec = new(write[K, V])
+	}
+	*rec = write[K, V]{key: key, h: h, entry: e, cost: cost}
+	sh.writes[key] = rec
+	return rec
+}
+
+// settle closes w if what the writer issued last is still the key's value,
+// and reports whether it did.
+func (f *flights[K, V]) settle(w *write[K, V]) bool {
+	sh := f.shard(w.h)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	if w.entry != w.issued {
+		return false
+	}
+	if sh.writes[w.key] == w {
+		delete(sh.writes, w.key)
+		sh.settles.Add(1)
+	}
+	return true
 }

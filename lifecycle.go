@@ -81,7 +81,7 @@ func (l *Loader[K, V]) shutdown() {
 		return
 	}
 	l.stop(ErrClosed) // the context Remote.Set and Remote.Invalidate run under
-	l.cancelAll(ErrClosed)
+	l.flights.cancelAll(ErrClosed)
 	l.checkIdle()
 }
 

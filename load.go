@@ -79,7 +79,7 @@ func (l *Loader[K, V]) deliver(c *call[K, V], r *loaded[V], res delivery[K, V], 
 			c.from.refreshAfter.Store(int64(l.now() + d))
 		}
 	}
-	callers, stored, w := l.finish(c, res, e, cost)
+	callers, stored, w := l.flights.finish(c, res, e, cost)
 	if w != nil {
 		l.hand(w)
 	}

@@ -99,7 +99,7 @@ func New[K comparable, V any](load LoadFunc[K, V], opts Options[K, V]) (*Loader[
 	l.hashMayPanic = opts.Hash != nil || l.checkKeys
 	l.checkKeys = l.checkKeys && opts.Hash != nil
 	l.stats.init()
-	l.flights.init()
+	l.flights.init(l)
 	l.writer.init()
 	l.timeouts.init(opts.LoadTimeout)
 	cache, err := ristretto.NewCache(&ristretto.Config[uint64, *entry[K, V]]{
@@ -218,7 +218,7 @@ func (l *Loader[K, V]) GetInfo(ctx context.Context, key K) (v V, info Info, err 
 // true on the one retry for a value that was stale beyond the caller's
 // max-stale (the Get was counted already).
 func (l *Loader[K, V]) wait(ctx context.Context, s *stripe, key K, h uint64, start time.Duration, again bool) (v V, info Info, err error) {
-	j := l.join(ctx, s, key, h, start)
+	j := l.flights.join(ctx, s, key, h, start)
 	if j.hit != nil { // a load (or Set) finished as this Get looked: no need to wait
 		if !again {
 			l.stats.lateHits.Add(1)
@@ -236,7 +236,7 @@ func (l *Loader[K, V]) wait(ctx context.Context, s *stripe, key K, h uint64, sta
 	select {
 	case <-c.done:
 	case <-ctx.Done():
-		if l.leave(c) {
+		if l.flights.leave(c) {
 			l.stats.waiting.Add(-1)
 			l.stats.canceled.Add(1)
 			return v, Info{Waited: l.now() - start}, ctx.Err()
@@ -281,7 +281,7 @@ func (l *Loader[K, V]) staleOnError(ctx context.Context, key K, h uint64, c *cal
 	if l.opts.StaleIfError == 0 || errorsIsAny(c.err, ErrNotFound, ErrClosed) {
 		return v, 0, false
 	}
-	e := l.latest(key, h)
+	e := l.flights.latest(key, h)
 	if e != nil && e.err != nil {
 		e = nil // a cached not-found
 	}
@@ -307,7 +307,7 @@ func (l *Loader[K, V]) refresh(ctx context.Context, s *stripe, key K, h uint64, 
 	if after > int64(now) || !e.refreshAfter.CompareAndSwap(after, refreshing) {
 		return // backing off, or another Get is starting (or ran) one
 	}
-	if l.stats.refreshing.Add(1) > int64(l.opts.MaxRefreshes) || !l.startRefresh(ctx, s, key, h, e) {
+	if l.stats.refreshing.Add(1) > int64(l.opts.MaxRefreshes) || !l.flights.startRefresh(ctx, s, key, h, e) {
 		l.stats.refreshing.Add(-1)
 		e.refreshAfter.Store(after)
 		return
@@ -335,7 +335,7 @@ func (l *Loader[K, V]) Set(key K, value V) {
 	if !ok || l.tooBig(cost) {
 		e = nil // the value cannot be costed, or never fits: drop the old one
 	}
-	if w := l.overwrite(key, h, e, cost); w != nil {
+	if w := l.flights.overwrite(key, h, e, cost); w != nil {
 		l.hand(w)
 	}
 	l.exitOp(s)
@@ -354,7 +354,7 @@ func (l *Loader[K, V]) Invalidate(key K) {
 	if !open {
 		return
 	}
-	if w := l.overwrite(key, h, nil, 0); w != nil {
+	if w := l.flights.overwrite(key, h, nil, 0); w != nil {
 		l.hand(w)
 	}
 	l.exitOp(s)

@@ -63,32 +63,6 @@ type write[K comparable, V any] struct {
 	issued *entry[K, V] // what it issued last (nil with sent: a Del)
 }
 
-// put records e (nil: nothing) as key's value, under sh.mu; cur is key's
-// cached entry (lockCurrent). It returns the write it opened (rec, if not
-// nil, is used for it), which the caller hands to the writer after
-// unlocking, or nil if an open write took e.
-func (l *Loader[K, V]) put(sh *shard[K, V], key K, h uint64, cur, e *entry[K, V], cost int64, rec *write[K, V]) *write[K, V] {
-	if w := sh.writes[key]; w != nil {
-		if w.entry != nil {
-			w.entry.gone.Store(true)
-		}
-		w.entry, w.cost = e, cost
-		return nil
-	}
-	if cur == nil && e == nil {
-		return nil
-	}
-	if cur != nil {
-		cur.gone.Store(true)
-	}
-	if rec == nil {
-		rec = new(write[K, V])
-	}
-	*rec = write[K, V]{key: key, h: h, entry: e, cost: cost}
-	sh.writes[key] = rec
-	return rec
-}
-
 // writer is the state of the Loader's writer goroutine.
 type writer[K comparable, V any] struct {
 	mu       sync.Mutex
@@ -155,7 +129,7 @@ func (l *Loader[K, V]) runWriter() {
 		l.cache.Wait() // everything issued above is applied (or refused) now
 		again = again[:0]
 		for _, w := range batch {
-			if !l.settle(w) {
+			if !l.flights.settle(w) {
 				again = append(again, w)
 			}
 		}
@@ -197,20 +171,4 @@ func (l *Loader[K, V]) issue(w *write[K, V]) {
 	if e != nil && !l.cache.Set(w.h, e, cost) {
 		l.stats.setsDropped.Add(1)
 	}
-}
-
-// settle closes w if what the writer issued last is still the key's value,
-// and reports whether it did.
-func (l *Loader[K, V]) settle(w *write[K, V]) bool {
-	sh := l.flights.shard(w.h)
-	sh.mu.Lock()
-	defer sh.mu.Unlock()
-	if w.entry != w.issued {
-		return false
-	}
-	if sh.writes[w.key] == w {
-		delete(sh.writes, w.key)
-		sh.settles.Add(1)
-	}
-	return true
 }

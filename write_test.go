@@ -75,10 +75,10 @@ func TestNoWriteWaitsForRistretto(t *testing.T) {
 	// Once the writer runs, the values reach ristretto and the pending
 	// writes close.
 	deadline := time.Now().Add(10 * time.Second)
-	for l.pending(0) && time.Now().Before(deadline) {
+	for l.flights.pending(0) && time.Now().Before(deadline) {
 		time.Sleep(time.Millisecond)
 	}
-	if l.pending(0) {
+	if l.flights.pending(0) {
 		t.Fatal("the write of key 0 is still pending 10s after the writer was released")
 	}
 	if e := l.cached(l.mustHash(0), 0); e == nil || e.val != "set" {
@@ -110,7 +110,7 @@ func TestSetOverPendingFill(t *testing.T) {
 	}
 	release()
 	deadline := time.Now().Add(10 * time.Second)
-	for l.pending("k") && time.Now().Before(deadline) {
+	for l.flights.pending("k") && time.Now().Before(deadline) {
 		time.Sleep(time.Millisecond)
 	}
 	if e := l.cached(l.mustHash("k"), "k"); e == nil || e.val != "v2" {
