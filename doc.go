@@ -22,14 +22,24 @@
 // ([LoadEvent.Callers]: the blast radius of a failure); [Loader.Stats] gives
 // cumulative counters.
 //
+// # Errors and shutdown
+//
+// A panic in any user code (the LoadFunc, Cost, OnLoad, Hash, a Remote...)
+// is recovered and reaches callers as a [*PanicError]; a runtime.Goexit in
+// a LoadFunc reaches them as [ErrGoexit]. [Loader.Close] stops the Loader
+// and waits for every goroutine it started; [Loader.Shutdown] waits at
+// most until its context ends.
+//
 // # Per-call freshness
 //
 // [WithMaxStale] bounds how stale a value one Get accepts, like HTTP's
-// Cache-Control max-stale; WithMaxStale(ctx, 0) demands a fresh value.
+// Cache-Control max-stale; WithMaxStale(ctx, 0) refuses any stale value.
 //
 // # Beyond one process
 //
 // [Options.Remote] adds a tier shared by processes (the flightredis module
 // implements one on Redis), and [Breaker.Custom] a breaker whose state they
 // share, so a fleet makes one downstream call per key, not one per process.
+// [Options.Windows] and [AcceptsStale] let a Remote judge a shared value's
+// age by the Loader's own rules.
 package flightcache

@@ -118,7 +118,7 @@ type Stats struct {
 	Refreshes         uint64 // background refreshes started
 	Abandoned         uint64 // loads cancelled because every waiter left (CancelAtZero)
 	BreakerRejected   uint64 // downstream calls the breaker refused
-	Panics            uint64 // panics recovered in LoadFunc, Cost or OnLoad
+	Panics            uint64 // panics recovered in user code: LoadFunc, Cost, OnLoad, Hash, a Remote, a breaker...
 	InFlight          int64  // loads running now
 	Waiting           int64  // Gets waiting on a load now: the blast radius if it fails
 
