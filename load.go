@@ -38,7 +38,8 @@ func (l *Loader[K, V]) complete(c *call[K, V], r *loaded[V]) {
 		}
 	case l.opts.NotFoundTTL > 0 && errors.Is(r.err, ErrNotFound):
 		e = l.newEntry(c.key, r.val, now, l.opts.NotFoundTTL, 0)
-		e.err = r.err
+		err := r.err
+		e.notFound = &err
 	}
 	if r.err != nil {
 		var zero V

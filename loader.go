@@ -64,13 +64,21 @@ type Loader[K comparable, V any] struct {
 type entry[K comparable, V any] struct {
 	key          K
 	val          V
-	err          error // a cached not-found error; nil for a value
+	notFound     *error // a cached not-found error; nil for a value (a pointer: 8 bytes, not 16, on every entry)
 	loadedAt     time.Duration
 	freshUntil   time.Duration
 	refreshAt    time.Duration // from here to freshUntil a Get refreshes early; = freshUntil when off
 	refreshAfter atomic.Int64  // no background refresh before this offset; max while one runs
 	refreshFails atomic.Int32  // consecutive failed background refreshes
 	gone         atomic.Bool   // replaced or invalidated: a Get treats it as absent (write.go)
+}
+
+// error returns the cached not-found error, or nil for a value.
+func (e *entry[K, V]) error() error {
+	if e.notFound == nil {
+		return nil
+	}
+	return *e.notFound
 }
 
 const refreshing = int64(^uint64(0) >> 1)
@@ -165,7 +173,7 @@ func (l *Loader[K, V]) cached(h uint64, key K) *entry[K, V] {
 }
 
 func (l *Loader[K, V]) phase(e *entry[K, V], now time.Duration) phase {
-	if e.err != nil {
+	if e.notFound != nil {
 		return windows{}.phaseAt(now, e.freshUntil) // a cached not-found is never stale
 	}
 	return l.win.phaseAt(now, e.freshUntil)
@@ -198,11 +206,11 @@ func (l *Loader[K, V]) GetInfo(ctx context.Context, key K) (v V, info Info, err 
 	switch {
 	case e == nil: // a miss: wait below
 	case l.phase(e, now) == phaseFresh:
-		if now >= e.refreshAt && e.err == nil {
+		if now >= e.refreshAt && e.notFound == nil {
 			l.refresh(ctx, s, key, h, e, now) // early refresh
 		}
 		l.exitGet(s, &s.hits)
-		return e.val, Info{Source: SourceHit, Age: now - e.loadedAt}, e.err
+		return e.val, Info{Source: SourceHit, Age: now - e.loadedAt}, e.error()
 	case l.phase(e, now) == phaseStale && acceptsStale(ctx, e.freshUntil, now):
 		l.refresh(ctx, s, key, h, e, now)
 		l.exitGet(s, &s.stale)
@@ -223,7 +231,7 @@ func (l *Loader[K, V]) wait(ctx context.Context, s *stripe, key K, h uint64, sta
 		if !again {
 			l.stats.lateHits.Add(1)
 		}
-		return j.hit.val, Info{Source: SourceHit, Age: l.now() - j.hit.loadedAt}, j.hit.err
+		return j.hit.val, Info{Source: SourceHit, Age: l.now() - j.hit.loadedAt}, j.hit.error()
 	}
 	if !again {
 		l.stats.misses.Add(1)
@@ -282,7 +290,7 @@ func (l *Loader[K, V]) staleOnError(ctx context.Context, key K, h uint64, c *cal
 		return v, 0, false
 	}
 	e := l.flights.latest(key, h)
-	if e != nil && e.err != nil {
+	if e != nil && e.notFound != nil {
 		e = nil // a cached not-found
 	}
 	for _, e := range [2]*entry[K, V]{e, c.fallback} {
