@@ -20,9 +20,10 @@ import (
 )
 
 // Values whose Cost exceeds MaxCost reach their callers but are never
-// cached, and what the cache holds never costs more than MaxCost (rule 10),
-// however a value arrives: a first load, a reload of a key whose old entry
-// is still in ristretto, or Set over an existing entry.
+// cached, and what the cache holds never costs more than MaxCost
+// (docs/design.md rule 10), however a value arrives: a first load, a reload
+// of a key whose old entry is still in ristretto, or Set over an existing
+// entry.
 func TestCostAboveMaxCost(t *testing.T) {
 	const maxCost = 1000
 	small, big := "s", strings.Repeat("b", 5*maxCost)
@@ -106,8 +107,9 @@ func TestCostAboveMaxCost(t *testing.T) {
 				l.Set(fmt.Sprint("k", i), grown)
 			}
 			// MaxCost bounds what the cache holds once the writes have
-			// settled: Set returns before ristretto applies its write (rule
-			// 17), and until then the value waits in its pending write.
+			// settled: Set returns before ristretto applies its write
+			// (docs/design.md rule 17), and until then the value waits in
+			// its pending write.
 			synctest.Wait()
 			var total int
 			for i := range keys {
@@ -125,8 +127,9 @@ func TestCostAboveMaxCost(t *testing.T) {
 // Ten million distinct keys through a Loader with MaxCost 10,000: every Get
 // misses and loads, ristretto evicts or refuses all but 10,000 entries, and
 // the live heap, measured after a GC every second while the Gets run, stays
-// flat (rule 10). Under -race or -short the test runs 50,000 keys; run it
-// without either for the full ten million (about two minutes on 2 cores).
+// flat (docs/design.md rule 10). Under -race or -short the test runs 50,000
+// keys; run it without either for the full ten million (about two minutes on
+// 2 cores).
 func TestManyDistinctKeysKeepTheHeapBounded(t *testing.T) {
 	keys := 10_000_000
 	if testing.Short() || raceEnabled {
@@ -328,7 +331,10 @@ func TestHugeKeys(t *testing.T) {
 		for _, k := range keys {
 			check(t, l, k, valueOf(k), SourceLoaded)
 		}
-		l.Set("settle", "x") // ristretto has applied every fill
+		// docs/design.md rule 2: every fill above returned, so these are
+		// hits whether or not the writer has applied them yet. (A Set of
+		// another key used to stand here, when Set waited for ristretto
+		// and so flushed the fills before it.)
 		for _, k := range keys {
 			check(t, l, k, valueOf(k), SourceHit)
 		}

@@ -165,8 +165,9 @@ var (
 
 // chaosDownstream is the faulty service behind the Loader. It checks, on
 // every call, that no other call of the same key is running unless the
-// Loader is allowed to have started it (rule 6: a load detached by
-// Invalidate or Set; CancelAtZero: a load its callers abandoned).
+// Loader is allowed to have started it (docs/design.md rule 6: a load
+// detached by Invalidate or Set; CancelAtZero: a load its callers
+// abandoned).
 type chaosDownstream struct {
 	l      *Loader[int, chaosVal] // set once New returns, before any Get
 	policy Policy

@@ -15,8 +15,8 @@ import (
 	"go.uber.org/goleak"
 )
 
-// Rule 1: N concurrent Gets of one cold key make exactly one LoadFunc call,
-// and all N get the same value.
+// docs/design.md rule 1: N concurrent Gets of one cold key make exactly one
+// LoadFunc call, and all N get the same value.
 func TestCoalescing(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		d := &downstream{gate: make(chan struct{})}
@@ -54,8 +54,8 @@ func TestCoalescing(t *testing.T) {
 	})
 }
 
-// Rule 2: a Get that begins after a load returned is a hit; so is a Get
-// after Set. Many readers race the first load of many keys.
+// docs/design.md rule 2: a Get that begins after a load returned is a hit;
+// so is a Get after Set. Many readers race the first load of many keys.
 func TestNoGapAfterLoad(t *testing.T) {
 	d := &downstream{}
 	l := newLoader(t, d, Options[string, string]{MaxCost: 100_000})
@@ -94,8 +94,8 @@ func TestNoGapAfterLoad(t *testing.T) {
 	}
 }
 
-// Rule 2's exception is visible: a cache too small to keep everything
-// shows its evictions and refusals in Stats.
+// docs/design.md rule 2, its exception made visible: a cache too small to
+// keep everything shows its evictions and refusals in Stats.
 func TestFullCacheIsVisible(t *testing.T) {
 	d := &downstream{}
 	l := newLoader(t, d, Options[string, string]{MaxCost: 10})
@@ -110,7 +110,8 @@ func TestFullCacheIsVisible(t *testing.T) {
 	}
 }
 
-// Rule 3: concurrent waiters see the one error; the next Get calls again.
+// docs/design.md rule 3: concurrent waiters see the one error; the next Get
+// calls again.
 func TestFailuresSharedAndForgotten(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		d := &downstream{gate: make(chan struct{}), fail: func(int64, string) error { return errBoom }}
@@ -150,9 +151,9 @@ func TestFailuresSharedAndForgotten(t *testing.T) {
 
 type traceKey struct{}
 
-// Rule 4: a caller that leaves gets ctx.Err(); the others still get the
-// value; the load's context keeps the first caller's values but never its
-// cancellation.
+// docs/design.md rule 4: a caller that leaves gets ctx.Err(); the others
+// still get the value; the load's context keeps the first caller's values
+// but never its cancellation.
 func TestCancellationIsIsolated(t *testing.T) {
 	for _, policy := range []Policy{FinishAndFill, CancelAtZero} {
 		t.Run(policy.String(), func(t *testing.T) {
@@ -194,9 +195,9 @@ func TestCancellationIsIsolated(t *testing.T) {
 	}
 }
 
-// Rule 4, CancelAtZero: the last waiter's exit cancels the load and takes it
-// out of the map at once, so a later Get starts a fresh load even while the
-// cancelled one is still running.
+// docs/design.md rule 4, CancelAtZero: the last waiter's exit cancels the
+// load and takes it out of the map at once, so a later Get starts a fresh
+// load even while the cancelled one is still running.
 func TestCancelAtZero(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		first := make(chan struct{}) // the first load ignores cancellation until closed
@@ -257,7 +258,8 @@ func TestCancelAtZero(t *testing.T) {
 	})
 }
 
-// Rule 4, FinishAndFill: the load outlives its only caller and fills.
+// docs/design.md rule 4, FinishAndFill: the load outlives its only caller
+// and fills.
 func TestFinishAndFill(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		d := &downstream{delay: time.Second}
@@ -275,8 +277,8 @@ func TestFinishAndFill(t *testing.T) {
 	})
 }
 
-// Rule 6: Invalidate and Set win over a load in flight: its waiters get its
-// result, the cache does not.
+// docs/design.md rule 6: Invalidate and Set win over a load in flight: its
+// waiters get its result, the cache does not.
 func TestInvalidateAndSetWinOverInflightLoad(t *testing.T) {
 	for _, op := range []string{"Invalidate", "Set"} {
 		t.Run(op, func(t *testing.T) {
@@ -306,8 +308,8 @@ func TestInvalidateAndSetWinOverInflightLoad(t *testing.T) {
 	}
 }
 
-// Rule 7: a panicking LoadFunc gives every waiter a *PanicError, caches
-// nothing, and counts as a breaker failure.
+// docs/design.md rule 7: a panicking LoadFunc gives every waiter a
+// *PanicError, caches nothing, and counts as a breaker failure.
 func TestPanicIsSharedAndCounted(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		gate := make(chan struct{})
@@ -341,8 +343,8 @@ func TestPanicIsSharedAndCounted(t *testing.T) {
 	})
 }
 
-// Rule 8: Close cancels loads and refreshes in flight, waits for every
-// goroutine, and later Gets return ErrClosed.
+// docs/design.md rule 8: Close cancels loads and refreshes in flight, waits
+// for every goroutine, and later Gets return ErrClosed.
 func TestCloseStopsEverything(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		d := &downstream{gate: make(chan struct{})}
@@ -382,8 +384,8 @@ func TestCloseStopsEverything(t *testing.T) {
 	goleak.VerifyNone(t)
 }
 
-// Rule 9: keys are compared exactly; colliding hashes share a slot, never a
-// value.
+// docs/design.md rule 9: keys are compared exactly; colliding hashes share a
+// slot, never a value.
 func TestHashCollisionsNeverMixValues(t *testing.T) {
 	d := &downstream{}
 	l := newLoader(t, d, Options[string, string]{Hash: func(string) uint64 { return 42 }})
@@ -408,8 +410,8 @@ func TestHashCollisionsNeverMixValues(t *testing.T) {
 	}
 }
 
-// Rule 10: a load is bounded by LoadTimeout (retries included), and retries
-// by MaxAttempts.
+// docs/design.md rule 10: a load is bounded by LoadTimeout (retries
+// included), and retries by MaxAttempts.
 func TestLoadTimeoutAndMaxAttempts(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		d := &downstream{delay: time.Hour}
@@ -440,8 +442,8 @@ func TestLoadTimeoutAndMaxAttempts(t *testing.T) {
 	})
 }
 
-// Rule 10: MaxRefreshes bounds background refreshes; a stale value is
-// served either way.
+// docs/design.md rule 10: MaxRefreshes bounds background refreshes; a stale
+// value is served either way.
 func TestMaxRefreshes(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		d := &downstream{gate: make(chan struct{})}

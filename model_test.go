@@ -12,10 +12,10 @@ import (
 // The model-based fuzz test: a byte string is read as a sequence of
 // operations (Gets with and without cancellation, Set, Invalidate, time
 // advancing) and downstream outcomes (success, failure, panic, not-found),
-// run in a synctest bubble against a small reference model of DESIGN.md's
-// rules. Every Get's value, error, Source and Age must match the model, and
-// so must the downstream call count after every operation and the Stats at
-// the end.
+// run in a synctest bubble against a small reference model of the rules of
+// behaviour in docs/design.md. Every Get's value, error, Source and Age must
+// match the model, and so must the downstream call count after every
+// operation and the Stats at the end.
 //
 // The bytes are read in pairs (operation, argument). An input of odd length
 // ends in a configuration byte: its lowest bit selects the Policy (0

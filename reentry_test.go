@@ -19,7 +19,8 @@ import (
 // running. None may deadlock, and each does what docs/reliability.md says:
 //
 //   - Set and Invalidate work; of the key being loaded, they win over its
-//     load (rule 6): its waiters get its result, the cache does not.
+//     load (docs/design.md rule 6): its waiters get its result, the cache
+//     does not.
 //   - Get of another key works (a nested load, waited for).
 //   - Get of the key being loaded, from its LoadFunc under the load's
 //     context, fails at once with ErrRecursiveLoad. Under an unrelated

@@ -8,8 +8,8 @@ import (
 	"time"
 )
 
-// Rule 5: in the stale window every Get returns at once, and exactly one
-// background refresh runs per key.
+// docs/design.md rule 5: in the stale window every Get returns at once, and
+// exactly one background refresh runs per key.
 func TestStaleWhileRevalidate(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		d := &downstream{gate: make(chan struct{})}
@@ -43,8 +43,8 @@ func TestStaleWhileRevalidate(t *testing.T) {
 	})
 }
 
-// Rule 5: a failed refresh is not retried for that key before a jittered
-// backoff delay (Retry.InitialInterval, doubling per failure).
+// docs/design.md rule 5: a failed refresh is not retried for that key before
+// a jittered backoff delay (Retry.InitialInterval, doubling per failure).
 func TestFailedRefreshBacksOff(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		d := &downstream{fail: func(int64, string) error { return errBoom }}
