@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -171,4 +172,61 @@ func ExampleOptions_onLoad() {
 	ev := <-events
 	fmt.Printf("load of %s failed (%v) and reached %d callers\n", ev.Key, ev.Err, ev.Callers)
 	// Output: load of user:1 failed (query timeout) and reached 7 callers
+}
+
+// Shutdown stops the Loader like Close, but waits only as long as its
+// context allows: here a load that ignores its context outlives the
+// deadline, and a second Shutdown returns once the load has ended.
+func ExampleLoader_Shutdown() {
+	release := make(chan struct{})
+	started := make(chan struct{})
+	l, _ := flightcache.New(func(ctx context.Context, id string) (string, error) {
+		close(started)
+		<-release // a downstream call that ignores ctx
+		return "v", nil
+	}, flightcache.Options[string, string]{TTL: time.Minute})
+
+	go l.Get(context.Background(), "k")
+	<-started
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
+	defer cancel()
+	fmt.Println("first Shutdown:", l.Shutdown(ctx))
+	_, err := l.Get(context.Background(), "other")
+	fmt.Println("Get after it:", err)
+
+	close(release)
+	fmt.Println("second Shutdown:", l.Shutdown(context.Background()))
+	// Output:
+	// first Shutdown: context deadline exceeded
+	// Get after it: flightcache: loader closed
+	// second Shutdown: <nil>
+}
+
+// A LoadFunc that ends its goroutine with runtime.Goexit (as t.FailNow
+// does) cannot return a value or an error; every caller of the load gets
+// an error matching ErrGoexit instead, and nothing is cached.
+func ExampleErrGoexit() {
+	l, _ := flightcache.New(func(ctx context.Context, id string) (string, error) {
+		runtime.Goexit()
+		return "", nil
+	}, flightcache.Options[string, string]{TTL: time.Minute})
+	defer l.Close()
+
+	_, err := l.Get(context.Background(), "k")
+	fmt.Println(errors.Is(err, flightcache.ErrGoexit))
+	// Output: true
+}
+
+// A Remote judges a value it shares with other processes by the Loader's
+// own rules: Options.Windows gives them, validated as New validates them.
+func ExampleOptions_Windows() {
+	opts := flightcache.Options[string, string]{TTL: 10 * time.Second, Jitter: 0.1, StaleIfError: time.Minute}
+	w, err := opts.Windows()
+	fmt.Println(w.Fresh, w.StaleIfError, w.LoadTimeout, err)
+
+	_, err = flightcache.Options[string, string]{TTL: time.Second, Jitter: 2}.Windows()
+	fmt.Println(err)
+	// Output:
+	// 9s 1m0s 10s <nil>
+	// flightcache: Options.Jitter must be in [0, 1], got 2
 }
