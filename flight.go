@@ -242,6 +242,7 @@ type delivery[K comparable, V any] struct {
 	loadedAt   time.Duration
 	freshUntil time.Duration
 	fallback   *entry[K, V]
+	drop       bool // the value is not to be cached: the key keeps no older one either
 }
 
 // finish sets c's result: it takes c out of the map and leaves e (if not
@@ -254,8 +255,12 @@ func (f *flights[K, V]) finish(c *call[K, V], r delivery[K, V], e *entry[K, V], 
 	cur := f.lockCurrent(sh, c.h, c.key)
 	owned := sh.loads[c.key] == c
 	sh.forget(c)
-	if owned && e != nil && !l.closed.Load() {
+	switch {
+	case !owned || l.closed.Load():
+	case e != nil:
 		opened, stored = f.put(sh, c.key, c.h, cur, e, cost, &c.w), true
+	case r.drop:
+		opened = f.put(sh, c.key, c.h, cur, nil, 0, &c.w)
 	}
 	c.val, c.err, c.loadedAt, c.freshUntil, c.fallback = r.val, r.err, r.loadedAt, r.freshUntil, r.fallback
 	c.finished = true // from here a leaving waiter takes the result: done is closed soon

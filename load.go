@@ -22,33 +22,37 @@ func (l *Loader[K, V]) run(c *call[K, V]) {
 func (l *Loader[K, V]) complete(c *call[K, V], r *loaded[V]) {
 	now := l.now()
 	res := delivery[K, V]{val: r.val, err: r.err, loadedAt: now - r.age}
+	// Values never cached are judged by the shortest freshness any entry
+	// can draw, so that no caller's max-stale is stretched by jitter.
+	shortest := jitter(l.opts.TTL, l.opts.Jitter, 1)
+	res.freshUntil = addSat(res.loadedAt, shortest)
 	var e *entry[K, V]
 	cost := int64(1)
 	switch {
 	case r.err == nil:
-		e = l.newEntry(c.key, r.val, res.loadedAt, l.opts.TTL, r.took)
+		// Freshness and Cost are user code: if one ends the goroutine,
+		// the waiters still get the value, uncached.
+		onGoexit := func() { l.deliver(c, r, res, nil, 0) }
+		life, keep := l.lifeOf(c.key, r.val, onGoexit)
+		e = l.newEntry(c.key, r.val, res.loadedAt, life, r.took)
 		if l.opts.Cost != nil {
 			var ok bool
-			// Cost is user code: if it ends the goroutine, the waiters
-			// still get the value, uncached.
-			cost, ok = l.costOf(r.val, func() { l.deliver(c, r, res, nil, 0) })
-			if !ok || l.tooBig(cost) {
-				e = nil // cannot be costed, or never fits
-			}
+			cost, ok = l.costOf(r.val, onGoexit)
+			keep = keep && ok && !l.tooBig(cost)
+		}
+		if !keep {
+			// Not to be cached, cannot be costed, or never fits: the
+			// waiters get the value, and the key keeps no older one.
+			e, res.drop = nil, true
 		}
 	case l.opts.NotFoundTTL > 0 && errors.Is(r.err, ErrNotFound):
-		e = l.newEntry(c.key, r.val, now, l.opts.NotFoundTTL, 0)
-		err := r.err
-		e.notFound = &err
+		e = l.newEntry(c.key, r.val, now, lifetime{ttl: l.opts.NotFoundTTL}, 0)
+		e.extra = &extra[K, V]{notFound: r.err}
 	}
 	if r.err != nil {
 		var zero V
 		res.val = zero
 	}
-	// Values never cached are judged by the shortest freshness any entry
-	// can draw, so that no caller's max-stale is stretched by jitter.
-	shortest := jitter(l.opts.TTL, l.opts.Jitter, 1)
-	res.freshUntil = addSat(res.loadedAt, shortest)
 	if e != nil {
 		res.freshUntil = e.freshUntil
 	}
@@ -99,16 +103,65 @@ func (l *Loader[K, V]) deliver(c *call[K, V], r *loaded[V], res delivery[K, V], 
 }
 
 // newEntry builds the entry of a value loaded (or Set) at now, fresh for a
-// jittered ttl. took is how long the load took (0 for Set): it places the
-// entry's early refresh.
-func (l *Loader[K, V]) newEntry(key K, v V, now, ttl, took time.Duration) *entry[K, V] {
-	life := jitter(ttl, l.opts.Jitter, rand.Float64())
-	until := addSat(now, life)
+// jittered life.ttl, with life's windows. took is how long the load took (0
+// for Set): it places the entry's early refresh.
+func (l *Loader[K, V]) newEntry(key K, v V, now time.Duration, life lifetime, took time.Duration) *entry[K, V] {
+	fresh := jitter(life.ttl, l.opts.Jitter, rand.Float64())
+	until := addSat(now, fresh)
 	e := &entry[K, V]{key: key, val: v, loadedAt: now, freshUntil: until, refreshAt: until}
+	if life.own {
+		e.extra = &extra[K, V]{win: life.win}
+	}
 	if l.opts.EarlyRefresh > 0 {
-		e.refreshAt = earlyRefreshAt(now, life, took, l.opts.EarlyRefresh, 1-rand.Float64())
+		e.refreshAt = earlyRefreshAt(now, fresh, took, l.opts.EarlyRefresh, 1-rand.Float64())
 	}
 	return e
+}
+
+// lifetime is how long one value lives: its TTL and, when own is set,
+// stale windows of its own rather than the Options'.
+type lifetime struct {
+	ttl time.Duration
+	win windows
+	own bool
+}
+
+// lifeOf asks Options.Freshness (user code, through the guard) how long v
+// lives; keep is false for a value not to be cached (a negative TTL, or a
+// Freshness that panicked). Without Freshness every value gets the
+// Options' TTL and windows.
+func (l *Loader[K, V]) lifeOf(key K, v V, onGoexit func()) (life lifetime, keep bool) {
+	life = lifetime{ttl: l.opts.TTL, win: l.win}
+	if l.opts.Freshness == nil {
+		return life, true
+	}
+	var f Freshness
+	if l.guard(func() { f = l.opts.Freshness(key, v) }, onGoexit) != nil {
+		return life, false
+	}
+	if f.TTL < 0 {
+		return life, false
+	}
+	if f.TTL > 0 {
+		life.ttl = f.TTL
+	}
+	life.win = windows{
+		staleWhileRevalidate: pick(f.StaleWhileRevalidate, l.win.staleWhileRevalidate),
+		staleIfError:         pick(f.StaleIfError, l.win.staleIfError),
+	}
+	life.own = life.win != l.win
+	return life, true
+}
+
+// pick is d, the default for 0, and none (0) for a negative d.
+func pick(d, def time.Duration) time.Duration {
+	switch {
+	case d == 0:
+		return def
+	case d < 0:
+		return 0
+	}
+	return d
 }
 
 // costOf calls the user's Cost through the guard: a panic gives ok ==

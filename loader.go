@@ -64,7 +64,7 @@ type Loader[K comparable, V any] struct {
 type entry[K comparable, V any] struct {
 	key          K
 	val          V
-	notFound     *error // a cached not-found error; nil for a value (a pointer: 8 bytes, not 16, on every entry)
+	extra        *extra[K, V] // nil for a value with the Options' windows (8 bytes on every entry, not 32)
 	loadedAt     time.Duration
 	freshUntil   time.Duration
 	refreshAt    time.Duration // from here to freshUntil a Get refreshes early; = freshUntil when off
@@ -73,13 +73,23 @@ type entry[K comparable, V any] struct {
 	gone         atomic.Bool   // replaced or invalidated: a Get treats it as absent (write.go)
 }
 
+// extra is what few entries need: a cached not-found's error, or a value's
+// own stale windows ([Options.Freshness]).
+type extra[K comparable, V any] struct {
+	notFound error   // a cached not-found error; nil for a value
+	win      windows // the entry's stale windows (none for a not-found)
+}
+
 // error returns the cached not-found error, or nil for a value.
 func (e *entry[K, V]) error() error {
-	if e.notFound == nil {
+	if e.extra == nil {
 		return nil
 	}
-	return *e.notFound
+	return e.extra.notFound
 }
+
+// isNotFound reports whether e is a cached not-found.
+func (e *entry[K, V]) isNotFound() bool { return e.extra != nil && e.extra.notFound != nil }
 
 const refreshing = int64(^uint64(0) >> 1)
 
@@ -173,8 +183,8 @@ func (l *Loader[K, V]) cached(h uint64, key K) *entry[K, V] {
 }
 
 func (l *Loader[K, V]) phase(e *entry[K, V], now time.Duration) phase {
-	if e.notFound != nil {
-		return windows{}.phaseAt(now, e.freshUntil) // a cached not-found is never stale
+	if e.extra != nil {
+		return e.extra.win.phaseAt(now, e.freshUntil) // a cached not-found has no windows: never stale
 	}
 	return l.win.phaseAt(now, e.freshUntil)
 }
@@ -206,7 +216,7 @@ func (l *Loader[K, V]) GetInfo(ctx context.Context, key K) (v V, info Info, err 
 	switch {
 	case e == nil: // a miss: wait below
 	case l.phase(e, now) == phaseFresh:
-		if now >= e.refreshAt && e.notFound == nil {
+		if now >= e.refreshAt && !e.isNotFound() {
 			l.refresh(ctx, s, key, h, e, now) // early refresh
 		}
 		l.exitGet(s, &s.hits)
@@ -290,7 +300,7 @@ func (l *Loader[K, V]) staleOnError(ctx context.Context, key K, h uint64, c *cal
 		return v, 0, false
 	}
 	e := l.flights.latest(key, h)
-	if e != nil && e.notFound != nil {
+	if e != nil && e.isNotFound() {
 		e = nil // a cached not-found
 	}
 	for _, e := range [2]*entry[K, V]{e, c.fallback} {
@@ -334,14 +344,16 @@ func (l *Loader[K, V]) Set(key K, value V) {
 	if err != nil {
 		return
 	}
-	cost, ok := l.costOf(value, nil) // user code: before counting in
+	// User code first, before counting in.
+	cost, ok := l.costOf(value, nil)
+	life, keep := l.lifeOf(key, value, nil)
 	s, open := l.enterOp()
 	if !open {
 		return
 	}
-	e := l.newEntry(key, value, l.now(), l.opts.TTL, 0)
-	if !ok || l.tooBig(cost) {
-		e = nil // the value cannot be costed, or never fits: drop the old one
+	e := l.newEntry(key, value, l.now(), life, 0)
+	if !ok || !keep || l.tooBig(cost) {
+		e = nil // cannot be costed, never fits, or not to be cached: drop the old one
 	}
 	if w := l.flights.overwrite(key, h, e, cost); w != nil {
 		l.hand(w)

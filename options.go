@@ -104,6 +104,18 @@ type Options[K comparable, V any] struct {
 	// Stats.Panics.
 	OnLoad func(LoadEvent[K])
 
+	// Freshness, if set, gives each value its own lifetime: it is called for
+	// every value loaded, reloaded or Set, on the goroutine that stores it,
+	// outside every lock and through the guard that every callback goes
+	// through (a panic: the value is returned but not cached, counted in
+	// Stats.Panics). A zero field of the Freshness it returns takes the
+	// Options' value, a negative one means none; a negative TTL means the
+	// value reaches its callers but is not cached (and the key keeps no
+	// older value). Jitter and EarlyRefresh apply to the TTL it returns.
+	// nil means every value gets TTL, StaleWhileRevalidate and
+	// StaleIfError. A cached not-found ([NotFoundTTL]) is not passed to it.
+	Freshness func(key K, v V) Freshness
+
 	// NotFoundTTL, if > 0, caches a load error matching [ErrNotFound] for
 	// this long (jittered like TTL); Gets in that time return the same
 	// error as a hit. 0 = not-found errors are not cached.
@@ -128,6 +140,21 @@ type Options[K comparable, V any] struct {
 	// interface K, a key holding a slice, map or func cannot be hashed, and
 	// Get returns a *PanicError for it where a map would panic.
 	Hash func(K) uint64
+}
+
+// Freshness is one value's lifetime, from [Options.Freshness]: how long
+// it is fresh and its stale windows, as an HTTP response's Cache-Control
+// max-age, stale-while-revalidate and stale-if-error give them (RFC 5861),
+// or a token's stated expiry. A zero field takes the Options' value; a
+// negative one means none for this value.
+type Freshness struct {
+	// TTL is how long the value is fresh; < 0: return it to its callers
+	// but do not cache it.
+	TTL time.Duration
+	// StaleWhileRevalidate is the value's own [Options.StaleWhileRevalidate].
+	StaleWhileRevalidate time.Duration
+	// StaleIfError is the value's own [Options.StaleIfError].
+	StaleIfError time.Duration
 }
 
 // Retry configures retries inside one load, built on
