@@ -16,6 +16,13 @@ var ErrClosed = errors.New("flightcache: loader closed")
 // caching) and later Gets return the same error until it expires.
 var ErrNotFound = errors.New("flightcache: not found")
 
+// ErrNotModified is what a [ReloadFunc] returns when the value it was
+// given is still current (HTTP's 304 Not Modified): the Loader keeps that
+// value, renews its freshness from now ([Options.Freshness] is asked again
+// for it), and gives it to the reload's callers. It never reaches a caller.
+// Returned by a plain LoadFunc it is an error like any other.
+var ErrNotModified = errors.New("flightcache: not modified")
+
 // ErrBreakerOpen matches (with [errors.Is]) the error a caller receives when
 // the circuit breaker refused the downstream call, because it is open or
 // because it is half-open and its probe requests are taken. The gobreaker

@@ -60,7 +60,7 @@ type call[K comparable, V any] struct {
 	// before user code, with ready).
 	lctx       loadCtx
 	background bool         // a refresh nobody waited on when it started
-	from       *entry[K, V] // the entry a background refresh replaces
+	from       *entry[K, V] // the value held for the key when the load started (a refresh's, a Reload's old value), or nil
 	slot       *stripe      // the stripe the load goroutine is counted on (lifecycle)
 
 	// Guarded by the shard's mu.
@@ -113,13 +113,14 @@ func (f *flights[K, V]) lookup(key K, h uint64) (sh *shard[K, V], cur *entry[K, 
 }
 
 // join is what a Get the cache did not answer does with lookup: take a
-// fresh value a write left for key (rule 2: never load twice), else join
-// the key's load in flight, else start one.
-func (f *flights[K, V]) join(ctx context.Context, s *stripe, key K, h uint64, now time.Duration) joined[K, V] {
+// fresh value a write left for key (rule 2: never load twice; not for a
+// revalidating Get, rule 14), else join the key's load in flight, else
+// start one, revalidating the value held, if any.
+func (f *flights[K, V]) join(ctx context.Context, s *stripe, key K, h uint64, now time.Duration, revalidate bool) joined[K, V] {
 	l := f.l
 	marker := markerOf(ctx) // user code (ctx.Value): outside the lock
 	sh, cur, c := f.lookup(key, h)
-	if cur != nil && l.phase(cur, now) == phaseFresh {
+	if cur != nil && !revalidate && l.phase(cur, now) == phaseFresh {
 		// A load (or Set) finished as this Get looked: its value is in
 		// the key's pending write, or its write closed between this Get's
 		// look at the cache and now.
@@ -135,7 +136,7 @@ func (f *flights[K, V]) join(ctx context.Context, s *stripe, key K, h uint64, no
 		sh.mu.Unlock()
 		return joined[K, V]{c: c}
 	}
-	c = f.start(sh, ctx, key, h, marker, nil)
+	c = f.start(sh, ctx, key, h, marker, l.held(cur, now), false)
 	sh.mu.Unlock()
 	if c == nil {
 		return joined[K, V]{err: ErrClosed}
@@ -152,7 +153,7 @@ func (f *flights[K, V]) startRefresh(ctx context.Context, s *stripe, key K, h ui
 	sh, cur, running := f.lookup(key, h)
 	var c *call[K, V]
 	if cur == from && running == nil {
-		c = f.start(sh, ctx, key, h, nil, from)
+		c = f.start(sh, ctx, key, h, nil, from, true)
 	}
 	sh.mu.Unlock()
 	if c == nil {
@@ -162,17 +163,39 @@ func (f *flights[K, V]) startRefresh(ctx context.Context, s *stripe, key K, h ui
 	return true
 }
 
-// start publishes a new load of key in sh, under sh.mu; from is the entry a
-// background refresh replaces (nil for a Get's load). It returns nil after
-// Close: Close sets its flag before it sweeps the shards (cancelAll), so a
-// load is either swept or never started.
-func (f *flights[K, V]) start(sh *shard[K, V], ctx context.Context, key K, h uint64, marker *loadMarker, from *entry[K, V]) *call[K, V] {
+// refreshNow is what Refresh does with lookup: start a background load of
+// key, revalidating the value held if any, unless one is in flight (it
+// then joins it, doing nothing) or MaxRefreshes are running (it is
+// dropped). It reports whether it started one.
+func (f *flights[K, V]) refreshNow(ctx context.Context, s *stripe, key K, h uint64) bool {
+	l := f.l
+	sh, cur, running := f.lookup(key, h)
+	var c *call[K, V]
+	if running == nil && l.reserveRefresh() {
+		if c = f.start(sh, ctx, key, h, nil, l.held(cur, l.now()), true); c == nil {
+			l.stats.refreshing.Add(-1) // closed
+		}
+	}
+	sh.mu.Unlock()
+	if c == nil {
+		return false
+	}
+	l.launch(c, s)
+	return true
+}
+
+// start publishes a new load of key in sh, under sh.mu; from is the value
+// held for key (a Reload revalidates it), background is true for a load
+// nobody waits on. It returns nil after Close: Close sets its flag before
+// it sweeps the shards (cancelAll), so a load is either swept or never
+// started.
+func (f *flights[K, V]) start(sh *shard[K, V], ctx context.Context, key K, h uint64, marker *loadMarker, from *entry[K, V], background bool) *call[K, V] {
 	l := f.l
 	if l.closed.Load() {
 		return nil
 	}
-	c := &call[K, V]{l: l, key: key, h: h, done: make(chan struct{}), background: from != nil, from: from}
-	if from == nil {
+	c := &call[K, V]{l: l, key: key, h: h, done: make(chan struct{}), background: background, from: from}
+	if !background {
 		c.waiters = 1
 	}
 	if ctx.Done() != nil {

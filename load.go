@@ -13,7 +13,11 @@ func (l *Loader[K, V]) run(c *call[K, V]) {
 	c.buildContext()
 	r := loaded[V]{err: ErrGoexit} // stays if fetch ends the goroutine
 	defer l.complete(c, &r)
-	l.fetch(&c.lctx, c.key, &r)
+	old := c.from // the value a Reload revalidates
+	if l.opts.Reload == nil {
+		old = nil
+	}
+	l.fetch(&c.lctx, c.key, old, &r)
 }
 
 // complete turns what a load produced into its result and its entry (all
@@ -21,6 +25,12 @@ func (l *Loader[K, V]) run(c *call[K, V]) {
 // load.
 func (l *Loader[K, V]) complete(c *call[K, V], r *loaded[V]) {
 	now := l.now()
+	if r.notMod {
+		// 304: the value held is still current. It goes on as if just
+		// loaded: its callers get it, its freshness is renewed from now
+		// (Freshness is asked again, below).
+		r.val, r.err, r.age = c.from.val, nil, 0
+	}
 	res := delivery[K, V]{val: r.val, err: r.err, loadedAt: now - r.age}
 	// Values never cached are judged by the shortest freshness any entry
 	// can draw, so that no caller's max-stale is stretched by jitter.
@@ -73,12 +83,18 @@ func (l *Loader[K, V]) deliver(c *call[K, V], r *loaded[V], res delivery[K, V], 
 	// includes the load that answered it.
 	l.stats.inFlight.Add(-1)
 	l.stats.loads.Add(1)
+	if r.reload {
+		l.stats.reloads.Add(1)
+		if r.notMod {
+			l.stats.notModified.Add(1)
+		}
+	}
 	if res.err != nil {
 		l.stats.loadErrors.Add(1)
 	}
 	if c.background {
 		l.stats.refreshing.Add(-1)
-		if res.err != nil {
+		if res.err != nil && c.from != nil {
 			n := c.from.refreshFails.Add(1)
 			d := refreshDelay(int(n), l.opts.Retry.InitialInterval, l.opts.Retry.MaxInterval, rand.Float64())
 			c.from.refreshAfter.Store(int64(l.now() + d))
@@ -97,6 +113,7 @@ func (l *Loader[K, V]) deliver(c *call[K, V], r *loaded[V], res delivery[K, V], 
 		ev := LoadEvent[K]{
 			Key: c.key, Duration: r.took, Err: res.err, Attempts: r.attempts, Background: c.background,
 			Callers: callers, Abandoned: c.abandoned, Stored: stored, Remote: r.remote,
+			Reload: r.reload, NotModified: r.notMod,
 		}
 		l.guard(func() { l.opts.OnLoad(ev) }, nil)
 	}

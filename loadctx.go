@@ -97,8 +97,11 @@ func (c *loadCtx) Err() error {
 }
 
 func (c *loadCtx) Value(key any) any {
-	if key == (loadKey{}) {
+	switch key {
+	case loadKey{}:
 		return &c.marker
+	case revalidateKey{}:
+		return nil // it applies to the Get it was passed to, not to the Gets a load makes
 	}
 	if causer := c.causer.Load(); causer != nil {
 		if v := (*causer).Value(key); v != nil { // context.Cause's own key

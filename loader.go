@@ -27,6 +27,16 @@ import (
 // such a Get waits on itself until that context ends.
 type LoadFunc[K comparable, V any] func(ctx context.Context, key K) (V, error)
 
+// ReloadFunc reloads key given the value the Loader holds for it (fresh,
+// stale, or within StaleIfError); see [Options.Reload]. It runs as a
+// LoadFunc does, on a goroutine of the Loader, under the load's context,
+// through the same retries and breaker. It may return [ErrNotModified]: the
+// old value is kept and its freshness renewed from now, as HTTP's 304 does.
+//
+// NOTE: old is shared with every caller that got it: treat it as
+// read-only.
+type ReloadFunc[K comparable, V any] func(ctx context.Context, key K, old V) (V, error)
+
 // Loader is a cache-aside loader: a cache in front of a LoadFunc, with one
 // load per key at a time. Create it with [New]; it is safe for concurrent
 // use by any number of goroutines. Call [Loader.Close] when done with it, to
@@ -213,8 +223,9 @@ func (l *Loader[K, V]) GetInfo(ctx context.Context, key K) (v V, info Info, err 
 	}
 	e := l.cached(h, key)
 	now := l.now()
+	revalidate := revalidating(ctx)
 	switch {
-	case e == nil: // a miss: wait below
+	case e == nil, revalidate: // a miss: wait below
 	case l.phase(e, now) == phaseFresh:
 		if now >= e.refreshAt && !e.isNotFound() {
 			l.refresh(ctx, s, key, h, e, now) // early refresh
@@ -229,14 +240,27 @@ func (l *Loader[K, V]) GetInfo(ctx context.Context, key K) (v V, info Info, err 
 	// Expired, past the caller's max-stale, or within StaleIfError: wait
 	// for a load; a stale value covers its failure (staleOnError).
 	defer l.exitGet(s, &s.passed)
-	return l.wait(ctx, s, key, h, now, false)
+	if revalidate {
+		l.stats.revalidations.Add(1)
+	}
+	return l.wait(ctx, s, key, h, now, revalidate, false)
+}
+
+// held returns cur if it is a value the Loader still holds for its key
+// (fresh, stale or within StaleIfError), which a Reload revalidates; nil
+// when there is no Reload.
+func (l *Loader[K, V]) held(cur *entry[K, V], now time.Duration) *entry[K, V] {
+	if l.opts.Reload == nil || cur == nil || cur.isNotFound() || l.phase(cur, now) == phaseExpired {
+		return nil
+	}
+	return cur
 }
 
 // wait joins (or starts) key's load and waits for it or for ctx. again is
 // true on the one retry for a value that was stale beyond the caller's
 // max-stale (the Get was counted already).
-func (l *Loader[K, V]) wait(ctx context.Context, s *stripe, key K, h uint64, start time.Duration, again bool) (v V, info Info, err error) {
-	j := l.flights.join(ctx, s, key, h, start)
+func (l *Loader[K, V]) wait(ctx context.Context, s *stripe, key K, h uint64, start time.Duration, revalidate, again bool) (v V, info Info, err error) {
+	j := l.flights.join(ctx, s, key, h, start, revalidate)
 	if j.hit != nil { // a load (or Set) finished as this Get looked: no need to wait
 		if !again {
 			l.stats.lateHits.Add(1)
@@ -277,7 +301,7 @@ func (l *Loader[K, V]) wait(ctx context.Context, s *stripe, key K, h uint64, sta
 		// A Remote gave the load a value already stale, and this caller's
 		// max-stale refuses it (the load carried only its starter's
 		// bound): load once more, and this caller's bound goes with it.
-		return l.wait(ctx, s, key, h, start, true)
+		return l.wait(ctx, s, key, h, start, revalidate, true)
 	default:
 		info.Age = end - c.loadedAt
 	}
@@ -325,12 +349,54 @@ func (l *Loader[K, V]) refresh(ctx context.Context, s *stripe, key K, h uint64, 
 	if after > int64(now) || !e.refreshAfter.CompareAndSwap(after, refreshing) {
 		return // backing off, or another Get is starting (or ran) one
 	}
-	if l.stats.refreshing.Add(1) > int64(l.opts.MaxRefreshes) || !l.flights.startRefresh(ctx, s, key, h, e) {
+	if !l.reserveRefresh() {
+		e.refreshAfter.Store(after)
+		return
+	}
+	if !l.flights.startRefresh(ctx, s, key, h, e) {
 		l.stats.refreshing.Add(-1)
 		e.refreshAfter.Store(after)
 		return
 	}
 	l.stats.refreshes.Add(1)
+}
+
+// reserveRefresh takes one of the MaxRefreshes places for a background
+// load, or counts it dropped.
+func (l *Loader[K, V]) reserveRefresh() bool {
+	if l.stats.refreshing.Add(1) > int64(l.opts.MaxRefreshes) {
+		l.stats.refreshing.Add(-1)
+		l.stats.refreshesDropped.Add(1)
+		return false
+	}
+	return true
+}
+
+// Refresh reloads key in the background (with [Options.Reload] when the
+// Loader holds a value for key). Until the new value is stored, Gets keep
+// being answered from the current one. It joins a load of key in flight
+// instead of starting a second one; a key with no value is loaded as if by
+// a Get that nobody waits for. ctx gives the load its values (trace IDs),
+// never its cancellation. Like every background load it counts in
+// Stats.Refreshes and is bounded by [Options.MaxRefreshes]: one beyond the
+// bound is dropped (Stats.RefreshesDropped). After Close, and for a key
+// whose Hash panics, it does nothing. Refresh is safe for concurrent use.
+func (l *Loader[K, V]) Refresh(ctx context.Context, key K) {
+	if ctx == nil {
+		return
+	}
+	h, err := l.hash(key)
+	if err != nil {
+		return
+	}
+	s, open := l.enterOp()
+	if !open {
+		return
+	}
+	defer l.exitOp(s)
+	if l.flights.refreshNow(ctx, s, key, h) {
+		l.stats.refreshes.Add(1)
+	}
 }
 
 // Set stores value for key as if it had just been loaded, without waiting

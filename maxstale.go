@@ -29,3 +29,26 @@ func MaxStale(ctx context.Context) (d time.Duration, ok bool) {
 func acceptsStale(ctx context.Context, freshUntil, now time.Duration) bool {
 	return AcceptsStale(ctx, now-freshUntil)
 }
+
+// revalidateKey is the context key of WithRevalidate.
+type revalidateKey struct{}
+
+// WithRevalidate returns a context under which a Get is never answered from
+// the cache, fresh or stale: it joins the key's load in flight or starts
+// one ([Options.Reload] with the value held, when there is one), so a burst
+// of revalidating Gets still makes one call. Its result replaces the cached
+// value. A failed revalidation is covered by the value held within
+// StaleIfError, as any failed load is. This is HTTP's Cache-Control:
+// no-cache. It applies to the Get it is passed to: a load's context does
+// not pass it on to the Gets its LoadFunc makes. (To read your own write,
+// Invalidate or Set first: a load that started before them never writes
+// the cache.)
+func WithRevalidate(ctx context.Context) context.Context {
+	return context.WithValue(ctx, revalidateKey{}, true)
+}
+
+// revalidating reports whether ctx comes from WithRevalidate.
+func revalidating(ctx context.Context) bool {
+	r, _ := ctx.Value(revalidateKey{}).(bool)
+	return r
+}

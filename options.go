@@ -116,6 +116,15 @@ type Options[K comparable, V any] struct {
 	// StaleIfError. A cached not-found ([NotFoundTTL]) is not passed to it.
 	Freshness func(key K, v V) Freshness
 
+	// Reload, if set, is used instead of the LoadFunc for every load of a
+	// key the Loader holds a value for (fresh, stale, or within
+	// StaleIfError): a background or early refresh, [Loader.Refresh], a
+	// revalidating Get ([WithRevalidate]), a Get past the stale window. It
+	// receives that value, so it can ask the downstream whether it changed
+	// (If-None-Match) and return [ErrNotModified] if not. nil means the
+	// LoadFunc always.
+	Reload ReloadFunc[K, V]
+
 	// NotFoundTTL, if > 0, caches a load error matching [ErrNotFound] for
 	// this long (jittered like TTL); Gets in that time return the same
 	// error as a hit. 0 = not-found errors are not cached.

@@ -23,6 +23,8 @@ import (
 type loaded[V any] struct {
 	val      V
 	err      error
+	reload   bool            // Options.Reload was called with the value held
+	notMod   bool            // and said ErrNotModified
 	attempts int             // LoadFunc calls made here
 	took     time.Duration   // how long the value took to load, wherever it was
 	age      time.Duration   // how old the value already is (from a Remote)
@@ -34,10 +36,12 @@ type loaded[V any] struct {
 // is one, else straight down the downstream path. r.attempts counts
 // LoadFunc calls as they start; the other fields are set when fetch
 // returns (a callee that ends the goroutine leaves them as they were).
-func (l *Loader[K, V]) fetch(ctx context.Context, key K, r *loaded[V]) {
+func (l *Loader[K, V]) fetch(ctx context.Context, key K, old *entry[K, V], r *loaded[V]) {
 	start := l.now()
+	r.reload = old != nil // set by the caller only with a Reload
+	defer func() { r.notMod = r.reload && errors.Is(r.err, ErrNotModified) }()
 	if l.opts.Remote == nil {
-		v, err := l.load(ctx, key, &r.attempts)
+		v, err := l.load(ctx, key, old, &r.attempts)
 		r.val, r.err, r.took = v, err, l.now()-start
 		return
 	}
@@ -45,7 +49,7 @@ func (l *Loader[K, V]) fetch(ctx context.Context, key K, r *loaded[V]) {
 	var err error
 	if perr := l.guard(func() {
 		rv, err = l.opts.Remote.Load(ctx, key, func(ctx context.Context) (V, error) {
-			return l.load(ctx, key, &r.attempts)
+			return l.load(ctx, key, old, &r.attempts)
 		})
 	}, nil); perr != nil {
 		*r = loaded[V]{err: perr, attempts: r.attempts}
@@ -71,9 +75,9 @@ func (l *Loader[K, V]) fetch(ctx context.Context, key K, r *loaded[V]) {
 // load runs the LoadFunc for key with retries and the breaker, under ctx.
 // It counts the LoadFunc calls it makes in *calls as they start, so that the
 // count survives a call that ends the goroutine.
-func (l *Loader[K, V]) load(ctx context.Context, key K, calls *int) (v V, err error) {
+func (l *Loader[K, V]) load(ctx context.Context, key K, old *entry[K, V], calls *int) (v V, err error) {
 	if l.opts.Retry.MaxAttempts <= 1 {
-		v, err = l.attempt(ctx, key, calls)
+		v, err = l.attempt(ctx, key, old, calls)
 		return v, l.stopped(ctx, err, err)
 	}
 	bo := backoff.NewExponentialBackOff(
@@ -84,7 +88,7 @@ func (l *Loader[K, V]) load(ctx context.Context, key K, calls *int) (v V, err er
 	policy := backoff.WithContext(backoff.WithMaxRetries(bo, uint64(l.opts.Retry.MaxAttempts-1)), ctx)
 	var last error
 	v, err = backoff.RetryWithData(func() (V, error) {
-		v, err := l.attempt(ctx, key, calls)
+		v, err := l.attempt(ctx, key, old, calls)
 		if err != nil {
 			last = err
 			if !l.retryable(ctx, err) {
@@ -117,7 +121,7 @@ func (l *Loader[K, V]) stopped(ctx context.Context, err, last error) error {
 // it. A panic in the LoadFunc becomes a *PanicError; a runtime.Goexit is
 // reported to the breaker as a failure on its way out (the load
 // goroutine's deferred complete gives the waiters ErrGoexit).
-func (l *Loader[K, V]) attempt(ctx context.Context, key K, calls *int) (v V, err error) {
+func (l *Loader[K, V]) attempt(ctx context.Context, key K, old *entry[K, V], calls *int) (v V, err error) {
 	done, err := l.allow()
 	if err != nil {
 		l.stats.breakerRejected.Add(1)
@@ -128,11 +132,18 @@ func (l *Loader[K, V]) attempt(ctx context.Context, key K, calls *int) (v V, err
 	}
 	outcome := OutcomeFailure // a panic or a Goexit
 	defer func() { l.guard(func() { done(outcome) }, nil) }()
-	if perr := l.guard(func() { v, err = l.loadFn(ctx, key) }, nil); perr != nil {
+	call := func() { v, err = l.loadFn(ctx, key) }
+	if old != nil {
+		call = func() { v, err = l.opts.Reload(ctx, key, old.val) }
+	}
+	if perr := l.guard(call, nil); perr != nil {
 		var zero V
 		return zero, perr
 	}
 	outcome = l.verdict(ctx, err)
+	if old != nil && errors.Is(err, ErrNotModified) {
+		outcome = OutcomeSuccess // the downstream answered
+	}
 	return v, err
 }
 
@@ -178,6 +189,7 @@ func (l *Loader[K, V]) retryable(ctx context.Context, err error) bool {
 	switch {
 	case ctx.Err() != nil,
 		errors.Is(err, ErrNotFound),
+		errors.Is(err, ErrNotModified),
 		errors.Is(err, ErrBreakerOpen),
 		errors.Is(err, context.Canceled),
 		errors.Is(err, context.DeadlineExceeded),

@@ -91,6 +91,12 @@ type LoadEvent[K comparable] struct {
 	// Remote is true when the value came from [Options.Remote], loaded by
 	// another process: no downstream call was made here.
 	Remote bool
+	// Reload is true when the load called [Options.Reload] with the value
+	// held for the key.
+	Reload bool
+	// NotModified is true when the Reload returned [ErrNotModified]: the
+	// value held was kept, its freshness renewed; Err is nil.
+	NotModified bool
 }
 
 // Stats is a snapshot of a Loader's cumulative counters, from [Loader.Stats].
@@ -115,7 +121,11 @@ type Stats struct {
 	LoadErrors        uint64 // loads that ended in an error (not-found and abandoned included)
 	Retries           uint64 // LoadFunc calls beyond the first, over all loads
 	MaxCallersPerLoad uint64 // the most Gets one load's result reached
-	Refreshes         uint64 // background refreshes started
+	Refreshes         uint64 // background loads started: refreshes, early refreshes and Refresh calls
+	RefreshesDropped  uint64 // background loads not started because MaxRefreshes were running
+	Reloads           uint64 // loads that called Options.Reload with the value held
+	NotModified       uint64 // of Reloads, those that returned ErrNotModified
+	Revalidations     uint64 // Gets under WithRevalidate (each also counted in Misses)
 	Abandoned         uint64 // loads cancelled because every waiter left (CancelAtZero)
 	BreakerRejected   uint64 // downstream calls the breaker refused
 	Panics            uint64 // panics recovered in user code: LoadFunc, Cost, OnLoad, Hash, a Remote, a breaker...
@@ -165,6 +175,8 @@ type counters struct {
 	staleOnError, shared, sharedErrors, canceled  atomic.Uint64
 	loads, loadErrors, retries, maxCallers        atomic.Uint64
 	refreshes, abandoned, breakerRejected, panics atomic.Uint64
+	refreshesDropped, reloads, notModified        atomic.Uint64
+	revalidations                                 atomic.Uint64
 	setsDropped, setsRejected, evicted            atomic.Uint64
 	inFlight, refreshing, waiting                 atomic.Int64
 	misses, lateHits                              atomic.Uint64 // of the Gets that passed the lookup: waited (or tried to), or found a fresh result at once
@@ -235,6 +247,10 @@ func (c *counters) snapshot() Stats {
 	s.Retries = c.retries.Load()
 	s.MaxCallersPerLoad = c.maxCallers.Load()
 	s.Refreshes = c.refreshes.Load()
+	s.RefreshesDropped = c.refreshesDropped.Load()
+	s.Reloads = c.reloads.Load()
+	s.NotModified = c.notModified.Load()
+	s.Revalidations = c.revalidations.Load()
 	s.Abandoned = c.abandoned.Load()
 	s.BreakerRejected = c.breakerRejected.Load()
 	s.Panics = c.panics.Load()
