@@ -30,10 +30,20 @@
 // and waits for every goroutine it started; [Loader.Shutdown] waits at
 // most until its context ends.
 //
+// # Freshness from the data
+//
+// [Options.Freshness] gives each value its own lifetime ([Freshness]: a
+// token's expiry, a response's max-age and stale windows). [Options.Reload]
+// reloads a key given the value held, and may answer [ErrNotModified] to
+// keep it, as an HTTP 304 does. [Loader.Refresh] reloads a key in the
+// background while its current value serves.
+//
 // # Per-call freshness
 //
 // [WithMaxStale] bounds how stale a value one Get accepts, like HTTP's
 // Cache-Control max-stale; WithMaxStale(ctx, 0) refuses any stale value.
+// [WithRevalidate] makes a Get skip the cache altogether, like no-cache,
+// while still sharing the key's load.
 //
 // # Beyond one process
 //

@@ -230,3 +230,92 @@ func ExampleOptions_Windows() {
 	// 9s 1m0s 10s <nil>
 	// flightcache: Options.Jitter must be in [0, 1], got 2
 }
+
+// Freshness gives each value its own lifetime, here a token's stated
+// expiry: it is never served past it, whatever the Options' TTL.
+func ExampleOptions_freshness() {
+	type token struct {
+		value   string
+		expires time.Time
+	}
+	issued := 0
+	l, _ := flightcache.New(func(ctx context.Context, user string) (token, error) {
+		issued++
+		return token{value: fmt.Sprint("t", issued), expires: time.Now().Add(30 * time.Millisecond)}, nil
+	}, flightcache.Options[string, token]{
+		TTL: time.Hour,
+		Freshness: func(user string, t token) flightcache.Freshness {
+			return flightcache.Freshness{TTL: time.Until(t.expires)}
+		},
+	})
+	defer l.Close()
+
+	t1, _ := l.Get(context.Background(), "ann")
+	t2, _ := l.Get(context.Background(), "ann")
+	time.Sleep(40 * time.Millisecond)
+	t3, _ := l.Get(context.Background(), "ann")
+	fmt.Println(t1.value, t2.value, t3.value)
+	// Output: t1 t1 t2
+}
+
+// Reload revalidates the value held, as If-None-Match does: a downstream
+// that says nothing changed costs no new value, and the old one is renewed.
+func ExampleOptions_reload() {
+	version := "v1"
+	l, _ := flightcache.New(func(ctx context.Context, id string) (string, error) {
+		return version, nil
+	}, flightcache.Options[string, string]{
+		TTL: 20 * time.Millisecond, StaleIfError: time.Hour,
+		Reload: func(ctx context.Context, id string, old string) (string, error) {
+			if old == version {
+				return "", flightcache.ErrNotModified // HTTP 304
+			}
+			return version, nil
+		},
+		OnLoad: func(ev flightcache.LoadEvent[string]) {
+			fmt.Printf("load: reload %v, not modified %v\n", ev.Reload, ev.NotModified)
+		},
+	})
+	defer l.Close()
+
+	ctx := context.Background()
+	v, _ := l.Get(ctx, "k")
+	fmt.Println("got", v)
+	time.Sleep(30 * time.Millisecond)
+	v, _ = l.Get(ctx, "k") // expired: revalidated, not changed
+	fmt.Println("got", v)
+	version = "v2"
+	v, _ = l.Get(flightcache.WithRevalidate(ctx), "k") // no-cache: revalidated now
+	fmt.Println("got", v)
+	// Output:
+	// load: reload false, not modified false
+	// got v1
+	// load: reload true, not modified true
+	// got v1
+	// load: reload true, not modified false
+	// got v2
+}
+
+// Refresh reloads a key in the background while its current value keeps
+// serving, for example after hearing that the downstream changed it.
+func ExampleLoader_Refresh() {
+	price := 100
+	l, _ := flightcache.New(func(ctx context.Context, id string) (int, error) {
+		return price, nil
+	}, flightcache.Options[string, int]{TTL: time.Hour})
+	defer l.Close()
+
+	ctx := context.Background()
+	v, _ := l.Get(ctx, "p1")
+	fmt.Println(v)
+	price = 120
+	l.Refresh(ctx, "p1") // nobody waits for it
+	for v == 100 {
+		time.Sleep(time.Millisecond)
+		v, _ = l.Get(ctx, "p1")
+	}
+	fmt.Println(v)
+	// Output:
+	// 100
+	// 120
+}
