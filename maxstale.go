@@ -2,6 +2,7 @@ package flightcache
 
 import (
 	"context"
+	"sync/atomic"
 	"time"
 )
 
@@ -44,11 +45,22 @@ type revalidateKey struct{}
 // Invalidate or Set first: a load that started before them never writes
 // the cache.)
 func WithRevalidate(ctx context.Context) context.Context {
+	if !revalidateUsed.Load() {
+		revalidateUsed.Store(true)
+	}
 	return context.WithValue(ctx, revalidateKey{}, true)
 }
 
+// revalidateUsed is set once WithRevalidate has been called in this
+// process: until then a Get need not look for it in its context (a walk up
+// the context chain, on the hit path).
+var revalidateUsed atomic.Bool
+
 // revalidating reports whether ctx comes from WithRevalidate.
 func revalidating(ctx context.Context) bool {
+	if !revalidateUsed.Load() {
+		return false
+	}
 	r, _ := ctx.Value(revalidateKey{}).(bool)
 	return r
 }
