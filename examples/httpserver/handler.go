@@ -39,6 +39,7 @@ type api struct {
 func (a *api) routes() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /products/{id}", a.product)
+	mux.HandleFunc("POST /products/{id}/refresh", a.refresh)
 	if a.stats != nil {
 		mux.HandleFunc("GET /debug/flightcache", a.debugStats)
 	}
@@ -60,8 +61,9 @@ func (a *api) routes() http.Handler {
 // With a repository that reports it, X-Cache says where the answer came
 // from (hit, stale, stale-on-error, loaded, shared) and, for a product or a
 // cached not-found, Age how old it is in seconds. The request's
-// Cache-Control bounds staleness: no-cache accepts no stale price (a fresh
-// cached one still serves), max-stale=N one stale for at most N seconds.
+// Cache-Control is honoured: no-cache is never answered from the cache (the
+// price is revalidated with the pricing service, one call for a burst of
+// such requests), max-stale=N accepts a price stale for at most N seconds.
 // A client that goes away stops only its own wait: the load goes on for
 // the others.
 func (a *api) product(w http.ResponseWriter, r *http.Request) {
@@ -114,10 +116,11 @@ func (a *api) product(w http.ResponseWriter, r *http.Request) {
 }
 
 // withRequestFreshness maps the request's Cache-Control onto the Get:
-// no-cache to flightcache.WithMaxStale(ctx, 0) (no stale value), and
-// max-stale=N to WithMaxStale(ctx, N seconds). max-stale without a value
-// accepts any staleness, which is the default. Unknown directives and
-// malformed values are ignored.
+// no-cache to flightcache.WithRevalidate (RFC 9111 5.2.1.4: not answered
+// from the cache without revalidation), and max-stale=N to
+// WithMaxStale(ctx, N seconds). max-stale without a value accepts any
+// staleness, which is the default. Unknown directives and malformed values
+// are ignored.
 func withRequestFreshness(ctx context.Context, headers []string) context.Context {
 	maxStale := time.Duration(-1)
 	for _, h := range headers {
@@ -125,7 +128,7 @@ func withRequestFreshness(ctx context.Context, headers []string) context.Context
 			name, value, _ := strings.Cut(strings.TrimSpace(d), "=")
 			switch strings.ToLower(name) {
 			case "no-cache":
-				return flightcache.WithMaxStale(ctx, 0)
+				return flightcache.WithRevalidate(ctx)
 			case "max-stale":
 				n, err := strconv.ParseInt(strings.Trim(value, `"`), 10, 32)
 				if err == nil && n >= 0 {
@@ -138,6 +141,25 @@ func withRequestFreshness(ctx context.Context, headers []string) context.Context
 		return flightcache.WithMaxStale(ctx, maxStale)
 	}
 	return ctx
+}
+
+// refresher is what a repository implements to reload a product in the
+// background. CachedRepository does.
+type refresher interface {
+	Refresh(ctx context.Context, id string)
+}
+
+// refresh serves POST /products/{id}/refresh: the product is reloaded in
+// the background (202 Accepted) while GETs keep getting the current price;
+// 501 when the repository cannot.
+func (a *api) refresh(w http.ResponseWriter, r *http.Request) {
+	rf, ok := a.repo.(refresher)
+	if !ok {
+		writeJSON(w, http.StatusNotImplemented, errorBody{"this repository does not cache"})
+		return
+	}
+	rf.Refresh(r.Context(), r.PathValue("id"))
+	w.WriteHeader(http.StatusAccepted)
 }
 
 // statsJSON is Stats with the breaker state spelled out.

@@ -69,6 +69,7 @@ func (t inProcess) RoundTrip(r *http.Request) (*http.Response, error) {
 
 // fixture is the API on a cached repository on the pricing service.
 type fixture struct {
+	svc  *pricingService
 	down *faults
 	repo *CachedRepository
 	api  *api
@@ -79,7 +80,13 @@ type fixture struct {
 // bubble, if any); the pricing service takes 100 ms per price.
 func newFixture(t *testing.T, opts flightcache.Options[string, Product]) *fixture {
 	t.Helper()
-	down := &faults{next: (&pricingService{Latency: 100 * time.Millisecond}).Handler()}
+	return newFixtureWith(t, &pricingService{Latency: 100 * time.Millisecond}, opts)
+}
+
+// newFixtureWith is newFixture on the pricing service svc.
+func newFixtureWith(t *testing.T, svc *pricingService, opts flightcache.Options[string, Product]) *fixture {
+	t.Helper()
+	down := &faults{next: svc.Handler()}
 	plain := &HTTPRepository{Client: &http.Client{Transport: inProcess{down}}, BaseURL: "http://pricing.test"}
 	if opts.TTL == 0 {
 		opts.TTL = 10 * time.Second
@@ -90,7 +97,7 @@ func newFixture(t *testing.T, opts flightcache.Options[string, Product]) *fixtur
 	}
 	t.Cleanup(func() { repo.Close() })
 	a := &api{repo: repo, stats: repo.Stats, retryAfter: opts.Breaker.OpenTimeout, log: slog.New(slog.DiscardHandler)}
-	return &fixture{down: down, repo: repo, api: a, h: a.routes()}
+	return &fixture{svc: svc, down: down, repo: repo, api: a, h: a.routes()}
 }
 
 // get serves one GET in process; headers are name, value pairs.
@@ -254,7 +261,9 @@ func TestCacheControl(t *testing.T) {
 			time.Sleep(15 * time.Second) // 5s past freshness
 		}
 		want(t, "first GET", get(f.h, "/products/1"), http.StatusOK, "X-Cache", "loaded")
-		want(t, "no-cache on a fresh price", get(f.h, "/products/1", "Cache-Control", "no-cache"), http.StatusOK, "X-Cache", "hit")
+		// RFC 9111 5.2.1.4: no-cache is not answered from the cache
+		// without revalidation, fresh or not.
+		want(t, "no-cache on a fresh price", get(f.h, "/products/1", "Cache-Control", "no-cache"), http.StatusOK, "X-Cache", "loaded")
 
 		goStale()
 		want(t, "max-stale=2, stale for 5s", get(f.h, "/products/1", "Cache-Control", "max-stale=2"), http.StatusOK, "X-Cache", "loaded")
@@ -446,4 +455,72 @@ func TestParseFlags(t *testing.T) {
 	if err != nil || cfg.addr != "127.0.0.1:8080" || cfg.latency != 80*time.Millisecond || cfg.failRate != 0.05 {
 		t.Errorf("defaults: %+v, %v", cfg, err)
 	}
+}
+
+// post serves one POST in process.
+func post(h http.Handler, path string) *httptest.ResponseRecorder {
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, httptest.NewRequest(http.MethodPost, path, nil))
+	return rec
+}
+
+// The pricing service's Cache-Control and ETag drive the cache: a price
+// lives as long as its max-age says (a flash-sale product's max-age=1
+// expires after a second while the default TTL is ten), and once it has
+// expired it is revalidated with If-None-Match: a 304 renews it with no
+// body transferred.
+func TestPerResponseFreshnessAndRevalidation(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		svc := &pricingService{Latency: 100 * time.Millisecond, MaxAge: 5 * time.Second, FlashMaxAge: time.Second,
+			StaleIfError: time.Minute}
+		f := newFixtureWith(t, svc, flightcache.Options[string, Product]{}) // TTL 10s
+		want(t, "first GET of a flash product", get(f.h, "/products/100"), http.StatusOK, "X-Cache", "loaded")
+		want(t, "first GET of a product", get(f.h, "/products/7"), http.StatusOK, "X-Cache", "loaded")
+		time.Sleep(1500 * time.Millisecond)
+		want(t, "flash product 1.5s on (max-age=1)", get(f.h, "/products/100"), http.StatusOK, "X-Cache", "loaded", "Age", "0")
+		want(t, "product 1.5s on (max-age=5)", get(f.h, "/products/7"), http.StatusOK, "X-Cache", "hit", "Age", "1")
+		if n, nm := svc.requests.Load(), svc.notModified.Load(); n != 3 || nm != 1 {
+			t.Errorf("pricing requests %d, of them 304 %d; want 3 and 1 (the flash price revalidated, unchanged)", n, nm)
+		}
+		post(svc.Handler(), "/prices/100/change")
+		time.Sleep(1500 * time.Millisecond)
+		rec := get(f.h, "/products/100")
+		want(t, "flash product after its price changed", rec, http.StatusOK, "X-Cache", "loaded")
+		var p Product
+		if err := json.NewDecoder(rec.Body).Decode(&p); err != nil || p.PriceCents != 100+100*37%9900+5 {
+			t.Errorf("changed price = %d, %v; want the new price", p.PriceCents, err)
+		}
+		if s := f.repo.Stats(); s.Reloads != 2 || s.NotModified != 1 {
+			t.Errorf("Stats Reloads %d, NotModified %d; want 2, 1", s.Reloads, s.NotModified)
+		}
+	})
+}
+
+// A burst of no-cache requests makes one pricing call between them, and
+// POST /products/{id}/refresh reloads in the background while GETs keep
+// getting the current price.
+func TestNoCacheBurstAndRefresh(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		svc := &pricingService{Latency: 100 * time.Millisecond, MaxAge: time.Minute}
+		f := newFixtureWith(t, svc, flightcache.Options[string, Product]{})
+		get(f.h, "/products/3")
+		var wg sync.WaitGroup
+		for range 100 {
+			wg.Go(func() { get(f.h, "/products/3", "Cache-Control", "no-cache") })
+		}
+		wg.Wait()
+		if n := svc.requests.Load(); n != 2 {
+			t.Errorf("pricing requests after a burst of 100 no-cache GETs = %d; want 2 (the first GET, one revalidation)", n)
+		}
+		post(svc.Handler(), "/prices/3/change")
+		want(t, "POST refresh", post(f.h, "/products/3/refresh"), http.StatusAccepted)
+		want(t, "GET during the refresh", get(f.h, "/products/3"), http.StatusOK, "X-Cache", "hit")
+		time.Sleep(200 * time.Millisecond) // the pricing service answers the refresh
+		synctest.Wait()
+		var p Product
+		json.NewDecoder(get(f.h, "/products/3").Body).Decode(&p)
+		if p.PriceCents != 100+3*37%9900+5 {
+			t.Errorf("price after the refresh = %d; want the changed one", p.PriceCents)
+		}
+	})
 }

@@ -134,7 +134,13 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 	}
 
 	// The downstream: the pricing service, on its own loopback server.
-	pricing := &pricingService{Latency: cfg.latency, FailRate: cfg.failRate}
+	pricing := &pricingService{
+		Latency: cfg.latency, FailRate: cfg.failRate,
+		// Prices say how long they stay valid (the Loader follows them):
+		// as long as -ttl, flash-sale products (ids that are multiples of
+		// 100) one second.
+		MaxAge: cfg.ttl, FlashMaxAge: time.Second, StaleWhileRevalidate: cfg.ttl, StaleIfError: 5 * time.Minute,
+	}
 	pricingLn, err := net.Listen("tcp", cfg.pricingAddr)
 	if err != nil {
 		return err

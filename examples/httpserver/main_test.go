@@ -121,15 +121,53 @@ func TestBinary(t *testing.T) {
 		t.Errorf("X-Cache of %d concurrent requests: %v; want 1 loaded, the rest shared or hit", n, sources)
 	}
 
-	resp, err := client.Get(pricingURL + "/debug/requests")
-	if err != nil {
-		t.Fatal(err)
+	type seen struct {
+		Requests    int64
+		NotModified int64 `json:"not_modified"`
 	}
-	var seen struct{ Requests int64 }
-	err = json.NewDecoder(resp.Body).Decode(&seen)
-	resp.Body.Close()
-	if err != nil || seen.Requests != 1 {
-		t.Errorf("pricing service saw %d requests (%v); want 1", seen.Requests, err)
+	pricing := func() seen {
+		t.Helper()
+		resp, err := client.Get(pricingURL + "/debug/requests")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		var s seen
+		if err := json.NewDecoder(resp.Body).Decode(&s); err != nil {
+			t.Fatal(err)
+		}
+		return s
+	}
+	if s := pricing(); s.Requests != 1 {
+		t.Errorf("pricing service saw %d requests; want 1", s.Requests)
+	}
+
+	// 100 concurrent no-cache requests are not answered from the cache,
+	// yet make one pricing call between them: a revalidation (If-None-Match),
+	// answered 304 with no body, since the price has not changed.
+	var noCache sync.WaitGroup
+	go2 := make(chan struct{})
+	for range 100 {
+		noCache.Go(func() {
+			<-go2
+			req, _ := http.NewRequest(http.MethodGet, apiURL+"/products/42", nil)
+			req.Header.Set("Cache-Control", "no-cache")
+			resp, err := client.Do(req)
+			if err != nil {
+				t.Errorf("GET no-cache: %v", err)
+				return
+			}
+			io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode != http.StatusOK || resp.Header.Get("X-Cache") == "hit" {
+				t.Errorf("GET no-cache: %d, X-Cache %q; want 200, not from the cache", resp.StatusCode, resp.Header.Get("X-Cache"))
+			}
+		})
+	}
+	close(go2)
+	noCache.Wait()
+	if s := pricing(); s.Requests != 2 || s.NotModified != 1 {
+		t.Errorf("after 100 no-cache requests the pricing service saw %d requests, %d answered 304; want 2 and 1", s.Requests, s.NotModified)
 	}
 	transport.CloseIdleConnections()
 

@@ -8,6 +8,8 @@ import (
 	"io"
 	"net/http"
 	"net/url"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/flightcache/flightcache"
@@ -23,6 +25,30 @@ type Product struct {
 	PriceCents int64     `json:"price_cents"`
 	Currency   string    `json:"currency"`
 	PricedAt   time.Time `json:"priced_at"` // when the pricing service computed the price
+
+	// Cache is what the pricing service said about caching this answer;
+	// the API does not send it.
+	Cache CacheInfo `json:"-"`
+}
+
+// CacheInfo is what an HTTP answer says about its own caching.
+type CacheInfo struct {
+	ETag string
+	// MaxAge, StaleWhileRevalidate and StaleIfError are the answer's
+	// Cache-Control directives; 0 when absent.
+	MaxAge, StaleWhileRevalidate, StaleIfError time.Duration
+}
+
+// ErrNotModified is returned by a Revalidator when the product it was
+// given is still current.
+var ErrNotModified = errors.New("products: not modified")
+
+// Revalidator is a ProductRepository that can check whether a product it
+// returned has changed. HTTPRepository is one.
+type Revalidator interface {
+	// Revalidate returns the product with id if it changed since old was
+	// returned, or old and an error matching ErrNotModified if not.
+	Revalidate(ctx context.Context, id string, old Product) (Product, error)
 }
 
 // ErrNotFound is returned (wrapped) by every ProductRepository for an id
@@ -49,9 +75,24 @@ type HTTPRepository struct {
 
 // Get asks the pricing service for the product with id, under ctx.
 func (r *HTTPRepository) Get(ctx context.Context, id string) (Product, error) {
+	return r.fetch(ctx, id, Product{})
+}
+
+// Revalidate asks the pricing service whether old is still the product's
+// price (If-None-Match with its ETag): a 304 returns old and ErrNotModified,
+// with the freshness the answer gives.
+func (r *HTTPRepository) Revalidate(ctx context.Context, id string, old Product) (Product, error) {
+	return r.fetch(ctx, id, old)
+}
+
+// fetch is Get, or Revalidate when old has an ETag.
+func (r *HTTPRepository) fetch(ctx context.Context, id string, old Product) (Product, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, r.BaseURL+"/prices/"+url.PathEscape(id), nil)
 	if err != nil {
 		return Product{}, fmt.Errorf("products: %w", err)
+	}
+	if old.Cache.ETag != "" {
+		req.Header.Set("If-None-Match", old.Cache.ETag)
 	}
 	client := r.Client
 	if client == nil {
@@ -62,6 +103,10 @@ func (r *HTTPRepository) Get(ctx context.Context, id string) (Product, error) {
 		return Product{}, fmt.Errorf("products: %w", err)
 	}
 	defer resp.Body.Close()
+	if resp.StatusCode == http.StatusNotModified && old.Cache.ETag != "" {
+		old.Cache = cacheInfo(resp.Header, old.Cache.ETag)
+		return old, fmt.Errorf("products: id %q: %w", id, ErrNotModified)
+	}
 	if resp.StatusCode != http.StatusOK {
 		io.Copy(io.Discard, io.LimitReader(resp.Body, 4<<10)) // let the connection be reused
 		if resp.StatusCode == http.StatusNotFound {
@@ -73,7 +118,43 @@ func (r *HTTPRepository) Get(ctx context.Context, id string) (Product, error) {
 	if err := json.NewDecoder(resp.Body).Decode(&p); err != nil {
 		return Product{}, fmt.Errorf("products: decoding the price of %q: %w", id, err)
 	}
+	p.Cache = cacheInfo(resp.Header, resp.Header.Get("ETag"))
 	return p, nil
+}
+
+// cacheInfo reads an answer's ETag and Cache-Control. Unknown directives
+// and malformed values are ignored.
+func cacheInfo(h http.Header, etag string) CacheInfo {
+	c := CacheInfo{ETag: etag}
+	for _, v := range h.Values("Cache-Control") {
+		for d := range strings.SplitSeq(v, ",") {
+			name, value, _ := strings.Cut(strings.TrimSpace(d), "=")
+			n, err := strconv.ParseInt(strings.Trim(value, `"`), 10, 32)
+			if err != nil || n < 0 {
+				continue
+			}
+			switch strings.ToLower(name) {
+			case "max-age":
+				c.MaxAge = time.Duration(n) * time.Second
+			case "stale-while-revalidate":
+				c.StaleWhileRevalidate = time.Duration(n) * time.Second
+			case "stale-if-error":
+				c.StaleIfError = time.Duration(n) * time.Second
+			}
+		}
+	}
+	return c
+}
+
+// productFreshness is the Options.Freshness of a CachedRepository: what the
+// answer's Cache-Control says, and the Options' values for what it leaves
+// out.
+func productFreshness(_ string, p Product) flightcache.Freshness {
+	return flightcache.Freshness{
+		TTL:                  p.Cache.MaxAge,
+		StaleWhileRevalidate: p.Cache.StaleWhileRevalidate,
+		StaleIfError:         p.Cache.StaleIfError,
+	}
 }
 
 // CachedRepository is a ProductRepository that puts a flightcache.Loader in
@@ -87,8 +168,12 @@ type CachedRepository struct {
 }
 
 // NewCachedRepository returns a CachedRepository that loads from next with
-// opts. If metrics is not nil, the Loader reports to it: its OnLoad is
-// chained before opts.OnLoad, and it observes the Loader's Stats.
+// opts. Unless opts says otherwise, each product is cached for as long as
+// its answer's Cache-Control says (Options.Freshness), and when next is a
+// Revalidator a product held is revalidated rather than fetched again
+// (Options.Reload: If-None-Match, and a 304 renews it). If metrics is not
+// nil, the Loader reports to it: its OnLoad is chained before opts.OnLoad,
+// and it observes the Loader's Stats.
 func NewCachedRepository(next ProductRepository, opts flightcache.Options[string, Product], metrics *otelflightcache.Metrics[string]) (*CachedRepository, error) {
 	load := func(ctx context.Context, id string) (Product, error) {
 		p, err := next.Get(ctx, id)
@@ -98,6 +183,21 @@ func NewCachedRepository(next ProductRepository, opts flightcache.Options[string
 			err = fmt.Errorf("%w (%w)", err, flightcache.ErrNotFound)
 		}
 		return p, err
+	}
+	if opts.Freshness == nil {
+		opts.Freshness = productFreshness
+	}
+	if rv, ok := next.(Revalidator); ok && opts.Reload == nil {
+		opts.Reload = func(ctx context.Context, id string, old Product) (Product, error) {
+			p, err := rv.Revalidate(ctx, id, old)
+			switch {
+			case errors.Is(err, ErrNotModified):
+				return p, flightcache.ErrNotModified
+			case errors.Is(err, ErrNotFound):
+				err = fmt.Errorf("%w (%w)", err, flightcache.ErrNotFound)
+			}
+			return p, err
+		}
 	}
 	if metrics != nil {
 		userOnLoad := opts.OnLoad
@@ -137,6 +237,11 @@ func (c *CachedRepository) GetInfo(ctx context.Context, id string) (Product, fli
 	}
 	return p, info, err
 }
+
+// Refresh reloads the product with id in the background (revalidating the
+// one held); until then Gets keep getting the current one. ctx gives the
+// load its values, not its cancellation.
+func (c *CachedRepository) Refresh(ctx context.Context, id string) { c.loader.Refresh(ctx, id) }
 
 // Stats returns the Loader's counters.
 func (c *CachedRepository) Stats() flightcache.Stats { return c.loader.Stats() }
