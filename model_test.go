@@ -4,14 +4,18 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"testing"
 	"testing/synctest"
 	"time"
 )
 
 // The model-based fuzz test: a byte string is read as a sequence of
-// operations (Gets with and without cancellation, Set, Invalidate, time
-// advancing) and downstream outcomes (success, failure, panic, not-found),
+// operations (Gets with and without cancellation, revalidating Gets, Set,
+// Invalidate, Refresh, time advancing) and downstream outcomes (success,
+// failure, panic, not-found), with values that carry their own lifetimes
+// (Options.Freshness: some live 1s with no stale-while-revalidate window,
+// some are not to be cached at all),
 // run in a synctest bubble against a small reference model of the rules of
 // behaviour in docs/design.md. Every Get's value, error, Source and Age must
 // match the model, and so must the downstream call count after every
@@ -54,9 +58,30 @@ type modelEntry struct {
 	refreshAfter time.Duration
 }
 
+// modelFreshness is the model's Options.Freshness, read from the value: the
+// n-th downstream value lives 1s with no stale-while-revalidate window when
+// n%4 == 1, is not cached when n%4 == 3, and takes the Options' lifetime
+// otherwise (Set values too).
+func modelFreshness(_ string, v string) Freshness {
+	var n int
+	if _, err := fmt.Sscanf(v[strings.IndexByte(v, '#')+1:], "%d", &n); err != nil || !strings.Contains(v, "#") {
+		return Freshness{}
+	}
+	switch n % 4 {
+	case 1:
+		return Freshness{TTL: time.Second, StaleWhileRevalidate: -1}
+	case 3:
+		return Freshness{TTL: -1}
+	}
+	return Freshness{}
+}
+
 func (e *modelEntry) phase(now time.Duration) phase {
 	w := windows{modelSWR, modelSIE}
 	fresh := e.loadedAt + modelTTL
+	if f := modelFreshness("", e.val); f.TTL > 0 {
+		w.staleWhileRevalidate, fresh = 0, e.loadedAt+f.TTL
+	}
 	if e.notFound {
 		w, fresh = windows{}, e.loadedAt+modelNotFound
 	}
@@ -86,8 +111,37 @@ func (m *model) load(key string, o outcome) (string, error) {
 		return "", ErrNotFound
 	}
 	v := fmt.Sprintf("%s#%d", key, m.calls)
+	if modelFreshness(key, v).TTL < 0 {
+		delete(m.entries, key) // not cached, and the key keeps no older value
+		return v, nil
+	}
 	m.entries[key] = &modelEntry{val: v, loadedAt: m.now}
 	return v, nil
+}
+
+// revalidate predicts a Get under WithRevalidate: never a hit, always a
+// load; a failure is covered by the value held, if still within its
+// windows, as any failed load is.
+func (m *model) revalidate(key string, o outcome) (string, Source, time.Duration, error) {
+	prev := m.entries[key]
+	m.stats.Gets++
+	m.stats.Misses++
+	v, err := m.load(key, o)
+	if err != nil && !errors.Is(err, ErrNotFound) && prev != nil && !prev.notFound && prev.phase(m.now) != phaseExpired {
+		m.stats.StaleOnError++
+		return prev.val, SourceStaleOnError, m.now - prev.loadedAt, nil
+	}
+	if err != nil {
+		return "", SourceLoaded, 0, err
+	}
+	return v, SourceLoaded, 0, nil
+}
+
+// refresh predicts a Refresh: a background load (nothing else is in
+// flight between two operations), its value stored as a load's is.
+func (m *model) refresh(key string, o outcome) {
+	m.stats.Refreshes++
+	m.load(key, o)
 }
 
 // get predicts one Get of key whose load (if any) has outcome o.
@@ -177,17 +231,19 @@ func runModel(t *testing.T, policy Policy, ops []byte) {
 			return fmt.Sprintf("%s#%d", key, calls), nil
 		}, Options[string, string]{
 			TTL: modelTTL, StaleWhileRevalidate: modelSWR, StaleIfError: modelSIE, NotFoundTTL: modelNotFound,
-			Policy:  policy,
-			Retry:   Retry{InitialInterval: 1, MaxInterval: 1},
-			Breaker: Breaker{Disabled: true},
+			Freshness: modelFreshness,
+			Policy:    policy,
+			Retry:     Retry{InitialInterval: 1, MaxInterval: 1},
+			Breaker:   Breaker{Disabled: true},
 		})
 		if err != nil {
 			t.Fatal(err)
 		}
 		defer l.Close()
 		start := time.Now()
+		var revalidations uint64
 		for i := 0; i+1 < len(ops); i += 2 {
-			op, arg := ops[i]%6, ops[i+1]
+			op, arg := ops[i]%8, ops[i+1]
 			key := fmt.Sprint("k", arg%3)
 			next = outcome(arg / 3 % 4)
 			m.now = time.Since(start)
@@ -226,7 +282,22 @@ func runModel(t *testing.T, policy Policy, ops []byte) {
 			case 3: // Invalidate
 				l.Invalidate(key)
 				delete(m.entries, key)
-			default: // time passes
+			case 6: // Refresh
+				m.refresh(key, next)
+				l.Refresh(t.Context(), key)
+				synctest.Wait()
+			case 7: // a revalidating Get
+				wv, ws, wage, werr := m.revalidate(key, next)
+				revalidations++
+				v, info, err := l.GetInfo(WithRevalidate(t.Context()), key)
+				synctest.Wait()
+				var pe *PanicError
+				sameErr := errors.Is(err, werr) || (errors.As(werr, &pe) && errors.As(err, &pe))
+				if v != wv || info.Source != ws || info.Age != wage || !sameErr {
+					t.Fatalf("op %d at %v: revalidating Get(%q) with outcome %d = %q, %v, age %v, %v; model says %q, %v, age %v, %v",
+						i/2, m.now, key, next, v, info.Source, info.Age, err, wv, ws, wage, werr)
+				}
+			default: // time passes (4, 5)
 				time.Sleep(time.Duration(arg%20) * 250 * time.Millisecond)
 				synctest.Wait()
 			}
@@ -245,6 +316,10 @@ func runModel(t *testing.T, policy Policy, ops []byte) {
 			StaleOnError: s.StaleOnError, Canceled: s.Canceled, Loads: s.Loads,
 			Refreshes: s.Refreshes, Abandoned: s.Abandoned, Panics: s.Panics,
 		}
+		m.stats.Revalidations = 0 // counted apart, checked below
+		if s.Revalidations != revalidations {
+			t.Errorf("Stats.Revalidations = %d; want %d", s.Revalidations, revalidations)
+		}
 		if got != m.stats {
 			t.Errorf("%v: Stats = %+v;\nmodel says %+v", policy, got, m.stats)
 		}
@@ -259,6 +334,9 @@ func FuzzModel(f *testing.F) {
 	// key, of a stale-if-error key whose load fails, then of a not-found.
 	f.Add([]byte{1, 0, 0, 0, 1, 1, 0, 1, 4, 19, 4, 9, 1, 3, 0, 3, 1, 11, 0, 11, 1})
 	f.Add([]byte{0, 0, 4, 19, 4, 8, 1, 1, 1, 4, 0, 4, 1, 2, 2, 2, 1, 8, 4, 3, 1, 7, 1})
+	// Per-value lifetimes (the 1st value lives 1s, the 3rd is not cached),
+	// Refresh (6) and revalidating Gets (7), failing ones included.
+	f.Add([]byte{0, 0, 4, 5, 0, 0, 6, 0, 0, 0, 7, 0, 7, 3, 4, 10, 7, 6, 6, 1, 0, 1})
 	f.Fuzz(func(t *testing.T, data []byte) {
 		policy, ops := modelInput(data, 200)
 		runModel(t, policy, ops)
