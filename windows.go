@@ -31,14 +31,39 @@ func (o Options[K, V]) Windows() (Windows, error) {
 	if err := o.validate(); err != nil {
 		return Windows{}, err
 	}
+	o.Freshness = nil
+	w, _ := o.WindowsOf(*new(K), *new(V))
+	return w, nil
+}
+
+// WindowsOf returns the windows of one value v of key: o's windows (as
+// [Options.Windows] gives them, without validating o again) with what
+// [Options.Freshness], if set, says of v; cache is false for a value not to
+// be cached (a negative TTL). A Remote uses it to store each shared value
+// with its own lifetime, so every process applies the same one. Freshness
+// is called on the caller's goroutine.
+func (o Options[K, V]) WindowsOf(key K, v V) (w Windows, cache bool) {
 	o = o.withDefaults()
-	return Windows{
+	w = Windows{
 		Fresh:                jitter(o.TTL, o.Jitter, 1),
 		StaleWhileRevalidate: o.StaleWhileRevalidate,
 		StaleIfError:         o.StaleIfError,
 		EarlyRefresh:         o.EarlyRefresh > 0,
 		LoadTimeout:          o.LoadTimeout,
-	}, nil
+	}
+	if o.Freshness == nil {
+		return w, true
+	}
+	f := o.Freshness(key, v)
+	if f.TTL < 0 {
+		return w, false
+	}
+	if f.TTL > 0 {
+		w.Fresh = jitter(f.TTL, o.Jitter, 1)
+	}
+	w.StaleWhileRevalidate = pick(f.StaleWhileRevalidate, w.StaleWhileRevalidate)
+	w.StaleIfError = pick(f.StaleIfError, w.StaleIfError)
+	return w, true
 }
 
 // AcceptsStale reports whether a Get made under ctx accepts a value that

@@ -48,3 +48,24 @@ func TestAcceptsStale(t *testing.T) {
 		}
 	}
 }
+
+// Options.WindowsOf applies per-value Freshness as the Loader does: zero
+// fields take the Options' values, negative ones none, a negative TTL is
+// not to be cached.
+func TestOptionsWindowsOf(t *testing.T) {
+	o := Options[string, int]{TTL: 10 * time.Second, Jitter: 0.5, StaleWhileRevalidate: time.Second, StaleIfError: time.Minute,
+		Freshness: func(k string, v int) Freshness {
+			return Freshness{TTL: time.Duration(v) * time.Second, StaleWhileRevalidate: -1}
+		}}
+	w, ok := o.WindowsOf("k", 4)
+	want := Windows{Fresh: 2 * time.Second, StaleIfError: time.Minute, LoadTimeout: DefaultLoadTimeout}
+	if !ok || w != want {
+		t.Errorf("WindowsOf(4) = %+v, %v; want %+v, true", w, ok, want)
+	}
+	if w, ok := o.WindowsOf("k", 0); !ok || w.Fresh != 5*time.Second {
+		t.Errorf("WindowsOf(0) = %+v, %v; want the Options' TTL (5s at least, with Jitter 0.5)", w, ok)
+	}
+	if _, ok := o.WindowsOf("k", -1); ok {
+		t.Errorf("WindowsOf with a negative TTL: cache = true; want false")
+	}
+}

@@ -68,31 +68,42 @@ type entry struct {
 	took  int64  // how long the load took
 	fresh int64  // fresh until
 	stale int64  // served stale until (the end of StaleWhileRevalidate)
+	until int64  // may cover a failed load until (the end of StaleIfError); -1: not stored (an older writer)
 }
 
-// entryFields are the hash fields read back, in this order.
-var entryFields = []string{"id", "v", "at", "took", "fresh", "stale"}
+// entryFields are the hash fields read back, in this order. "until" came
+// last and may be missing from an entry an older version wrote.
+var entryFields = []string{"id", "v", "at", "took", "fresh", "stale", "until"}
 
 // parseEntry reads the reply of HMGET entryFields (or the same list returned
 // by a script). A missing hash gives ok == false; a hash with a field that
 // does not parse is reported as an error, and treated by callers as
 // missing.
 func parseEntry(vals []any) (entry, error) {
-	if len(vals) < len(entryFields) || vals[0] == nil {
+	if len(vals) < len(entryFields)-1 || vals[0] == nil {
 		return entry{}, nil
 	}
+	until := int64(-1)
+	if len(vals) == len(entryFields) && vals[len(vals)-1] != nil {
+		u, ok := vals[len(vals)-1].(string)
+		n, err := strconv.ParseInt(u, 10, 64)
+		if ok && err == nil {
+			until = n
+		}
+	}
+	vals = vals[:len(entryFields)-1]
 	// On error the entry keeps its id, so the caller can replace this
 	// version under the lease instead of reading it again and again.
 	id, _ := vals[0].(string)
-	s := make([]string, len(entryFields))
-	for i := range entryFields {
+	s := make([]string, len(vals))
+	for i := range vals {
 		v, ok := vals[i].(string)
 		if !ok {
 			return entry{id: id}, fmt.Errorf("flightredis: entry field %v is %T", entryFields[i], vals[i])
 		}
 		s[i] = v
 	}
-	e := entry{ok: true, id: id, val: []byte(s[1])}
+	e := entry{ok: true, id: id, val: []byte(s[1]), until: until}
 	for i, p := range []*int64{&e.at, &e.took, &e.fresh, &e.stale} {
 		n, err := strconv.ParseInt(s[i+2], 10, 64)
 		if err != nil {

@@ -33,7 +33,7 @@ import (
 var acquireScript = redis.NewScript(`
 local id = redis.call('HGET', KEYS[1], 'id') or ''
 if id ~= ARGV[1] then
-  return {'entry', redis.call('HMGET', KEYS[1], 'id', 'v', 'at', 'took', 'fresh', 'stale')}
+  return {'entry', redis.call('HMGET', KEYS[1], 'id', 'v', 'at', 'took', 'fresh', 'stale', 'until')}
 end
 if ARGV[5] ~= '' then
   local f = redis.call('GET', KEYS[4])
@@ -65,7 +65,7 @@ return 1
 var writeScript = redis.NewScript(`
 if ARGV[1] ~= '' and redis.call('GET', KEYS[2]) ~= ARGV[1] then return 0 end
 redis.call('DEL', KEYS[1], KEYS[2], KEYS[3])
-redis.call('HSET', KEYS[1], 'id', ARGV[2], 'v', ARGV[3], 'at', ARGV[4], 'took', ARGV[5], 'fresh', ARGV[6], 'stale', ARGV[7])
+redis.call('HSET', KEYS[1], 'id', ARGV[2], 'v', ARGV[3], 'at', ARGV[4], 'took', ARGV[5], 'fresh', ARGV[6], 'stale', ARGV[7], 'until', ARGV[11])
 redis.call('PEXPIRE', KEYS[1], ARGV[8])
 redis.call('PUBLISH', ARGV[9], ARGV[10])
 return 1
@@ -82,7 +82,7 @@ if redis.call('GET', KEYS[1]) == ARGV[1] then
   redis.call('PUBLISH', ARGV[4], ARGV[5])
 end
 if ARGV[6] ~= '' then
-  return redis.call('HMGET', KEYS[4], 'id', 'v', 'at', 'took', 'fresh', 'stale')
+  return redis.call('HMGET', KEYS[4], 'id', 'v', 'at', 'took', 'fresh', 'stale', 'until')
 end
 return {}
 `)
@@ -160,7 +160,7 @@ func (t *Tier[K, V]) Load(ctx context.Context, key K, load func(context.Context)
 			if kind == "stolen" {
 				t.stats.takeovers.Add(1)
 			}
-			return t.hold(ctx, ks, tok, load)
+			return t.hold(ctx, ks, key, tok, load)
 		}
 		// "held": wait for the holder's publish, a poll, or the holder's
 		// alive key to lapse, whichever comes first.
@@ -207,7 +207,7 @@ func (t *Tier[K, V]) hand(ks keys, e entry, v V, waited bool) flightcache.Remote
 // hold runs load under the lease tok, then writes the entry (success) or
 // releases the lease (failure). Its deferred release also runs when load
 // ends its goroutine with runtime.Goexit.
-func (t *Tier[K, V]) hold(ctx context.Context, ks keys, tok string, load func(context.Context) (V, error)) (flightcache.RemoteValue[V], error) {
+func (t *Tier[K, V]) hold(ctx context.Context, ks keys, key K, tok string, load func(context.Context) (V, error)) (flightcache.RemoteValue[V], error) {
 	t.stats.leases.Add(1)
 	stop := t.beat(ks, tok)
 	bg := context.WithoutCancel(ctx) // the lease must be released even if ctx ended
@@ -224,11 +224,11 @@ func (t *Tier[K, V]) hold(ctx context.Context, ks keys, tok string, load func(co
 	done = true
 	stop()
 	if err != nil {
-		want := t.sie > 0 && coverable(err)
+		want := (t.sie > 0 || t.perValue) && coverable(err)
 		return t.cover(t.release(bg, ks, tok, failure(ctx, tok, err), want), err)
 	}
 	rv := flightcache.RemoteValue[V]{Value: v, LoadedAt: end, Took: end.Sub(start), Loaded: true}
-	t.write(bg, ks, tok, rv)
+	t.write(bg, ks, key, tok, rv)
 	return rv, nil
 }
 
@@ -258,9 +258,18 @@ func (t *Tier[K, V]) beat(ks keys, tok string) (stop func()) {
 	return func() { close(quit); wg.Wait() }
 }
 
-// write stores rv as the key's entry if the lease tok is still held, or
-// unconditionally when tok is "" (Set).
-func (t *Tier[K, V]) write(ctx context.Context, ks keys, tok string, rv flightcache.RemoteValue[V]) {
+// write stores rv as the key's entry, with the windows the Loader's options
+// give this value (Options.WindowsOf: per-value Freshness included), if the
+// lease tok is still held, or unconditionally when tok is "" (Set). A value
+// the Loader would not cache is not stored.
+func (t *Tier[K, V]) write(ctx context.Context, ks keys, key K, tok string, rv flightcache.RemoteValue[V]) {
+	w, keep := t.loader.WindowsOf(key, rv.Value)
+	if !keep {
+		if tok != "" {
+			t.release(ctx, ks, tok, "", false)
+		}
+		return
+	}
 	data, err := t.codec.Marshal(rv.Value)
 	if err != nil {
 		t.stats.encodeErrors.Add(1)
@@ -271,13 +280,15 @@ func (t *Tier[K, V]) write(ctx context.Context, ks keys, tok string, rv flightca
 	}
 	id := token(8)
 	at := micros(rv.LoadedAt)
-	fresh := at + t.fresh.Microseconds()
-	stale := fresh + t.swr.Microseconds()
-	life := t.fresh + t.swr + t.sie // Redis frees the entry when no process can use it
+	w.Fresh = max(w.Fresh, time.Millisecond)
+	fresh := at + w.Fresh.Microseconds()
+	stale := fresh + w.StaleWhileRevalidate.Microseconds()
+	until := stale + w.StaleIfError.Microseconds()
+	life := w.Fresh + w.StaleWhileRevalidate + w.StaleIfError // Redis frees the entry when no process can use it
 	c, cancel := t.op(ctx)
 	n, err := writeScript.Run(c, t.rdb, []string{ks.entry, ks.lease, ks.alive},
 		tok, id, data, at, rv.Took.Microseconds(), fresh, stale, max(life.Milliseconds(), 1),
-		t.channel, ks.base).Int()
+		t.channel, ks.base, until).Int()
 	cancel()
 	switch {
 	case err != nil:
@@ -387,7 +398,7 @@ func (t *Tier[K, V]) Set(ctx context.Context, key K, v flightcache.RemoteValue[V
 		t.stats.skipped.Add(1)
 		return
 	}
-	t.write(ctx, keysFor(t.opts.Prefix, t.key(key)), "", v)
+	t.write(ctx, keysFor(t.opts.Prefix, t.key(key)), key, "", v)
 }
 
 // Invalidate implements [flightcache.Remote]: it deletes key's shared entry

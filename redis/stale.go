@@ -34,14 +34,17 @@ func (t *Tier[K, V]) usable(ctx context.Context, ks keys, e entry) bool {
 }
 
 // cover returns err with, when it may cover the failure, the older value
-// of entry e (see [flightcache.Remote]): e must be inside the Loader's
-// StaleIfError window and decode, and err must not be a not-found (the
+// of entry e (see [flightcache.Remote]): e must be inside its StaleIfError
+// window (its own, with per-value Freshness) and decode, and err must not be a not-found (the
 // Loader never covers one) nor mean the Loader closed. Whether the value is
 // served is the Loader's call: its window and each caller's max-stale.
 func (t *Tier[K, V]) cover(e entry, err error) (flightcache.RemoteValue[V], error) {
+	until := e.until
+	if until < 0 { // written by an older version: the Options' window
+		until = e.stale + t.sie.Microseconds()
+	}
 	switch {
-	case !coverable(err), t.sie <= 0, !e.ok,
-		micros(time.Now()) >= e.stale+t.sie.Microseconds():
+	case !coverable(err), !e.ok, micros(time.Now()) >= until:
 		return flightcache.RemoteValue[V]{}, err
 	}
 	v, derr := t.codec.Unmarshal(e.val)

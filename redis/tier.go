@@ -119,11 +119,14 @@ type Tier[K comparable, V any] struct {
 	key   func(K) string
 	codec Codec[V]
 
-	// The Loader's windows (flightcache.Options.Windows).
-	fresh time.Duration // the shortest freshness any process draws, at least 1ms
-	swr   time.Duration // StaleWhileRevalidate
-	sie   time.Duration // StaleIfError
-	early bool          // EarlyRefresh > 0
+	// The Loader's options and windows (flightcache.Options.Windows); a
+	// value's own are flightcache.Options.WindowsOf.
+	loader   flightcache.Options[K, V]
+	perValue bool          // the Loader has per-value Freshness
+	fresh    time.Duration // the shortest freshness any process draws, at least 1ms
+	swr      time.Duration // StaleWhileRevalidate
+	sie      time.Duration // StaleIfError
+	early    bool          // EarlyRefresh > 0
 
 	leaseMS, aliveMS, failMS int64 // PX arguments
 	channel                  string
@@ -169,18 +172,20 @@ func New[K comparable, V any](client redis.UniversalClient, loader flightcache.O
 	}
 	opts = opts.withDefaults(w.LoadTimeout)
 	t := &Tier[K, V]{
-		rdb:     client,
-		opts:    opts,
-		key:     opts.Key,
-		codec:   opts.Codec,
-		fresh:   w.Fresh,
-		swr:     w.StaleWhileRevalidate,
-		sie:     w.StaleIfError,
-		early:   w.EarlyRefresh,
-		leaseMS: opts.LeaseTTL.Milliseconds(),
-		aliveMS: opts.HolderTimeout.Milliseconds(),
-		failMS:  max(4*opts.PollInterval, time.Second).Milliseconds(),
-		channel: opts.Prefix + "loaded",
+		rdb:      client,
+		opts:     opts,
+		key:      opts.Key,
+		codec:    opts.Codec,
+		loader:   loader,
+		perValue: loader.Freshness != nil,
+		fresh:    w.Fresh,
+		swr:      w.StaleWhileRevalidate,
+		sie:      w.StaleIfError,
+		early:    w.EarlyRefresh,
+		leaseMS:  opts.LeaseTTL.Milliseconds(),
+		aliveMS:  opts.HolderTimeout.Milliseconds(),
+		failMS:   max(4*opts.PollInterval, time.Second).Milliseconds(),
+		channel:  opts.Prefix + "loaded",
 	}
 	t.fresh = max(t.fresh, time.Millisecond)
 	if t.key == nil {

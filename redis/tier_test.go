@@ -273,3 +273,43 @@ func TestNewRejectsTheLoadersBadOptions(t *testing.T) {
 		t.Errorf("New with the Loader's StaleIfError -1 = %v; want an error naming it", err)
 	}
 }
+
+// The tier stores each value with its own lifetime (Options.Freshness), so
+// every process applies the same one: a value that states a short life is
+// not handed to another process past it, and a value not to be cached is
+// not shared.
+func TestSharedEntryKeepsItsOwnFreshness(t *testing.T) {
+	addr := redisAddr(t)
+	p := testPrefix(t, newClient(t, addr))
+	d := newDownstream()
+	lo := flightcache.Options[string, string]{TTL: time.Minute, Freshness: func(k, v string) flightcache.Freshness {
+		switch k {
+		case "short":
+			return flightcache.Freshness{TTL: 300 * time.Millisecond}
+		case "never":
+			return flightcache.Freshness{TTL: -1}
+		}
+		return flightcache.Freshness{}
+	}}
+	a := newProc(t, addr, p, lo, Options[string, string]{}, d)
+	b := newProc(t, addr, p, lo, Options[string, string]{}, d)
+
+	if v, err := a.l.Get(ctx, "short"); err != nil || v != "short-v1" {
+		t.Fatalf("a.Get(short) = %q, %v", v, err)
+	}
+	if v, err := b.l.Get(ctx, "short"); err != nil || v != "short-v1" {
+		t.Fatalf("b.Get(short) within its 300ms = %q, %v; want the shared short-v1", v, err)
+	}
+	time.Sleep(400 * time.Millisecond)
+	if v, err := b.l.Get(ctx, "short"); err != nil || v != "short-v2" {
+		t.Errorf("b.Get(short) 400ms on = %q, %v; want a new load (the value lived 300ms, the TTL is a minute)", v, err)
+	}
+	if n := d.calls.Load(); n != 2 {
+		t.Errorf("downstream calls = %d; want 2", n)
+	}
+	a.l.Get(ctx, "never")
+	b.l.Get(ctx, "never")
+	if n := d.calls.Load(); n != 4 {
+		t.Errorf("downstream calls after two Gets of a value not to be cached = %d; want 4", n)
+	}
+}
