@@ -165,3 +165,25 @@ func TestRunFlagsAndJSON(t *testing.T) {
 		t.Errorf("-only a -json: got %+v", res)
 	}
 }
+
+// Part d: with Options.Freshness no Get ever returns a token past its
+// stated expiry, and revalidating with ErrNotModified transfers fewer
+// bodies than full reloads for about as many downstream calls.
+func TestFreshnessPart(t *testing.T) {
+	cfg := quick()
+	cfg.duration = 1200 * time.Millisecond // 600 ms per run: a few token lives (100-400 ms)
+	res, err := runFreshness(cfg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res.Tokens) != 2 || len(res.Catalog) != 2 {
+		t.Fatalf("rows: %d token, %d catalogue; want 2 and 2", len(res.Tokens), len(res.Catalog))
+	}
+	if own := res.Tokens[1]; own.Gets == 0 || own.Expired != 0 {
+		t.Errorf("%s: %d Gets, %d expired tokens served; want Gets and none expired", own.Config, own.Gets, own.Expired)
+	}
+	full, reval := res.Catalog[0], res.Catalog[1]
+	if reval.NotModified == 0 || full.NotModified != 0 || reval.Bytes >= full.Bytes {
+		t.Errorf("catalogue: full reload %+v, revalidation %+v; want 304s only with Reload, and fewer bytes", full, reval)
+	}
+}

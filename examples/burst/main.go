@@ -7,11 +7,14 @@
 //     behind it got its error, and how StaleIfError brings that to zero;
 //   - c. the expiry wall of a hot key: how long readers wait when it
 //     expires, with a TTL only, with stale-while-revalidate and with early
-//     refresh.
+//     refresh;
+//   - d. freshness from the data: tokens with their own expiry (one TTL for
+//     all serves some past it; Options.Freshness none), and what reloading
+//     with ErrNotModified saves over full reloads.
 //
 // Usage:
 //
-//	go run ./examples/burst [-duration 3s] [-readers 8] [-keys 3] [-only abc] [-json]
+//	go run ./examples/burst [-duration 3s] [-readers 8] [-keys 3] [-only abcd] [-json]
 //
 // It needs no server and, with the defaults, takes about 12 seconds. A
 // progress line is drawn on stderr; the tables (or, with -json, one JSON
@@ -35,7 +38,7 @@ type config struct {
 	duration time.Duration // c's runs; b's reader runs last twice as long, its control run a third
 	readers  int           // concurrent readers in b and c
 	keys     int           // hot keys in b
-	only     string        // which parts to run: letters of "abc"
+	only     string        // which parts to run: letters of "abcd"
 
 	// Part b: the downstream of the blast-radius experiment.
 	loadMin, loadMax time.Duration // each load takes a duration in [loadMin, loadMax)
@@ -57,7 +60,7 @@ func defaultConfig() config {
 		duration: 3 * time.Second,
 		readers:  8,
 		keys:     3,
-		only:     "abc",
+		only:     "abcd",
 
 		loadMin:     100 * time.Millisecond,
 		loadMax:     120 * time.Millisecond,
@@ -76,9 +79,10 @@ func defaultConfig() config {
 
 // results is everything one run measured; -json prints it.
 type results struct {
-	A *coalesceResult `json:"a,omitempty"`
-	B *blastResult    `json:"b,omitempty"`
-	C *wallResult     `json:"c,omitempty"`
+	A *coalesceResult  `json:"a,omitempty"`
+	B *blastResult     `json:"b,omitempty"`
+	C *wallResult      `json:"c,omitempty"`
+	D *freshnessResult `json:"d,omitempty"`
 }
 
 func main() {
@@ -94,10 +98,10 @@ func run(args []string, stdout, stderr io.Writer) error {
 	cfg := defaultConfig()
 	fs := flag.NewFlagSet("burst", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	fs.DurationVar(&cfg.duration, "duration", cfg.duration, "length of part c's runs; part b's reader runs last twice as long, its control run a third")
+	fs.DurationVar(&cfg.duration, "duration", cfg.duration, "length of part c's runs; part b's reader runs last twice as long, its control run a third, part d's runs half")
 	fs.IntVar(&cfg.readers, "readers", cfg.readers, "concurrent readers in parts b and c")
 	fs.IntVar(&cfg.keys, "keys", cfg.keys, "hot keys in part b")
-	fs.StringVar(&cfg.only, "only", cfg.only, "parts to run: any of a, b, c (e.g. -only b or -only a,c)")
+	fs.StringVar(&cfg.only, "only", cfg.only, "parts to run: any of a, b, c, d (e.g. -only b or -only a,c)")
 	asJSON := fs.Bool("json", false, "print one JSON document instead of tables")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -111,8 +115,8 @@ func run(args []string, stdout, stderr io.Writer) error {
 		return fmt.Errorf("-readers must be >= 1, got %d", cfg.readers)
 	case cfg.keys < 1:
 		return fmt.Errorf("-keys must be >= 1, got %d", cfg.keys)
-	case strings.Trim(cfg.only, "abc, ") != "" || strings.Trim(cfg.only, ", ") == "":
-		return fmt.Errorf("-only takes letters of a, b, c; got %q", cfg.only)
+	case strings.Trim(cfg.only, "abcd, ") != "" || strings.Trim(cfg.only, ", ") == "":
+		return fmt.Errorf("-only takes letters of a, b, c, d; got %q", cfg.only)
 	}
 
 	res, err := measure(cfg, newProgress(stderr))
@@ -147,6 +151,11 @@ func measure(cfg config, p *progress) (*results, error) {
 			return nil, err
 		}
 	}
+	if strings.Contains(cfg.only, "d") {
+		if res.D, err = runFreshness(cfg, p); err != nil {
+			return nil, err
+		}
+	}
 	return res, nil
 }
 
@@ -164,5 +173,10 @@ func (r *results) print(w io.Writer) {
 	if r.C != nil {
 		fmt.Fprint(w, sep)
 		r.C.print(w)
+		sep = "\n"
+	}
+	if r.D != nil {
+		fmt.Fprint(w, sep)
+		r.D.print(w)
 	}
 }
