@@ -29,7 +29,7 @@ func (l *Loader[K, V]) complete(c *call[K, V], r *loaded[V]) {
 		// 304: the value held is still current. It goes on as if just
 		// loaded: its callers get it, its freshness is renewed from now
 		// (Freshness is asked again, below).
-		r.val, r.err, r.age = c.from.val, nil, 0
+		r.val, r.err, r.age = r.old, nil, 0
 	}
 	res := delivery[K, V]{val: r.val, err: r.err, loadedAt: now - r.age}
 	// Values never cached are judged by the shortest freshness any entry

@@ -25,6 +25,7 @@ type loaded[V any] struct {
 	err      error
 	reload   bool            // Options.Reload was called with the value held
 	notMod   bool            // and said ErrNotModified
+	old      V               // the value it was given
 	attempts int             // LoadFunc calls made here
 	took     time.Duration   // how long the value took to load, wherever it was
 	age      time.Duration   // how old the value already is (from a Remote)
@@ -38,7 +39,9 @@ type loaded[V any] struct {
 // returns (a callee that ends the goroutine leaves them as they were).
 func (l *Loader[K, V]) fetch(ctx context.Context, key K, old *entry[K, V], r *loaded[V]) {
 	start := l.now()
-	r.reload = old != nil // set by the caller only with a Reload
+	if old != nil { // set by the caller only with a Reload
+		r.reload, r.old = true, old.val
+	}
 	defer func() { r.notMod = r.reload && errors.Is(r.err, ErrNotModified) }()
 	if l.opts.Remote == nil {
 		v, err := l.load(ctx, key, old, &r.attempts)
@@ -49,7 +52,12 @@ func (l *Loader[K, V]) fetch(ctx context.Context, key K, old *entry[K, V], r *lo
 	var err error
 	if perr := l.guard(func() {
 		rv, err = l.opts.Remote.Load(ctx, key, func(ctx context.Context) (V, error) {
-			return l.load(ctx, key, old, &r.attempts)
+			o := old
+			if fleet, ok := ctx.Value(reloadValueKey{}).(*reloadValue[V]); ok && l.opts.Reload != nil {
+				o = &entry[K, V]{key: key, val: fleet.v} // the tier's value: revalidate that one
+				r.reload, r.old = true, fleet.v
+			}
+			return l.load(ctx, key, o, &r.attempts)
 		})
 	}, nil); perr != nil {
 		*r = loaded[V]{err: perr, attempts: r.attempts}

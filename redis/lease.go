@@ -160,7 +160,8 @@ func (t *Tier[K, V]) Load(ctx context.Context, key K, load func(context.Context)
 			if kind == "stolen" {
 				t.stats.takeovers.Add(1)
 			}
-			return t.hold(ctx, ks, key, tok, load)
+			fctx, fleet := t.withFleetValue(ctx, e)
+			return t.hold(fctx, ks, key, tok, load, fleet)
 		}
 		// "held": wait for the holder's publish, a poll, or the holder's
 		// alive key to lapse, whichever comes first.
@@ -186,6 +187,25 @@ func (t *Tier[K, V]) Load(ctx context.Context, key K, load func(context.Context)
 	}
 }
 
+// withFleetValue passes the shared entry e, if it is still of use (within
+// its StaleIfError window) and decodes, to the load about to run, so that
+// a Loader with Options.Reload revalidates the fleet's value rather than
+// its own (flightcache.WithReloadValue). It returns that value too, or nil.
+func (t *Tier[K, V]) withFleetValue(ctx context.Context, e entry) (context.Context, *V) {
+	until := e.until
+	if until < 0 {
+		until = e.stale + t.sie.Microseconds()
+	}
+	if !e.ok || micros(time.Now()) >= until {
+		return ctx, nil
+	}
+	v, err := t.codec.Unmarshal(e.val)
+	if err != nil {
+		return ctx, nil
+	}
+	return flightcache.WithReloadValue(ctx, v), &v
+}
+
 // hand returns a decoded entry to the Loader and remembers it was served.
 func (t *Tier[K, V]) hand(ks keys, e entry, v V, waited bool) flightcache.RemoteValue[V] {
 	t.served.put(ks.base, e.id)
@@ -206,8 +226,10 @@ func (t *Tier[K, V]) hand(ks keys, e entry, v V, waited bool) flightcache.Remote
 
 // hold runs load under the lease tok, then writes the entry (success) or
 // releases the lease (failure). Its deferred release also runs when load
-// ends its goroutine with runtime.Goexit.
-func (t *Tier[K, V]) hold(ctx context.Context, ks keys, key K, tok string, load func(context.Context) (V, error)) (flightcache.RemoteValue[V], error) {
+// ends its goroutine with runtime.Goexit. fleet is the shared value the load
+// revalidates, if any: when the load answers ErrNotModified it is stored
+// again, renewed, for every process.
+func (t *Tier[K, V]) hold(ctx context.Context, ks keys, key K, tok string, load func(context.Context) (V, error), fleet *V) (flightcache.RemoteValue[V], error) {
 	t.stats.leases.Add(1)
 	stop := t.beat(ks, tok)
 	bg := context.WithoutCancel(ctx) // the lease must be released even if ctx ended
@@ -223,6 +245,16 @@ func (t *Tier[K, V]) hold(ctx context.Context, ks keys, key K, tok string, load 
 	end := time.Now()
 	done = true
 	stop()
+	if errors.Is(err, flightcache.ErrNotModified) {
+		// Not a failure: the value revalidated is still current.
+		if fleet == nil { // the Loader's own value, which the tier does not have
+			t.release(bg, ks, tok, "", false)
+			return flightcache.RemoteValue[V]{}, err
+		}
+		rv := flightcache.RemoteValue[V]{Value: *fleet, LoadedAt: end, Took: end.Sub(start), Loaded: true}
+		t.write(bg, ks, key, tok, rv)
+		return rv, err
+	}
 	if err != nil {
 		want := (t.sie > 0 || t.perValue) && coverable(err)
 		return t.cover(t.release(bg, ks, tok, failure(ctx, tok, err), want), err)

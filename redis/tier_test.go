@@ -313,3 +313,51 @@ func TestSharedEntryKeepsItsOwnFreshness(t *testing.T) {
 		t.Errorf("downstream calls after two Gets of a value not to be cached = %d; want 4", n)
 	}
 }
+
+// A reload through the tier revalidates the fleet's value: a process that
+// holds nothing reloads the value another process stored (Options.Reload
+// gets it as old), and a 304 renews it for every process.
+func TestReloadRevalidatesTheFleetsValue(t *testing.T) {
+	addr := redisAddr(t)
+	p := testPrefix(t, newClient(t, addr))
+	d := newDownstream()
+	var mu sync.Mutex
+	var olds []string
+	lo := flightcache.Options[string, string]{TTL: 200 * time.Millisecond, StaleIfError: time.Minute,
+		Reload: func(ctx context.Context, k, old string) (string, error) {
+			mu.Lock()
+			olds = append(olds, old)
+			mu.Unlock()
+			return "", flightcache.ErrNotModified
+		}}
+	a := newProc(t, addr, p, lo, Options[string, string]{}, d)
+	b := newProc(t, addr, p, lo, Options[string, string]{}, d)
+	if v, err := a.l.Get(ctx, "k"); err != nil || v != "k-v1" {
+		t.Fatalf("a.Get = %q, %v", v, err)
+	}
+	time.Sleep(300 * time.Millisecond) // past freshness, within StaleIfError
+	v, info, err := b.l.GetInfo(ctx, "k")
+	if err != nil || v != "k-v1" || info.Age > 100*time.Millisecond {
+		t.Fatalf("b.Get = %q (age %v), %v; want the fleet's k-v1, renewed", v, info.Age, err)
+	}
+	mu.Lock()
+	got := append([]string(nil), olds...)
+	mu.Unlock()
+	if len(got) != 1 || got[0] != "k-v1" || d.calls.Load() != 1 {
+		t.Errorf("Reload given %q, LoadFunc calls %d; want [k-v1] (b held nothing), 1", got, d.calls.Load())
+	}
+	if s := b.l.Stats(); s.NotModified != 1 {
+		t.Errorf("b's Stats.NotModified = %d; want 1", s.NotModified)
+	}
+	// The renewed entry is fresh for the fleet: a's next Get, past its own
+	// copy's freshness, takes it from the tier without a reload.
+	time.Sleep(50 * time.Millisecond)
+	if v, err := a.l.Get(ctx, "k"); err != nil || v != "k-v1" {
+		t.Errorf("a.Get after the renewal = %q, %v", v, err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(olds) != 1 {
+		t.Errorf("Reload calls after a's Get = %d; want still 1 (the renewed shared entry served a)", len(olds))
+	}
+}
