@@ -169,6 +169,27 @@ func TestBinary(t *testing.T) {
 	if s := pricing(); s.Requests != 2 || s.NotModified != 1 {
 		t.Errorf("after 100 no-cache requests the pricing service saw %d requests, %d answered 304; want 2 and 1", s.Requests, s.NotModified)
 	}
+
+	// A flash-sale price says max-age=1: a second and a half later it is
+	// no longer fresh, while the server's TTL (-ttl, 10s) is much longer.
+	xcache := func(path string) string {
+		t.Helper()
+		resp, err := client.Get(apiURL + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		return resp.Header.Get("X-Cache")
+	}
+	xcache("/products/200")
+	if got := xcache("/products/200"); got != "hit" {
+		t.Errorf("flash price right after its load: X-Cache %q; want hit", got)
+	}
+	time.Sleep(1500 * time.Millisecond)
+	if got := xcache("/products/200"); got == "hit" {
+		t.Errorf("flash price 1.5s after its load (max-age=1): X-Cache %q; want it no longer fresh", got)
+	}
 	transport.CloseIdleConnections()
 
 	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
