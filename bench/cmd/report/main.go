@@ -3,7 +3,12 @@
 //
 // Usage, from the bench directory:
 //
-//	go run ./cmd/report [-o ../docs/benchmarks.md] [-wall results/wall] [-notes findings.md] results/raw.txt
+//	go run ./cmd/report [-o ../docs/benchmarks.md] [-wall results/wall] [-notes findings.md] [-before results/before.txt] results/raw.txt
+//
+// With -before, the report opens its results with a before → after
+// section: the same benchmarks on an earlier core (the runs in that file)
+// against the runs in raw.txt, which should have been interleaved with them
+// round by round (see bench/README.md).
 //
 // Medians and 95% confidence intervals are computed with
 // golang.org/x/perf/benchmath, as benchstat computes them, so a 95% interval
@@ -26,6 +31,7 @@ func main() {
 	out := flag.String("o", "../docs/benchmarks.md", "the Markdown report to write; charts go to a directory of the same name without .md")
 	wallDir := flag.String("wall", "results/wall", "directory of the expiry-wall traces written by -walltrace")
 	notes := flag.String("notes", "findings.md", "Markdown appended to the report as the findings section (skipped if missing)")
+	beforeRaw := flag.String("before", "", "raw output of the same benchmarks on the earlier core, for the before → after section (optional)")
 	flag.Usage = func() {
 		fmt.Fprintf(flag.CommandLine.Output(), "usage: report [flags] raw.txt\n")
 		flag.PrintDefaults()
@@ -54,6 +60,17 @@ func main() {
 		log.Fatal(err)
 	}
 	r := &report{res: res, chartRel: filepath.Base(chartDir), wallDir: *wallDir}
+	if *beforeRaw != "" {
+		f, err := os.Open(*beforeRaw)
+		if err != nil {
+			log.Fatal(err)
+		}
+		r.before, err = readResults(f, *beforeRaw)
+		f.Close()
+		if err != nil {
+			log.Fatal(err)
+		}
+	}
 	charts := r.build()
 	for name, svg := range charts {
 		if err := os.WriteFile(filepath.Join(chartDir, name), []byte(svg), 0o644); err != nil {

@@ -116,3 +116,63 @@ func TestFmtNum(t *testing.T) {
 		}
 	}
 }
+
+// rawV2 is a small output of the benchmarks added with core v2, two runs.
+const rawV2 = `commit: 0123456789abcdef
+BenchmarkMiss/otter-2       	 1000	 1000 ns/op	 378 B/op	 5 allocs/op
+BenchmarkMiss/otter-2       	 1000	 2000 ns/op	 378 B/op	 5 allocs/op
+BenchmarkMiss/flightcache-2 	 1000	 1500 ns/op	 900 B/op	 9 allocs/op
+BenchmarkMiss/flightcache-2 	 1000	 3000 ns/op	 900 B/op	 9 allocs/op
+BenchmarkEvictionPressure/ristretto-singleflight-2 	 1	 600 ns/op	 750000 calls	 0.625 hit-ratio	 300000 sets-dropped	 300000 sets-rejected	 2.5 allocs/get
+BenchmarkEvictionPressure/ristretto-singleflight-2 	 1	 600 ns/op	 760000 calls	 0.62 hit-ratio	 300000 sets-dropped	 300000 sets-rejected	 2.5 allocs/get
+BenchmarkEvictionPressure/otter-2 	 1	 500 ns/op	 680000 calls	 0.66 hit-ratio	 1.7 allocs/get
+BenchmarkEvictionPressure/otter-2 	 1	 500 ns/op	 690000 calls	 0.655 hit-ratio	 1.7 allocs/get
+BenchmarkEvictionPressure/flightcache-2 	 1	 1500 ns/op	 740000 calls	 0.63 hit-ratio	 0 sets-dropped	 580000 sets-rejected	 4 allocs/get
+BenchmarkEvictionPressure/flightcache-2 	 1	 1500 ns/op	 740000 calls	 0.63 hit-ratio	 0 sets-dropped	 580000 sets-rejected	 4 allocs/get
+`
+
+func TestPairedRatio(t *testing.T) {
+	res, err := readResults(strings.NewReader(rawV2), "raw.txt")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Run by run: 1500/1000 and 3000/2000, both 1.5, where the ratio of
+	// the medians (2250/1500) happens to be 1.5 too but the runs disagree.
+	if q := pairedRatio(res, "Miss/flightcache", "Miss/otter", "ns/op"); !q.ok || q.n != 2 || q.center != 1.5 || q.min != 1.5 || q.max != 1.5 {
+		t.Errorf("pairedRatio = %+v; want 1.5 in both runs", q)
+	}
+	if q := pairedRatio(res, "Miss/flightcache", "Miss/nobody", "ns/op"); q.ok {
+		t.Errorf("pairedRatio against a missing benchmark = %+v; want !ok", q)
+	}
+}
+
+func TestCoreV2Section(t *testing.T) {
+	after, err := readResults(strings.NewReader(raw+rawV2), "raw.txt")
+	if err != nil {
+		t.Fatal(err)
+	}
+	before, err := readResults(strings.NewReader(rawV2), "before.txt")
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := &report{res: after, before: before, chartRel: "benchmarks", wallDir: t.TempDir()}
+	r.build()
+	md := r.w.String()
+	for _, s := range []string{
+		"## Core v2: before → after",
+		"./compare.sh 0123456",
+		"## Cold miss in a full cache",
+		"## Eviction pressure",
+		"| **flightcache** | after | 740,000",
+		"1.50× otter", // Miss: ≤ 2× otter...
+		"| cold miss, one goroutine, instant load: `Miss` (10k entries, every fill evicts) | ≤ 2× otter's loading Get, ≤ 10 allocs |",
+	} {
+		if !strings.Contains(md, s) {
+			t.Errorf("report lacks %q", s)
+		}
+	}
+	// The section comes before the results and after the goals.
+	if i, j := strings.Index(md, "## Core v2"), strings.Index(md, "## Hit path"); i < 0 || j < i || strings.Index(md, "## Goals") > i {
+		t.Errorf("Core v2 section at %d, goals at %d, hit path at %d", i, strings.Index(md, "## Goals"), j)
+	}
+}
