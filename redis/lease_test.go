@@ -33,7 +33,7 @@ func TestSetAndInvalidateReachTheFleet(t *testing.T) {
 }
 
 // TestSetWinsOverALoadInFlight: a load in flight when another process
-// stores a value does not overwrite it (rule 6 of DESIGN.md, across
+// stores a value does not overwrite it (docs/design.md rule 6, across
 // processes).
 func TestSetWinsOverALoadInFlight(t *testing.T) {
 	addr := redisAddr(t)
