@@ -262,6 +262,7 @@ func ExampleOptions_freshness() {
 // that says nothing changed costs no new value, and the old one is renewed.
 func ExampleOptions_reload() {
 	version := "v1"
+	events := make(chan flightcache.LoadEvent[string], 3)
 	l, _ := flightcache.New(func(ctx context.Context, id string) (string, error) {
 		return version, nil
 	}, flightcache.Options[string, string]{
@@ -272,28 +273,29 @@ func ExampleOptions_reload() {
 			}
 			return version, nil
 		},
-		OnLoad: func(ev flightcache.LoadEvent[string]) {
-			fmt.Printf("load: reload %v, not modified %v\n", ev.Reload, ev.NotModified)
-		},
+		// OnLoad runs after the load's callers have their value, so the
+		// example reads its events from a channel to print them in order.
+		OnLoad: func(ev flightcache.LoadEvent[string]) { events <- ev },
 	})
 	defer l.Close()
+	report := func(v string) {
+		ev := <-events
+		fmt.Printf("got %s (reload %v, not modified %v)\n", v, ev.Reload, ev.NotModified)
+	}
 
 	ctx := context.Background()
 	v, _ := l.Get(ctx, "k")
-	fmt.Println("got", v)
+	report(v)
 	time.Sleep(30 * time.Millisecond)
 	v, _ = l.Get(ctx, "k") // expired: revalidated, not changed
-	fmt.Println("got", v)
+	report(v)
 	version = "v2"
 	v, _ = l.Get(flightcache.WithRevalidate(ctx), "k") // no-cache: revalidated now
-	fmt.Println("got", v)
+	report(v)
 	// Output:
-	// load: reload false, not modified false
-	// got v1
-	// load: reload true, not modified true
-	// got v1
-	// load: reload true, not modified false
-	// got v2
+	// got v1 (reload false, not modified false)
+	// got v1 (reload true, not modified true)
+	// got v2 (reload true, not modified false)
 }
 
 // Refresh reloads a key in the background while its current value keeps
