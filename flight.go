@@ -45,7 +45,39 @@ type shard[K comparable, V any] struct {
 	// entry looked up before locking is still the key's if settles has not
 	// moved (lockCurrent).
 	settles atomic.Uint64
-	_       [64 - 8 - 3*8 - 8]byte // keep neighbouring shards off one cache line
+	// peakLoads and peakWrites are the most keys loads and writes have held
+	// since they were last made (guarded by mu): see shrink.
+	peakLoads, peakWrites int32
+	_                     [64 - 8 - 3*8 - 8 - 2*4]byte // keep neighbouring shards off one cache line
+}
+
+// shrinkFrom is the size past which a shard map that has emptied out is
+// rebuilt: a Go map keeps the buckets of the most keys it ever held, so
+// without this one burst of misses or writes would keep its memory for the
+// Loader's life.
+const shrinkFrom = 128
+
+// shrink rebuilds m, holding n keys now after peak at most, once it has
+// lost nearly all of them; it returns the map to keep and its new peak. The
+// rebuild copies at most peak/16 keys, once per peak/16·15 deletions, so it
+// costs O(1) per deletion. The caller holds the shard's mu.
+func shrink[M ~map[K]E, K comparable, E any](m M, peak int32) (M, int32) {
+	n := int32(len(m))
+	if peak <= shrinkFrom || n > peak/16 {
+		return m, peak
+	}
+	small := make(M, n)
+	for k, e := range m {
+		small[k] = e
+	}
+	return small, n
+}
+
+// grew records that m holds n keys now, for shrink.
+func grew(peak *int32, n int) {
+	if int32(n) > *peak {
+		*peak = int32(n)
+	}
 }
 
 // call is one load and, once done is closed, its result.
@@ -206,6 +238,7 @@ func (f *flights[K, V]) start(sh *shard[K, V], ctx context.Context, key K, h uin
 	}
 	c.lctx.caller, c.lctx.marker = ctx, loadMarker{call: c, parent: marker}
 	sh.loads[key] = c
+	grew(&sh.peakLoads, len(sh.loads))
 	return c
 }
 
@@ -240,8 +273,9 @@ func (f *flights[K, V]) leave(c *call[K, V]) bool {
 func (sh *shard[K, V]) forget(c *call[K, V]) {
 	if sh.loads[c.key] == c {
 		delete(sh.loads, c.key)
-	} else {
-		delete(sh.detached, c)
+		sh.loads, sh.peakLoads = shrink(sh.loads, sh.peakLoads)
+	} else if delete(sh.detached, c); len(sh.detached) == 0 {
+		sh.detached = nil
 	}
 }
 
@@ -251,6 +285,7 @@ func (sh *shard[K, V]) forget(c *call[K, V]) {
 func (sh *shard[K, V]) detach(key K) {
 	if c := sh.loads[key]; c != nil {
 		delete(sh.loads, key)
+		sh.loads, sh.peakLoads = shrink(sh.loads, sh.peakLoads)
 		if sh.detached == nil {
 			sh.detached = make(map[*call[K, V]]struct{})
 		}
@@ -394,6 +429,7 @@ func (f *flights[K, V]) put(sh *shard[K, V], key K, h uint64, cur, e *entry[K, V
 	}
 	*rec = write[K, V]{key: key, h: h, entry: e, cost: cost}
 	sh.writes[key] = rec
+	grew(&sh.peakWrites, len(sh.writes))
 	return rec
 }
 
@@ -408,6 +444,7 @@ func (f *flights[K, V]) settle(w *write[K, V]) bool {
 	}
 	if sh.writes[w.key] == w {
 		delete(sh.writes, w.key)
+		sh.writes, sh.peakWrites = shrink(sh.writes, sh.peakWrites)
 		sh.settles.Add(1)
 	}
 	return true

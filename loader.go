@@ -402,9 +402,9 @@ func (l *Loader[K, V]) Refresh(ctx context.Context, key K) {
 // Set stores value for key as if it had just been loaded, without waiting
 // for the cache to apply it. A load of key in flight when Set is called
 // still delivers its result to its own waiters, but never overwrites the
-// value Set stored. A Get that starts after Set returns sees value (unless
-// ristretto's admission policy refuses it, or its write buffer is full and
-// drops it, which Stats.SetsRejected and Stats.SetsDropped show).
+// value Set stored. A Get that starts after Set returns sees value, until
+// the cache evicts it (ristretto's admission policy may also refuse it at
+// once when the cache is full, which Stats.SetsRejected counts).
 // Set after Close does nothing; so does Set of a key whose Hash panics.
 func (l *Loader[K, V]) Set(key K, value V) {
 	h, err := l.hash(key)

@@ -132,7 +132,7 @@ type Stats struct {
 	InFlight          int64  // loads running now
 	Waiting           int64  // Gets waiting on a load now: the blast radius if it fails
 
-	SetsDropped  uint64 // fills ristretto's set buffer dropped (the next Get misses)
+	SetsDropped  uint64 // writes ristretto's set buffer refused for want of room; each is handed over again, never lost
 	SetsRejected uint64 // fills ristretto's admission policy refused
 	Evicted      uint64 // entries ristretto evicted to make room
 

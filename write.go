@@ -23,7 +23,7 @@ import (
 // latest value to ristretto (a Set, or a Del; a costed Set is preceded by a
 // Del so that it passes admission again), waits once for ristretto to apply
 // the batch, then closes every write whose value did not change meanwhile;
-// one that changed goes into the next batch. So:
+// one that changed, or that ristretto refused, goes into the next batch. So:
 //
 //   - a writer of key K never waits for ristretto, nor holds a lock while
 //     ristretto works; a Get never waits for any write (rule 17);
@@ -51,6 +51,12 @@ import (
 // that a storm of misses slows down instead of piling values up.
 const maxBacklog = 64
 
+// maxWriterBatch bounds the writes the writer hands ristretto before it
+// waits for them. Only the writer feeds ristretto's set buffer, and every
+// Wait empties it, so a batch smaller than that buffer (32k items) is never
+// refused for want of room.
+const maxWriterBatch = 4096
+
 // write is one key's value on its way into ristretto.
 type write[K comparable, V any] struct {
 	key K
@@ -59,8 +65,7 @@ type write[K comparable, V any] struct {
 	// Guarded by the key's shard mu.
 	entry  *entry[K, V] // the key's value now; nil: none (Invalidate)
 	cost   int64
-	sent   bool         // the writer has issued something for this write
-	issued *entry[K, V] // what it issued last (nil with sent: a Del)
+	issued *entry[K, V] // what ristretto holds of this write: nil before the first batch, after a Del and after a refused Set
 }
 
 // writer is the state of the Loader's writer goroutine.
@@ -121,7 +126,15 @@ func (l *Loader[K, V]) runWriter() {
 			(*hook)()
 		}
 		wr.mu.Lock()
-		batch, wr.queue = wr.queue, batch[:0]
+		n := min(len(wr.queue), maxWriterBatch)
+		batch = append(batch[:0], wr.queue[:n]...)
+		rest := copy(wr.queue, wr.queue[n:])
+		clear(wr.queue[rest:])
+		wr.queue = wr.queue[:rest]
+		if cap(wr.queue) > 4*maxWriterBatch && rest < cap(wr.queue)/16 {
+			// A burst is over: do not keep its queue's memory.
+			wr.queue = append([]*write[K, V](nil), wr.queue...)
+		}
 		wr.mu.Unlock()
 		for _, w := range batch {
 			l.issue(w)
@@ -136,10 +149,11 @@ func (l *Loader[K, V]) runWriter() {
 		wr.backlog.Add(int64(len(again) - len(batch)))
 		wr.mu.Lock()
 		wr.queue = append(wr.queue, again...)
+		more := len(wr.queue) > 0
 		close(wr.progress)
 		wr.progress = make(chan struct{})
 		wr.mu.Unlock()
-		if len(again) > 0 {
+		if more {
 			select {
 			case wr.wake <- struct{}{}:
 			default:
@@ -159,7 +173,7 @@ func (l *Loader[K, V]) issue(w *write[K, V]) {
 	sh := l.flights.shard(w.h)
 	sh.mu.Lock()
 	e, cost := w.entry, w.cost
-	w.sent, w.issued = true, e
+	w.issued = e
 	sh.mu.Unlock()
 	if e == nil || l.opts.Cost != nil {
 		// A delete; or a costed write, which ristretto would apply in place
@@ -169,6 +183,14 @@ func (l *Loader[K, V]) issue(w *write[K, V]) {
 		}
 	}
 	if e != nil && !l.cache.Set(w.h, e, cost) {
+		// Refused for want of room in the set buffer (a full buffer refuses
+		// only new keys, so ristretto holds nothing for this one): issue it
+		// again in the next batch, never lose it.
 		l.stats.setsDropped.Add(1)
+		sh.mu.Lock()
+		if w.issued == e {
+			w.issued = nil
+		}
+		sh.mu.Unlock()
 	}
 }
