@@ -158,8 +158,9 @@ func (o *once[T]) get(f func() T) T {
 // every one of them is in the cache.
 //
 // Set alone does not guarantee that: a Set hands its write to ristretto
-// later, and ristretto drops a write its set buffer has no room for
-// (Stats.SetsDropped), which a burst of a million Sets readily causes. So
+// later, and ristretto's admission policy may refuse it (Stats.SetsRejected);
+// before the writer re-issued what ristretto's set buffer refused
+// (Stats.SetsDropped), a burst of a million Sets also lost some. So
 // after the Sets, fillLoader Gets every key, which loads and caches again
 // any key that was dropped, and goes round until one whole pass finds
 // every key (no Get missed) and no write was dropped meanwhile nor in the

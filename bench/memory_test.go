@@ -18,8 +18,8 @@ import (
 //
 // ristretto is filled with SetWithTTL, waiting for its buffer whenever it
 // refuses one; flightcache with Set, then Gets until every key is cached
-// (fillLoader: a Set may be dropped by ristretto's set buffer, and the Get
-// that finds the key missing loads it again).
+// (fillLoader: ristretto's admission may refuse a Set, and the Get that
+// finds the key missing loads it again).
 //
 // Each run fills once, whatever b.N; ns/op is the fill time per entry, until
 // every entry is readable from the cache.

@@ -273,7 +273,7 @@ func (r *report) memorySection() {
 	r.printf("## Memory\n\n")
 	r.printf("Live heap after a GC with 1,000,000 entries cached, minus the live heap after a GC with the cache just created (ristretto allocates its counters up front), divided by the entries stored. ")
 	r.printf("Every entry maps to one shared value and the keys exist before the first measurement, so this is the per-entry bookkeeping. ")
-	r.printf("ristretto is filled with SetWithTTL, waiting for its buffer whenever it refuses one; flightcache with Set, then Gets until every key is cached (a Set reaches ristretto later, through the Loader's writer, and may be dropped by ristretto's set buffer; the Get that finds its key missing loads it again). ")
+	r.printf("ristretto is filled with SetWithTTL, waiting for its buffer whenever it refuses one; flightcache with Set, then Gets until every key is cached (a Set reaches ristretto later, through the Loader's writer, and ristretto's admission policy may refuse it; the Get that finds its key missing loads it again). ")
 	r.printf("ns/op is the fill time per entry, until every entry is readable.\n\n")
 	r.printf("| implementation | B/entry | over ristretto (TTL) | stored | fill ns/entry |\n|---|---|---|---|---|\n")
 	base := r.res.get("Memory/ristretto", "B/entry")
