@@ -110,6 +110,8 @@ type call[K comparable, V any] struct {
 	fallback   *entry[K, V]  // with err: an older value a Remote offered; never cached
 
 	w write[K, V] // the write this load leaves, if it fills the cache (no allocation of its own)
+
+	batch *batch[K, V] // the LoadMany call that loads this key with others, or nil; set before publishing
 }
 
 func (f *flights[K, V]) init(l *Loader[K, V]) {
@@ -130,6 +132,7 @@ type joined[K comparable, V any] struct {
 	started bool         // this Get started c
 	hit     *entry[K, V] // a fresh value a write left, not yet in the cache
 	err     error        // ErrClosed or ErrRecursiveLoad
+	counted bool         // the wait on c is counted in Stats.Waiting already (GetMany)
 }
 
 // lookup locks key's shard and returns what it knows of key: its current
@@ -148,7 +151,11 @@ func (f *flights[K, V]) lookup(key K, h uint64) (sh *shard[K, V], cur *entry[K, 
 // fresh value a write left for key (rule 2: never load twice; not for a
 // revalidating Get, rule 14), else join the key's load in flight, else
 // start one, revalidating the value held, if any.
-func (f *flights[K, V]) join(ctx context.Context, s *stripe, key K, h uint64, now time.Duration, revalidate bool) joined[K, V] {
+//
+// With into not nil (GetMany with a LoadMany), a load it starts becomes one
+// of into's calls and is launched with the batch, later, by the caller;
+// except a Reload of a value held, which needs that value and goes alone.
+func (f *flights[K, V]) join(ctx context.Context, s *stripe, key K, h uint64, now time.Duration, revalidate bool, into *batch[K, V]) joined[K, V] {
 	l := f.l
 	marker := markerOf(ctx) // user code (ctx.Value): outside the lock
 	sh, cur, c := f.lookup(key, h)
@@ -160,7 +167,7 @@ func (f *flights[K, V]) join(ctx context.Context, s *stripe, key K, h uint64, no
 		return joined[K, V]{hit: cur}
 	}
 	if c != nil {
-		if marker.waitsOn(c) {
+		if marker.waitsOn(c) || (c.batch != nil && marker.waitsOn(c.batch)) {
 			sh.mu.Unlock()
 			return joined[K, V]{err: ErrRecursiveLoad}
 		}
@@ -168,30 +175,40 @@ func (f *flights[K, V]) join(ctx context.Context, s *stripe, key K, h uint64, no
 		sh.mu.Unlock()
 		return joined[K, V]{c: c}
 	}
-	c = f.start(sh, ctx, key, h, marker, l.held(cur, now), false)
+	from := l.held(cur, now)
+	c = f.start(sh, ctx, key, h, marker, from, false)
+	batched := c != nil && into != nil && from == nil && into.add(c)
 	sh.mu.Unlock()
 	if c == nil {
 		return joined[K, V]{err: ErrClosed}
 	}
-	l.launch(c, s)
+	if !batched {
+		l.launch(c, s)
+	}
 	return joined[K, V]{c: c, started: true}
 }
 
 // startRefresh is what a background refresh does with lookup: start a
 // load of key to replace from, unless from is no longer key's entry or a
 // load of key is in flight. It reports whether it started one.
-func (f *flights[K, V]) startRefresh(ctx context.Context, s *stripe, key K, h uint64, from *entry[K, V]) bool {
+//
+// With into not nil, the load is one of into's calls, launched with it by
+// the caller (unless it reloads from's value, which goes alone).
+func (f *flights[K, V]) startRefresh(ctx context.Context, s *stripe, key K, h uint64, from *entry[K, V], into *batch[K, V]) bool {
 	l := f.l
 	sh, cur, running := f.lookup(key, h)
 	var c *call[K, V]
 	if cur == from && running == nil {
 		c = f.start(sh, ctx, key, h, nil, from, true)
 	}
+	batched := c != nil && into != nil && l.opts.Reload == nil && into.add(c)
 	sh.mu.Unlock()
 	if c == nil {
 		return false
 	}
-	l.launch(c, s)
+	if !batched {
+		l.launch(c, s)
+	}
 	return true
 }
 
@@ -257,14 +274,22 @@ func (f *flights[K, V]) leave(c *call[K, V]) bool {
 	}
 	c.waiters--
 	var cancel func(error)
+	var unwanted *batch[K, V]
 	if c.waiters == 0 && !c.background && l.opts.Policy == CancelAtZero {
 		sh.forget(c)
 		c.abandoned = true
-		cancel = c.cancelLocked(errAbandoned)
+		if c.batch == nil {
+			cancel = c.cancelLocked(errAbandoned)
+		} else {
+			unwanted = c.batch // cancelled when none of its keys is wanted
+		}
 	}
 	sh.mu.Unlock()
 	if cancel != nil {
 		cancel(errAbandoned)
+	}
+	if unwanted != nil {
+		unwanted.abandon()
 	}
 	return true
 }
@@ -376,23 +401,30 @@ func (f *flights[K, V]) lockCurrent(sh *shard[K, V], h uint64, key K) *entry[K, 
 // shard has been swept.
 func (f *flights[K, V]) cancelAll(cause error) {
 	var cancels []func(error)
+	batches := make(map[*batch[K, V]]struct{})
+	collect := func(c *call[K, V]) {
+		if c.batch != nil {
+			batches[c.batch] = struct{}{} // its context is its first call's, maybe in another shard
+		} else if cancel := c.cancelLocked(cause); cancel != nil {
+			cancels = append(cancels, cancel)
+		}
+	}
 	for i := range f.shards {
 		sh := &f.shards[i]
 		sh.mu.Lock()
 		for _, c := range sh.loads {
-			if cancel := c.cancelLocked(cause); cancel != nil {
-				cancels = append(cancels, cancel)
-			}
+			collect(c)
 		}
 		for c := range sh.detached {
-			if cancel := c.cancelLocked(cause); cancel != nil {
-				cancels = append(cancels, cancel)
-			}
+			collect(c)
 		}
 		sh.mu.Unlock()
 	}
 	for _, cancel := range cancels {
 		cancel(cause)
+	}
+	for b := range batches {
+		b.cancel(cause)
 	}
 }
 

@@ -80,20 +80,24 @@ func (l *Loader[K, V]) deliver(c *call[K, V], r *loaded[V], res delivery[K, V], 
 		l.throttle() // a storm of misses slows down here, holding no lock
 	}
 	// Count before the waiters wake, so Stats read after a Get returns
-	// includes the load that answered it.
-	l.stats.inFlight.Add(-1)
-	l.stats.loads.Add(1)
+	// includes the load that answered it. (A batch counts itself once.)
+	if c.batch == nil {
+		l.stats.inFlight.Add(-1)
+		l.stats.loads.Add(1)
+		if res.err != nil {
+			l.stats.loadErrors.Add(1)
+		}
+	}
 	if r.reload {
 		l.stats.reloads.Add(1)
 		if r.notMod {
 			l.stats.notModified.Add(1)
 		}
 	}
-	if res.err != nil {
-		l.stats.loadErrors.Add(1)
-	}
 	if c.background {
-		l.stats.refreshing.Add(-1)
+		if c.batch == nil {
+			l.stats.refreshing.Add(-1)
+		}
 		if res.err != nil && c.from != nil {
 			n := c.from.refreshFails.Add(1)
 			d := refreshDelay(int(n), l.opts.Retry.InitialInterval, l.opts.Retry.MaxInterval, rand.Float64())
@@ -104,6 +108,13 @@ func (l *Loader[K, V]) deliver(c *call[K, V], r *loaded[V], res delivery[K, V], 
 	if w != nil {
 		l.hand(w)
 	}
+	if b := c.batch; b != nil {
+		// The batch's goroutine reports the batch once (completeBatch).
+		b.callers += callers
+		b.stored = b.stored || stored
+		close(c.done)
+		return
+	}
 	if c.abandoned { // written under the lock before finish; read-only now
 		l.stats.abandoned.Add(1)
 	}
@@ -113,7 +124,7 @@ func (l *Loader[K, V]) deliver(c *call[K, V], r *loaded[V], res delivery[K, V], 
 		ev := LoadEvent[K]{
 			Key: c.key, Duration: r.took, Err: res.err, Attempts: r.attempts, Background: c.background,
 			Callers: callers, Abandoned: c.abandoned, Stored: stored, Remote: r.remote,
-			Reload: r.reload, NotModified: r.notMod,
+			Reload: r.reload, NotModified: r.notMod, Keys: 1,
 		}
 		l.guard(func() { l.opts.OnLoad(ev) }, nil)
 	}

@@ -37,6 +37,16 @@ type LoadFunc[K comparable, V any] func(ctx context.Context, key K) (V, error)
 // read-only.
 type ReloadFunc[K comparable, V any] func(ctx context.Context, key K, old V) (V, error)
 
+// LoadManyFunc loads several keys in one downstream call, for
+// [Loader.GetMany] (see [Options.LoadMany]). A key missing from the map it
+// returns does not exist (as if its load returned [ErrNotFound]); a key it
+// returns that was not asked for is ignored. An error fails every key of
+// the call. It runs as a LoadFunc does, on a goroutine of the Loader, under
+// a context that carries the values of the GetMany that started it, through
+// the same retries, breaker and LoadTimeout; it is never called with more
+// than [Options.MaxBatch] keys, nor with a key twice.
+type LoadManyFunc[K comparable, V any] func(ctx context.Context, keys []K) (map[K]V, error)
+
 // Loader is a cache-aside loader: a cache in front of a LoadFunc, with one
 // load per key at a time. Create it with [New]; it is safe for concurrent
 // use by any number of goroutines. Call [Loader.Close] when done with it, to
@@ -260,7 +270,13 @@ func (l *Loader[K, V]) held(cur *entry[K, V], now time.Duration) *entry[K, V] {
 // true on the one retry for a value that was stale beyond the caller's
 // max-stale (the Get was counted already).
 func (l *Loader[K, V]) wait(ctx context.Context, s *stripe, key K, h uint64, start time.Duration, revalidate, again bool) (v V, info Info, err error) {
-	j := l.flights.join(ctx, s, key, h, start, revalidate)
+	j := l.flights.join(ctx, s, key, h, start, revalidate, nil)
+	return l.await(ctx, s, key, h, start, revalidate, again, j)
+}
+
+// await is the rest of wait once the key's load is joined (or started):
+// it waits for the load or for ctx, and judges the result for this caller.
+func (l *Loader[K, V]) await(ctx context.Context, s *stripe, key K, h uint64, start time.Duration, revalidate, again bool, j joined[K, V]) (v V, info Info, err error) {
 	if j.hit != nil { // a load (or Set) finished as this Get looked: no need to wait
 		if !again {
 			l.stats.lateHits.Add(1)
@@ -274,7 +290,9 @@ func (l *Loader[K, V]) wait(ctx context.Context, s *stripe, key K, h uint64, sta
 		return v, info, j.err
 	}
 	c := j.c
-	l.stats.waiting.Add(1)
+	if !j.counted {
+		l.stats.waiting.Add(1)
+	}
 	select {
 	case <-c.done:
 	case <-ctx.Done():
@@ -353,7 +371,7 @@ func (l *Loader[K, V]) refresh(ctx context.Context, s *stripe, key K, h uint64, 
 		e.refreshAfter.Store(after)
 		return
 	}
-	if !l.flights.startRefresh(ctx, s, key, h, e) {
+	if !l.flights.startRefresh(ctx, s, key, h, e, nil) {
 		l.stats.refreshing.Add(-1)
 		e.refreshAfter.Store(after)
 		return

@@ -16,6 +16,7 @@ const (
 	DefaultConsecutiveFailures = 5
 	DefaultOpenTimeout         = 5 * time.Second
 	DefaultHalfOpenRequests    = 1
+	DefaultMaxBatch            = 100
 )
 
 // Options configures a [Loader]. It is a plain struct passed by value to
@@ -124,6 +125,21 @@ type Options[K comparable, V any] struct {
 	// (If-None-Match) and return [ErrNotModified] if not. nil means the
 	// LoadFunc always.
 	Reload ReloadFunc[K, V]
+
+	// LoadMany, if set, is how [Loader.GetMany] loads the keys it misses
+	// that no load is in flight for: together, in calls of at most MaxBatch
+	// keys (⌈misses / MaxBatch⌉ calls, each key in exactly one), and the
+	// background refreshes of the stale keys one GetMany finds likewise.
+	// Every key of a call is a load of its own for everyone else: a Get of
+	// one of them joins the call, a Set or Invalidate of one detaches it.
+	// A key with a value held is reloaded through Reload when Reload is set,
+	// alone. nil means GetMany loads each missing key through the LoadFunc,
+	// all at once. With a Remote, GetMany loads key by key through it.
+	LoadMany LoadManyFunc[K, V]
+
+	// MaxBatch bounds the keys of one LoadMany call. 0 means
+	// DefaultMaxBatch (100).
+	MaxBatch int
 
 	// NotFoundTTL, if > 0, caches a load error matching [ErrNotFound] for
 	// this long (jittered like TTL); Gets in that time return the same
@@ -250,6 +266,8 @@ func (o *Options[K, V]) validate() error {
 		return optionError("Breaker.OpenTimeout", "must be >= 0, got %v", o.Breaker.OpenTimeout)
 	case o.MaxRefreshes < 0:
 		return optionError("MaxRefreshes", "must be >= 0, got %d", o.MaxRefreshes)
+	case o.MaxBatch < 0:
+		return optionError("MaxBatch", "must be >= 0, got %d", o.MaxBatch)
 	case o.NotFoundTTL < 0:
 		return optionError("NotFoundTTL", "must be >= 0, got %v", o.NotFoundTTL)
 	}
@@ -273,6 +291,9 @@ func (o Options[K, V]) withDefaults() Options[K, V] {
 	}
 	if o.MaxRefreshes == 0 {
 		o.MaxRefreshes = DefaultMaxRefreshes
+	}
+	if o.MaxBatch == 0 {
+		o.MaxBatch = DefaultMaxBatch
 	}
 	if o.Retry.MaxAttempts == 0 {
 		o.Retry.MaxAttempts = 1

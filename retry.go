@@ -83,9 +83,25 @@ func (l *Loader[K, V]) fetch(ctx context.Context, key K, old *entry[K, V], r *lo
 // load runs the LoadFunc for key with retries and the breaker, under ctx.
 // It counts the LoadFunc calls it makes in *calls as they start, so that the
 // count survives a call that ends the goroutine.
-func (l *Loader[K, V]) load(ctx context.Context, key K, old *entry[K, V], calls *int) (v V, err error) {
+func (l *Loader[K, V]) load(ctx context.Context, key K, old *entry[K, V], calls *int) (V, error) {
+	call := func() (v V, err error) { v, err = l.loadFn(ctx, key); return }
+	if old != nil {
+		call = func() (v V, err error) { v, err = l.opts.Reload(ctx, key, old.val); return }
+	}
+	return callDownstream(l, ctx, call, old != nil, calls)
+}
+
+// loadMany is load for a LoadMany call of keys.
+func (l *Loader[K, V]) loadMany(ctx context.Context, keys []K, calls *int) (map[K]V, error) {
+	call := func() (m map[K]V, err error) { m, err = l.opts.LoadMany(ctx, keys); return }
+	return callDownstream(l, ctx, call, false, calls)
+}
+
+// callDownstream makes one downstream call (a LoadFunc's, a Reload's or a
+// LoadMany's) with retries and the breaker, under ctx.
+func callDownstream[T any, K comparable, V any](l *Loader[K, V], ctx context.Context, call func() (T, error), reload bool, calls *int) (v T, err error) {
 	if l.opts.Retry.MaxAttempts <= 1 {
-		v, err = l.attempt(ctx, key, old, calls)
+		v, err = attempt(l, ctx, call, reload, calls)
 		return v, l.stopped(ctx, err, err)
 	}
 	bo := backoff.NewExponentialBackOff(
@@ -95,8 +111,8 @@ func (l *Loader[K, V]) load(ctx context.Context, key K, old *entry[K, V], calls 
 	)
 	policy := backoff.WithContext(backoff.WithMaxRetries(bo, uint64(l.opts.Retry.MaxAttempts-1)), ctx)
 	var last error
-	v, err = backoff.RetryWithData(func() (V, error) {
-		v, err := l.attempt(ctx, key, old, calls)
+	v, err = backoff.RetryWithData(func() (T, error) {
+		v, err := attempt(l, ctx, call, reload, calls)
 		if err != nil {
 			last = err
 			if !l.retryable(ctx, err) {
@@ -129,7 +145,7 @@ func (l *Loader[K, V]) stopped(ctx context.Context, err, last error) error {
 // it. A panic in the LoadFunc becomes a *PanicError; a runtime.Goexit is
 // reported to the breaker as a failure on its way out (the load
 // goroutine's deferred complete gives the waiters ErrGoexit).
-func (l *Loader[K, V]) attempt(ctx context.Context, key K, old *entry[K, V], calls *int) (v V, err error) {
+func attempt[T any, K comparable, V any](l *Loader[K, V], ctx context.Context, call func() (T, error), reload bool, calls *int) (v T, err error) {
 	done, err := l.allow()
 	if err != nil {
 		l.stats.breakerRejected.Add(1)
@@ -140,16 +156,12 @@ func (l *Loader[K, V]) attempt(ctx context.Context, key K, old *entry[K, V], cal
 	}
 	outcome := OutcomeFailure // a panic or a Goexit
 	defer func() { l.guard(func() { done(outcome) }, nil) }()
-	call := func() { v, err = l.loadFn(ctx, key) }
-	if old != nil {
-		call = func() { v, err = l.opts.Reload(ctx, key, old.val) }
-	}
-	if perr := l.guard(call, nil); perr != nil {
-		var zero V
+	if perr := l.guard(func() { v, err = call() }, nil); perr != nil {
+		var zero T
 		return zero, perr
 	}
 	outcome = l.verdict(ctx, err)
-	if old != nil && errors.Is(err, ErrNotModified) {
+	if reload && errors.Is(err, ErrNotModified) {
 		outcome = OutcomeSuccess // the downstream answered
 	}
 	return v, err

@@ -97,6 +97,10 @@ type LoadEvent[K comparable] struct {
 	// NotModified is true when the Reload returned [ErrNotModified]: the
 	// value held was kept, its freshness renewed; Err is nil.
 	NotModified bool
+	// Keys is the number of keys the load was for: 1, or the keys of one
+	// [Options.LoadMany] call (whose Err, Attempts and Duration are the
+	// call's, and whose Callers are summed over its keys).
+	Keys int
 }
 
 // Stats is a snapshot of a Loader's cumulative counters, from [Loader.Stats].
@@ -126,6 +130,9 @@ type Stats struct {
 	Reloads           uint64 // loads that called Options.Reload with the value held
 	NotModified       uint64 // of Reloads, those that returned ErrNotModified
 	Revalidations     uint64 // Gets under WithRevalidate (each also counted in Misses)
+	BatchLoads        uint64 // LoadMany calls (each also one of Loads)
+	BatchKeys         uint64 // keys asked for over all LoadMany calls
+	Peeks             uint64 // Peek calls, found or not (never counted in Gets)
 	Abandoned         uint64 // loads cancelled because every waiter left (CancelAtZero)
 	BreakerRejected   uint64 // downstream calls the breaker refused
 	Panics            uint64 // panics recovered in user code: LoadFunc, Cost, OnLoad, Hash, a Remote, a breaker...
@@ -176,6 +183,7 @@ type counters struct {
 	loads, loadErrors, retries, maxCallers        atomic.Uint64
 	refreshes, abandoned, breakerRejected, panics atomic.Uint64
 	refreshesDropped, reloads, notModified        atomic.Uint64
+	batchLoads, batchKeys, peeks                  atomic.Uint64
 	revalidations                                 atomic.Uint64
 	setsDropped, setsRejected, evicted            atomic.Uint64
 	inFlight, refreshing, waiting                 atomic.Int64
@@ -251,6 +259,9 @@ func (c *counters) snapshot() Stats {
 	s.Reloads = c.reloads.Load()
 	s.NotModified = c.notModified.Load()
 	s.Revalidations = c.revalidations.Load()
+	s.BatchLoads = c.batchLoads.Load()
+	s.BatchKeys = c.batchKeys.Load()
+	s.Peeks = c.peeks.Load()
 	s.Abandoned = c.abandoned.Load()
 	s.BreakerRejected = c.breakerRejected.Load()
 	s.Panics = c.panics.Load()

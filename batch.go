@@ -1,0 +1,427 @@
+package flightcache
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"reflect"
+	"slices"
+	"strings"
+	"sync/atomic"
+	"time"
+)
+
+// Batches. A GetMany answers each key as Get would, but the keys it has to
+// load (no value it may return, no load in flight) are loaded together by
+// Options.LoadMany. Coalescing stays per key: each key of a LoadMany call
+// is a load of its own (a call, published in its key's shard like any
+// other), so a Get or another GetMany of that key joins it, and Set,
+// Invalidate, finish and leave treat it as they treat any load. What the
+// calls of one LoadMany share is a batch: one goroutine, one downstream
+// call, one context (its first call's), and one report.
+//
+// A GetMany, step by step:
+//
+//  1. Each distinct key is hashed and looked up in the cache: a fresh or
+//     acceptable stale value answers it at once (a stale one, or one due an
+//     early refresh, joins the GetMany's background batch).
+//  2. Every other key is joined (flights.join) with the GetMany's current
+//     batch as the place for a load it starts; a batch holds MaxBatch keys,
+//     then a new one opens. A key whose load is in flight is joined, not
+//     loaded again; a Reload of a value held goes alone.
+//  3. The batches are launched, one goroutine each; then the GetMany waits
+//     for each key in turn (await, as a Get does).
+//
+// Under CancelAtZero a batch is cancelled when the last of its keys has no
+// caller left (leave → abandon), never before: one key's callers leaving
+// does not fail the others'.
+
+// batch is one LoadMany call and the loads it answers.
+type batch[K comparable, V any] struct {
+	l          *Loader[K, V]
+	background bool
+	// Written by the GetMany that fills the batch, under the shard lock of
+	// the call it adds; read by the batch's goroutine, and (leader) by
+	// whoever finds one of its calls in a shard map.
+	calls  []*call[K, V]
+	leader *call[K, V] // calls[0]: its context is the batch's
+	wanted atomic.Int32
+	slot   *stripe // the stripe the goroutine is counted on (lifecycle)
+
+	abandoned atomic.Bool
+	reserved  bool // a background batch holds a MaxRefreshes place (GetMany's goroutine)
+	// Written by the batch's goroutine as it delivers each call.
+	callers int
+	stored  bool
+}
+
+func (l *Loader[K, V]) newBatch(background bool) *batch[K, V] {
+	return &batch[K, V]{l: l, background: background}
+}
+
+// full reports whether b holds MaxBatch calls.
+func (b *batch[K, V]) full() bool { return b != nil && len(b.calls) >= b.l.opts.MaxBatch }
+
+// add makes c, just started and not yet visible to anyone (its shard lock
+// is held), one of b's calls. It returns false if b is full.
+func (b *batch[K, V]) add(c *call[K, V]) bool {
+	if b.full() {
+		return false
+	}
+	if b.leader == nil {
+		b.leader = c
+		c.lctx.marker.call = b // a Get from inside LoadMany of any of its keys is recursive
+	}
+	c.batch = b
+	b.calls = append(b.calls, c)
+	if !c.background {
+		b.wanted.Add(1)
+	}
+	return true
+}
+
+// abandon records that one of b's calls has no caller left (CancelAtZero),
+// and cancels b when none of them has.
+func (b *batch[K, V]) abandon() {
+	if b.wanted.Add(-1) == 0 {
+		b.abandoned.Store(true)
+		b.cancel(errAbandoned)
+	}
+}
+
+// cancel cancels b's context, its leader's. The caller holds no lock.
+func (b *batch[K, V]) cancel(cause error) {
+	c := b.leader
+	sh := b.l.flights.shard(c.h)
+	sh.mu.Lock()
+	cancel := c.cancelLocked(cause)
+	sh.mu.Unlock()
+	if cancel != nil {
+		cancel(cause)
+	}
+}
+
+// launchBatch starts b's goroutine, counted on s (see launch).
+func (l *Loader[K, V]) launchBatch(b *batch[K, V], s *stripe) {
+	b.slot = s
+	s.opsIn.Add(1)
+	l.stats.inFlight.Add(1)
+	go loaderGoroutine(b)
+}
+
+// body runs b's load; see loaderGoroutine.
+func (b *batch[K, V]) body() {
+	defer b.l.exitChild(b.slot)
+	b.l.runBatch(b)
+}
+
+// runBatch is the body of a batch's goroutine: one LoadMany call, then
+// each key's result delivered as its own load's.
+func (l *Loader[K, V]) runBatch(b *batch[K, V]) {
+	b.leader.buildContext()
+	keys := make([]K, len(b.calls))
+	for i, c := range b.calls {
+		keys[i] = c.key
+	}
+	var m map[K]V
+	err := ErrGoexit // stays if LoadMany ends the goroutine
+	attempts := 0
+	start := l.now()
+	defer func() { l.completeBatch(b, m, err, attempts, l.now()-start) }()
+	m, err = l.loadMany(&b.leader.lctx, keys, &attempts)
+}
+
+// completeBatch delivers each of b's calls its key's result (complete, as
+// for a single load) and reports the batch once.
+func (l *Loader[K, V]) completeBatch(b *batch[K, V], m map[K]V, err error, attempts int, took time.Duration) {
+	// Count before any waiter wakes, as deliver does for a single load.
+	l.stats.inFlight.Add(-1)
+	l.stats.loads.Add(1)
+	l.stats.batchLoads.Add(1)
+	l.stats.batchKeys.Add(uint64(len(b.calls)))
+	if err != nil {
+		l.stats.loadErrors.Add(1)
+	}
+	if b.background {
+		l.stats.refreshing.Add(-1)
+	}
+	next := 0
+	defer func() {
+		// A Freshness or Cost that called Goexit stops the loop below:
+		// its own call got its value (uncached); the rest get ErrGoexit.
+		for _, c := range b.calls[next:] {
+			l.complete(c, &loaded[V]{err: ErrGoexit, attempts: attempts, took: took})
+		}
+		l.reportBatch(b, err, attempts, took)
+	}()
+	for next < len(b.calls) {
+		c := b.calls[next]
+		next++
+		r := loaded[V]{attempts: attempts, took: took}
+		if err != nil {
+			r.err = err
+		} else if v, ok := m[c.key]; ok {
+			r.val = v
+		} else {
+			r.err = ErrNotFound
+		}
+		l.complete(c, &r)
+	}
+}
+
+// reportBatch reports b once it is delivered: Stats and OnLoad.
+func (l *Loader[K, V]) reportBatch(b *batch[K, V], err error, attempts int, took time.Duration) {
+	if b.abandoned.Load() {
+		l.stats.abandoned.Add(1)
+	}
+	l.stats.noteCallers(b.callers)
+	if l.opts.OnLoad == nil {
+		return
+	}
+	ev := LoadEvent[K]{
+		Key: b.leader.key, Duration: took, Err: err, Attempts: attempts, Background: b.background,
+		Callers: b.callers, Abandoned: b.abandoned.Load(), Stored: b.stored, Keys: len(b.calls),
+	}
+	l.guard(func() { l.opts.OnLoad(ev) }, nil)
+}
+
+// GetMany returns the values of keys: each key answered as [Loader.Get]
+// would (a hit, a stale value with its refresh, a load), with the misses
+// that no load is in flight for loaded together by [Options.LoadMany] (or
+// each through the LoadFunc, all at once, without it). The map holds every
+// key that has a value; a key that does not exist ([ErrNotFound]) is
+// absent. The error is nil when every key has a value or does not exist;
+// otherwise it is a [*ManyError] that holds each failed key's error (a key
+// covered by a stale value under StaleIfError is not failed), and the map
+// still holds every key that has a value. If ctx ends first, GetMany
+// returns the values it has and ctx.Err(), and the loads go on according to
+// [Options.Policy]. Duplicate keys are allowed. Each distinct key counts as
+// one Get in Stats. GetMany is safe for concurrent use; after Close it
+// returns [ErrClosed].
+func (l *Loader[K, V]) GetMany(ctx context.Context, keys []K) (map[K]V, error) {
+	if ctx == nil {
+		return nil, errNilContext
+	}
+	type item struct {
+		key K
+		h   uint64
+		j   joined[K, V]
+	}
+	items := make([]item, 0, len(keys))
+	seen := make(map[K]struct{}, len(keys))
+	for _, key := range keys {
+		h, err := l.hash(key) // first: a key no map can hold fails here
+		if err != nil {
+			return nil, err
+		}
+		if _, dup := seen[key]; !dup {
+			seen[key] = struct{}{}
+			items = append(items, item{key: key, h: h})
+		}
+	}
+	s, ok := l.enterMany(len(items))
+	if !ok {
+		return nil, ErrClosed
+	}
+	defer l.exitMany(s)
+
+	out := make(map[K]V, len(items))
+	now := l.now()
+	revalidate := revalidating(ctx)
+	batched := l.opts.LoadMany != nil && l.opts.Remote == nil
+	var fg, bg *batch[K, V]
+	var batches []*batch[K, V]
+	refresh := func(key K, h uint64, e *entry[K, V]) {
+		if !batched {
+			l.refresh(ctx, s, key, h, e, now)
+			return
+		}
+		if bg == nil || bg.full() {
+			bg = l.newBatch(true)
+			batches = append(batches, bg)
+		}
+		l.refreshInto(ctx, s, key, h, e, now, bg)
+	}
+	waits := items[:0]
+	for _, it := range items {
+		e := l.cached(it.h, it.key)
+		switch {
+		case e == nil, revalidate:
+		case l.phase(e, now) == phaseFresh:
+			if now >= e.refreshAt && !e.isNotFound() {
+				refresh(it.key, it.h, e)
+			}
+			s.hits.Add(1)
+			if !e.isNotFound() {
+				out[it.key] = e.val
+			}
+			continue
+		case l.phase(e, now) == phaseStale && acceptsStale(ctx, e.freshUntil, now):
+			refresh(it.key, it.h, e)
+			s.stale.Add(1)
+			out[it.key] = e.val
+			continue
+		}
+		if revalidate {
+			l.stats.revalidations.Add(1)
+		}
+		if batched && (fg == nil || fg.full()) {
+			fg = l.newBatch(false)
+			batches = append(batches, fg)
+		}
+		it.j = l.flights.join(ctx, s, it.key, it.h, now, revalidate, fg)
+		if it.j.c != nil {
+			// The GetMany waits on all of its keys' loads from now on,
+			// though it reads their results in turn.
+			l.stats.waiting.Add(1)
+			it.j.counted = true
+		}
+		waits = append(waits, it)
+	}
+	for _, b := range batches {
+		switch {
+		case len(b.calls) > 0:
+			if b.background {
+				l.stats.refreshes.Add(1)
+			}
+			l.launchBatch(b, s)
+		case b.reserved:
+			l.stats.refreshing.Add(-1) // its MaxRefreshes place, unused
+		}
+	}
+
+	var failed map[K]error
+	var ctxErr error
+	for _, it := range waits {
+		v, _, err := l.await(ctx, s, it.key, it.h, now, revalidate, false, it.j)
+		s.passed.Add(1)
+		switch {
+		case err == nil:
+			out[it.key] = v
+		case errors.Is(err, ErrNotFound):
+		case ctx.Err() != nil && err == ctx.Err():
+			ctxErr = err
+		default:
+			if failed == nil {
+				failed = make(map[K]error)
+			}
+			failed[it.key] = err
+		}
+	}
+	switch {
+	case ctxErr != nil:
+		return out, ctxErr
+	case failed != nil:
+		return out, &ManyError[K]{Errs: failed}
+	}
+	return out, nil
+}
+
+// refreshInto is refresh for GetMany with a LoadMany: the refresh of key
+// from e becomes one of bg's calls (launched with bg), and bg takes one
+// MaxRefreshes place for all of them, when it gets its first.
+func (l *Loader[K, V]) refreshInto(ctx context.Context, s *stripe, key K, h uint64, e *entry[K, V], now time.Duration, bg *batch[K, V]) {
+	after := e.refreshAfter.Load()
+	if after > int64(now) || !e.refreshAfter.CompareAndSwap(after, refreshing) {
+		return // backing off, or another Get is starting (or ran) one
+	}
+	if len(bg.calls) == 0 && !bg.reserved {
+		if !l.reserveRefresh() {
+			e.refreshAfter.Store(after)
+			return
+		}
+		bg.reserved = true
+	}
+	if !l.flights.startRefresh(ctx, s, key, h, e, bg) {
+		e.refreshAfter.Store(after)
+	}
+}
+
+// enterMany counts n Gets in (lifecycle.go's enterGet, for GetMany).
+func (l *Loader[K, V]) enterMany(n int) (*stripe, bool) {
+	if l.closed.Load() {
+		l.stats.closedEarly.Add(uint64(n))
+		return nil, false
+	}
+	s := l.stats.acquire()
+	s.gets.Add(uint64(n))
+	if l.closed.Load() {
+		s.closed.Add(uint64(n))
+		l.exitMany(s)
+		return nil, false
+	}
+	return s, true
+}
+
+// exitMany gives back the stripe of a GetMany whose Gets have all counted
+// out.
+func (l *Loader[K, V]) exitMany(s *stripe) {
+	l.stats.release(s)
+	if l.closed.Load() {
+		l.checkIdle()
+	}
+}
+
+// Peek returns key's value if it is fresh ([SourceHit]) or within
+// StaleWhileRevalidate ([SourceStale]), without loading or refreshing
+// anything, and ok false otherwise (nothing held, a cached not-found, a
+// value past StaleWhileRevalidate). A value a Get has returned is visible to
+// Peek at once, as to a Get. Every Peek counts in Stats.Peeks, never in
+// Stats.Gets. Peek is safe for concurrent use; after Close it finds nothing.
+func (l *Loader[K, V]) Peek(key K) (v V, info Info, ok bool) {
+	l.stats.peeks.Add(1)
+	h, err := l.hash(key)
+	if err != nil || l.closed.Load() {
+		return v, info, false
+	}
+	e := l.cached(h, key)
+	if e == nil {
+		e = l.flights.latest(key, h) // a write on its way into the cache
+	}
+	if e == nil || e.isNotFound() {
+		return v, info, false
+	}
+	now := l.now()
+	switch l.phase(e, now) {
+	case phaseFresh:
+		return e.val, Info{Source: SourceHit, Age: now - e.loadedAt}, true
+	case phaseStale:
+		return e.val, Info{Source: SourceStale, Age: now - e.loadedAt}, true
+	}
+	return v, info, false
+}
+
+// ManyError reports the keys [Loader.GetMany] could not load, each with
+// its error. errors.Is and errors.As see every one of them (Unwrap), so
+// errors.Is(err, ErrBreakerOpen) works on a batch.
+type ManyError[K comparable] struct {
+	Errs map[K]error
+}
+
+// Error summarises: how many keys failed, and the distinct errors.
+func (e *ManyError[K]) Error() string {
+	msgs := make([]string, 0, len(e.Errs))
+	for _, err := range e.Unwrap() {
+		msgs = append(msgs, err.Error())
+	}
+	slices.Sort(msgs)
+	msgs = slices.Compact(msgs)
+	return fmt.Sprintf("flightcache: %d of the keys failed: %s", len(e.Errs), strings.Join(msgs, "; "))
+}
+
+// Unwrap returns the distinct errors of the failed keys.
+func (e *ManyError[K]) Unwrap() []error {
+	var errs []error
+	for _, err := range e.Errs {
+		if err != nil && !slices.ContainsFunc(errs, func(o error) bool { return sameError(o, err) }) {
+			errs = append(errs, err)
+		}
+	}
+	return errs
+}
+
+// sameError compares two errors with ==, where their dynamic types allow it.
+func sameError(a, b error) bool {
+	ta, tb := reflect.TypeOf(a), reflect.TypeOf(b)
+	return ta == tb && ta.Comparable() && a == b
+}
