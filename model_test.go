@@ -4,7 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -12,7 +15,8 @@ import (
 
 // The model-based fuzz test: a byte string is read as a sequence of
 // operations (Gets with and without cancellation, revalidating Gets, Set,
-// Invalidate, Refresh, time advancing) and downstream outcomes (success,
+// Invalidate, Refresh, GetMany through a LoadMany, Peek, time advancing)
+// and downstream outcomes (success,
 // failure, panic, not-found), with values that carry their own lifetimes
 // (Options.Freshness: some live 1s with no stale-while-revalidate window,
 // some are not to be cached at all),
@@ -182,6 +186,123 @@ func (m *model) get(key string, o outcome) (string, Source, time.Duration, error
 	return v, SourceLoaded, 0, nil
 }
 
+// batchCall is one LoadMany call as the test saw it: its number among the
+// downstream calls, and its keys, sorted.
+type batchCall struct {
+	n    int
+	keys []string
+}
+
+// getMany predicts a GetMany of keys (distinct) whose LoadMany calls (if
+// any) have outcome o. The misses go out in one call and the refreshes of
+// the stale keys in another, concurrently: seen is the calls the test
+// observed, in the order they ran, and the model checks that they are the
+// calls it expects and numbers their values by that order. It returns the
+// values GetMany must return and the keys that must fail.
+func (m *model) getMany(keys []string, o outcome, seen []batchCall) (vals map[string]string, failed map[string]bool, err error) {
+	vals, failed = map[string]string{}, map[string]bool{}
+	var misses, stale []string
+	prev := map[string]*modelEntry{}
+	for _, key := range keys {
+		e := m.entries[key]
+		p := phaseExpired
+		if e != nil {
+			p = e.phase(m.now)
+		}
+		m.stats.Gets++
+		switch p {
+		case phaseFresh:
+			m.stats.Hits++
+			if !e.notFound {
+				vals[key] = e.val
+			}
+		case phaseStale:
+			m.stats.StaleHits++
+			vals[key] = e.val
+			if m.now >= e.refreshAfter {
+				stale = append(stale, key)
+			}
+		default:
+			m.stats.Misses++
+			misses = append(misses, key)
+			prev[key] = e
+		}
+	}
+	slices.Sort(misses)
+	slices.Sort(stale)
+	var want [][]string
+	for _, b := range [][]string{misses, stale} {
+		if len(b) > 0 {
+			want = append(want, b)
+		}
+	}
+	matched := len(seen) == len(want)
+	for _, w := range want {
+		matched = matched && slices.ContainsFunc(seen, func(c batchCall) bool { return slices.Equal(c.keys, w) })
+	}
+	if !matched {
+		return nil, nil, fmt.Errorf("LoadMany calls %v; model expects one for the misses %v and one for the stale keys %v", seen, misses, stale)
+	}
+	for _, c := range seen {
+		m.calls++
+		if c.n != m.calls {
+			return nil, nil, fmt.Errorf("LoadMany call numbered %d; model says %d", c.n, m.calls)
+		}
+		m.stats.Loads++
+		m.stats.BatchLoads++
+		m.stats.BatchKeys += uint64(len(c.keys))
+		refresh := slices.Equal(c.keys, stale)
+		if refresh {
+			m.stats.Refreshes++
+		}
+		if o == panics {
+			m.stats.Panics++
+		}
+		for _, key := range c.keys {
+			switch o {
+			case fail, panics:
+				if refresh {
+					m.entries[key].refreshAfter = m.now + 1
+				} else if e := prev[key]; e != nil && !e.notFound && e.phase(m.now) == phaseStaleIfError {
+					m.stats.StaleOnError++
+					vals[key] = e.val
+				} else {
+					failed[key] = true
+				}
+			case notFound:
+				m.entries[key] = &modelEntry{notFound: true, loadedAt: m.now}
+			default:
+				v := fmt.Sprintf("%s#%d", key, c.n)
+				if !refresh {
+					vals[key] = v
+				}
+				if modelFreshness(key, v).TTL < 0 {
+					delete(m.entries, key)
+				} else {
+					m.entries[key] = &modelEntry{val: v, loadedAt: m.now}
+				}
+			}
+		}
+	}
+	return vals, failed, nil
+}
+
+// peek predicts a Peek of key.
+func (m *model) peek(key string) (string, Source, time.Duration, bool) {
+	m.stats.Peeks++
+	e := m.entries[key]
+	if e == nil || e.notFound {
+		return "", SourceNone, 0, false
+	}
+	switch e.phase(m.now) {
+	case phaseFresh:
+		return e.val, SourceHit, m.now - e.loadedAt, true
+	case phaseStale:
+		return e.val, SourceStale, m.now - e.loadedAt, true
+	}
+	return "", SourceNone, 0, false
+}
+
 // left amends a prediction of get for a Get that left with its context's
 // error before the load it waited for ended: it is counted as Canceled, not
 // by how the load ended, and under CancelAtZero the load was abandoned, so
@@ -217,9 +338,34 @@ func runModel(t *testing.T, policy Policy, ops []byte) {
 	synctest.Test(t, func(t *testing.T) {
 		m := &model{entries: map[string]*modelEntry{}}
 		var next outcome
+		var mu sync.Mutex // the two LoadMany calls of a GetMany may run at once
 		var calls int
-		l, err := New(func(ctx context.Context, key string) (string, error) {
+		var batches []batchCall
+		loadMany := func(ctx context.Context, keys []string) (map[string]string, error) {
+			mu.Lock()
 			calls++
+			n := calls
+			batches = append(batches, batchCall{n: n, keys: slices.Sorted(slices.Values(keys))})
+			mu.Unlock()
+			switch next {
+			case fail:
+				return nil, errBoom
+			case panics:
+				panic("model panic")
+			case notFound:
+				return nil, nil
+			}
+			vals := map[string]string{}
+			for _, k := range keys {
+				vals[k] = fmt.Sprintf("%s#%d", k, n)
+			}
+			return vals, nil
+		}
+		l, err := New(func(ctx context.Context, key string) (string, error) {
+			mu.Lock()
+			calls++
+			n := calls
+			mu.Unlock()
 			switch next {
 			case fail:
 				return "", errBoom
@@ -228,9 +374,10 @@ func runModel(t *testing.T, policy Policy, ops []byte) {
 			case notFound:
 				return "", ErrNotFound
 			}
-			return fmt.Sprintf("%s#%d", key, calls), nil
+			return fmt.Sprintf("%s#%d", key, n), nil
 		}, Options[string, string]{
-			TTL: modelTTL, StaleWhileRevalidate: modelSWR, StaleIfError: modelSIE, NotFoundTTL: modelNotFound,
+			LoadMany: loadMany,
+			TTL:      modelTTL, StaleWhileRevalidate: modelSWR, StaleIfError: modelSIE, NotFoundTTL: modelNotFound,
 			Freshness: modelFreshness,
 			Policy:    policy,
 			Retry:     Retry{InitialInterval: 1, MaxInterval: 1},
@@ -243,7 +390,7 @@ func runModel(t *testing.T, policy Policy, ops []byte) {
 		start := time.Now()
 		var revalidations uint64
 		for i := 0; i+1 < len(ops); i += 2 {
-			op, arg := ops[i]%8, ops[i+1]
+			op, arg := ops[i]%10, ops[i+1]
 			key := fmt.Sprint("k", arg%3)
 			next = outcome(arg / 3 % 4)
 			m.now = time.Since(start)
@@ -297,6 +444,43 @@ func runModel(t *testing.T, policy Policy, ops []byte) {
 					t.Fatalf("op %d at %v: revalidating Get(%q) with outcome %d = %q, %v, age %v, %v; model says %q, %v, age %v, %v",
 						i/2, m.now, key, next, v, info.Source, info.Age, err, wv, ws, wage, werr)
 				}
+			case 8: // GetMany of a set of keys (arg's low bits), a duplicate too
+				var keys []string
+				for k := range 3 {
+					if (arg%7+1)&(1<<k) != 0 {
+						keys = append(keys, fmt.Sprint("k", k))
+					}
+				}
+				seenBefore := len(batches)
+				got, err := l.GetMany(t.Context(), append(keys, keys[0]))
+				synctest.Wait() // the refreshes finish
+				wv, wfailed, merr := m.getMany(keys, next, batches[seenBefore:])
+				if merr != nil {
+					t.Fatalf("op %d at %v: GetMany(%v) with outcome %d: %v", i/2, m.now, keys, next, merr)
+				}
+				var me *ManyError[string]
+				if errors.As(err, &me) {
+					for k := range me.Errs {
+						if !wfailed[k] {
+							t.Fatalf("op %d at %v: GetMany(%v): %q failed (%v); model says it did not", i/2, m.now, keys, k, me.Errs[k])
+						}
+					}
+				} else if err != nil {
+					t.Fatalf("op %d at %v: GetMany(%v): %v", i/2, m.now, keys, err)
+				}
+				if len(wfailed) > 0 && (me == nil || len(me.Errs) != len(wfailed)) {
+					t.Fatalf("op %d at %v: GetMany(%v) error %v; model says %v fail", i/2, m.now, keys, err, wfailed)
+				}
+				if !maps.Equal(got, wv) {
+					t.Fatalf("op %d at %v: GetMany(%v) with outcome %d = %v; model says %v", i/2, m.now, keys, next, got, wv)
+				}
+			case 9: // Peek
+				wv, ws, wage, wok := m.peek(key)
+				v, info, ok := l.Peek(key)
+				if v != wv || info.Source != ws || info.Age != wage || ok != wok {
+					t.Fatalf("op %d at %v: Peek(%q) = %q, %v, age %v, %v; model says %q, %v, age %v, %v",
+						i/2, m.now, key, v, info.Source, info.Age, ok, wv, ws, wage, wok)
+				}
 			default: // time passes (4, 5)
 				time.Sleep(time.Duration(arg%20) * 250 * time.Millisecond)
 				synctest.Wait()
@@ -315,6 +499,7 @@ func runModel(t *testing.T, policy Policy, ops []byte) {
 			Gets: s.Gets, Hits: s.Hits, StaleHits: s.StaleHits, Misses: s.Misses,
 			StaleOnError: s.StaleOnError, Canceled: s.Canceled, Loads: s.Loads,
 			Refreshes: s.Refreshes, Abandoned: s.Abandoned, Panics: s.Panics,
+			BatchLoads: s.BatchLoads, BatchKeys: s.BatchKeys, Peeks: s.Peeks,
 		}
 		m.stats.Revalidations = 0 // counted apart, checked below
 		if s.Revalidations != revalidations {
@@ -337,6 +522,9 @@ func FuzzModel(f *testing.F) {
 	// Per-value lifetimes (the 1st value lives 1s, the 3rd is not cached),
 	// Refresh (6) and revalidating Gets (7), failing ones included.
 	f.Add([]byte{0, 0, 4, 5, 0, 0, 6, 0, 0, 0, 7, 0, 7, 3, 4, 10, 7, 6, 6, 1, 0, 1})
+	// GetMany (8) of hits, misses and stale keys, failing and not found
+	// ones too, and Peek (9).
+	f.Add([]byte{0, 0, 8, 6, 9, 1, 4, 18, 9, 0, 8, 6, 4, 19, 8, 9, 2, 1, 8, 6, 4, 19, 4, 19, 8, 16, 9, 2})
 	f.Fuzz(func(t *testing.T, data []byte) {
 		policy, ops := modelInput(data, 200)
 		runModel(t, policy, ops)
