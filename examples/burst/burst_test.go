@@ -27,6 +27,7 @@ func quick() config {
 	cfg.wallTTL = 30 * time.Millisecond
 	cfg.wallLoad = 5 * time.Millisecond
 	cfg.think = time.Millisecond
+	cfg.roundTrip = 2 * time.Millisecond
 	return cfg
 }
 
@@ -147,7 +148,7 @@ func TestWall(t *testing.T) {
 
 func TestRunFlagsAndJSON(t *testing.T) {
 	for _, args := range [][]string{
-		{"-only", "x"}, {"-only", ""}, {"-duration", "0s"}, {"-readers", "0"}, {"-keys", "0"}, {"extra"},
+		{"-only", "x"}, {"-only", "f"}, {"-only", ""}, {"-duration", "0s"}, {"-readers", "0"}, {"-keys", "0"}, {"extra"},
 	} {
 		if err := run(args, io.Discard, io.Discard); err == nil {
 			t.Errorf("run(%q) = nil; want an error", args)
@@ -185,5 +186,83 @@ func TestFreshnessPart(t *testing.T) {
 	full, reval := res.Catalog[0], res.Catalog[1]
 	if reval.NotModified == 0 || full.NotModified != 0 || reval.Bytes >= full.Bytes {
 		t.Errorf("catalogue: full reload %+v, revalidation %+v; want 304s only with Reload, and fewer bytes", full, reval)
+	}
+}
+
+// Part e: a Get per id is a downstream call per id, one after another;
+// GetMany without LoadMany makes as many calls, at once; with LoadMany the
+// page is ⌈page / MaxBatch⌉ calls.
+func TestNPlusOnePart(t *testing.T) {
+	cfg := quick()
+	res, err := runNPlusOne(cfg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res.Rows) != 4 {
+		t.Fatalf("%d rows; want 4", len(res.Rows))
+	}
+	page := cfg.page
+	for _, row := range res.Rows {
+		if row.Values != page || row.Gets != uint64(page) || row.Rows != int64(page) {
+			t.Errorf("%s: %d ids answered, Stats.Gets %d, %d rows read; want %d of each", row.Way, row.Values, row.Gets, row.Rows, page)
+		}
+		if int64(row.Loads) != row.Calls {
+			t.Errorf("%s: Stats.Loads %d, downstream counted %d", row.Way, row.Loads, row.Calls)
+		}
+	}
+	batches := (page + cfg.smallBatch - 1) / cfg.smallBatch
+	for i, want := range []struct {
+		calls, batchLoads, batchKeys, largest int
+	}{
+		{page, 0, 0, 1},
+		{page, 0, 0, 1},
+		{1, 1, page, page},
+		{batches, batches, page, cfg.smallBatch},
+	} {
+		row := res.Rows[i]
+		if row.Calls != int64(want.calls) || row.BatchLoads != uint64(want.batchLoads) ||
+			row.BatchKeys != uint64(want.batchKeys) || row.LargestIn != want.largest {
+			t.Errorf("%s: %d calls, %d LoadMany calls for %d keys, largest call %d; want %d, %d, %d, %d",
+				row.Way, row.Calls, row.BatchLoads, row.BatchKeys, row.LargestIn,
+				want.calls, want.batchLoads, want.batchKeys, want.largest)
+		}
+	}
+	oneByOne, concurrent, batched, small := res.Rows[0], res.Rows[1], res.Rows[2], res.Rows[3]
+	if oneByOne.PeakCalls != 1 || batched.PeakCalls != 1 {
+		t.Errorf("calls at once: %d one by one, %d with LoadMany; want 1 and 1", oneByOne.PeakCalls, batched.PeakCalls)
+	}
+	if concurrent.PeakCalls < 2 {
+		t.Errorf("%s: at most %d call at once; the page's loads should overlap", concurrent.Way, concurrent.PeakCalls)
+	}
+	if small.PeakCalls < 1 || small.PeakCalls > batches {
+		t.Errorf("%s: %d calls at once; want 1 to %d", small.Way, small.PeakCalls, batches)
+	}
+	// Wall time, loosely: one by one waits out every round trip in turn,
+	// and a single LoadMany call waits out one.
+	if floor := time.Duration(page) * cfg.roundTrip; oneByOne.Wall < floor {
+		t.Errorf("one by one took %v; %d round trips in a row take at least %v", oneByOne.Wall, page, floor)
+	}
+	if batched.Wall >= oneByOne.Wall {
+		t.Errorf("LoadMany took %v, one by one %v; want it faster", batched.Wall, oneByOne.Wall)
+	}
+
+	var out bytes.Buffer
+	res.print(&out)
+	for _, want := range []string{"e. The N+1 problem", "GetMany, LoadMany, MaxBatch 25", "Stats.Loads matches"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("output lacks %q:\n%s", want, out.String())
+		}
+	}
+
+	out.Reset()
+	if err := run([]string{"-only", "e", "-json"}, &out, io.Discard); err != nil {
+		t.Fatal(err)
+	}
+	var all results
+	if err := json.Unmarshal(out.Bytes(), &all); err != nil {
+		t.Fatalf("-json output: %v\n%s", err, out.String())
+	}
+	if all.A != nil || all.D != nil || all.E == nil || len(all.E.Rows) != 4 {
+		t.Errorf("-only e -json: got %+v", all)
 	}
 }

@@ -10,11 +10,14 @@
 //     refresh;
 //   - d. freshness from the data: tokens with their own expiry (one TTL for
 //     all serves some past it; Options.Freshness none), and what reloading
-//     with ErrNotModified saves over full reloads.
+//     with ErrNotModified saves over full reloads;
+//   - e. the N+1 problem: a page of 100 ids through Get one by one, through
+//     GetMany without LoadMany, and with LoadMany: downstream calls and wall
+//     time.
 //
 // Usage:
 //
-//	go run ./examples/burst [-duration 3s] [-readers 8] [-keys 3] [-only abcd] [-json]
+//	go run ./examples/burst [-duration 3s] [-readers 8] [-keys 3] [-only abcde] [-json]
 //
 // It needs no server and, with the defaults, takes about 12 seconds. A
 // progress line is drawn on stderr; the tables (or, with -json, one JSON
@@ -32,13 +35,13 @@ import (
 	"time"
 )
 
-// config holds every knob of the three parts. The flags set the first
+// config holds every knob of the parts. The flags set the first
 // four; the rest are the experiments' fixed settings (tests shrink them).
 type config struct {
 	duration time.Duration // c's runs; b's reader runs last twice as long, its control run a third
 	readers  int           // concurrent readers in b and c
 	keys     int           // hot keys in b
-	only     string        // which parts to run: letters of "abcd"
+	only     string        // which parts to run: letters of "abcde"
 
 	// Part b: the downstream of the blast-radius experiment.
 	loadMin, loadMax time.Duration // each load takes a duration in [loadMin, loadMax)
@@ -53,6 +56,12 @@ type config struct {
 	betas    []float64     // one EarlyRefresh run per β
 	think    time.Duration // each reader's pause between Gets
 	slow     time.Duration // a Get slower than this is counted as slow
+
+	// Part e: the N+1 problem.
+	page       int           // ids on the page
+	roundTrip  time.Duration // each downstream call takes this...
+	perRow     time.Duration // ...plus this per row it reads
+	smallBatch int           // the MaxBatch of the last way
 }
 
 func defaultConfig() config {
@@ -60,7 +69,7 @@ func defaultConfig() config {
 		duration: 3 * time.Second,
 		readers:  8,
 		keys:     3,
-		only:     "abcd",
+		only:     "abcde",
 
 		loadMin:     100 * time.Millisecond,
 		loadMax:     120 * time.Millisecond,
@@ -74,6 +83,11 @@ func defaultConfig() config {
 		betas:    []float64{1, 0.5},
 		think:    5 * time.Millisecond,
 		slow:     40 * time.Millisecond,
+
+		page:       100,
+		roundTrip:  5 * time.Millisecond,
+		perRow:     20 * time.Microsecond,
+		smallBatch: 25,
 	}
 }
 
@@ -83,6 +97,7 @@ type results struct {
 	B *blastResult     `json:"b,omitempty"`
 	C *wallResult      `json:"c,omitempty"`
 	D *freshnessResult `json:"d,omitempty"`
+	E *nPlusOneResult  `json:"e,omitempty"`
 }
 
 func main() {
@@ -101,7 +116,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 	fs.DurationVar(&cfg.duration, "duration", cfg.duration, "length of part c's runs; part b's reader runs last twice as long, its control run a third, part d's runs half")
 	fs.IntVar(&cfg.readers, "readers", cfg.readers, "concurrent readers in parts b and c")
 	fs.IntVar(&cfg.keys, "keys", cfg.keys, "hot keys in part b")
-	fs.StringVar(&cfg.only, "only", cfg.only, "parts to run: any of a, b, c, d (e.g. -only b or -only a,c)")
+	fs.StringVar(&cfg.only, "only", cfg.only, "parts to run: any of a, b, c, d, e (e.g. -only b or -only a,c)")
 	asJSON := fs.Bool("json", false, "print one JSON document instead of tables")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -115,8 +130,8 @@ func run(args []string, stdout, stderr io.Writer) error {
 		return fmt.Errorf("-readers must be >= 1, got %d", cfg.readers)
 	case cfg.keys < 1:
 		return fmt.Errorf("-keys must be >= 1, got %d", cfg.keys)
-	case strings.Trim(cfg.only, "abcd, ") != "" || strings.Trim(cfg.only, ", ") == "":
-		return fmt.Errorf("-only takes letters of a, b, c, d; got %q", cfg.only)
+	case strings.Trim(cfg.only, "abcde, ") != "" || strings.Trim(cfg.only, ", ") == "":
+		return fmt.Errorf("-only takes letters of a, b, c, d, e; got %q", cfg.only)
 	}
 
 	res, err := measure(cfg, newProgress(stderr))
@@ -156,6 +171,11 @@ func measure(cfg config, p *progress) (*results, error) {
 			return nil, err
 		}
 	}
+	if strings.Contains(cfg.only, "e") {
+		if res.E, err = runNPlusOne(cfg, p); err != nil {
+			return nil, err
+		}
+	}
 	return res, nil
 }
 
@@ -178,5 +198,10 @@ func (r *results) print(w io.Writer) {
 	if r.D != nil {
 		fmt.Fprint(w, sep)
 		r.D.print(w)
+		sep = "\n"
+	}
+	if r.E != nil {
+		fmt.Fprint(w, sep)
+		r.E.print(w)
 	}
 }
