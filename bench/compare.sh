@@ -22,7 +22,7 @@ set -eu
 rev=${1:?usage: compare.sh REV [ROUNDS [WALLRUNS]]}
 rounds=${2:-8}
 wallruns=${3:-3}
-bench=${BENCH:-'^Benchmark(Coalesce|HitSerial|HitParallel|Memory|ScaleHit|ScaleMiss|Miss|EvictionPressure)$'}
+bench=${BENCH:-'^Benchmark(Coalesce|HitSerial|HitParallel|Memory|ScaleHit|ScaleMiss|Miss|EvictionPressure|GetMany)$'}
 
 tmp=$(mktemp -d)
 cleanup() {

@@ -53,6 +53,7 @@ func (r *report) build() map[string]string {
 	r.missSection()
 	r.wallSection(charts)
 	r.pressureSection()
+	r.getManySection()
 	r.memorySection()
 	r.scaleSection()
 	body := r.w.String()

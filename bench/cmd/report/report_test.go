@@ -176,3 +176,33 @@ func TestCoreV2Section(t *testing.T) {
 		t.Errorf("Core v2 section at %d, goals at %d, hit path at %d", i, strings.Index(md, "## Goals"), j)
 	}
 }
+
+// rawGetMany is a small output of BenchmarkGetMany, two runs.
+const rawGetMany = `BenchmarkGetMany/sturdyc-2     	 1000	 40000 ns/op	 1.000 calls/op	 0.47 hit-ratio	 53 keys-loaded/op	 47000 B/op	 97 allocs/op
+BenchmarkGetMany/sturdyc-2     	 1000	 40000 ns/op	 1.000 calls/op	 0.47 hit-ratio	 53 keys-loaded/op	 47000 B/op	 97 allocs/op
+BenchmarkGetMany/otter-2       	 1000	 20000 ns/op	 1.000 calls/op	 0.60 hit-ratio	 40 keys-loaded/op	 28000 B/op	 180 allocs/op
+BenchmarkGetMany/otter-2       	 1000	 20000 ns/op	 1.000 calls/op	 0.60 hit-ratio	 40 keys-loaded/op	 28000 B/op	 180 allocs/op
+BenchmarkGetMany/flightcache-2 	 1000	 30000 ns/op	 1.000 calls/op	 0.55 hit-ratio	 45 keys-loaded/op	 57000 B/op	 470 allocs/op
+BenchmarkGetMany/flightcache-2 	 1000	 30000 ns/op	 1.000 calls/op	 0.55 hit-ratio	 45 keys-loaded/op	 57000 B/op	 470 allocs/op
+`
+
+func TestGetManySection(t *testing.T) {
+	for _, c := range []struct {
+		raw  string
+		want bool
+	}{{raw, false}, {raw + rawGetMany, true}} {
+		res, err := readResults(strings.NewReader(c.raw), "raw.txt")
+		if err != nil {
+			t.Fatal(err)
+		}
+		r := &report{res: res, chartRel: "benchmarks", wallDir: t.TempDir()}
+		r.build()
+		md := r.w.String()
+		if got := strings.Contains(md, "## Batches"); got != c.want {
+			t.Errorf("report has a Batches section: %v; want %v", got, c.want)
+		}
+		if c.want && !strings.Contains(md, "| **flightcache** | 30,000 ∞ | 0.75× | 1.50× | 470 | 57,000 | 1 | 45 | 0.55 |") {
+			t.Errorf("report lacks flightcache's GetMany row:\n%s", md)
+		}
+	}
+}

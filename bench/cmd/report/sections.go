@@ -8,12 +8,14 @@ import (
 	"golang.org/x/perf/benchmath"
 )
 
-// The sections of the two benchmarks added with core v2: the cold miss in a
-// full cache (BenchmarkMiss) and the eviction pressure scenario.
+// The sections of the two benchmarks added with core v2, the cold miss in a
+// full cache (BenchmarkMiss) and the eviction pressure scenario, and of the
+// batch benchmark added with GetMany (BenchmarkGetMany).
 
 var (
 	missImpls     = []string{"ristretto", "otter", "flightcache"}
 	pressureImpls = []string{"ristretto-singleflight", "otter", "flightcache"}
+	getManyImpls  = []string{"sturdyc", "otter", "flightcache"}
 )
 
 // pressureGets is how many Gets one eviction-pressure run plays.
@@ -57,6 +59,32 @@ func (r *report) pressureSection() {
 			fmtRatio(r.res.get(name, "hit-ratio")), orDash(numOrNone(r.res.get(name, "sets-dropped"))),
 			orDash(numOrNone(r.res.get(name, "sets-rejected"))), r.res.get(name, "ns/op").cell(),
 			fmtNum(r.res.get(name, "allocs/get").center))
+	}
+	r.printf("\n")
+}
+
+// getManySection is left out when the runs have no GetMany result.
+func (r *report) getManySection() {
+	if !slices.ContainsFunc(getManyImpls, func(impl string) bool { return r.res.get("GetMany/"+impl, "ns/op").ok }) {
+		return
+	}
+	r.printf("## Batches\n\n")
+	r.printf("One goroutine, one op asks for 100 distinct string keys at once: Zipf(1.01) over 1,000,000 keys (one precomputed trace cut into ops), a cache of 10,000 entries warmed before the timer, a TTL of one hour, an instant batch loader. ")
+	r.printf("sturdyc is GetOrFetchBatch, otter is BulkGet with a BulkLoader, flightcache is GetMany with Options.LoadMany. ")
+	r.printf("calls/op is downstream batch calls per op, keys-loaded/op the keys they asked for, hit-ratio 1 − keys-loaded / 100. ")
+	r.printf("Ratios are taken run by run against the peer measured in the same process, then their median given.\n\n")
+	r.printf("| implementation | ns/op | × sturdyc | × otter | allocs/op | B/op | calls/op | keys-loaded/op | hit-ratio |\n|---|---|---|---|---|---|---|---|---|\n")
+	for _, impl := range getManyImpls {
+		name := "GetMany/" + impl
+		ns := r.res.get(name, "ns/op")
+		if !ns.ok {
+			continue
+		}
+		r.printf("| %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", bold(impl), ns.cell(),
+			pairedRatioCell(r.res, name, "GetMany/sturdyc", "ns/op"), pairedRatioCell(r.res, name, "GetMany/otter", "ns/op"),
+			fmtNum(r.res.get(name, "allocs/op").center), fmtNum(r.res.get(name, "B/op").center),
+			fmtNum(r.res.get(name, "calls/op").center), fmtNum(r.res.get(name, "keys-loaded/op").center),
+			fmtRatio(r.res.get(name, "hit-ratio")))
 	}
 	r.printf("\n")
 }
