@@ -38,6 +38,15 @@
 // keep it, as an HTTP 304 does. [Loader.Refresh] reloads a key in the
 // background while its current value serves.
 //
+// # Batches
+//
+// [Loader.GetMany] answers many keys at once, each as Get would, and loads
+// the misses together through [Options.LoadMany], at most
+// [Options.MaxBatch] keys per downstream call. Coalescing stays per key,
+// across single and batch Gets; the keys that failed come back in a
+// [*ManyError]. [Loader.Peek] returns a value the Loader holds without
+// loading anything.
+//
 // # Per-call freshness
 //
 // [WithMaxStale] bounds how stale a value one Get accepts, like HTTP's

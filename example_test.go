@@ -321,3 +321,71 @@ func ExampleLoader_Refresh() {
 	// 100
 	// 120
 }
+
+// GetMany answers a page of keys: the cached ones from the cache, the rest
+// in one LoadMany call. A key the downstream does not know is absent.
+func ExampleLoader_GetMany() {
+	var calls atomic.Int32
+	l, _ := flightcache.New(func(ctx context.Context, id string) (int, error) {
+		return 0, errors.New("unused: GetMany loads through LoadMany")
+	}, flightcache.Options[string, int]{
+		TTL: time.Minute,
+		LoadMany: func(ctx context.Context, ids []string) (map[string]int, error) {
+			calls.Add(1)
+			prices := map[string]int{}
+			for _, id := range ids {
+				if id != "p-404" {
+					prices[id] = 100 + len(prices)
+				}
+			}
+			return prices, nil
+		},
+	})
+	defer l.Close()
+	l.Set("p-1", 42)
+
+	ctx := context.Background()
+	page, err := l.GetMany(ctx, []string{"p-1", "p-2", "p-3", "p-404", "p-2"})
+	fmt.Println(len(page), page["p-1"], err)
+	fmt.Println("LoadMany calls:", calls.Load(), "Gets:", l.Stats().Gets)
+	// Output:
+	// 3 42 <nil>
+	// LoadMany calls: 1 Gets: 4
+}
+
+// The keys a batch could not load are in a ManyError; the map still holds
+// the others.
+func ExampleManyError() {
+	l, _ := flightcache.New(func(ctx context.Context, id string) (string, error) {
+		if id == "bad" {
+			return "", errors.New("downstream: boom")
+		}
+		return "v-" + id, nil
+	}, flightcache.Options[string, string]{TTL: time.Minute})
+	defer l.Close()
+
+	vals, err := l.GetMany(context.Background(), []string{"a", "bad"})
+	var me *flightcache.ManyError[string]
+	if errors.As(err, &me) {
+		fmt.Println(vals["a"], "failed:", me.Errs["bad"])
+	}
+	// Output:
+	// v-a failed: downstream: boom
+}
+
+// Peek reads what the Loader holds, fresh or stale, without loading.
+func ExampleLoader_Peek() {
+	l, _ := flightcache.New(func(ctx context.Context, id string) (string, error) {
+		return "loaded", nil
+	}, flightcache.Options[string, string]{TTL: time.Minute})
+	defer l.Close()
+
+	_, _, ok := l.Peek("k")
+	fmt.Println(ok)
+	l.Get(context.Background(), "k")
+	v, info, ok := l.Peek("k")
+	fmt.Println(v, info.Source, ok, l.Stats().Peeks)
+	// Output:
+	// false
+	// loaded hit true 2
+}
