@@ -124,16 +124,55 @@ func (l *Loader[K, V]) runBatch(b *batch[K, V]) {
 		keys[i] = c.key
 	}
 	var m map[K]V
-	err := ErrGoexit // stays if LoadMany ends the goroutine
+	var remote map[K]RemoteResult[V]
+	err := ErrGoexit // stays if LoadMany (or the Remote) ends the goroutine
 	attempts := 0
 	start := l.now()
-	defer func() { l.completeBatch(b, m, err, attempts, l.now()-start) }()
-	m, err = l.loadMany(&b.leader.lctx, keys, &attempts)
+	defer func() { l.completeBatch(b, m, remote, err, attempts, l.now()-start) }()
+	ctx := &b.leader.lctx
+	rm, ok := l.opts.Remote.(RemoteMany[K, V])
+	if !ok {
+		m, err = l.loadMany(ctx, keys, &attempts)
+		return
+	}
+	var res map[K]RemoteResult[V]
+	if perr := l.guard(func() {
+		res = rm.LoadMany(ctx, keys, func(ctx context.Context, keys []K) (map[K]V, error) {
+			return l.loadMany(ctx, keys, &attempts)
+		})
+	}, nil); perr != nil {
+		err = perr
+		return
+	}
+	remote, err = res, nil
+}
+
+// fromRemote is one key's loaded result from a RemoteMany's.
+func fromRemote[V any](rr RemoteResult[V], found bool, r *loaded[V]) {
+	if !found {
+		r.err = ErrNotFound
+		return
+	}
+	r.val, r.err = rr.Value, rr.Err
+	if rr.Err != nil {
+		if !rr.LoadedAt.IsZero() {
+			r.fallback = &rr.RemoteValue
+		}
+		return
+	}
+	r.remote = !rr.Loaded
+	if rr.Took > 0 {
+		r.took = rr.Took
+	}
+	if !rr.LoadedAt.IsZero() {
+		r.age = max(time.Since(rr.LoadedAt), 0)
+	}
 }
 
 // completeBatch delivers each of b's calls its key's result (complete, as
-// for a single load) and reports the batch once.
-func (l *Loader[K, V]) completeBatch(b *batch[K, V], m map[K]V, err error, attempts int, took time.Duration) {
+// for a single load) and reports the batch once. The results are m (or
+// err, for every key) from LoadMany, or remote's from a RemoteMany.
+func (l *Loader[K, V]) completeBatch(b *batch[K, V], m map[K]V, remote map[K]RemoteResult[V], err error, attempts int, took time.Duration) {
 	// Count before any waiter wakes, as deliver does for a single load.
 	l.stats.inFlight.Add(-1)
 	l.stats.loads.Add(1)
@@ -160,6 +199,9 @@ func (l *Loader[K, V]) completeBatch(b *batch[K, V], m map[K]V, err error, attem
 		r := loaded[V]{attempts: attempts, took: took}
 		if err != nil {
 			r.err = err
+		} else if remote != nil {
+			rr, ok := remote[c.key]
+			fromRemote(rr, ok, &r)
 		} else if v, ok := m[c.key]; ok {
 			r.val = v
 		} else {
@@ -228,7 +270,8 @@ func (l *Loader[K, V]) GetMany(ctx context.Context, keys []K) (map[K]V, error) {
 	out := make(map[K]V, len(items))
 	now := l.now()
 	revalidate := revalidating(ctx)
-	batched := l.opts.LoadMany != nil && l.opts.Remote == nil
+	_, remoteMany := l.opts.Remote.(RemoteMany[K, V])
+	batched := l.opts.LoadMany != nil && (l.opts.Remote == nil || remoteMany)
 	var fg, bg *batch[K, V]
 	var batches []*batch[K, V]
 	refresh := func(key K, h uint64, e *entry[K, V]) {

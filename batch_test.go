@@ -555,3 +555,83 @@ func TestManyErrorMessage(t *testing.T) {
 		t.Fatal(got)
 	}
 }
+
+// fakeRemoteMany is fakeRemote with a batch path: the keys it shares are
+// answered from it, the others loaded in one call, with the older value
+// offered on a failure.
+type fakeRemoteMany struct {
+	fakeRemote
+	batches [][]string // the keys each LoadMany passed to load
+}
+
+func (r *fakeRemoteMany) LoadMany(ctx context.Context, keys []string, load func(context.Context, []string) (map[string]string, error)) map[string]RemoteResult[string] {
+	out := map[string]RemoteResult[string]{}
+	var need []string
+	r.mu.Lock()
+	for _, k := range keys {
+		if rv, ok := r.shared[k]; ok && time.Since(rv.LoadedAt) < time.Minute {
+			out[k] = RemoteResult[string]{RemoteValue: rv}
+		} else {
+			need = append(need, k)
+		}
+	}
+	r.batches = append(r.batches, need)
+	r.mu.Unlock()
+	if len(need) == 0 {
+		return out
+	}
+	m, err := load(ctx, need)
+	for _, k := range need {
+		switch v, ok := m[k]; {
+		case err != nil:
+			r.mu.Lock()
+			out[k] = RemoteResult[string]{RemoteValue: r.shared[k], Err: err} // an older value, if any, covers it
+			r.mu.Unlock()
+		case ok:
+			out[k] = RemoteResult[string]{RemoteValue: RemoteValue[string]{Value: v, LoadedAt: time.Now(), Loaded: true}}
+		default:
+			out[k] = RemoteResult[string]{Err: ErrNotFound}
+		}
+	}
+	return out
+}
+
+// A Remote that implements RemoteMany serves GetMany's batches: the keys
+// the tier has come from it, the others go down in one LoadMany call, and
+// a failure is covered by the tier's older value under StaleIfError.
+func TestGetManyThroughRemoteMany(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		r := &fakeRemoteMany{fakeRemote: fakeRemote{shared: map[string]RemoteValue[string]{
+			"peer": {Value: "from-peer", LoadedAt: time.Now().Add(-2 * time.Second)},
+			"old":  {Value: "old-value", LoadedAt: time.Now().Add(-2 * time.Minute)},
+		}}}
+		fail := false
+		m := &many{absent: map[string]bool{"gone": true}, fail: func(int) error {
+			if fail {
+				return errBoom
+			}
+			return nil
+		}}
+		l := newManyLoader(t, &downstream{}, m, Options[string, string]{TTL: time.Minute, StaleIfError: time.Hour, Remote: r})
+		ctx := context.Background()
+		got, err := l.GetMany(ctx, []string{"peer", "a", "gone"})
+		if err != nil || got["peer"] != "from-peer" || got["a"] != "a@1" || len(got) != 2 {
+			t.Fatalf("GetMany = %v, %v; want peer from the tier, a loaded, gone absent", got, err)
+		}
+		if _, info, _ := l.GetInfo(ctx, "peer"); info.Age != 2*time.Second {
+			t.Errorf("the tier's value is %v old here; want its age in the tier, 2s", info.Age)
+		}
+		if calls := m.all(); len(calls) != 1 || !slices.Equal(calls[0], []string{"a", "gone"}) {
+			t.Fatalf("LoadMany calls %v; want one, for a and gone", calls)
+		}
+		fail = true
+		got, err = l.GetMany(ctx, []string{"old", "b"})
+		var me *ManyError[string]
+		if got["old"] != "old-value" || !errors.As(err, &me) || len(me.Errs) != 1 || !errors.Is(me.Errs["b"], errBoom) {
+			t.Fatalf("GetMany with a failing batch = %v, %v; want old covered by the tier's value, b failed", got, err)
+		}
+		if s := l.Stats(); s.BatchLoads != 2 || s.StaleOnError != 1 {
+			t.Fatalf("Stats = %+v; want 2 batches, 1 stale-on-error", s)
+		}
+	})
+}

@@ -37,6 +37,32 @@ type Remote[K comparable, V any] interface {
 	Invalidate(ctx context.Context, key K)
 }
 
+// RemoteMany is what a [Remote] implements, besides Remote, to serve
+// [Loader.GetMany]'s batches: with it, the misses of a GetMany that go to
+// [Options.LoadMany] go through the shared tier together. Without it,
+// GetMany loads key by key through Remote.Load.
+type RemoteMany[K comparable, V any] interface {
+	// LoadMany returns the result of each of keys (distinct): from the
+	// shared tier when it has something usable, and otherwise by calling
+	// load, at most once per LoadMany call for the keys nobody else is
+	// loading, with those keys (the Loader's own downstream path for a
+	// LoadMany call: retries, breaker, Options.LoadMany). A key load does
+	// not return does not exist. It coordinates processes as Load does,
+	// per key, and calls load itself for every key when the tier is
+	// unreachable; the rules of Load apply to each key (load on LoadMany's
+	// own goroutine, never after it returns; an older value may come with
+	// a key's error). A key missing from the map returned is taken as not
+	// found.
+	LoadMany(ctx context.Context, keys []K, load func(context.Context, []K) (map[K]V, error)) map[K]RemoteResult[V]
+}
+
+// RemoteResult is one key's result of [RemoteMany.LoadMany]: what
+// [Remote.Load] returns for one key.
+type RemoteResult[V any] struct {
+	RemoteValue[V]       // the value; with Err, an older value to cover it (LoadedAt set), or none
+	Err            error // the key's error; ErrNotFound (matched with errors.Is) for a key that does not exist
+}
+
 // RemoteValue is a value as a [Remote] stores it: with when, and how fast,
 // it was loaded, so every process applies the same freshness rules to it.
 type RemoteValue[V any] struct {
