@@ -104,9 +104,7 @@ func (b *batch[K, V]) cancel(cause error) {
 // launchBatch starts b's goroutine, counted on s (see launch).
 func (l *Loader[K, V]) launchBatch(b *batch[K, V], s *stripe) {
 	b.slot = s
-	s.opsIn.Add(1)
-	l.stats.inFlight.Add(1)
-	go loaderGoroutine(b)
+	l.spawn(b, s)
 }
 
 // body runs b's load; see loaderGoroutine.

@@ -153,9 +153,14 @@ func (l *Loader[K, V]) checkIdle() {
 // reads a stripe's outs before its ins) cannot see both out at once.
 func (l *Loader[K, V]) launch(c *call[K, V], s *stripe) {
 	c.slot = s
+	l.spawn(c, s)
+}
+
+// spawn starts a load goroutine (a call's, or a batch's) counted in on s.
+func (l *Loader[K, V]) spawn(b interface{ body() }, s *stripe) {
 	s.opsIn.Add(1)
 	l.stats.inFlight.Add(1)
-	go loaderGoroutine(c)
+	go loaderGoroutine(b)
 }
 
 // body runs c's load; see loaderGoroutine.

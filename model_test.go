@@ -148,13 +148,18 @@ func (m *model) refresh(key string, o outcome) {
 	m.load(key, o)
 }
 
+// lookup returns key's entry and its phase now (expired if there is none).
+func (m *model) lookup(key string) (*modelEntry, phase) {
+	e := m.entries[key]
+	if e == nil {
+		return nil, phaseExpired
+	}
+	return e, e.phase(m.now)
+}
+
 // get predicts one Get of key whose load (if any) has outcome o.
 func (m *model) get(key string, o outcome) (string, Source, time.Duration, error) {
-	e := m.entries[key]
-	p := phaseExpired
-	if e != nil {
-		p = e.phase(m.now)
-	}
+	e, p := m.lookup(key)
 	m.stats.Gets++
 	switch p {
 	case phaseFresh:
@@ -204,11 +209,7 @@ func (m *model) getMany(keys []string, o outcome, seen []batchCall) (vals map[st
 	var misses, stale []string
 	prev := map[string]*modelEntry{}
 	for _, key := range keys {
-		e := m.entries[key]
-		p := phaseExpired
-		if e != nil {
-			p = e.phase(m.now)
-		}
+		e, p := m.lookup(key)
 		m.stats.Gets++
 		switch p {
 		case phaseFresh:

@@ -39,6 +39,7 @@ type api struct {
 func (a *api) routes() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /products/{id}", a.product)
+	mux.HandleFunc("GET /products", a.products)
 	mux.HandleFunc("POST /products/{id}/refresh", a.refresh)
 	if a.stats != nil {
 		mux.HandleFunc("GET /debug/flightcache", a.debugStats)
@@ -98,21 +99,191 @@ func (a *api) product(w http.ResponseWriter, r *http.Request) {
 		// The client went away: nobody reads an answer. Its leaving ended
 		// only its own wait.
 		a.log.Debug("client gone", "id", id, "err", err)
+	default:
+		code, msg := a.failure(h, err)
+		if code == http.StatusBadGateway {
+			a.log.Warn("pricing failed", "id", id, "err", err)
+		}
+		writeJSON(w, code, errorBody{msg})
+	}
+}
+
+// failure maps the error of a load that failed to a status code and a
+// message, and sets the Retry-After of a 503 caused by the open breaker
+// in h:
+//
+//	503  the circuit breaker is open (Retry-After), or the server is shutting down
+//	504  the load timed out
+//	502  anything else: the pricing service failed
+func (a *api) failure(h http.Header, err error) (int, string) {
+	switch {
 	case errors.Is(err, flightcache.ErrBreakerOpen):
 		wait := a.retryAfter
 		if wait <= 0 {
 			wait = flightcache.DefaultOpenTimeout
 		}
 		h.Set("Retry-After", strconv.Itoa(int(math.Ceil(wait.Seconds()))))
-		writeJSON(w, http.StatusServiceUnavailable, errorBody{"pricing service unavailable (circuit open)"})
+		return http.StatusServiceUnavailable, "pricing service unavailable (circuit open)"
 	case errors.Is(err, flightcache.ErrLoadTimeout):
-		writeJSON(w, http.StatusGatewayTimeout, errorBody{"pricing service timed out"})
+		return http.StatusGatewayTimeout, "pricing service timed out"
 	case errors.Is(err, flightcache.ErrClosed):
-		writeJSON(w, http.StatusServiceUnavailable, errorBody{"shutting down"})
-	default:
-		a.log.Warn("pricing failed", "id", id, "err", err)
-		writeJSON(w, http.StatusBadGateway, errorBody{"pricing service failed"})
+		return http.StatusServiceUnavailable, "shutting down"
 	}
+	return http.StatusBadGateway, "pricing service failed"
+}
+
+// maxIDs is the most distinct ids one GET /products?ids= may ask for.
+const maxIDs = 100
+
+// productsAnswer is the body of a GET /products?ids= answer.
+type productsAnswer struct {
+	// Products are the products found, in the order asked, each once.
+	Products []Product `json:"products"`
+	// Missing lists the ids asked for that name no product, in the
+	// order asked.
+	Missing []string `json:"missing"`
+	// Failed lists the ids that could not be priced, in the order asked;
+	// Error then says why (the first failure's reason). Both are left out
+	// of a 200.
+	Failed []string `json:"failed,omitempty"`
+	Error  string   `json:"error,omitempty"`
+}
+
+// products serves GET /products?ids=1,2,3: several products in one
+// request, looked up together (through the repository's GetMany when it
+// has one: the cached repository then loads the ids it misses in batches,
+// one pricing call per batch, and shares each id's load with every
+// concurrent request for it). The answer is a productsAnswer:
+//
+//	200  every id was looked up: "products" holds the products found, in
+//	     the order asked, duplicates ignored; "missing" lists the ids that
+//	     name no product (an empty list when there are none)
+//	400  ids is missing or empty, an id is not a product id (a decimal
+//	     number written without sign or leading zeros; the error names it),
+//	     or more than maxIDs distinct ids are asked for
+//	502  some ids could not be priced: "failed" lists them and "error"
+//	     says why, while "products" and "missing" still say what is
+//	     known of the others; 503 (with Retry-After when the breaker is
+//	     open) or 504 instead when every failed id failed that way, as
+//	     for GET /products/{id}
+//
+// The request's Cache-Control applies to every id, as for GET
+// /products/{id}. There is no X-Cache or Age: the ids may have come from
+// different places.
+func (a *api) products(w http.ResponseWriter, r *http.Request) {
+	ids, bad := parseIDs(r.URL.Query().Get("ids"))
+	if bad != "" {
+		writeJSON(w, http.StatusBadRequest, errorBody{bad})
+		return
+	}
+	ctx := withRequestFreshness(r.Context(), r.Header.Values("Cache-Control"))
+	var (
+		found map[string]Product
+		err   error
+	)
+	if mg, ok := a.repo.(ManyGetter); ok {
+		found, err = mg.GetMany(ctx, ids)
+	} else {
+		found, err = getEach(ctx, a.repo, ids)
+	}
+	if err != nil && r.Context().Err() != nil {
+		a.log.Debug("client gone", "ids", len(ids), "err", err)
+		return
+	}
+	// Which ids failed, and why.
+	var failed map[string]error
+	if me, ok := errors.AsType[*flightcache.ManyError[string]](err); ok {
+		failed = me.Errs
+	} else if err != nil {
+		failed = make(map[string]error, len(ids))
+		for _, id := range ids {
+			if _, ok := found[id]; !ok {
+				failed[id] = err
+			}
+		}
+	}
+
+	answer := productsAnswer{Products: make([]Product, 0, len(found)), Missing: []string{}}
+	for _, id := range ids {
+		if p, ok := found[id]; ok {
+			answer.Products = append(answer.Products, p)
+		} else if _, ok := failed[id]; ok {
+			answer.Failed = append(answer.Failed, id)
+		} else {
+			answer.Missing = append(answer.Missing, id)
+		}
+	}
+	if len(answer.Failed) == 0 {
+		writeJSON(w, http.StatusOK, answer)
+		return
+	}
+	// One status for all: that of every failed id if they agree, else 502.
+	code := 0
+	for _, id := range answer.Failed {
+		c, msg := a.failure(w.Header(), failed[id])
+		if code == 0 {
+			code, answer.Error = c, msg
+		} else if c != code {
+			code, answer.Error = http.StatusBadGateway, "pricing service failed"
+		}
+	}
+	if code != http.StatusServiceUnavailable {
+		w.Header().Del("Retry-After")
+	}
+	if code == http.StatusBadGateway {
+		a.log.Warn("pricing failed", "ids", answer.Failed, "err", err)
+	}
+	writeJSON(w, code, answer)
+}
+
+// parseIDs splits the comma-separated ids of GET /products?ids=, in the
+// order given, duplicates dropped. bad, if not empty, is why they are
+// refused, naming the first bad id.
+func parseIDs(list string) (ids []string, bad string) {
+	if list == "" {
+		return nil, "ids is required: a comma-separated list of product ids, such as ids=1,2,3"
+	}
+	seen := make(map[string]bool)
+	for id := range strings.SplitSeq(list, ",") {
+		id = strings.TrimSpace(id)
+		if n, err := strconv.ParseUint(id, 10, 63); err != nil || strconv.FormatUint(n, 10) != id {
+			return nil, fmt.Sprintf("bad id %q: a product id is written in decimal digits, without sign or leading zeros", id)
+		}
+		if !seen[id] {
+			seen[id] = true
+			ids = append(ids, id)
+		}
+	}
+	if len(ids) > maxIDs {
+		return nil, fmt.Sprintf("%d ids; at most %d per request", len(ids), maxIDs)
+	}
+	return ids, ""
+}
+
+// getEach is GetMany for a repository that is no ManyGetter: one Get per
+// id, in turn.
+func getEach(ctx context.Context, repo ProductRepository, ids []string) (map[string]Product, error) {
+	found := make(map[string]Product, len(ids))
+	var failed map[string]error
+	for _, id := range ids {
+		p, err := repo.Get(ctx, id)
+		switch {
+		case err == nil:
+			found[id] = p
+		case errors.Is(err, ErrNotFound):
+		case ctx.Err() != nil:
+			return found, ctx.Err()
+		default:
+			if failed == nil {
+				failed = make(map[string]error)
+			}
+			failed[id] = err
+		}
+	}
+	if failed != nil {
+		return found, &flightcache.ManyError[string]{Errs: failed}
+	}
+	return found, nil
 }
 
 // withRequestFreshness maps the request's Cache-Control onto the Get:

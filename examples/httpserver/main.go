@@ -2,25 +2,38 @@
 // flightcache.Loader in between.
 //
 // It starts two HTTP servers on loopback: the pricing service (the
-// downstream: every price takes -latency, and a -fail share of requests
-// fail) and the API on -addr:
+// downstream: every request to it, for one price or a batch, takes
+// -latency, and a -fail share of them fail) and the API on -addr:
 //
 //	GET /products/{id}      a product with its price, as JSON; X-Cache and Age say
 //	                        where it came from; Cache-Control: no-cache and
 //	                        max-stale=N bound how stale it may be
+//	GET /products?ids=1,2,3 up to 100 products at once, as JSON: "products"
+//	                        (in the order asked, duplicates ignored) and
+//	                        "missing" (the ids that name no product); 400
+//	                        names a bad id; 502 (503, 504) lists the ids
+//	                        that failed in "failed", with what it has
 //	GET /debug/flightcache  the Loader's Stats, as JSON
 //	GET /metrics            Prometheus metrics, from otelflightcache
 //
 // The API reads products through a ProductRepository: HTTPRepository calls
 // the pricing service on every Get; CachedRepository, a drop-in with the
-// same interface, puts a Loader in front of it. SIGINT or SIGTERM stops the
-// API gracefully: no new connections, requests in progress finish, then the
-// Loader closes.
+// same interface, puts a Loader in front of it. Both are ManyGetters too,
+// for GET /products?ids=: CachedRepository answers each id from the cache
+// or from a load already in flight for it (flightcache's GetMany), and
+// loads the rest together through the pricing service's batch endpoint,
+// GET /prices?ids=1,2,3, one call per batch of at most 50 ids. Concurrent
+// requests for overlapping lists thus make one pricing call per distinct
+// id, in batches.
+//
+// SIGINT or SIGTERM stops the API gracefully: no new connections, requests
+// in progress finish, then the Loader closes.
 //
 // Usage:
 //
 //	go run ./examples/httpserver [-addr 127.0.0.1:8080] [-latency 80ms] [-fail 0.05]
 //	curl -i localhost:8080/products/42
+//	curl -i 'localhost:8080/products?ids=1,2,3'
 package main
 
 import (
@@ -102,6 +115,11 @@ func cacheOptions(cfg config) flightcache.Options[string, Product] {
 		NotFoundTTL:          30 * time.Second,
 		LoadTimeout:          cfg.loadTimeout,
 		MaxCost:              100_000,
+		// GET /products?ids= loads the ids it misses in batches of at most
+		// 50 (one pricing call each, well under the service's 100): a
+		// bounded URL, and one slow or failed call holds up 50 prices at
+		// most.
+		MaxBatch: 50,
 		Retry: flightcache.Retry{
 			MaxAttempts:     2,
 			InitialInterval: 20 * time.Millisecond,

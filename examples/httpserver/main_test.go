@@ -3,6 +3,7 @@ package main
 import (
 	"bufio"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"os/exec"
@@ -14,10 +15,26 @@ import (
 	"time"
 )
 
-// TestBinary builds the real server, starts it on free loopback ports,
-// sends 200 concurrent requests for one product, and checks that the
-// pricing service saw one request. Then SIGTERM must stop it cleanly.
-func TestBinary(t *testing.T) {
+// binary is the real server, built and started by startBinary.
+type binary struct {
+	apiURL, pricingURL string
+
+	cmd     *exec.Cmd
+	stderr  *strings.Builder
+	exited  chan error
+	stopped bool // the exit has been received from exited
+
+	logMu    sync.Mutex
+	logLines []string
+}
+
+// startBinary builds the real server and starts it with args on free
+// loopback ports (the API's and the pricing service's), and returns once
+// it has logged both URLs. It skips the test in -short mode or without a
+// go command. The server is killed at the end of the test unless stopped
+// by stop.
+func startBinary(t *testing.T, args ...string) *binary {
+	t.Helper()
 	if testing.Short() {
 		t.Skip("builds and runs the binary")
 	}
@@ -30,20 +47,19 @@ func TestBinary(t *testing.T) {
 		t.Fatalf("go build: %v\n%s", err, out)
 	}
 
-	// A slow price (so the requests overlap) that never fails.
-	cmd := exec.Command(bin, "-addr", "127.0.0.1:0", "-pricing-addr", "127.0.0.1:0", "-latency", "300ms", "-fail", "0")
-	stdout, err := cmd.StdoutPipe()
+	b := &binary{
+		cmd:    exec.Command(bin, append([]string{"-addr", "127.0.0.1:0", "-pricing-addr", "127.0.0.1:0"}, args...)...),
+		stderr: &strings.Builder{},
+		exited: make(chan error, 1),
+	}
+	stdout, err := b.cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)
 	}
-	var stderr strings.Builder
-	cmd.Stderr = &stderr
-	if err := cmd.Start(); err != nil {
+	b.cmd.Stderr = b.stderr
+	if err := b.cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	exited := make(chan error, 1)
-	var logMu sync.Mutex
-	var logLines []string
 	urls := make(chan [2]string, 1)
 	go func() {
 		// Read the log: the two servers' URLs, then everything until exit.
@@ -51,9 +67,9 @@ func TestBinary(t *testing.T) {
 		sc := bufio.NewScanner(stdout)
 		for sc.Scan() {
 			line := sc.Text()
-			logMu.Lock()
-			logLines = append(logLines, line)
-			logMu.Unlock()
+			b.logMu.Lock()
+			b.logLines = append(b.logLines, line)
+			b.logMu.Unlock()
 			u := logField(line, "url")
 			switch {
 			case strings.Contains(line, `msg="pricing service listening"`):
@@ -62,29 +78,81 @@ func TestBinary(t *testing.T) {
 				urls <- [2]string{u, pricingURL}
 			}
 		}
-		exited <- cmd.Wait()
+		b.exited <- b.cmd.Wait()
 	}()
-	stopped := false // the exit has been received from exited
-	defer func() {
-		if !stopped {
-			cmd.Process.Kill()
-			<-exited
+	t.Cleanup(func() {
+		if !b.stopped {
+			b.cmd.Process.Kill()
+			<-b.exited
 		}
-	}()
+	})
 
-	var apiURL, pricingURL string
 	select {
 	case u := <-urls:
-		apiURL, pricingURL = u[0], u[1]
-	case err := <-exited:
-		stopped = true
-		t.Fatalf("server exited before listening: %v\n%s", err, stderr.String())
+		b.apiURL, b.pricingURL = u[0], u[1]
+	case err := <-b.exited:
+		b.stopped = true
+		t.Fatalf("server exited before listening: %v\n%s", err, b.stderr.String())
 	case <-time.After(time.Minute):
 		t.Fatal("server did not log its address within a minute")
 	}
-	if apiURL == "" || pricingURL == "" {
-		t.Fatalf("addresses not logged: api %q, pricing %q", apiURL, pricingURL)
+	if b.apiURL == "" || b.pricingURL == "" {
+		t.Fatalf("addresses not logged: api %q, pricing %q", b.apiURL, b.pricingURL)
 	}
+	return b
+}
+
+// stop sends the server SIGTERM and checks that it stops cleanly.
+func (b *binary) stop(t *testing.T) {
+	t.Helper()
+	if err := b.cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-b.exited:
+		b.stopped = true
+		if err != nil {
+			t.Errorf("after SIGTERM: %v\n%s", err, b.stderr.String())
+		}
+	case <-time.After(time.Minute):
+		t.Fatal("server still running a minute after SIGTERM")
+	}
+	b.logMu.Lock()
+	defer b.logMu.Unlock()
+	if last := b.logLines[len(b.logLines)-1]; !strings.Contains(last, "msg=stopped") {
+		t.Errorf("last log line %q; want msg=stopped\n%s", last, strings.Join(b.logLines, "\n"))
+	}
+}
+
+// pricingCounts is the pricing service's GET /debug/requests.
+type pricingCounts struct {
+	Requests      int64
+	NotModified   int64 `json:"not_modified"`
+	BatchRequests int64 `json:"batch_requests"`
+	BatchIDs      int64 `json:"batch_ids"`
+}
+
+// getJSON GETs url with client and decodes its JSON body into v; it
+// returns the status code.
+func getJSON(client *http.Client, url string, v any) (int, error) {
+	resp, err := client.Get(url)
+	if err != nil {
+		return 0, err
+	}
+	defer resp.Body.Close()
+	if err := json.NewDecoder(resp.Body).Decode(v); err != nil {
+		return resp.StatusCode, fmt.Errorf("GET %s: status %d, decoding the body: %w", url, resp.StatusCode, err)
+	}
+	return resp.StatusCode, nil
+}
+
+// TestBinary builds the real server, starts it on free loopback ports,
+// sends 200 concurrent requests for one product, and checks that the
+// pricing service saw one request. Then SIGTERM must stop it cleanly.
+func TestBinary(t *testing.T) {
+	// A slow price (so the requests overlap) that never fails.
+	b := startBinary(t, "-latency", "300ms", "-fail", "0")
+	apiURL := b.apiURL
 
 	transport := &http.Transport{MaxIdleConnsPerHost: 200}
 	client := &http.Client{Transport: transport, Timeout: time.Minute}
@@ -121,19 +189,10 @@ func TestBinary(t *testing.T) {
 		t.Errorf("X-Cache of %d concurrent requests: %v; want 1 loaded, the rest shared or hit", n, sources)
 	}
 
-	type seen struct {
-		Requests    int64
-		NotModified int64 `json:"not_modified"`
-	}
-	pricing := func() seen {
+	pricing := func() pricingCounts {
 		t.Helper()
-		resp, err := client.Get(pricingURL + "/debug/requests")
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer resp.Body.Close()
-		var s seen
-		if err := json.NewDecoder(resp.Body).Decode(&s); err != nil {
+		var s pricingCounts
+		if _, err := getJSON(client, b.pricingURL+"/debug/requests", &s); err != nil {
 			t.Fatal(err)
 		}
 		return s
@@ -192,23 +251,81 @@ func TestBinary(t *testing.T) {
 	}
 	transport.CloseIdleConnections()
 
-	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
+	b.stop(t)
+}
+
+// TestBinaryGetMany runs the real server: 50 concurrent requests for
+// overlapping lists of ids (windows over 1..60), on a cold cache, make one
+// pricing call per distinct id in all, in batches, and every request gets
+// its products.
+func TestBinaryGetMany(t *testing.T) {
+	// Each pricing call takes 300ms, so the requests overlap: a request
+	// finds most of its ids loading for another and shares those loads.
+	// Nothing fails, expires or times out during the test, so no id is
+	// ever loaded twice; this holds however the requests interleave.
+	b := startBinary(t, "-latency", "300ms", "-fail", "0", "-ttl", "5m", "-load-timeout", "1m")
+	transport := &http.Transport{MaxIdleConnsPerHost: 64}
+	defer transport.CloseIdleConnections()
+	client := &http.Client{Transport: transport, Timeout: time.Minute}
+
+	lists := overlappingLists(50)
+	ask := func(what string) {
+		var wg sync.WaitGroup
+		start := make(chan struct{})
+		for _, l := range lists {
+			wg.Go(func() {
+				<-start
+				var a productsAnswer
+				code, err := getJSON(client, b.apiURL+"/products?ids="+strings.Join(l, ","), &a)
+				if err == nil {
+					err = checkAnswer(l, code, a)
+				}
+				if err != nil {
+					t.Errorf("%s: GET /products?ids=%s: %v", what, strings.Join(l, ","), err)
+				}
+			})
+		}
+		close(start)
+		wg.Wait()
+	}
+	ask("cold cache")
+
+	var p pricingCounts
+	if _, err := getJSON(client, b.pricingURL+"/debug/requests", &p); err != nil {
 		t.Fatal(err)
 	}
-	select {
-	case err := <-exited:
-		stopped = true
-		if err != nil {
-			t.Errorf("after SIGTERM: %v\n%s", err, stderr.String())
-		}
-	case <-time.After(time.Minute):
-		t.Fatal("server still running a minute after SIGTERM")
+	distinct := int64(len(distinctIDs(lists)))
+	t.Logf("%d requests, %d distinct ids: %d batch calls to the pricing service, %d ids asked, %d single price requests",
+		len(lists), distinct, p.BatchRequests, p.BatchIDs, p.Requests)
+	// Every id asked for was priced (each answer holds its products), the
+	// batches asked for as many ids as there are distinct ones, and no
+	// single price was requested: so each distinct id was asked for once.
+	if p.BatchIDs != distinct || p.Requests != 0 {
+		t.Errorf("pricing service asked for %d ids in batches and %d single prices; want %d ids (each distinct id once), no single price", p.BatchIDs, p.Requests, distinct)
 	}
-	logMu.Lock()
-	defer logMu.Unlock()
-	if last := logLines[len(logLines)-1]; !strings.Contains(last, "msg=stopped") {
-		t.Errorf("last log line %q; want msg=stopped\n%s", last, strings.Join(logLines, "\n"))
+	if p.BatchRequests < 1 || p.BatchRequests >= distinct {
+		t.Errorf("%d batch calls for %d distinct ids; want fewer calls than ids", p.BatchRequests, distinct)
 	}
+	var s struct{ Loads, BatchLoads, BatchKeys int64 }
+	if _, err := getJSON(client, b.apiURL+"/debug/flightcache", &s); err != nil {
+		t.Fatal(err)
+	}
+	if s.BatchLoads != p.BatchRequests || s.BatchKeys != distinct || s.Loads != s.BatchLoads {
+		t.Errorf("Loader Stats Loads %d, BatchLoads %d, BatchKeys %d; want %d, %d, %d", s.Loads, s.BatchLoads, s.BatchKeys, p.BatchRequests, p.BatchRequests, distinct)
+	}
+
+	// Again, on a warm cache: no pricing call at all.
+	ask("warm cache")
+	var again pricingCounts
+	if _, err := getJSON(client, b.pricingURL+"/debug/requests", &again); err != nil {
+		t.Fatal(err)
+	}
+	if again != p {
+		t.Errorf("pricing service counts after the same requests on a warm cache: %+v; want still %+v", again, p)
+	}
+
+	transport.CloseIdleConnections()
+	b.stop(t)
 }
 
 // logField returns the value of key in a log line of slog's text format.

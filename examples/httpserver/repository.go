@@ -8,6 +8,7 @@ import (
 	"io"
 	"net/http"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -63,6 +64,18 @@ type ProductRepository interface {
 	Get(ctx context.Context, id string) (Product, error)
 }
 
+// ManyGetter is a ProductRepository that can find several products in one
+// call. HTTPRepository and CachedRepository are.
+type ManyGetter interface {
+	// GetMany returns the products with ids, by id: an id that does not
+	// exist is absent from the map. If some ids could not be looked up,
+	// the error says which: a *flightcache.ManyError[string] names them
+	// (the map still holds the products found); any other error means
+	// that none of the ids without a product could be. It returns when
+	// ctx ends, with ctx's error.
+	GetMany(ctx context.Context, ids []string) (map[string]Product, error)
+}
+
 // HTTPRepository is the plain ProductRepository: every Get is a request to
 // the pricing service. Its zero value is not usable: set BaseURL.
 type HTTPRepository struct {
@@ -76,6 +89,65 @@ type HTTPRepository struct {
 // Get asks the pricing service for the product with id, under ctx.
 func (r *HTTPRepository) Get(ctx context.Context, id string) (Product, error) {
 	return r.fetch(ctx, id, Product{})
+}
+
+// GetMany asks the pricing service for the products with ids, under ctx,
+// in one batch request per maxPriceBatch ids (GET /prices?ids=1,2,3),
+// made one after the other. Each product gets the Cache-Control of the
+// answer that held it (one for the whole batch) and its own ETag. An id
+// the pricing service does not know is absent from the map. If any
+// request fails, GetMany returns no products and that error.
+func (r *HTTPRepository) GetMany(ctx context.Context, ids []string) (map[string]Product, error) {
+	// An empty id or one with a comma cannot be listed, and names no
+	// product: it is not asked for, so it is absent.
+	ids = slices.DeleteFunc(slices.Clone(ids), func(id string) bool { return id == "" || strings.Contains(id, ",") })
+	slices.Sort(ids)
+	ids = slices.Compact(ids)
+	out := make(map[string]Product, len(ids))
+	for chunk := range slices.Chunk(ids, maxPriceBatch) {
+		if err := r.fetchMany(ctx, chunk, out); err != nil {
+			return nil, err
+		}
+	}
+	return out, nil
+}
+
+// fetchMany makes one batch request for ids and adds its products to out.
+func (r *HTTPRepository) fetchMany(ctx context.Context, ids []string, out map[string]Product) error {
+	u := r.BaseURL + "/prices?" + url.Values{"ids": {strings.Join(ids, ",")}}.Encode()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
+	if err != nil {
+		return fmt.Errorf("products: %w", err)
+	}
+	resp, err := r.client().Do(req)
+	if err != nil {
+		return fmt.Errorf("products: %w", err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		io.Copy(io.Discard, io.LimitReader(resp.Body, 4<<10)) // let the connection be reused
+		return fmt.Errorf("products: pricing service answered %s to a batch of %d", resp.Status, len(ids))
+	}
+	var answer batchAnswer
+	if err := json.NewDecoder(resp.Body).Decode(&answer); err != nil {
+		return fmt.Errorf("products: decoding a batch of %d prices: %w", len(ids), err)
+	}
+	for _, item := range answer.Prices {
+		if _, asked := slices.BinarySearch(ids, item.ID); asked {
+			p := item.Product
+			p.Cache = cacheInfo(resp.Header, item.ETag)
+			out[p.ID] = p
+		}
+	}
+	return nil
+}
+
+// client is Client, or http.DefaultClient.
+func (r *HTTPRepository) client() *http.Client {
+	if r.Client == nil {
+		return http.DefaultClient
+	}
+	return r.Client
 }
 
 // Revalidate asks the pricing service whether old is still the product's
@@ -94,11 +166,7 @@ func (r *HTTPRepository) fetch(ctx context.Context, id string, old Product) (Pro
 	if old.Cache.ETag != "" {
 		req.Header.Set("If-None-Match", old.Cache.ETag)
 	}
-	client := r.Client
-	if client == nil {
-		client = http.DefaultClient
-	}
-	resp, err := client.Do(req)
+	resp, err := r.client().Do(req)
 	if err != nil {
 		return Product{}, fmt.Errorf("products: %w", err)
 	}
@@ -169,11 +237,13 @@ type CachedRepository struct {
 
 // NewCachedRepository returns a CachedRepository that loads from next with
 // opts. Unless opts says otherwise, each product is cached for as long as
-// its answer's Cache-Control says (Options.Freshness), and when next is a
+// its answer's Cache-Control says (Options.Freshness); when next is a
 // Revalidator a product held is revalidated rather than fetched again
-// (Options.Reload: If-None-Match, and a 304 renews it). If metrics is not
-// nil, the Loader reports to it: its OnLoad is chained before opts.OnLoad,
-// and it observes the Loader's Stats.
+// (Options.Reload: If-None-Match, and a 304 renews it); and when next is a
+// ManyGetter, the products a GetMany misses are loaded through next's
+// GetMany, in batches of at most Options.MaxBatch (Options.LoadMany). If
+// metrics is not nil, the Loader reports to it: its OnLoad is chained
+// before opts.OnLoad, and it observes the Loader's Stats.
 func NewCachedRepository(next ProductRepository, opts flightcache.Options[string, Product], metrics *otelflightcache.Metrics[string]) (*CachedRepository, error) {
 	load := func(ctx context.Context, id string) (Product, error) {
 		p, err := next.Get(ctx, id)
@@ -198,6 +268,11 @@ func NewCachedRepository(next ProductRepository, opts flightcache.Options[string
 			}
 			return p, err
 		}
+	}
+	if mg, ok := next.(ManyGetter); ok && opts.LoadMany == nil {
+		// A product missing from the map does not exist: the Loader treats
+		// it as a load that returned flightcache.ErrNotFound.
+		opts.LoadMany = mg.GetMany
 	}
 	if metrics != nil {
 		userOnLoad := opts.OnLoad
@@ -236,6 +311,17 @@ func (c *CachedRepository) GetInfo(ctx context.Context, id string) (Product, fli
 		c.metrics.RecordWait(ctx, info)
 	}
 	return p, info, err
+}
+
+// GetMany returns the products with ids, by id, as ManyGetter says: each
+// from the cache or from a load shared with every concurrent caller of
+// its id, and the ids that no load is in flight for loaded together, in
+// batches (when the repository behind is a ManyGetter). An id that does
+// not exist is absent (and its absence cached for Options.NotFoundTTL);
+// ids that failed come back in a *flightcache.ManyError[string], the map
+// still holding the products found. Duplicate ids are allowed.
+func (c *CachedRepository) GetMany(ctx context.Context, ids []string) (map[string]Product, error) {
+	return c.loader.GetMany(ctx, ids)
 }
 
 // Refresh reloads the product with id in the background (revalidating the
