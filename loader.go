@@ -470,6 +470,7 @@ func (l *Loader[K, V]) Invalidate(key K) {
 // call at any time, also after Close.
 func (l *Loader[K, V]) Stats() Stats {
 	s := l.stats.snapshot()
+	s.PendingWrites = l.writer.backlog.Load()
 	l.guard(func() { s.Breaker = l.breaker.State() }, nil)
 	return s
 }

@@ -137,6 +137,7 @@ type Stats struct {
 	BreakerRejected   uint64 // downstream calls the breaker refused
 	Panics            uint64 // panics recovered in user code: LoadFunc, Cost, OnLoad, Hash, a Remote, a breaker...
 	InFlight          int64  // loads running now
+	PendingWrites     int64  // fills, Sets and Invalidates not yet applied by the cache (Gets find them meanwhile)
 	Waiting           int64  // Gets waiting on a load now: the blast radius if it fails
 
 	SetsDropped  uint64 // writes ristretto's set buffer refused for want of room; each is handed over again, never lost

@@ -71,7 +71,8 @@ type write[K comparable, V any] struct {
 // writer is the state of the Loader's writer goroutine.
 type writer[K comparable, V any] struct {
 	mu       sync.Mutex
-	queue    []*write[K, V] // guarded by mu
+	queue    []*write[K, V] // guarded by mu; the writes from head on wait for the writer
+	head     int            // guarded by mu
 	progress chan struct{}  // guarded by mu; closed (and replaced) after every batch
 	wake     chan struct{}  // buffered(1): the queue is not empty
 	backlog  atomic.Int64   // writes handed over and not yet closed
@@ -126,14 +127,24 @@ func (l *Loader[K, V]) runWriter() {
 			(*hook)()
 		}
 		wr.mu.Lock()
-		n := min(len(wr.queue), maxWriterBatch)
-		batch = append(batch[:0], wr.queue[:n]...)
-		rest := copy(wr.queue, wr.queue[n:])
-		clear(wr.queue[rest:])
-		wr.queue = wr.queue[:rest]
-		if cap(wr.queue) > 4*maxWriterBatch && rest < cap(wr.queue)/16 {
-			// A burst is over: do not keep its queue's memory.
-			wr.queue = append([]*write[K, V](nil), wr.queue...)
+		n := min(len(wr.queue)-wr.head, maxWriterBatch)
+		batch = append(batch[:0], wr.queue[wr.head:wr.head+n]...)
+		clear(wr.queue[wr.head : wr.head+n])
+		wr.head += n
+		switch {
+		case wr.head == len(wr.queue):
+			wr.queue, wr.head = wr.queue[:0], 0
+			if cap(wr.queue) > 4*maxWriterBatch {
+				wr.queue = nil // a burst is over: do not keep its queue's memory
+			}
+		case wr.head*2 >= len(wr.queue):
+			// Half of the queue is behind head: move the rest to the front
+			// (each write is moved at most once per write taken, on
+			// average), so that a queue fed as fast as it drains does not
+			// grow.
+			rest := copy(wr.queue, wr.queue[wr.head:])
+			clear(wr.queue[rest:])
+			wr.queue, wr.head = wr.queue[:rest], 0
 		}
 		wr.mu.Unlock()
 		for _, w := range batch {
@@ -149,7 +160,7 @@ func (l *Loader[K, V]) runWriter() {
 		wr.backlog.Add(int64(len(again) - len(batch)))
 		wr.mu.Lock()
 		wr.queue = append(wr.queue, again...)
-		more := len(wr.queue) > 0
+		more := len(wr.queue) > wr.head
 		close(wr.progress)
 		wr.progress = make(chan struct{})
 		wr.mu.Unlock()

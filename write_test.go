@@ -152,8 +152,14 @@ func TestWriterLosesNoSet(t *testing.T) {
 	for k := range n {
 		l.Set(k, k)
 	}
+	if p := l.Stats().PendingWrites; p != n {
+		t.Fatalf("Stats.PendingWrites = %d with the writer held; want %d", p, n)
+	}
 	release()
 	waitWriterIdle(t, l)
+	if p := l.Stats().PendingWrites; p != 0 {
+		t.Fatalf("Stats.PendingWrites = %d once the writer caught up; want 0", p)
+	}
 	for k := range n {
 		if v, info, err := l.GetInfo(context.Background(), k); v != k || info.Source != SourceHit || err != nil {
 			t.Fatalf("Get(%d) = %d, %v, %v; want %d, a hit", k, v, info.Source, err, k)
