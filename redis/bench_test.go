@@ -70,6 +70,71 @@ func BenchmarkColdGet(b *testing.B) {
 	}
 }
 
+// BenchmarkColdGetMany is one GetMany of 100 keys nobody has, with an
+// instant LoadMany: "local" is the Loader alone; "batch" goes through the
+// tier as one batch (read, acquire, write: 3 round trips); "per-key" is the
+// Loader without LoadMany, whose GetMany loads each key through Tier.Load
+// at once (3 round trips per key); "shared" reads 100 keys another process
+// loaded (1 round trip).
+func BenchmarkColdGetMany(b *testing.B) {
+	addr := redisAddr(b)
+	prefix := testPrefix(b, newClient(b, addr))
+	const n = 100
+	for _, mode := range []string{"local", "batch", "per-key", "shared"} {
+		b.Run(mode, func(b *testing.B) {
+			l := benchManyProc(b, addr, prefix, mode != "local", mode != "per-key")
+			other := benchManyProc(b, addr, prefix, true, true)
+			run := token(4)
+			i := 0
+			keys := make([]string, n)
+			for b.Loop() {
+				i++
+				for j := range keys {
+					keys[j] = fmt.Sprint(mode, run, i, "-", j)
+				}
+				if mode == "shared" {
+					b.StopTimer()
+					if _, err := other.GetMany(ctx, keys); err != nil {
+						b.Fatal(err)
+					}
+					b.StartTimer()
+				}
+				if m, err := l.GetMany(ctx, keys); err != nil || len(m) != n {
+					b.Fatal(len(m), err)
+				}
+			}
+		})
+	}
+}
+
+func benchManyProc(b *testing.B, addr, prefix string, tier, many bool) *flightcache.Loader[string, string] {
+	b.Helper()
+	lo := flightcache.Options[string, string]{TTL: time.Minute, MaxCost: 1 << 20}
+	if many {
+		lo.LoadMany = func(_ context.Context, keys []string) (map[string]string, error) {
+			m := make(map[string]string, len(keys))
+			for _, k := range keys {
+				m[k] = k
+			}
+			return m, nil
+		}
+	}
+	if tier {
+		t, err := New(newClient(b, addr), lo, Options[string, string]{Prefix: prefix})
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(func() { _ = t.Close() })
+		lo.Remote = t
+	}
+	l, err := flightcache.New(func(_ context.Context, k string) (string, error) { return k, nil }, lo)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { _ = l.Close() })
+	return l
+}
+
 // BenchmarkBreaker is one Allow and its done on a shared Breaker: closed
 // with successes (two reads), and failures (under the shared mutex).
 func BenchmarkBreaker(b *testing.B) {

@@ -56,25 +56,41 @@ func (ev *events) stop() {
 // watch registers a waiter for base; the channel receives (without
 // blocking the dispatcher) when a message for base arrives.
 func (ev *events) watch(base string) chan struct{} {
+	return ev.watchAll([]string{base})
+}
+
+// watchAll registers one waiter for every one of bases (a batch's keys):
+// the channel receives when a message for any of them arrives. unwatch
+// drops one base at a time.
+func (ev *events) watchAll(bases []string) chan struct{} {
 	w := make(chan struct{}, 1)
 	ev.mu.Lock()
 	defer ev.mu.Unlock()
-	m := ev.subs[base]
-	if m == nil {
-		m = make(map[chan struct{}]struct{})
-		ev.subs[base] = m
+	for _, base := range bases {
+		m := ev.subs[base]
+		if m == nil {
+			m = make(map[chan struct{}]struct{})
+			ev.subs[base] = m
+		}
+		m[w] = struct{}{}
 	}
-	m[w] = struct{}{}
 	return w
 }
 
 func (ev *events) unwatch(base string, w chan struct{}) {
+	ev.unwatchAll([]string{base}, w)
+}
+
+// unwatchAll drops w's registration for each of bases (none is an error).
+func (ev *events) unwatchAll(bases []string, w chan struct{}) {
 	ev.mu.Lock()
 	defer ev.mu.Unlock()
-	if m := ev.subs[base]; m != nil {
-		delete(m, w)
-		if len(m) == 0 {
-			delete(ev.subs, base)
+	for _, base := range bases {
+		if m := ev.subs[base]; m != nil {
+			delete(m, w)
+			if len(m) == 0 {
+				delete(ev.subs, base)
+			}
 		}
 	}
 }

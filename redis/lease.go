@@ -295,32 +295,15 @@ func (t *Tier[K, V]) beat(ks keys, tok string) (stop func()) {
 // lease tok is still held, or unconditionally when tok is "" (Set). A value
 // the Loader would not cache is not stored.
 func (t *Tier[K, V]) write(ctx context.Context, ks keys, key K, tok string, rv flightcache.RemoteValue[V]) {
-	w, keep := t.loader.WindowsOf(key, rv.Value)
-	if !keep {
+	id, args, ok := t.encode(ks, key, rv)
+	if !ok {
 		if tok != "" {
 			t.release(ctx, ks, tok, "", false)
 		}
 		return
 	}
-	data, err := t.codec.Marshal(rv.Value)
-	if err != nil {
-		t.stats.encodeErrors.Add(1)
-		if tok != "" {
-			t.release(ctx, ks, tok, "", false)
-		}
-		return
-	}
-	id := token(8)
-	at := micros(rv.LoadedAt)
-	w.Fresh = max(w.Fresh, time.Millisecond)
-	fresh := at + w.Fresh.Microseconds()
-	stale := fresh + w.StaleWhileRevalidate.Microseconds()
-	until := stale + w.StaleIfError.Microseconds()
-	life := w.Fresh + w.StaleWhileRevalidate + w.StaleIfError // Redis frees the entry when no process can use it
 	c, cancel := t.op(ctx)
-	n, err := writeScript.Run(c, t.rdb, []string{ks.entry, ks.lease, ks.alive},
-		tok, id, data, at, rv.Took.Microseconds(), fresh, stale, max(life.Milliseconds(), 1),
-		t.channel, ks.base, until).Int()
+	n, err := writeScript.Run(c, t.rdb, writeKeys(ks), append([]any{tok}, args...)...).Int()
 	cancel()
 	switch {
 	case err != nil:
@@ -332,18 +315,42 @@ func (t *Tier[K, V]) write(ctx context.Context, ks keys, key K, tok string, rv f
 	}
 }
 
+// encode prepares the write of rv as the entry of key (named ks): the
+// entry's new version id and writeScript's arguments after the token. ok is
+// false for a value not to share: one the Loader would not cache, or one the
+// Codec cannot encode (counted in EncodeErrors). It calls user code
+// (Options.Freshness, the Codec) on the caller's goroutine.
+func (t *Tier[K, V]) encode(ks keys, key K, rv flightcache.RemoteValue[V]) (id string, args []any, ok bool) {
+	w, keep := t.loader.WindowsOf(key, rv.Value)
+	if !keep {
+		return "", nil, false
+	}
+	data, err := t.codec.Marshal(rv.Value)
+	if err != nil {
+		t.stats.encodeErrors.Add(1)
+		return "", nil, false
+	}
+	id = token(8)
+	at := micros(rv.LoadedAt)
+	w.Fresh = max(w.Fresh, time.Millisecond)
+	fresh := at + w.Fresh.Microseconds()
+	stale := fresh + w.StaleWhileRevalidate.Microseconds()
+	until := stale + w.StaleIfError.Microseconds()
+	life := w.Fresh + w.StaleWhileRevalidate + w.StaleIfError // Redis frees the entry when no process can use it
+	return id, []any{id, data, at, rv.Took.Microseconds(), fresh, stale, max(life.Milliseconds(), 1),
+		t.channel, ks.base, until}, true
+}
+
+// writeKeys are writeScript's KEYS for ks.
+func writeKeys(ks keys) []string { return []string{ks.entry, ks.lease, ks.alive} }
+
 // release drops the lease tok and publishes, so waiters look again. A
 // non-empty fail is left for the waiters of this lease to share. With want,
 // it returns the key's entry as it is after the release (ok false if there
 // is none, or Redis failed): what may cover the failed load.
 func (t *Tier[K, V]) release(ctx context.Context, ks keys, tok, fail string, want bool) entry {
-	flag := ""
-	if want {
-		flag = "1"
-	}
 	c, cancel := t.op(ctx)
-	res, err := releaseScript.Run(c, t.rdb, []string{ks.lease, ks.alive, ks.fail, ks.entry},
-		tok, fail, t.failMS, t.channel, ks.base, flag).Slice()
+	res, err := releaseScript.Run(c, t.rdb, releaseKeys(ks), t.releaseArgs(ks, tok, fail, want)...).Slice()
 	cancel()
 	if err != nil {
 		t.failed()
@@ -351,6 +358,18 @@ func (t *Tier[K, V]) release(ctx context.Context, ks keys, tok, fail string, wan
 	}
 	e, _ := parseEntry(res) // an entry that does not parse covers nothing
 	return e
+}
+
+// releaseKeys and releaseArgs are releaseScript's KEYS and ARGV (see
+// release).
+func releaseKeys(ks keys) []string { return []string{ks.lease, ks.alive, ks.fail, ks.entry} }
+
+func (t *Tier[K, V]) releaseArgs(ks keys, tok, fail string, want bool) []any {
+	flag := ""
+	if want {
+		flag = "1"
+	}
+	return []any{tok, fail, t.failMS, t.channel, ks.base, flag}
 }
 
 // failure is what a failed load leaves for the processes that waited on it:

@@ -21,6 +21,17 @@
 // [Options.RetryAfter] while the Loader loads locally. [Tier.Stats] counts
 // what happened.
 //
+// # Batches
+//
+// A Tier is also a [flightcache.RemoteMany]: with
+// [flightcache.Options.LoadMany] set, the misses of a
+// [flightcache.Loader.GetMany] go through [Tier.LoadMany] together. Every
+// key follows the same protocol as with [Tier.Load], but each step is one
+// pipelined round trip for the whole batch, and the keys the batch leases
+// are loaded by one LoadMany call: a batch of keys nobody has costs three
+// round trips (read, acquire, write) whatever its size, a batch Redis
+// already has one.
+//
 // # Breaker
 //
 // [Breaker] is a [flightcache.CircuitBreaker] whose state the fleet shares,
@@ -143,7 +154,10 @@ type Tier[K comparable, V any] struct {
 	once   sync.Once
 }
 
-var _ flightcache.Remote[string, int] = (*Tier[string, int])(nil)
+var (
+	_ flightcache.Remote[string, int]     = (*Tier[string, int])(nil)
+	_ flightcache.RemoteMany[string, int] = (*Tier[string, int])(nil)
+)
 
 // New returns a Tier on client for a Loader configured with loader (the
 // same Options value that is then given to [flightcache.New], with Remote
