@@ -23,6 +23,12 @@ import (
 func benchProc(b *testing.B, addr, prefix string, tier bool) *flightcache.Loader[string, string] {
 	b.Helper()
 	lo := flightcache.Options[string, string]{TTL: time.Minute, MaxCost: 1 << 20}
+	return benchLoader(b, addr, prefix, tier, lo)
+}
+
+// benchLoader builds one process's Loader with lo, on the tier if tier.
+func benchLoader(b *testing.B, addr, prefix string, tier bool, lo flightcache.Options[string, string]) *flightcache.Loader[string, string] {
+	b.Helper()
 	if tier {
 		t, err := New(newClient(b, addr), lo, Options[string, string]{Prefix: prefix})
 		if err != nil {
@@ -119,20 +125,7 @@ func benchManyProc(b *testing.B, addr, prefix string, tier, many bool) *flightca
 			return m, nil
 		}
 	}
-	if tier {
-		t, err := New(newClient(b, addr), lo, Options[string, string]{Prefix: prefix})
-		if err != nil {
-			b.Fatal(err)
-		}
-		b.Cleanup(func() { _ = t.Close() })
-		lo.Remote = t
-	}
-	l, err := flightcache.New(func(_ context.Context, k string) (string, error) { return k, nil }, lo)
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() { _ = l.Close() })
-	return l
+	return benchLoader(b, addr, prefix, tier, lo)
 }
 
 // BenchmarkBreaker is one Allow and its done on a shared Breaker: closed
