@@ -311,6 +311,15 @@ func (l *Loader[K, V]) GetMany(ctx context.Context, keys []K) (map[K]V, error) {
 			batches = append(batches, fg)
 		}
 		it.j = l.flights.join(ctx, s, it.key, it.h, now, revalidate, fg)
+		if e := it.j.stale; e != nil {
+			// Stale in a write not yet in the cache: as a stale hit, its
+			// refresh in the background batch.
+			l.stats.lateStale.Add(1)
+			s.passed.Add(1)
+			out[it.key] = e.val
+			refresh(it.key, it.h, e)
+			continue
+		}
 		if it.j.c != nil {
 			// The GetMany waits on all of its keys' loads from now on,
 			// though it reads their results in turn.

@@ -131,6 +131,7 @@ type joined[K comparable, V any] struct {
 	c       *call[K, V]  // the load to wait for
 	started bool         // this Get started c
 	hit     *entry[K, V] // a fresh value a write left, not yet in the cache
+	stale   *entry[K, V] // a stale value a write left that the caller accepts (StaleWhileRevalidate)
 	err     error        // ErrClosed or ErrRecursiveLoad
 	counted bool         // the wait on c is counted in Stats.Waiting already (GetMany)
 }
@@ -158,13 +159,22 @@ func (f *flights[K, V]) lookup(key K, h uint64) (sh *shard[K, V], cur *entry[K, 
 func (f *flights[K, V]) join(ctx context.Context, s *stripe, key K, h uint64, now time.Duration, revalidate bool, into *batch[K, V]) joined[K, V] {
 	l := f.l
 	marker := markerOf(ctx) // user code (ctx.Value): outside the lock
+	maxStale, bounded := MaxStale(ctx)
 	sh, cur, c := f.lookup(key, h)
-	if cur != nil && !revalidate && l.phase(cur, now) == phaseFresh {
+	if cur != nil && !revalidate {
 		// A load (or Set) finished as this Get looked: its value is in
 		// the key's pending write, or its write closed between this Get's
-		// look at the cache and now.
-		sh.mu.Unlock()
-		return joined[K, V]{hit: cur}
+		// look at the cache and now. It answers as the cache would have.
+		switch l.phase(cur, now) {
+		case phaseFresh:
+			sh.mu.Unlock()
+			return joined[K, V]{hit: cur}
+		case phaseStale:
+			if !bounded || (maxStale > 0 && now-cur.freshUntil <= maxStale) {
+				sh.mu.Unlock()
+				return joined[K, V]{stale: cur}
+			}
+		}
 	}
 	if c != nil {
 		if marker.waitsOn(c) || (c.batch != nil && marker.waitsOn(c.batch)) {

@@ -283,6 +283,14 @@ func (l *Loader[K, V]) await(ctx context.Context, s *stripe, key K, h uint64, st
 		}
 		return j.hit.val, Info{Source: SourceHit, Age: l.now() - j.hit.loadedAt}, j.hit.error()
 	}
+	if j.stale != nil { // the same, with a value stale within StaleWhileRevalidate
+		if !again {
+			l.stats.lateStale.Add(1)
+		}
+		now := l.now()
+		l.refresh(ctx, s, key, h, j.stale, now)
+		return j.stale.val, Info{Source: SourceStale, Age: now - j.stale.loadedAt}, nil
+	}
 	if !again {
 		l.stats.misses.Add(1)
 	}

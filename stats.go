@@ -188,7 +188,7 @@ type counters struct {
 	revalidations                                 atomic.Uint64
 	setsDropped, setsRejected, evicted            atomic.Uint64
 	inFlight, refreshing, waiting                 atomic.Int64
-	misses, lateHits                              atomic.Uint64 // of the Gets that passed the lookup: waited (or tried to), or found a fresh result at once
+	misses, lateHits, lateStale                   atomic.Uint64 // of the Gets that passed the lookup: waited (or tried to), or found a fresh (or stale) result at once
 	closedEarly                                   atomic.Uint64 // Gets refused after Close before touching a stripe
 }
 
@@ -246,6 +246,7 @@ func (c *counters) snapshot() Stats {
 	s.Gets += early
 	s.Closed += early
 	s.Hits += c.lateHits.Load()
+	s.StaleHits += c.lateStale.Load()
 	s.Misses = c.misses.Load()
 	s.StaleOnError = c.staleOnError.Load()
 	s.Shared = c.shared.Load()

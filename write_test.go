@@ -4,6 +4,7 @@ import (
 	"context"
 	"sync"
 	"testing"
+	"testing/synctest"
 	"time"
 )
 
@@ -220,4 +221,35 @@ func TestShardMapsShrink(t *testing.T) {
 	if _, pw, _, nw := peaks(); pw > shrinkFrom || nw != 0 {
 		t.Fatalf("after the writes settled: writes map %d keys, peak %d; want it rebuilt", nw, pw)
 	}
+}
+
+// docs/design.md rules 2 and 5 for a write still on its way: a Get that
+// finds a key's value only in its pending write answers as the cache would
+// have, a fresh value as a hit and a value within StaleWhileRevalidate at
+// once as stale, with a background refresh (not by waiting for a load).
+func TestPendingWriteAnswersAsTheCache(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		release := holdWriter(t)
+		d := &downstream{}
+		l := newLoader(t, d, Options[string, string]{TTL: time.Second, StaleWhileRevalidate: time.Minute})
+		ctx := context.Background()
+		v, _ := l.Get(ctx, "k")
+		if _, info, _ := l.GetInfo(ctx, "k"); info.Source != SourceHit {
+			t.Fatalf("Get of a fresh value in a pending write: %v; want a hit", info.Source)
+		}
+		time.Sleep(2 * time.Second)
+		sv, info, err := l.GetInfo(ctx, "k")
+		if sv != v || info.Source != SourceStale || err != nil || info.Age != 2*time.Second {
+			t.Fatalf("Get of a stale value in a pending write = %q, %v, age %v, %v; want %q, stale, 2s", sv, info.Source, info.Age, err, v)
+		}
+		synctest.Wait()
+		if s := l.Stats(); s.Refreshes != 1 || s.StaleHits != 1 || s.Hits != 1 || s.Misses != 1 || d.calls.Load() != 2 {
+			t.Fatalf("Stats = %+v, %d loads; want 1 miss, 1 hit, 1 stale hit and its refresh", s, d.calls.Load())
+		}
+		many, err := l.GetMany(ctx, []string{"k"})
+		if err != nil || many["k"] != "k#2" {
+			t.Fatalf("GetMany after the refresh = %v, %v; want the refreshed value", many, err)
+		}
+		release()
+	})
 }
