@@ -138,7 +138,7 @@ type Stats struct {
 	Panics            uint64 // panics recovered in user code: LoadFunc, Cost, OnLoad, Hash, a Remote, a breaker...
 	InFlight          int64  // loads running now
 	PendingWrites     int64  // fills, Sets and Invalidates not yet applied by the cache (Gets find them meanwhile)
-	Waiting           int64  // Gets waiting on a load now: the blast radius if it fails
+	Waiting           int64  // Gets waiting on a load now, a GetMany once per key it waits for: the blast radius if they fail
 
 	SetsDropped  uint64 // writes ristretto's set buffer refused for want of room; each is handed over again, never lost
 	SetsRejected uint64 // fills ristretto's admission policy refused
