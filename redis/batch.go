@@ -30,9 +30,11 @@ import (
 //	         with every key whose round trip failed (served locally, as
 //	         Load serves a key after a Redis failure); one goroutine beats
 //	         all the leases while it runs.
-//	store    one round trip: write each value; release with a failure
-//	         marker each key not found (so that its waiters elsewhere
-//	         share the not-found) or failed; plain release otherwise.
+//	store    one round trip: write each value; store a not-found marker
+//	         for each key not found when the Loader caches not-founds,
+//	         else release it with a failure marker (so that its waiters
+//	         elsewhere share the not-found); release with a failure
+//	         marker each key failed; plain release otherwise.
 //	wait     the keys held elsewhere wait together: a publish for any of
 //	         them, the earliest of their poll timers, or the end of the
 //	         context; then acquire for all of them, with the tokens they
@@ -80,10 +82,12 @@ type batchRun[K comparable, V any] struct {
 // load and writes (a batch never waits while it holds leases): each look
 // at them is one round trip.
 //
-// A key load does not return is not found: its lease is released with a
-// not-found that the processes waiting on it share (ErrPeerFailed matching
-// [flightcache.ErrNotFound]), as when Load's load returns ErrNotFound; a
-// later miss anywhere loads it again. When load fails, every key it was
+// A key load does not return is not found, as when Load's load returns
+// ErrNotFound: with the Loader's NotFoundTTL > 0 its entry becomes a
+// not-found marker for NotFoundTTL, which every process reads as
+// [ErrSharedNotFound]; otherwise its lease is released with a not-found
+// that the processes waiting on it share (ErrPeerFailed matching
+// [flightcache.ErrNotFound]), and a later miss anywhere loads it again. When load fails, every key it was
 // called for gets its error, with the key's older shared entry when it may
 // cover it (as Load). When Redis fails or is slow, the keys concerned are
 // loaded locally in the same call of load and counted in [Stats]
@@ -183,6 +187,11 @@ func (b *batchRun[K, V]) offer(s *slot[K]) bool {
 	if s.perr != nil {
 		t.stats.decodeErrors.Add(1)
 		return false
+	}
+	if t.sharedNotFound(s.e) {
+		t.stats.notFoundHits.Add(1)
+		b.answer(s, flightcache.RemoteResult[V]{Err: ErrSharedNotFound})
+		return true
 	}
 	if !s.e.ok || !t.usable(b.ctx, s.ks, s.e) {
 		return false
@@ -407,12 +416,31 @@ func (b *batchRun[K, V]) loadAndStore(leased, local []*slot[K]) {
 				return true
 			}
 		default:
-			// Not found: shared with the processes waiting on this lease,
-			// as Load shares its load's ErrNotFound.
-			release(failure(b.ctx, s.tok, flightcache.ErrNotFound), false)
+			// Not found: stored as a not-found marker for the fleet when
+			// the Loader caches not-founds, else shared with the processes
+			// waiting on this lease; as Load does with its load's
+			// ErrNotFound.
+			marker := t.sharesNotFound(flightcache.ErrNotFound)
+			if marker {
+				calls[i] = t.notFoundCall(s.ks, s.tok)
+			} else {
+				release(failure(b.ctx, s.tok, flightcache.ErrNotFound), false)
+			}
 			then[i] = func(cmd *redis.Cmd) bool {
 				b.answer(s, flightcache.RemoteResult[V]{Err: flightcache.ErrNotFound})
-				return cmd.Err() == nil
+				if !marker {
+					return cmd.Err() == nil
+				}
+				n, werr := cmd.Int()
+				switch {
+				case werr != nil:
+					return false
+				case n == 0:
+					t.stats.writesLost.Add(1)
+				default:
+					t.served.drop(s.ks.base)
+				}
+				return true
 			}
 		}
 	}

@@ -69,32 +69,45 @@ type entry struct {
 	fresh int64  // fresh until
 	stale int64  // served stale until (the end of StaleWhileRevalidate)
 	until int64  // may cover a failed load until (the end of StaleIfError); -1: not stored (an older writer)
+	nf    bool   // a shared not-found marker: no value; fresh is when it ends (see notFoundScript)
 }
 
-// entryFields are the hash fields read back, in this order. "until" came
-// last and may be missing from an entry an older version wrote.
-var entryFields = []string{"id", "v", "at", "took", "fresh", "stale", "until"}
+// entryFields are the hash fields read back, in this order. "until" and
+// "nf" came last and may be missing from an entry an older version wrote.
+// A not-found marker has only "id", "nf" ("1"), "at" and "fresh": with no
+// "v", an older version's parseEntry reports it as an entry that does not
+// parse, which that version replaces under the lease, never serves.
+var entryFields = []string{"id", "v", "at", "took", "fresh", "stale", "until", "nf"}
+
+// untilField and nfField are the indexes of "until" and "nf" in entryFields.
+const (
+	untilField = 6
+	nfField    = 7
+)
 
 // parseEntry reads the reply of HMGET entryFields (or the same list returned
 // by a script). A missing hash gives ok == false; a hash with a field that
 // does not parse is reported as an error, and treated by callers as
 // missing.
 func parseEntry(vals []any) (entry, error) {
-	if len(vals) < len(entryFields)-1 || vals[0] == nil {
+	if len(vals) < untilField || vals[0] == nil {
 		return entry{}, nil
 	}
+	// On error the entry keeps its id, so the caller can replace this
+	// version under the lease instead of reading it again and again.
+	id, _ := vals[0].(string)
+	if len(vals) > nfField && vals[nfField] == "1" {
+		return parseNotFound(id, vals)
+	}
 	until := int64(-1)
-	if len(vals) == len(entryFields) && vals[len(vals)-1] != nil {
-		u, ok := vals[len(vals)-1].(string)
+	if len(vals) > untilField && vals[untilField] != nil {
+		u, ok := vals[untilField].(string)
 		n, err := strconv.ParseInt(u, 10, 64)
 		if ok && err == nil {
 			until = n
 		}
 	}
-	vals = vals[:len(entryFields)-1]
-	// On error the entry keeps its id, so the caller can replace this
-	// version under the lease instead of reading it again and again.
-	id, _ := vals[0].(string)
+	vals = vals[:untilField]
 	s := make([]string, len(vals))
 	for i := range vals {
 		v, ok := vals[i].(string)
@@ -108,6 +121,21 @@ func parseEntry(vals []any) (entry, error) {
 		n, err := strconv.ParseInt(s[i+2], 10, 64)
 		if err != nil {
 			return entry{id: id}, fmt.Errorf("flightredis: entry field %s: %w", entryFields[i+2], err)
+		}
+		*p = n
+	}
+	return e, nil
+}
+
+// parseNotFound reads a not-found marker (see parseEntry): its "at" and
+// "fresh" (the end of NotFoundTTL on the writer's clock).
+func parseNotFound(id string, vals []any) (entry, error) {
+	e := entry{ok: true, id: id, nf: true, until: -1}
+	for i, p := range map[int]*int64{2: &e.at, 4: &e.fresh} {
+		s, _ := vals[i].(string)
+		n, err := strconv.ParseInt(s, 10, 64)
+		if err != nil {
+			return entry{id: id}, fmt.Errorf("flightredis: not-found marker field %s: %w", entryFields[i], err)
 		}
 		*p = n
 	}

@@ -24,6 +24,9 @@ import (
 //	write    still mine → replace the entry, drop the lease, publish.
 //	release  still mine → drop the lease, note a shareable failure, publish;
 //	         after a failed load → also return the entry, to cover it.
+//	notfound still mine → replace the entry with a not-found marker that
+//	         expires after NotFoundTTL, drop the lease, publish (a load's
+//	         ErrNotFound, when the Loader's NotFoundTTL > 0).
 //
 // A lease is "SET NX PX LeaseTTL" with a random token; "alive" is a second
 // key with the same token and a PX of HolderTimeout, set with the lease and
@@ -33,7 +36,7 @@ import (
 var acquireScript = redis.NewScript(`
 local id = redis.call('HGET', KEYS[1], 'id') or ''
 if id ~= ARGV[1] then
-  return {'entry', redis.call('HMGET', KEYS[1], 'id', 'v', 'at', 'took', 'fresh', 'stale', 'until')}
+  return {'entry', redis.call('HMGET', KEYS[1], 'id', 'v', 'at', 'took', 'fresh', 'stale', 'until', 'nf')}
 end
 if ARGV[5] ~= '' then
   local f = redis.call('GET', KEYS[4])
@@ -82,9 +85,21 @@ if redis.call('GET', KEYS[1]) == ARGV[1] then
   redis.call('PUBLISH', ARGV[4], ARGV[5])
 end
 if ARGV[6] ~= '' then
-  return redis.call('HMGET', KEYS[4], 'id', 'v', 'at', 'took', 'fresh', 'stale', 'until')
+  return redis.call('HMGET', KEYS[4], 'id', 'v', 'at', 'took', 'fresh', 'stale', 'until', 'nf')
 end
 return {}
+`)
+
+// notFoundScript stores a not-found marker as the entry (see entryFields),
+// if the lease ARGV[1] is still held: it replaces the entry, drops the
+// lease, expires the marker after NotFoundTTL (ARGV[5], ms) and publishes.
+var notFoundScript = redis.NewScript(`
+if redis.call('GET', KEYS[2]) ~= ARGV[1] then return 0 end
+redis.call('DEL', KEYS[1], KEYS[2], KEYS[3])
+redis.call('HSET', KEYS[1], 'id', ARGV[2], 'nf', '1', 'at', ARGV[3], 'fresh', ARGV[4])
+redis.call('PEXPIRE', KEYS[1], ARGV[5])
+redis.call('PUBLISH', ARGV[6], ARGV[7])
+return 1
 `)
 
 var invalidateScript = redis.NewScript(`
@@ -92,6 +107,14 @@ redis.call('DEL', KEYS[1], KEYS[2], KEYS[3])
 redis.call('PUBLISH', ARGV[1], ARGV[2])
 return 1
 `)
+
+// ErrSharedNotFound is the error of a Load (or of a key of LoadMany) that
+// found a shared not-found marker for its key: another process's load
+// (or an earlier one here) reported the key not found less than the
+// Loader's NotFoundTTL ago. It matches [flightcache.ErrNotFound] with
+// [errors.Is], so the Loader caches it as a not-found for its own
+// NotFoundTTL. [Tier.Set] replaces the marker; [Tier.Invalidate] deletes it.
+var ErrSharedNotFound = fmt.Errorf("flightredis: not found (shared by the fleet): %w", flightcache.ErrNotFound)
 
 // ErrPeerFailed matches (with [errors.Is]) the error of a Load that waited
 // for another process's load of the same key when that load failed: the
@@ -112,6 +135,11 @@ var ErrPeerFailed = errors.New("flightredis: the load failed in another process"
 // still inside the Loader's StaleIfError window, Load returns that entry
 // with the error, for the Loader to serve as stale-on-error (a not-found is
 // never covered).
+//
+// With the Loader's NotFoundTTL > 0, a not-found is shared: when the load
+// it ran returns [flightcache.ErrNotFound], Load stores a not-found marker
+// as key's entry for NotFoundTTL, and a Load that finds a live marker
+// returns [ErrSharedNotFound] without calling load.
 func (t *Tier[K, V]) Load(ctx context.Context, key K, load func(context.Context) (V, error)) (flightcache.RemoteValue[V], error) {
 	if t.closed.Load() || t.down() {
 		return t.local(ctx, load)
@@ -129,6 +157,10 @@ func (t *Tier[K, V]) Load(ctx context.Context, key K, load func(context.Context)
 	e, perr := parseEntry(vals)
 	waited := "" // token of the lease this Load waited on
 	for attempt := 0; ; attempt++ {
+		if perr == nil && t.sharedNotFound(e) {
+			t.stats.notFoundHits.Add(1)
+			return flightcache.RemoteValue[V]{}, ErrSharedNotFound
+		}
 		if perr == nil && e.ok && t.usable(ctx, ks, e) {
 			if v, err := t.codec.Unmarshal(e.val); err == nil {
 				return t.hand(ks, e, v, waited != ""), nil
@@ -256,12 +288,57 @@ func (t *Tier[K, V]) hold(ctx context.Context, ks keys, key K, tok string, load 
 		return rv, err
 	}
 	if err != nil {
+		if fail := failure(ctx, tok, err); fail != "" && t.sharesNotFound(err) {
+			t.writeNotFound(bg, ks, tok)
+			return flightcache.RemoteValue[V]{}, err
+		}
 		want := (t.sie > 0 || t.perValue) && coverable(err)
 		return t.cover(t.release(bg, ks, tok, failure(ctx, tok, err), want), err)
 	}
 	rv := flightcache.RemoteValue[V]{Value: v, LoadedAt: end, Took: end.Sub(start), Loaded: true}
 	t.write(bg, ks, key, tok, rv)
 	return rv, nil
+}
+
+// sharesNotFound reports whether a load's error err is a not-found to store
+// for the fleet: the Loader caches not-founds (NotFoundTTL > 0).
+func (t *Tier[K, V]) sharesNotFound(err error) bool {
+	return t.loader.NotFoundTTL > 0 && errors.Is(err, flightcache.ErrNotFound)
+}
+
+// sharedNotFound reports whether e is a not-found marker still inside its
+// NotFoundTTL: a Load answers it with ErrSharedNotFound, without loading.
+// An older marker (the writer's clock, or a shorter NotFoundTTL here) is
+// replaced under the lease, as a stale entry is.
+func (t *Tier[K, V]) sharedNotFound(e entry) bool {
+	return e.ok && e.nf && micros(time.Now()) < e.fresh
+}
+
+// notFoundCall is the notFoundScript call that stores a not-found marker as
+// the entry of ks, under the lease tok, for the Loader's NotFoundTTL.
+func (t *Tier[K, V]) notFoundCall(ks keys, tok string) evalCall {
+	at := micros(time.Now())
+	ttl := t.loader.NotFoundTTL
+	return evalCall{notFoundScript, writeKeys(ks), []any{tok, token(8), at, at + ttl.Microseconds(),
+		max(ttl.Milliseconds(), 1), t.channel, ks.base}}
+}
+
+// writeNotFound stores a not-found marker as the entry of ks if the lease
+// tok is still held, drops the lease and publishes, so every process (the
+// ones waiting on this lease included) gets the not-found from the tier.
+func (t *Tier[K, V]) writeNotFound(ctx context.Context, ks keys, tok string) {
+	call := t.notFoundCall(ks, tok)
+	c, cancel := t.op(ctx)
+	n, err := call.script.Run(c, t.rdb, call.keys, call.args...).Int()
+	cancel()
+	switch {
+	case err != nil:
+		t.failed()
+	case n == 0:
+		t.stats.writesLost.Add(1)
+	default:
+		t.served.drop(ks.base)
+	}
 }
 
 // beat extends the holder's alive key every HolderTimeout/3 until stop.

@@ -16,6 +16,9 @@ import (
 // usable reports whether entry e may be handed to the Loader now, for a
 // load whose context is ctx.
 func (t *Tier[K, V]) usable(ctx context.Context, ks keys, e entry) bool {
+	if e.nf { // a not-found marker is never a value
+		return false
+	}
 	now := micros(time.Now())
 	held := t.served.get(ks.base) == e.id
 	switch {
@@ -44,7 +47,7 @@ func (t *Tier[K, V]) cover(e entry, err error) (flightcache.RemoteValue[V], erro
 		until = e.stale + t.sie.Microseconds()
 	}
 	switch {
-	case !coverable(err), !e.ok, micros(time.Now()) >= until:
+	case !coverable(err), !e.ok, e.nf, micros(time.Now()) >= until:
 		return flightcache.RemoteValue[V]{}, err
 	}
 	v, derr := t.codec.Unmarshal(e.val)

@@ -23,6 +23,12 @@ type Stats struct {
 	// PeerErrors counts, of Waits, those answered by the other process's
 	// failure ([ErrPeerFailed]).
 	PeerErrors uint64
+	// NotFoundHits counts Loads (and keys of LoadMany) answered by a shared
+	// not-found marker ([ErrSharedNotFound]) without loading: a not-found
+	// another process (or this one) stored, with the Loader's NotFoundTTL
+	// > 0, less than NotFoundTTL ago. A Load that waited on the load that
+	// stored the marker counts here, not in Shared or PeerErrors.
+	NotFoundHits uint64
 	// StaleOffers counts failed loads (run here, or by the process a Load
 	// waited for) that Load returned with the key's older shared entry,
 	// still inside StaleIfError, for the Loader to serve as stale-on-error
@@ -35,7 +41,8 @@ type Stats struct {
 	// WritesLost counts values loaded here under a lease that was gone when
 	// they were written (Set or Invalidate elsewhere, or a takeover after
 	// this holder stopped beating): they reached this process's callers but
-	// not Redis.
+	// not Redis. Not-founds whose marker could not be stored for the same
+	// reason count here too.
 	WritesLost uint64
 	// RedisErrors counts Redis round trips that failed or timed out (the
 	// Loader's own cancellations aside). Each one steps the tier aside for
@@ -66,7 +73,7 @@ type Stats struct {
 type counters struct {
 	hits, staleHits, leases, takeovers, waits, shared, peerErrors atomic.Uint64
 	wakeups, polls, writesLost, redisErrors, localLoads, skipped  atomic.Uint64
-	decodeErrors, encodeErrors, staleOffers                       atomic.Uint64
+	decodeErrors, encodeErrors, staleOffers, notFoundHits         atomic.Uint64
 	batches, batchRoundTrips                                      atomic.Uint64
 }
 
@@ -76,7 +83,7 @@ func (t *Tier[K, V]) Stats() Stats {
 	return Stats{
 		Hits: c.hits.Load(), StaleHits: c.staleHits.Load(), Leases: c.leases.Load(),
 		Takeovers: c.takeovers.Load(), Waits: c.waits.Load(), Shared: c.shared.Load(),
-		PeerErrors: c.peerErrors.Load(), StaleOffers: c.staleOffers.Load(), Wakeups: c.wakeups.Load(), Polls: c.polls.Load(),
+		PeerErrors: c.peerErrors.Load(), StaleOffers: c.staleOffers.Load(), NotFoundHits: c.notFoundHits.Load(), Wakeups: c.wakeups.Load(), Polls: c.polls.Load(),
 		WritesLost: c.writesLost.Load(), RedisErrors: c.redisErrors.Load(),
 		LocalLoads: c.localLoads.Load(), Skipped: c.skipped.Load(),
 		DecodeErrors: c.decodeErrors.Load(), EncodeErrors: c.encodeErrors.Load(),
