@@ -273,15 +273,16 @@ func (l *Loader[K, V]) GetMany(ctx context.Context, keys []K) (map[K]V, error) {
 	var fg, bg *batch[K, V]
 	var batches []*batch[K, V]
 	refresh := func(key K, h uint64, e *entry[K, V]) {
-		if !batched {
-			l.refresh(ctx, s, key, h, e, now)
+		if !batched || l.opts.Reload != nil {
+			// A Reload needs each key's value held: refreshed one by one.
+			l.refresh(ctx, s, key, h, e, now, nil)
 			return
 		}
 		if bg == nil || bg.full() {
 			bg = l.newBatch(true)
 			batches = append(batches, bg)
 		}
-		l.refreshInto(ctx, s, key, h, e, now, bg)
+		l.refresh(ctx, s, key, h, e, now, bg)
 	}
 	waits := items[:0]
 	for _, it := range items {
@@ -365,26 +366,6 @@ func (l *Loader[K, V]) GetMany(ctx context.Context, keys []K) (map[K]V, error) {
 		return out, &ManyError[K]{Errs: failed}
 	}
 	return out, nil
-}
-
-// refreshInto is refresh for GetMany with a LoadMany: the refresh of key
-// from e becomes one of bg's calls (launched with bg), and bg takes one
-// MaxRefreshes place for all of them, when it gets its first.
-func (l *Loader[K, V]) refreshInto(ctx context.Context, s *stripe, key K, h uint64, e *entry[K, V], now time.Duration, bg *batch[K, V]) {
-	after := e.refreshAfter.Load()
-	if after > int64(now) || !e.refreshAfter.CompareAndSwap(after, refreshing) {
-		return // backing off, or another Get is starting (or ran) one
-	}
-	if len(bg.calls) == 0 && !bg.reserved {
-		if !l.reserveRefresh() {
-			e.refreshAfter.Store(after)
-			return
-		}
-		bg.reserved = true
-	}
-	if !l.flights.startRefresh(ctx, s, key, h, e, bg) {
-		e.refreshAfter.Store(after)
-	}
 }
 
 // enterMany counts n Gets in (lifecycle.go's enterGet, for GetMany).

@@ -635,3 +635,41 @@ func TestGetManyThroughRemoteMany(t *testing.T) {
 		}
 	})
 }
+
+// With Options.Reload, the stale keys one GetMany finds are reloaded one by
+// one (each needs its own value held), each taking its own MaxRefreshes
+// place: here one place, so one reload and two refreshes dropped.
+func TestGetManyRefreshWithReloadHonoursMaxRefreshes(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		gate := make(chan struct{})
+		var release sync.Once
+		defer release.Do(func() { close(gate) }) // before Close, which waits for the reloads
+		var reloads atomic.Int32
+		l := newManyLoader(t, &downstream{}, &many{}, Options[string, string]{
+			TTL: time.Second, StaleWhileRevalidate: time.Minute, MaxRefreshes: 1,
+			Reload: func(ctx context.Context, key, old string) (string, error) {
+				reloads.Add(1)
+				<-gate
+				return old + "+", nil
+			},
+		})
+		ctx := context.Background()
+		keys := keyRange("k", 3)
+		if _, err := l.GetMany(ctx, keys); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(2 * time.Second)
+		if got, err := l.GetMany(ctx, keys); err != nil || len(got) != 3 {
+			t.Fatalf("GetMany of stale keys = %v, %v", got, err)
+		}
+		synctest.Wait()
+		if n, s := reloads.Load(), l.Stats(); n != 1 || s.RefreshesDropped != 2 || s.Refreshes != 1 {
+			t.Fatalf("%d reloads running, Stats %+v; want 1 (MaxRefreshes), 2 dropped", n, s)
+		}
+		release.Do(func() { close(gate) })
+		synctest.Wait()
+		if s := l.Stats(); s.InFlight != 0 {
+			t.Fatalf("Stats = %+v after the reload", s)
+		}
+	})
+}

@@ -170,7 +170,7 @@ func (f *flights[K, V]) join(ctx context.Context, s *stripe, key K, h uint64, no
 			sh.mu.Unlock()
 			return joined[K, V]{hit: cur}
 		case phaseStale:
-			if !bounded || (maxStale > 0 && now-cur.freshUntil <= maxStale) {
+			if withinMaxStale(maxStale, bounded, now-cur.freshUntil) {
 				sh.mu.Unlock()
 				return joined[K, V]{stale: cur}
 			}
@@ -202,8 +202,8 @@ func (f *flights[K, V]) join(ctx context.Context, s *stripe, key K, h uint64, no
 // load of key to replace from, unless from is no longer key's entry or a
 // load of key is in flight. It reports whether it started one.
 //
-// With into not nil, the load is one of into's calls, launched with it by
-// the caller (unless it reloads from's value, which goes alone).
+// With into not nil (and not full), the load is one of into's calls,
+// launched with it by the caller.
 func (f *flights[K, V]) startRefresh(ctx context.Context, s *stripe, key K, h uint64, from *entry[K, V], into *batch[K, V]) bool {
 	l := f.l
 	sh, cur, running := f.lookup(key, h)
@@ -211,7 +211,7 @@ func (f *flights[K, V]) startRefresh(ctx context.Context, s *stripe, key K, h ui
 	if cur == from && running == nil {
 		c = f.start(sh, ctx, key, h, nil, from, true)
 	}
-	batched := c != nil && into != nil && l.opts.Reload == nil && into.add(c)
+	batched := c != nil && into != nil && into.add(c)
 	sh.mu.Unlock()
 	if c == nil {
 		return false

@@ -238,12 +238,12 @@ func (l *Loader[K, V]) GetInfo(ctx context.Context, key K) (v V, info Info, err 
 	case e == nil, revalidate: // a miss: wait below
 	case l.phase(e, now) == phaseFresh:
 		if now >= e.refreshAt && !e.isNotFound() {
-			l.refresh(ctx, s, key, h, e, now) // early refresh
+			l.refresh(ctx, s, key, h, e, now, nil) // early refresh
 		}
 		l.exitGet(s, &s.hits)
 		return e.val, Info{Source: SourceHit, Age: now - e.loadedAt}, e.error()
 	case l.phase(e, now) == phaseStale && acceptsStale(ctx, e.freshUntil, now):
-		l.refresh(ctx, s, key, h, e, now)
+		l.refresh(ctx, s, key, h, e, now, nil)
 		l.exitGet(s, &s.stale)
 		return e.val, Info{Source: SourceStale, Age: now - e.loadedAt}, nil
 	}
@@ -288,7 +288,7 @@ func (l *Loader[K, V]) await(ctx context.Context, s *stripe, key K, h uint64, st
 			l.stats.lateStale.Add(1)
 		}
 		now := l.now()
-		l.refresh(ctx, s, key, h, j.stale, now)
+		l.refresh(ctx, s, key, h, j.stale, now, nil)
 		return j.stale.val, Info{Source: SourceStale, Age: now - j.stale.loadedAt}, nil
 	}
 	if !again {
@@ -370,21 +370,35 @@ func (l *Loader[K, V]) staleOnError(ctx context.Context, key K, h uint64, c *cal
 
 // refresh starts a background refresh of key from entry e, unless one is
 // running, a failed one is backing off, or MaxRefreshes are running.
-func (l *Loader[K, V]) refresh(ctx context.Context, s *stripe, key K, h uint64, e *entry[K, V], now time.Duration) {
+//
+// With into not nil (GetMany with a LoadMany, no Reload), the refresh is
+// one of into's calls, launched (and counted in Stats.Refreshes) with it by
+// the caller; into takes one MaxRefreshes place for all its calls, with its
+// first, and the caller gives it back if into stays empty.
+func (l *Loader[K, V]) refresh(ctx context.Context, s *stripe, key K, h uint64, e *entry[K, V], now time.Duration, into *batch[K, V]) {
 	after := e.refreshAfter.Load()
 	if after > int64(now) || !e.refreshAfter.CompareAndSwap(after, refreshing) {
 		return // backing off, or another Get is starting (or ran) one
 	}
-	if !l.reserveRefresh() {
+	if into == nil || !into.reserved {
+		if !l.reserveRefresh() {
+			e.refreshAfter.Store(after)
+			return
+		}
+		if into != nil {
+			into.reserved = true
+		}
+	}
+	if !l.flights.startRefresh(ctx, s, key, h, e, into) {
+		if into == nil {
+			l.stats.refreshing.Add(-1)
+		}
 		e.refreshAfter.Store(after)
 		return
 	}
-	if !l.flights.startRefresh(ctx, s, key, h, e, nil) {
-		l.stats.refreshing.Add(-1)
-		e.refreshAfter.Store(after)
-		return
+	if into == nil {
+		l.stats.refreshes.Add(1)
 	}
-	l.stats.refreshes.Add(1)
 }
 
 // reserveRefresh takes one of the MaxRefreshes places for a background

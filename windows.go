@@ -72,7 +72,13 @@ func (o Options[K, V]) WindowsOf(key K, v V) (w Windows, cache bool) {
 // to judge a shared value by the caller's bound, as the Loader does.
 func AcceptsStale(ctx context.Context, d time.Duration) bool {
 	max, ok := MaxStale(ctx)
-	return !ok || (max > 0 && d <= max)
+	return withinMaxStale(max, ok, d)
+}
+
+// withinMaxStale is AcceptsStale's rule, for a max-stale read beforehand
+// (MaxStale): no bound accepts any staleness, a bound of 0 none.
+func withinMaxStale(max time.Duration, bounded bool, d time.Duration) bool {
+	return !bounded || (max > 0 && d <= max)
 }
 
 // reloadValueKey is the context key of WithReloadValue.
