@@ -405,12 +405,10 @@ func (b *batchRun[K, V]) loadAndStore(leased, local []*slot[K]) {
 					return cmd.Err() == nil
 				}
 				n, werr := cmd.Int()
-				switch {
-				case werr != nil:
+				if werr != nil {
 					return false
-				case n == 0:
-					t.stats.writesLost.Add(1)
-				default:
+				}
+				if t.stored(n) {
 					t.served.put(s.ks.base, id)
 				}
 				return true
@@ -432,12 +430,10 @@ func (b *batchRun[K, V]) loadAndStore(leased, local []*slot[K]) {
 					return cmd.Err() == nil
 				}
 				n, werr := cmd.Int()
-				switch {
-				case werr != nil:
+				if werr != nil {
 					return false
-				case n == 0:
-					t.stats.writesLost.Add(1)
-				default:
+				}
+				if t.stored(n) {
 					t.served.drop(s.ks.base)
 				}
 				return true

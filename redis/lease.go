@@ -334,11 +334,20 @@ func (t *Tier[K, V]) writeNotFound(ctx context.Context, ks keys, tok string) {
 	switch {
 	case err != nil:
 		t.failed()
-	case n == 0:
-		t.stats.writesLost.Add(1)
-	default:
+	case t.stored(n):
 		t.served.drop(ks.base)
 	}
+}
+
+// stored reports whether a write (or a not-found marker) made under a
+// lease took effect: n is the script's answer, 0 when the lease was gone,
+// which Stats.WritesLost counts.
+func (t *Tier[K, V]) stored(n int) bool {
+	if n == 0 {
+		t.stats.writesLost.Add(1)
+		return false
+	}
+	return true
 }
 
 // beat extends the holder's alive key every HolderTimeout/3 until stop.
@@ -385,9 +394,7 @@ func (t *Tier[K, V]) write(ctx context.Context, ks keys, key K, tok string, rv f
 	switch {
 	case err != nil:
 		t.failed()
-	case n == 0:
-		t.stats.writesLost.Add(1)
-	default:
+	case t.stored(n):
 		t.served.put(ks.base, id)
 	}
 }
