@@ -288,7 +288,7 @@ func (l *Loader[K, V]) GetMany(ctx context.Context, keys []K) (map[K]V, error) {
 	for _, it := range items {
 		e := l.cached(it.h, it.key)
 		switch {
-		case e == nil, revalidate:
+		case e == nil, revalidate, l.distrusted(e): // rule 18: read it again
 		case l.phase(e, now) == phaseFresh:
 			if now >= e.refreshAt && !e.isNotFound() {
 				refresh(it.key, it.h, e)
@@ -409,7 +409,7 @@ func (l *Loader[K, V]) Peek(key K) (v V, info Info, ok bool) {
 	if e == nil {
 		e = l.flights.latest(key, h) // a write on its way into the cache
 	}
-	if e == nil || e.isNotFound() {
+	if e == nil || e.isNotFound() || l.distrusted(e) {
 		return v, info, false
 	}
 	now := l.now()

@@ -92,6 +92,7 @@ type call[K comparable, V any] struct {
 	// before user code, with ready).
 	lctx       loadCtx
 	background bool         // a refresh nobody waited on when it started
+	gen        uint32       // the fleet generation when it started: its entry's (fleet.go)
 	from       *entry[K, V] // the value held for the key when the load started (a refresh's, a Reload's old value), or nil
 	slot       *stripe      // the stripe the load goroutine is counted on (lifecycle)
 
@@ -134,6 +135,7 @@ type joined[K comparable, V any] struct {
 	stale   *entry[K, V] // a stale value a write left that the caller accepts (StaleWhileRevalidate)
 	err     error        // ErrClosed or ErrRecursiveLoad
 	counted bool         // the wait on c is counted in Stats.Waiting already (GetMany)
+	reread  bool         // the value held is distrusted (rule 18): c reads it again
 }
 
 // lookup locks key's shard and returns what it knows of key: its current
@@ -161,7 +163,8 @@ func (f *flights[K, V]) join(ctx context.Context, s *stripe, key K, h uint64, no
 	marker := markerOf(ctx) // user code (ctx.Value): outside the lock
 	maxStale, bounded := MaxStale(ctx)
 	sh, cur, c := f.lookup(key, h)
-	if cur != nil && !revalidate {
+	reread := cur != nil && !revalidate && l.distrusted(cur) // rule 18
+	if cur != nil && !revalidate && !reread {
 		// A load (or Set) finished as this Get looked: its value is in
 		// the key's pending write, or its write closed between this Get's
 		// look at the cache and now. It answers as the cache would have.
@@ -183,7 +186,7 @@ func (f *flights[K, V]) join(ctx context.Context, s *stripe, key K, h uint64, no
 		}
 		c.waiters++
 		sh.mu.Unlock()
-		return joined[K, V]{c: c}
+		return joined[K, V]{c: c, reread: reread}
 	}
 	from := l.held(cur, now)
 	c = f.start(sh, ctx, key, h, marker, from, false)
@@ -195,7 +198,7 @@ func (f *flights[K, V]) join(ctx context.Context, s *stripe, key K, h uint64, no
 	if !batched {
 		l.launch(c, s)
 	}
-	return joined[K, V]{c: c, started: true}
+	return joined[K, V]{c: c, started: true, reread: reread}
 }
 
 // startRefresh is what a background refresh does with lookup: start a
@@ -253,7 +256,7 @@ func (f *flights[K, V]) start(sh *shard[K, V], ctx context.Context, key K, h uin
 	if l.closed.Load() {
 		return nil
 	}
-	c := &call[K, V]{l: l, key: key, h: h, done: make(chan struct{}), background: background, from: from}
+	c := &call[K, V]{l: l, key: key, h: h, done: make(chan struct{}), background: background, from: from, gen: l.generation.Load()}
 	if !background {
 		c.waiters = 1
 	}
@@ -455,7 +458,7 @@ func (f *flights[K, V]) pending(key K) bool {
 func (f *flights[K, V]) put(sh *shard[K, V], key K, h uint64, cur, e *entry[K, V], cost int64, rec *write[K, V]) *write[K, V] {
 	if w := sh.writes[key]; w != nil {
 		if w.entry != nil {
-			w.entry.gone.Store(true)
+			w.entry.setGone()
 		}
 		w.entry, w.cost = e, cost
 		return nil
@@ -464,7 +467,7 @@ func (f *flights[K, V]) put(sh *shard[K, V], key K, h uint64, cur, e *entry[K, V
 		return nil
 	}
 	if cur != nil {
-		cur.gone.Store(true)
+		cur.setGone()
 	}
 	if rec == nil {
 		rec = new(write[K, V])

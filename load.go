@@ -44,7 +44,7 @@ func (l *Loader[K, V]) complete(c *call[K, V], r *loaded[V]) {
 		// the waiters still get the value, uncached.
 		onGoexit := func() { l.deliver(c, r, res, nil, 0) }
 		life, keep := l.lifeOf(c.key, r.val, onGoexit)
-		e = l.newEntry(c.key, r.val, res.loadedAt, life, r.took)
+		e = l.newEntry(c.key, r.val, res.loadedAt, life, r.took, c.gen)
 		if l.opts.Cost != nil {
 			var ok bool
 			cost, ok = l.costOf(r.val, onGoexit)
@@ -56,7 +56,7 @@ func (l *Loader[K, V]) complete(c *call[K, V], r *loaded[V]) {
 			e, res.drop = nil, true
 		}
 	case l.opts.NotFoundTTL > 0 && errors.Is(r.err, ErrNotFound):
-		e = l.newEntry(c.key, r.val, now, lifetime{ttl: l.opts.NotFoundTTL}, 0)
+		e = l.newEntry(c.key, r.val, now, lifetime{ttl: l.opts.NotFoundTTL}, 0, c.gen)
 		e.extra = &extra[K, V]{notFound: r.err}
 	}
 	if r.err != nil {
@@ -132,11 +132,13 @@ func (l *Loader[K, V]) deliver(c *call[K, V], r *loaded[V], res delivery[K, V], 
 
 // newEntry builds the entry of a value loaded (or Set) at now, fresh for a
 // jittered life.ttl, with life's windows. took is how long the load took (0
-// for Set): it places the entry's early refresh.
-func (l *Loader[K, V]) newEntry(key K, v V, now time.Duration, life lifetime, took time.Duration) *entry[K, V] {
+// for Set): it places the entry's early refresh. gen is the fleet
+// generation the value was loaded (or Set) in.
+func (l *Loader[K, V]) newEntry(key K, v V, now time.Duration, life lifetime, took time.Duration, gen uint32) *entry[K, V] {
 	fresh := jitter(life.ttl, l.opts.Jitter, rand.Float64())
 	until := addSat(now, fresh)
 	e := &entry[K, V]{key: key, val: v, loadedAt: now, freshUntil: until, refreshAt: until}
+	e.mark.Store(gen)
 	if life.own {
 		e.extra = &extra[K, V]{win: life.win}
 	}

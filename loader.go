@@ -65,8 +65,9 @@ type Loader[K comparable, V any] struct {
 	// hashMayPanic: a custom Hash, or keys whose dynamic type may not be
 	// comparable (an interface inside K): hashing goes through the guard.
 	hashMayPanic bool
-	checkKeys    bool      // a custom Hash with such keys: check them as a map would
-	epoch        time.Time // every time offset in entries is measured from here
+	checkKeys    bool          // a custom Hash with such keys: check them as a map would
+	epoch        time.Time     // every time offset in entries is measured from here
+	generation   atomic.Uint32 // the fleet generation, in steps of 2 (fleet.go)
 
 	// Shutdown (lifecycle.go).
 	ctx         context.Context         // the Loader's own work (Remote.Set, Remote.Invalidate); ends at Close
@@ -90,8 +91,16 @@ type entry[K comparable, V any] struct {
 	refreshAt    time.Duration // from here to freshUntil a Get refreshes early; = freshUntil when off
 	refreshAfter atomic.Int64  // no background refresh before this offset; max while one runs
 	refreshFails atomic.Int32  // consecutive failed background refreshes
-	gone         atomic.Bool   // replaced or invalidated: a Get treats it as absent (write.go)
+	mark         atomic.Uint32 // bit 0: gone (replaced or invalidated: a Get treats it as absent, write.go); above: the fleet generation (fleet.go)
 }
+
+const goneBit = 1
+
+// isGone reports whether e was replaced or invalidated.
+func (e *entry[K, V]) isGone() bool { return e.mark.Load()&goneBit != 0 }
+
+// setGone marks e replaced or invalidated.
+func (e *entry[K, V]) setGone() { e.mark.Or(goneBit) }
 
 // extra is what few entries need: a cached not-found's error, or a value's
 // own stale windows ([Options.Freshness]).
@@ -160,6 +169,10 @@ func New[K comparable, V any](load LoadFunc[K, V], opts Options[K, V]) (*Loader[
 	l.cache = cache
 	l.ctx, l.stop = context.WithCancelCause(context.Background())
 	go l.runWriter()
+	if err := l.watch(); err != nil {
+		l.Close()
+		return nil, err
+	}
 	return l, nil
 }
 
@@ -196,7 +209,7 @@ func (l *Loader[K, V]) mustHash(key K) uint64 {
 // cached returns key's entry in the cache, or nil if there is none (or only
 // a gone one, or another key's).
 func (l *Loader[K, V]) cached(h uint64, key K) *entry[K, V] {
-	if e, ok := l.cache.Get(h); ok && e.key == key && !e.gone.Load() {
+	if e, ok := l.cache.Get(h); ok && e.key == key && !e.isGone() {
 		return e
 	}
 	return nil
@@ -236,6 +249,7 @@ func (l *Loader[K, V]) GetInfo(ctx context.Context, key K) (v V, info Info, err 
 	revalidate := revalidating(ctx)
 	switch {
 	case e == nil, revalidate: // a miss: wait below
+	case l.distrusted(e): // the fleet may have written it (rule 18): wait below
 	case l.phase(e, now) == phaseFresh:
 		if now >= e.refreshAt && !e.isNotFound() {
 			l.refresh(ctx, s, key, h, e, now, nil) // early refresh
@@ -293,6 +307,9 @@ func (l *Loader[K, V]) await(ctx context.Context, s *stripe, key K, h uint64, st
 	}
 	if !again {
 		l.stats.misses.Add(1)
+		if j.reread {
+			l.stats.rereads.Add(1)
+		}
 	}
 	if j.err != nil {
 		return v, info, j.err
@@ -458,7 +475,7 @@ func (l *Loader[K, V]) Set(key K, value V) {
 	if !open {
 		return
 	}
-	e := l.newEntry(key, value, l.now(), life, 0)
+	e := l.newEntry(key, value, l.now(), life, 0, l.generation.Load())
 	if !ok || !keep || l.tooBig(cost) {
 		e = nil // cannot be costed, never fits, or not to be cached: drop the old one
 	}
@@ -473,19 +490,27 @@ func (l *Loader[K, V]) Set(key K, value V) {
 // result to its own waiters but does not write the cache; the next Get
 // starts a fresh load. Invalidate after Close does nothing.
 func (l *Loader[K, V]) Invalidate(key K) {
+	if l.drop(key) {
+		l.remoteInvalidate(key)
+	}
+}
+
+// drop is Invalidate without the Remote. It reports false when it did
+// nothing (a Hash that panicked, or the Loader closed).
+func (l *Loader[K, V]) drop(key K) bool {
 	h, err := l.hash(key)
 	if err != nil {
-		return
+		return false
 	}
 	s, open := l.enterOp()
 	if !open {
-		return
+		return false
 	}
 	if w := l.flights.overwrite(key, h, nil, 0); w != nil {
 		l.hand(w)
 	}
 	l.exitOp(s)
-	l.remoteInvalidate(key)
+	return true
 }
 
 // Stats returns the Loader's counters. It never blocks Gets. It is safe to

@@ -60,6 +60,18 @@ type modelEntry struct {
 	notFound     bool
 	loadedAt     time.Duration
 	refreshAfter time.Duration
+	distrusted   bool // loaded before a Distrust (rule 18)
+}
+
+// covers reports whether e may cover a failed load of its key: a value
+// within StaleIfError, or any value held when the load was a reread of
+// a distrusted copy (as for a revalidating Get).
+func (e *modelEntry) covers(now time.Duration) bool {
+	if e == nil || e.notFound {
+		return false
+	}
+	p := e.phase(now)
+	return p == phaseStaleIfError || (e.distrusted && p != phaseExpired)
 }
 
 // modelFreshness is the model's Options.Freshness, read from the value: the
@@ -161,6 +173,10 @@ func (m *model) lookup(key string) (*modelEntry, phase) {
 func (m *model) get(key string, o outcome) (string, Source, time.Duration, error) {
 	e, p := m.lookup(key)
 	m.stats.Gets++
+	if e != nil && e.distrusted {
+		p = phaseExpired // read it again (rule 18)
+		m.stats.Rereads++
+	}
 	switch p {
 	case phaseFresh:
 		m.stats.Hits++
@@ -181,7 +197,7 @@ func (m *model) get(key string, o outcome) (string, Source, time.Duration, error
 	}
 	m.stats.Misses++
 	v, err := m.load(key, o)
-	if err != nil && !errors.Is(err, ErrNotFound) && p == phaseStaleIfError {
+	if err != nil && !errors.Is(err, ErrNotFound) && e.covers(m.now) {
 		m.stats.StaleOnError++
 		return e.val, SourceStaleOnError, m.now - e.loadedAt, nil
 	}
@@ -211,6 +227,10 @@ func (m *model) getMany(keys []string, o outcome, seen []batchCall) (vals map[st
 	for _, key := range keys {
 		e, p := m.lookup(key)
 		m.stats.Gets++
+		if e != nil && e.distrusted {
+			p = phaseExpired // read it again (rule 18)
+			m.stats.Rereads++
+		}
 		switch p {
 		case phaseFresh:
 			m.stats.Hits++
@@ -264,7 +284,7 @@ func (m *model) getMany(keys []string, o outcome, seen []batchCall) (vals map[st
 			case fail, panics:
 				if refresh {
 					m.entries[key].refreshAfter = m.now + 1
-				} else if e := prev[key]; e != nil && !e.notFound && e.phase(m.now) == phaseStaleIfError {
+				} else if e := prev[key]; e.covers(m.now) {
 					m.stats.StaleOnError++
 					vals[key] = e.val
 				} else {
@@ -292,7 +312,7 @@ func (m *model) getMany(keys []string, o outcome, seen []batchCall) (vals map[st
 func (m *model) peek(key string) (string, Source, time.Duration, bool) {
 	m.stats.Peeks++
 	e := m.entries[key]
-	if e == nil || e.notFound {
+	if e == nil || e.notFound || e.distrusted {
 		return "", SourceNone, 0, false
 	}
 	switch e.phase(m.now) {
@@ -310,7 +330,7 @@ func (m *model) peek(key string) (string, Source, time.Duration, bool) {
 // key keeps the entry it had before (prev).
 func (m *model) left(key string, prev *modelEntry, o outcome, policy Policy) {
 	m.stats.Canceled++
-	if prev != nil && prev.phase(m.now) == phaseStaleIfError && o != succeed && o != notFound {
+	if prev.covers(m.now) && o != succeed && o != notFound {
 		m.stats.StaleOnError-- // predicted for a Get that stayed
 	}
 	if policy != CancelAtZero {
@@ -388,10 +408,11 @@ func runModel(t *testing.T, policy Policy, ops []byte) {
 			t.Fatal(err)
 		}
 		defer l.Close()
+		loc := local[string, string]{l} // what a RemoteWatcher is given
 		start := time.Now()
 		var revalidations uint64
 		for i := 0; i+1 < len(ops); i += 2 {
-			op, arg := ops[i]%10, ops[i+1]
+			op, arg := ops[i]%12, ops[i+1]
 			key := fmt.Sprint("k", arg%3)
 			next = outcome(arg / 3 % 4)
 			m.now = time.Since(start)
@@ -475,6 +496,16 @@ func runModel(t *testing.T, policy Policy, ops []byte) {
 				if !maps.Equal(got, wv) {
 					t.Fatalf("op %d at %v: GetMany(%v) with outcome %d = %v; model says %v", i/2, m.now, keys, next, got, wv)
 				}
+			case 10: // a Remote drops key: another process wrote it (rule 18)
+				loc.Drop(key)
+				delete(m.entries, key)
+				m.stats.RemoteDrops++
+			case 11: // a Remote distrusts every copy (rule 18)
+				loc.Distrust()
+				for _, e := range m.entries {
+					e.distrusted = true
+				}
+				m.stats.Distrusts++
 			case 9: // Peek
 				wv, ws, wage, wok := m.peek(key)
 				v, info, ok := l.Peek(key)
@@ -501,6 +532,7 @@ func runModel(t *testing.T, policy Policy, ops []byte) {
 			StaleOnError: s.StaleOnError, Canceled: s.Canceled, Loads: s.Loads,
 			Refreshes: s.Refreshes, Abandoned: s.Abandoned, Panics: s.Panics,
 			BatchLoads: s.BatchLoads, BatchKeys: s.BatchKeys, Peeks: s.Peeks,
+			RemoteDrops: s.RemoteDrops, Distrusts: s.Distrusts, Rereads: s.Rereads,
 		}
 		m.stats.Revalidations = 0 // counted apart, checked below
 		if s.Revalidations != revalidations {
@@ -526,6 +558,9 @@ func FuzzModel(f *testing.F) {
 	// GetMany (8) of hits, misses and stale keys, failing and not found
 	// ones too, and Peek (9).
 	f.Add([]byte{0, 0, 8, 6, 9, 1, 4, 18, 9, 0, 8, 6, 4, 19, 8, 9, 2, 1, 8, 6, 4, 19, 4, 19, 8, 16, 9, 2})
+	// A Remote's Drop (10) and Distrust (11): rereads of hits, stale keys,
+	// not-founds, through Get, GetMany and Peek, failing ones covered.
+	f.Add([]byte{0, 0, 0, 1, 11, 0, 9, 0, 0, 0, 0, 4, 10, 1, 0, 1, 11, 0, 4, 19, 8, 6, 0, 11, 11, 0, 1, 15, 0, 7, 1})
 	f.Fuzz(func(t *testing.T, data []byte) {
 		policy, ops := modelInput(data, 200)
 		runModel(t, policy, ops)

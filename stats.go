@@ -133,6 +133,9 @@ type Stats struct {
 	BatchLoads        uint64 // LoadMany calls (each also one of Loads)
 	BatchKeys         uint64 // keys asked for over all LoadMany calls
 	Peeks             uint64 // Peek calls, found or not (never counted in Gets)
+	RemoteDrops       uint64 // local copies dropped because the Remote heard another process write the key (RemoteWatcher)
+	Distrusts         uint64 // times the Remote had every local copy distrusted (it may have missed writes)
+	Rereads           uint64 // Gets (and keys of GetMany) that found a distrusted copy and waited to read it again (each also counted in Misses)
 	Abandoned         uint64 // loads cancelled because every waiter left (CancelAtZero)
 	BreakerRejected   uint64 // downstream calls the breaker refused
 	Panics            uint64 // panics recovered in user code: LoadFunc, Cost, OnLoad, Hash, a Remote, a breaker...
@@ -180,16 +183,16 @@ type counters struct {
 	next    atomic.Uint32 // round-robin index for pool.New
 	pool    sync.Pool     // of *stripe, pointing into stripes
 
-	staleOnError, shared, sharedErrors, canceled  atomic.Uint64
-	loads, loadErrors, retries, maxCallers        atomic.Uint64
-	refreshes, abandoned, breakerRejected, panics atomic.Uint64
-	refreshesDropped, reloads, notModified        atomic.Uint64
-	batchLoads, batchKeys, peeks                  atomic.Uint64
-	revalidations                                 atomic.Uint64
-	setsDropped, setsRejected, evicted            atomic.Uint64
-	inFlight, refreshing, waiting                 atomic.Int64
-	misses, lateHits, lateStale                   atomic.Uint64 // of the Gets that passed the lookup: waited (or tried to), or found a fresh (or stale) result at once
-	closedEarly                                   atomic.Uint64 // Gets refused after Close before touching a stripe
+	staleOnError, shared, sharedErrors, canceled   atomic.Uint64
+	loads, loadErrors, retries, maxCallers         atomic.Uint64
+	refreshes, abandoned, breakerRejected, panics  atomic.Uint64
+	refreshesDropped, reloads, notModified         atomic.Uint64
+	batchLoads, batchKeys, peeks                   atomic.Uint64
+	revalidations, remoteDrops, distrusts, rereads atomic.Uint64
+	setsDropped, setsRejected, evicted             atomic.Uint64
+	inFlight, refreshing, waiting                  atomic.Int64
+	misses, lateHits, lateStale                    atomic.Uint64 // of the Gets that passed the lookup: waited (or tried to), or found a fresh (or stale) result at once
+	closedEarly                                    atomic.Uint64 // Gets refused after Close before touching a stripe
 }
 
 func (c *counters) init() {
@@ -264,6 +267,9 @@ func (c *counters) snapshot() Stats {
 	s.BatchLoads = c.batchLoads.Load()
 	s.BatchKeys = c.batchKeys.Load()
 	s.Peeks = c.peeks.Load()
+	s.RemoteDrops = c.remoteDrops.Load()
+	s.Distrusts = c.distrusts.Load()
+	s.Rereads = c.rereads.Load()
 	s.Abandoned = c.abandoned.Load()
 	s.BreakerRejected = c.breakerRejected.Load()
 	s.Panics = c.panics.Load()

@@ -1,0 +1,78 @@
+package flightcache
+
+// This file is the Loader's side of fleet-wide writes: how a Remote that
+// hears of other processes' Sets and Invalidates (or may have missed some)
+// acts on this process's local copies.
+//
+// Every entry carries the fleet generation it was loaded in (the one its
+// load started in, or the one its Set ran in), next to its gone bit. A
+// Distrust moves the Loader to a new generation: each entry of an older
+// one is no longer served as it stands, and the next Get of its key waits
+// for a load, as a revalidating Get does (rule 18). The check on a hit is
+// one comparison of two words that almost never change.
+
+// RemoteWatcher is what a [Remote] implements, besides Remote, to keep the
+// Loader's local copies in step with the rest of a fleet: when another
+// process Sets or Invalidates a key, the Remote tells this Loader to drop
+// its copy; when it may have missed such a write (its subscription was
+// down), it tells the Loader to distrust every copy it holds.
+//
+// [New] calls Watch once, before it returns, with the Loader's [Local] (a
+// Watch that panics fails New with a [*PanicError]). The
+// Remote keeps it and calls it from any goroutine, for as long as it likes:
+// after [Loader.Close] its methods do nothing.
+type RemoteWatcher[K comparable] interface {
+	Watch(local Local[K])
+}
+
+// Local is a Loader's own cache as a [RemoteWatcher] drives it. Its methods
+// are safe for concurrent use, never call the Remote back, never wait for a
+// load, and do nothing once the Loader is closed.
+type Local[K comparable] interface {
+	// Drop forgets this process's copy of key, as [Loader.Invalidate]
+	// does (a load of key in flight still answers its own waiters, but
+	// does not fill the cache), without telling the Remote: another
+	// process has already written key there. The next Get of key loads
+	// it, through the Remote.
+	Drop(key K)
+	// Distrust makes every copy held now, and the result of every load
+	// running now, unfit to serve as it stands: the next Get of each such
+	// key waits for a load (through the Remote), which a Reload receives
+	// the old value for, and which the old value covers, within
+	// StaleIfError, if it fails. Copies loaded or Set afterwards are
+	// trusted. A Remote calls it when it may have missed writes of other
+	// processes (its subscription to them was down).
+	Distrust()
+}
+
+// local is a Loader's [Local].
+type local[K comparable, V any] struct{ l *Loader[K, V] }
+
+func (x local[K, V]) Drop(key K) {
+	if x.l.drop(key) {
+		x.l.stats.remoteDrops.Add(1)
+	}
+}
+
+func (x local[K, V]) Distrust() {
+	if !x.l.closed.Load() {
+		x.l.generation.Add(2) // bit 0 of an entry's mark is its gone bit
+		x.l.stats.distrusts.Add(1)
+	}
+}
+
+// watch hands the Loader's Local to its Remote, if the Remote watches. A
+// Watch that panics fails New.
+func (l *Loader[K, V]) watch() error {
+	w, ok := l.opts.Remote.(RemoteWatcher[K])
+	if !ok {
+		return nil
+	}
+	return l.guard(func() { w.Watch(local[K, V]{l}) }, nil)
+}
+
+// distrusted reports whether e was loaded (or Set) before the last
+// Distrust: a Get must not serve it as it stands.
+func (l *Loader[K, V]) distrusted(e *entry[K, V]) bool {
+	return e.mark.Load()&^goneBit != l.generation.Load()
+}
