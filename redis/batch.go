@@ -113,9 +113,12 @@ func (t *Tier[K, V]) LoadMany(ctx context.Context, keys []K, load func(context.C
 		return b.out
 	}
 	if t.closed.Load() || t.down() {
+		t.listening()
 		b.loadAndStore(nil, slots)
 		return b.out
 	}
+	t.events.awaitStartup(ctx)
+	t.listening()
 	bases := make([]string, len(slots))
 	for i, s := range slots {
 		s.ks = keysFor(t.opts.Prefix, t.key(s.key))

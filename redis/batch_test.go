@@ -112,7 +112,7 @@ func (d *batchDownstream) loadsOf(key string) int {
 
 // newBatchProc is newProc with Options.LoadMany, on client (a new one when
 // nil).
-func newBatchProc(t *testing.T, addr string, client *redis.Client, prefix string, lo flightcache.Options[string, string], to Options[string, string], d *batchDownstream) proc {
+func newBatchProc(t *testing.T, addr string, client redis.UniversalClient, prefix string, lo flightcache.Options[string, string], to Options[string, string], d *batchDownstream) proc {
 	t.Helper()
 	if client == nil {
 		client = newClient(t, addr)
@@ -468,8 +468,10 @@ func TestGetManyRoundTrips(t *testing.T) {
 	cb.AddHook(hb)
 	a := newBatchProc(t, addr, ca, p, lo, Options[string, string]{}, d)
 	b := newBatchProc(t, addr, cb, p, lo, Options[string, string]{}, d)
-	// Warm up: connections open, and Redis knows the scripts (a batch sends
-	// a script Redis lacks once more, with EVAL).
+	// Warm up: connections open, and Redis (every master of a cluster)
+	// knows the scripts (a batch sends a script Redis lacks once more, with
+	// EVAL).
+	loadScripts(t, ca)
 	for _, pr := range []proc{a, b} {
 		if _, err := pr.l.GetMany(ctx, []string{"warm-" + token(4)}); err != nil {
 			t.Fatal(err)

@@ -231,7 +231,7 @@ func fleet(b *testing.B, n int, f func(i int) error) {
 
 // plainStore is the SharedDataStore gobreaker's documentation suggests: a
 // SET NX mutex that fails when busy (gobreaker then sleeps and retries).
-type plainStore struct{ rdb *redis.Client }
+type plainStore struct{ rdb redis.UniversalClient }
 
 func (s *plainStore) Lock(name string) error {
 	ok, err := s.rdb.SetNX(ctx, name, "1", 5*time.Second).Result()

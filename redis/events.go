@@ -2,55 +2,173 @@ package flightredis
 
 import (
 	"context"
+	"errors"
+	"net"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 )
 
-// events routes the tier's pub/sub messages (the name of a key whose load
-// ended) to the Loads of this process that wait on that key. Pub/sub only
-// shortens waits: a message lost while the subscription reconnects costs a
-// poll, never a result.
+// events owns the tier's pub/sub subscription: it routes the messages of
+// the "loaded" channel (the name of a key whose load ended) to the Loads of
+// this process that wait on that key, and hands those of the
+// "invalidated" channel (another process's Set or Invalidate) to onDrop.
+//
+// Wake-ups only shorten waits: one lost while the subscription is down
+// costs a poll, never a result. Invalidations must not be lost silently:
+// onUp and onDown are called when the subscription is confirmed (the first
+// time and after every reconnect) and when it is found lost, so the tier
+// can distrust what it may have missed (invalidate.go).
 type events struct {
-	ps   *redis.PubSub
-	done chan struct{} // closed when the dispatcher has exited
+	done chan struct{} // closed when the loop has exited
 
-	mu   sync.Mutex
-	subs map[string]map[chan struct{}]struct{} // keys.base → waiting Loads; guarded by mu
+	mu      sync.Mutex
+	ps      *redis.PubSub                         // the current subscription; guarded by mu
+	stopped bool                                  // guarded by mu
+	subs    map[string]map[chan struct{}]struct{} // keys.base → waiting Loads; guarded by mu
+
+	up      atomic.Bool   // the subscription is confirmed and healthy
+	startup chan struct{} // closed when it is first confirmed, or a Timeout after start
+	once    sync.Once
 }
 
-// start starts the dispatcher, which subscribes to channel and routes its
-// messages. It does not wait for Redis: the first SUBSCRIBE is bounded by
-// timeout, and go-redis retries it (and resubscribes after any reconnect)
-// in the background.
-func (ev *events) start(ctx context.Context, rdb redis.UniversalClient, channel string, timeout time.Duration) {
+// handlers are what the tier does with the subscription's news.
+type handlers struct {
+	loaded, invalidated string               // the channels
+	onDrop              func(payload string) // a message of the invalidated channel
+	onUp, onDown        func()
+	onTick              func() // every check while the subscription is up
+}
+
+// start starts the loop, which subscribes and resubscribes until stop. It
+// does not wait for Redis: every round trip is bounded by timeout, and a
+// subscription found dead (an error, or no answer to a ping within check)
+// is dropped and made again, after a jittered pause.
+func (ev *events) start(ctx context.Context, rdb redis.UniversalClient, h handlers, timeout time.Duration) {
 	ev.subs = make(map[string]map[chan struct{}]struct{})
 	ev.done = make(chan struct{})
-	ev.ps = rdb.Subscribe(ctx) // no channel yet: no connection
+	ev.startup = make(chan struct{})
+	starting := time.AfterFunc(timeout, ev.started)
+	check := max(4*timeout, 500*time.Millisecond)
 	go func() {
+		defer starting.Stop()
 		defer close(ev.done)
-		c, cancel := context.WithTimeout(ctx, timeout)
-		_ = ev.ps.Subscribe(c, channel) // recorded even if it fails now
-		cancel()
-		msgs := ev.ps.Channel(
-			redis.WithChannelHealthCheckInterval(time.Second),
-			redis.WithChannelPingTimeout(timeout),
-			redis.WithChannelReconnectTimeout(max(4*timeout, time.Second)),
-			redis.WithChannelSendTimeout(time.Second),
-		)
-		for m := range msgs {
-			ev.notify(m.Payload)
+		pause := 50 * time.Millisecond
+		for ctx.Err() == nil {
+			if ev.listen(ctx, rdb, h, timeout, check) {
+				pause = 50 * time.Millisecond // it had worked: come back quickly
+			}
+			t := time.NewTimer(jitter(pause))
+			select {
+			case <-ctx.Done():
+			case <-t.C:
+			}
+			t.Stop()
+			pause = min(2*pause, time.Second)
 		}
 	}()
 }
 
-// stop closes the subscription and waits for the dispatcher. With Redis
-// hung, go-redis may hold the subscription's lock for a connection attempt
-// until the client's DialTimeout or ReadTimeout.
+// listen makes one subscription and reads it until it fails or stop. It
+// reports whether the subscription was confirmed.
+func (ev *events) listen(ctx context.Context, rdb redis.UniversalClient, h handlers, timeout, check time.Duration) (confirmed bool) {
+	ps := rdb.Subscribe(ctx) // no channel yet: no connection
+	ev.mu.Lock()
+	if ev.stopped {
+		ev.mu.Unlock()
+		_ = ps.Close()
+		return false
+	}
+	ev.ps = ps
+	ev.mu.Unlock()
+	defer func() {
+		ev.mu.Lock()
+		ev.ps = nil
+		ev.mu.Unlock()
+		_ = ps.Close()
+		ev.up.Store(false)
+		if confirmed && ctx.Err() == nil { // not a loss when the tier closes
+			h.onDown()
+		}
+	}()
+	c, cancel := context.WithTimeout(ctx, timeout)
+	err := ps.Subscribe(c, h.loaded, h.invalidated)
+	cancel()
+	if err != nil {
+		return false
+	}
+	subscribed, pinged := 0, false
+	tick := time.Now()
+	for {
+		if confirmed && time.Since(tick) >= check {
+			tick = time.Now()
+			h.onTick()
+		}
+		msg, err := ps.ReceiveTimeout(ctx, check)
+		if err != nil {
+			var ne net.Error
+			if ctx.Err() == nil && !pinged && errors.As(err, &ne) && ne.Timeout() {
+				// Quiet for a while: make sure the server is still there.
+				c, cancel := context.WithTimeout(ctx, timeout)
+				err = ps.Ping(c)
+				cancel()
+				if err == nil {
+					pinged = true
+					continue
+				}
+			}
+			return confirmed
+		}
+		pinged = false
+		switch m := msg.(type) {
+		case *redis.Subscription:
+			if m.Kind == "subscribe" {
+				subscribed++
+				if subscribed == 2 && !confirmed {
+					confirmed = true
+					ev.up.Store(true)
+					h.onUp()
+					ev.started()
+				}
+			}
+		case *redis.Message:
+			if m.Channel == h.invalidated {
+				h.onDrop(m.Payload)
+			} else {
+				ev.notify(m.Payload)
+			}
+		}
+	}
+}
+
+// stop closes the subscription and waits for the loop; ctx (start's) must
+// have been cancelled first. With Redis hung, go-redis may hold the
+// subscription's lock for a connection attempt until the client's
+// DialTimeout or ReadTimeout.
 func (ev *events) stop() {
-	_ = ev.ps.Close()
+	ev.mu.Lock()
+	ev.stopped = true
+	ps := ev.ps
+	ev.mu.Unlock()
+	if ps != nil {
+		_ = ps.Close()
+	}
 	<-ev.done
+}
+
+func (ev *events) started() { ev.once.Do(func() { close(ev.startup) }) }
+
+// awaitStartup waits, at most until ctx ends, for the subscription to be
+// confirmed for the first time, or for the tier's first Timeout to pass:
+// the first Loads of a tier do not start before it listens, when Redis
+// answers. It is cheap afterwards.
+func (ev *events) awaitStartup(ctx context.Context) {
+	select {
+	case <-ev.startup:
+	case <-ctx.Done():
+	}
 }
 
 // watch registers a waiter for base; the channel receives (without

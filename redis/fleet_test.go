@@ -20,7 +20,6 @@ import (
 	"time"
 
 	"github.com/flightcache/flightcache"
-	"github.com/redis/go-redis/v9"
 )
 
 // These tests run real OS processes: the test binary re-executed with
@@ -68,6 +67,9 @@ func (c fleetConfig) env(addr string) []string {
 }
 
 func runChild(role string) int {
+	if role == "reader" {
+		return readerChild() // invalidate_test.go
+	}
 	if role != "burst" {
 		fmt.Fprintf(os.Stderr, "unknown child role %q\n", role)
 		return 2
@@ -112,7 +114,7 @@ func burstChild() error {
 	}
 
 	lo := flightcache.Options[string, string]{TTL: time.Minute, LoadTimeout: loadTimeout}
-	rdb := redis.NewClient(clientOptions(os.Getenv("FR_ADDR")))
+	rdb := dial(os.Getenv("FR_ADDR"))
 	defer rdb.Close()
 	var tier *Tier[string, string]
 	if os.Getenv("FR_TIER") == "true" {

@@ -71,6 +71,7 @@ redis.call('DEL', KEYS[1], KEYS[2], KEYS[3])
 redis.call('HSET', KEYS[1], 'id', ARGV[2], 'v', ARGV[3], 'at', ARGV[4], 'took', ARGV[5], 'fresh', ARGV[6], 'stale', ARGV[7], 'until', ARGV[11])
 redis.call('PEXPIRE', KEYS[1], ARGV[8])
 redis.call('PUBLISH', ARGV[9], ARGV[10])
+if ARGV[13] then redis.call('PUBLISH', ARGV[12], ARGV[13]) end
 return 1
 `)
 
@@ -105,6 +106,7 @@ return 1
 var invalidateScript = redis.NewScript(`
 redis.call('DEL', KEYS[1], KEYS[2], KEYS[3])
 redis.call('PUBLISH', ARGV[1], ARGV[2])
+if ARGV[4] then redis.call('PUBLISH', ARGV[3], ARGV[4]) end
 return 1
 `)
 
@@ -142,8 +144,11 @@ var ErrPeerFailed = errors.New("flightredis: the load failed in another process"
 // returns [ErrSharedNotFound] without calling load.
 func (t *Tier[K, V]) Load(ctx context.Context, key K, load func(context.Context) (V, error)) (flightcache.RemoteValue[V], error) {
 	if t.closed.Load() || t.down() {
+		t.listening()
 		return t.local(ctx, load)
 	}
+	t.events.awaitStartup(ctx)
+	t.listening()
 	ks := keysFor(t.opts.Prefix, t.key(key))
 	w := t.events.watch(ks.base)
 	defer t.events.unwatch(ks.base, w)
@@ -378,14 +383,12 @@ func (t *Tier[K, V]) beat(ks keys, tok string) (stop func()) {
 
 // write stores rv as the key's entry, with the windows the Loader's options
 // give this value (Options.WindowsOf: per-value Freshness included), if the
-// lease tok is still held, or unconditionally when tok is "" (Set). A value
-// the Loader would not cache is not stored.
+// lease tok is still held. A value the Loader would not cache is not
+// stored.
 func (t *Tier[K, V]) write(ctx context.Context, ks keys, key K, tok string, rv flightcache.RemoteValue[V]) {
 	id, args, ok := t.encode(ks, key, rv)
 	if !ok {
-		if tok != "" {
-			t.release(ctx, ks, tok, "", false)
-		}
+		t.release(ctx, ks, tok, "", false)
 		return
 	}
 	c, cancel := t.op(ctx)
@@ -524,33 +527,62 @@ func (t *Tier[K, V]) local(ctx context.Context, load func(context.Context) (V, e
 	return flightcache.RemoteValue[V]{Value: v, LoadedAt: end, Took: end.Sub(start), Loaded: true}, nil
 }
 
-// Set implements [flightcache.Remote]: it stores v as key's shared entry
-// and drops any lease on key, so a load in flight in another process does
-// not overwrite it. Other processes' local copies are not touched: they
-// keep their value until it leaves their own cache.
+// Set implements [flightcache.Remote]: it stores v as key's shared entry,
+// drops any lease on key, so a load in flight in another process does not
+// overwrite it, and has every other process of the fleet drop its local
+// copy of key (invalidate.go). A value the Loader would not cache (or the
+// Codec cannot encode) is not shared: key's shared entry is deleted
+// instead. A Set that cannot reach Redis is replayed as an invalidation
+// once it can.
 func (t *Tier[K, V]) Set(ctx context.Context, key K, v flightcache.RemoteValue[V]) {
+	name := t.key(key)
 	if t.closed.Load() || t.down() {
-		t.stats.skipped.Add(1)
+		t.skip(name, key)
 		return
 	}
-	t.write(ctx, keysFor(t.opts.Prefix, t.key(key)), key, "", v)
+	ks := keysFor(t.opts.Prefix, name)
+	id, args, ok := t.encode(ks, key, v)
+	if !ok {
+		if !t.invalidate(ctx, name, key) {
+			t.keep(name, key)
+		}
+		return
+	}
+	c, cancel := t.op(ctx)
+	err := writeScript.Run(c, t.rdb, writeKeys(ks), append(append([]any{""}, args...), t.invChannel, t.invalidation(name, key))...).Err()
+	cancel()
+	if err != nil {
+		if ctx.Err() == nil {
+			t.failed()
+		}
+		t.keep(name, key)
+		return
+	}
+	t.stats.invalidationsSent.Add(1)
+	t.served.put(ks.base, id)
 }
 
 // Invalidate implements [flightcache.Remote]: it deletes key's shared entry
 // and drops any lease on key, so a load in flight elsewhere does not store
-// its result; the next miss anywhere loads afresh. Other processes' local
-// copies are not touched.
+// its result (the next miss anywhere loads afresh), and has every other
+// process of the fleet drop its local copy of key (invalidate.go). An
+// Invalidate that cannot reach Redis is replayed once it can.
 func (t *Tier[K, V]) Invalidate(ctx context.Context, key K) {
+	name := t.key(key)
 	if t.closed.Load() || t.down() {
-		t.stats.skipped.Add(1)
+		t.skip(name, key)
 		return
 	}
-	ks := keysFor(t.opts.Prefix, t.key(key))
-	t.served.drop(ks.base)
-	c, cancel := t.op(ctx)
-	err := invalidateScript.Run(c, t.rdb, []string{ks.entry, ks.lease, ks.alive}, t.channel, ks.base).Err()
-	cancel()
-	if err != nil {
-		t.failed()
+	if !t.invalidate(ctx, name, key) {
+		t.keep(name, key)
+	}
+}
+
+// skip counts a Set or Invalidate not passed on to Redis, and keeps it for
+// replay unless the tier is closed.
+func (t *Tier[K, V]) skip(name string, key K) {
+	t.stats.skipped.Add(1)
+	if !t.closed.Load() {
+		t.keep(name, key)
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"os"
 	"regexp"
+	"strings"
 	"testing"
 	"time"
 
@@ -22,11 +23,23 @@ func TestMain(m *testing.M) {
 	goleak.VerifyTestMain(m)
 }
 
-// redisAddr returns the address of the Redis the tests use (REDIS_ADDR).
-// Without it the test is skipped, except under CI (CI=true), where a
-// missing Redis fails the run.
+// The suite runs on one Redis node (REDIS_ADDR, started by
+// testdata/start-redis.sh) or on a Redis Cluster (REDIS_CLUSTER, the
+// comma-separated addresses of its nodes, started by
+// testdata/start-cluster.sh). REDIS_CLUSTER wins when both are set. On a
+// cluster every client the tests build is a *redis.ClusterClient; the few
+// tests that need a single server skip (see singleNodeOnly), and
+// cluster_test.go moves slots and fails masters over.
+
+// redisAddr returns the address of the Redis the tests use: REDIS_CLUSTER
+// when set (several addresses, comma-separated), else REDIS_ADDR. Without
+// either the test is skipped, except under CI (CI=true), where a missing
+// Redis fails the run.
 func redisAddr(t testing.TB) string {
 	t.Helper()
+	if addrs := os.Getenv("REDIS_CLUSTER"); addrs != "" {
+		return addrs
+	}
 	addr := os.Getenv("REDIS_ADDR")
 	if addr == "" {
 		if os.Getenv("CI") == "true" {
@@ -37,12 +50,43 @@ func redisAddr(t testing.TB) string {
 	return addr
 }
 
-// newClient returns a client for addr that the test closes when it ends.
-func newClient(t testing.TB, addr string) *redis.Client {
+// onCluster reports whether the suite runs on the Redis Cluster of
+// REDIS_CLUSTER.
+func onCluster() bool { return os.Getenv("REDIS_CLUSTER") != "" }
+
+// singleNodeOnly skips a test that cannot run on a Redis Cluster, saying
+// why, when the suite runs on one. Such a test runs in the single-node
+// pass.
+func singleNodeOnly(t testing.TB, why string) {
 	t.Helper()
-	c := redis.NewClient(clientOptions(addr))
+	if onCluster() {
+		t.Skip("single-node only (REDIS_CLUSTER is set): " + why)
+	}
+}
+
+// newClient returns a client for addr that the test closes when it ends:
+// a *redis.ClusterClient when addr is the cluster's (see isCluster), a
+// *redis.Client otherwise.
+func newClient(t testing.TB, addr string) redis.UniversalClient {
+	t.Helper()
+	c := dial(addr)
 	t.Cleanup(func() { _ = c.Close() })
 	return c
+}
+
+// dial returns a client for addr, as newClient does, that the caller
+// closes: child processes (fleet_test.go) use it too.
+func dial(addr string) redis.UniversalClient {
+	if isCluster(addr) {
+		return redis.NewClusterClient(clusterOptions(addr))
+	}
+	return redis.NewClient(clientOptions(addr))
+}
+
+// isCluster reports whether addr names a Redis Cluster: several addresses,
+// comma-separated, or the value of REDIS_CLUSTER.
+func isCluster(addr string) bool {
+	return strings.Contains(addr, ",") || (addr != "" && addr == os.Getenv("REDIS_CLUSTER"))
 }
 
 func clientOptions(addr string) *redis.Options {
@@ -53,6 +97,25 @@ func clientOptions(addr string) *redis.Options {
 		DialTimeout:           time.Second,
 		ReadTimeout:           time.Second, // bounds what ctx does not: the pub/sub connection's setup
 		WriteTimeout:          time.Second,
+	}
+}
+
+// clusterOptions are clientOptions for the cluster whose nodes addrs lists
+// (comma-separated; any one of them would do as a seed). MaxRedirects
+// keeps go-redis's default (3): MOVED, ASK and TRYAGAIN replies during a
+// slot migration or a failover are followed or retried within the tier's
+// Timeout.
+func clusterOptions(addrs string) *redis.ClusterOptions {
+	o := clientOptions("")
+	return &redis.ClusterOptions{
+		Addrs:                 strings.Split(addrs, ","),
+		MaxRedirects:          16,
+		MaxRetryBackoff:       100 * time.Millisecond,
+		ContextTimeoutEnabled: o.ContextTimeoutEnabled,
+		MaxRetries:            o.MaxRetries,
+		DialTimeout:           o.DialTimeout,
+		ReadTimeout:           o.ReadTimeout,
+		WriteTimeout:          o.WriteTimeout,
 	}
 }
 
@@ -67,11 +130,45 @@ func testPrefix(t testing.TB, c redis.UniversalClient) string {
 	return p
 }
 
+// deletePrefix deletes every key under p: on a cluster, on every master.
 func deletePrefix(c redis.UniversalClient, p string) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	iter := c.Scan(ctx, 0, p+"*", 100).Iterator()
-	for iter.Next(ctx) {
-		c.Del(ctx, iter.Val())
+	_ = forEachMaster(ctx, c, func(ctx context.Context, node redis.UniversalClient) error {
+		iter := node.Scan(ctx, 0, p+"*", 100).Iterator()
+		for iter.Next(ctx) {
+			node.Del(ctx, iter.Val())
+		}
+		return iter.Err()
+	})
+}
+
+// forEachMaster calls fn with a client of each master of c's cluster, or
+// with c itself when it is not a *redis.ClusterClient; it returns the first
+// error.
+func forEachMaster(ctx context.Context, c redis.UniversalClient, fn func(context.Context, redis.UniversalClient) error) error {
+	if cc, ok := c.(*redis.ClusterClient); ok {
+		return cc.ForEachMaster(ctx, func(ctx context.Context, node *redis.Client) error {
+			return fn(ctx, node)
+		})
+	}
+	return fn(ctx, c)
+}
+
+// loadScripts loads the lease protocol's scripts into c's Redis (every
+// master of a cluster), so that a test counting round trips meets no
+// NOSCRIPT (the tier sends a script a server lacks once more, with EVAL).
+func loadScripts(t testing.TB, c redis.UniversalClient) {
+	t.Helper()
+	err := forEachMaster(ctx, c, func(ctx context.Context, node redis.UniversalClient) error {
+		for _, s := range []*redis.Script{acquireScript, writeScript, releaseScript, notFoundScript} {
+			if err := s.Load(ctx, node).Err(); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
 	}
 }

@@ -24,6 +24,7 @@ type ownRedis struct {
 func startOwnRedis(t *testing.T) *ownRedis {
 	t.Helper()
 	redisAddr(t) // same gate as every Redis test
+	singleNodeOnly(t, "it stops, freezes and restarts a redis-server of its own")
 	if _, err := exec.LookPath("redis-server"); err != nil {
 		if os.Getenv("CI") == "true" {
 			t.Fatal("redis-server is not on PATH: CI must install it (redis/testdata/start-redis.sh)")

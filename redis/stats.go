@@ -68,6 +68,38 @@ type Stats struct {
 	// and releases; plus one when Redis must be sent a script it does not
 	// have yet). The heartbeats of a batch's leases are not counted.
 	BatchRoundTrips uint64
+
+	// Listening is true while the tier's pub/sub subscription is confirmed
+	// and healthy: it hears the fleet's invalidations. While it is false,
+	// what the tier hands the Loader may miss one, and is read again once
+	// the subscription is back (see Distrusts).
+	Listening bool
+	// InvalidationsSent counts this process's Sets and Invalidates that
+	// reached Redis, each published to the fleet with the write.
+	InvalidationsSent uint64
+	// InvalidationsHeard counts other processes' Sets and Invalidates
+	// heard on the subscription; each dropped the key here
+	// (flightcache.Stats.RemoteDrops).
+	InvalidationsHeard uint64
+	// UndecodedInvalidations counts, of InvalidationsHeard, those whose key
+	// did not decode (as JSON, to a key with the published name): each
+	// distrusted every local copy instead.
+	UndecodedInvalidations uint64
+	// SubscriptionLosses counts the times the subscription was found lost
+	// (an error, or no answer to a ping): each distrusted every local copy.
+	SubscriptionLosses uint64
+	// Distrusts counts the times the tier had its Loader distrust every
+	// local copy (flightcache.Local.Distrust): at each subscription loss,
+	// when the subscription came back after the tier had handed values
+	// over without it, and for each undecoded invalidation.
+	Distrusts uint64
+	// InvalidationsReplayed counts Sets and Invalidates that could not
+	// reach Redis (stepping aside, or a failed round trip; also counted in
+	// Skipped or RedisErrors) and were later sent as invalidations.
+	InvalidationsReplayed uint64
+	// InvalidationsLost counts those that could not be kept for replay:
+	// more than 65,536 keys waited at once.
+	InvalidationsLost uint64
 }
 
 type counters struct {
@@ -75,6 +107,9 @@ type counters struct {
 	wakeups, polls, writesLost, redisErrors, localLoads, skipped  atomic.Uint64
 	decodeErrors, encodeErrors, staleOffers, notFoundHits         atomic.Uint64
 	batches, batchRoundTrips                                      atomic.Uint64
+	invalidationsSent, invalidationsHeard, undecodedInvalidations atomic.Uint64
+	subscriptionLosses, distrusts                                 atomic.Uint64
+	invalidationsReplayed, invalidationsLost                      atomic.Uint64
 }
 
 // Stats returns the tier's counters. It is safe to call at any time.
@@ -88,5 +123,9 @@ func (t *Tier[K, V]) Stats() Stats {
 		LocalLoads: c.localLoads.Load(), Skipped: c.skipped.Load(),
 		DecodeErrors: c.decodeErrors.Load(), EncodeErrors: c.encodeErrors.Load(),
 		Batches: c.batches.Load(), BatchRoundTrips: c.batchRoundTrips.Load(),
+		Listening: t.events.up.Load(), InvalidationsSent: c.invalidationsSent.Load(),
+		InvalidationsHeard: c.invalidationsHeard.Load(), UndecodedInvalidations: c.undecodedInvalidations.Load(),
+		SubscriptionLosses: c.subscriptionLosses.Load(), Distrusts: c.distrusts.Load(),
+		InvalidationsReplayed: c.invalidationsReplayed.Load(), InvalidationsLost: c.invalidationsLost.Load(),
 	}
 }

@@ -21,6 +21,16 @@
 // [Options.RetryAfter] while the Loader loads locally. [Tier.Stats] counts
 // what happened.
 //
+// # Invalidation
+//
+// A Tier is also a [flightcache.RemoteWatcher]: a Loader.Set or
+// Loader.Invalidate in one process drops the key's local copy in every
+// other process, through a pub/sub message published with the write. When
+// the tier's subscription is lost it has its Loader read every local copy
+// again before serving it, and a write that could not reach Redis is
+// replayed as an invalidation once it can. [Stats] says whether the tier
+// is listening.
+//
 // # Batches
 //
 // A Tier is also a [flightcache.RemoteMany]: with
@@ -139,8 +149,11 @@ type Tier[K comparable, V any] struct {
 	sie      time.Duration // StaleIfError
 	early    bool          // EarlyRefresh > 0
 
-	leaseMS, aliveMS, failMS int64 // PX arguments
-	channel                  string
+	leaseMS, aliveMS, failMS int64  // PX arguments
+	channel                  string // wake-ups: the name of a key whose load ended
+	invChannel               string // fleet-wide invalidation (invalidate.go)
+	origin                   string // this tier's name in its invalidations
+	fleet                    fleetState[K]
 
 	served served
 	events events
@@ -157,6 +170,7 @@ type Tier[K comparable, V any] struct {
 var (
 	_ flightcache.Remote[string, int]     = (*Tier[string, int])(nil)
 	_ flightcache.RemoteMany[string, int] = (*Tier[string, int])(nil)
+	_ flightcache.RemoteWatcher[string]   = (*Tier[string, int])(nil)
 )
 
 // New returns a Tier on client for a Loader configured with loader (the
@@ -186,20 +200,22 @@ func New[K comparable, V any](client redis.UniversalClient, loader flightcache.O
 	}
 	opts = opts.withDefaults(w.LoadTimeout)
 	t := &Tier[K, V]{
-		rdb:      client,
-		opts:     opts,
-		key:      opts.Key,
-		codec:    opts.Codec,
-		loader:   loader,
-		perValue: loader.Freshness != nil,
-		fresh:    w.Fresh,
-		swr:      w.StaleWhileRevalidate,
-		sie:      w.StaleIfError,
-		early:    w.EarlyRefresh,
-		leaseMS:  opts.LeaseTTL.Milliseconds(),
-		aliveMS:  opts.HolderTimeout.Milliseconds(),
-		failMS:   max(4*opts.PollInterval, time.Second).Milliseconds(),
-		channel:  opts.Prefix + "loaded",
+		rdb:        client,
+		opts:       opts,
+		key:        opts.Key,
+		codec:      opts.Codec,
+		loader:     loader,
+		perValue:   loader.Freshness != nil,
+		fresh:      w.Fresh,
+		swr:        w.StaleWhileRevalidate,
+		sie:        w.StaleIfError,
+		early:      w.EarlyRefresh,
+		leaseMS:    opts.LeaseTTL.Milliseconds(),
+		aliveMS:    opts.HolderTimeout.Milliseconds(),
+		failMS:     max(4*opts.PollInterval, time.Second).Milliseconds(),
+		channel:    opts.Prefix + "loaded",
+		invChannel: opts.Prefix + "invalidated",
+		origin:     token(8),
 	}
 	t.fresh = max(t.fresh, time.Millisecond)
 	if t.key == nil {
@@ -210,7 +226,15 @@ func New[K comparable, V any](client redis.UniversalClient, loader flightcache.O
 	}
 	t.served.init()
 	t.ctx, t.cancel = context.WithCancel(context.Background())
-	t.events.start(t.ctx, client, t.channel, opts.Timeout)
+	t.events.start(t.ctx, client, handlers{
+		loaded: t.channel, invalidated: t.invChannel,
+		onDrop: t.onInvalidated, onUp: t.onUp, onDown: t.onDown,
+		onTick: func() {
+			if t.pendingWrites() {
+				t.replay()
+			}
+		},
+	}, opts.Timeout)
 	return t, nil
 }
 
@@ -344,6 +368,14 @@ func (s *served) put(base, id string) {
 		}
 	}
 	s.m[base] = id
+}
+
+// reset forgets everything: after a Distrust, the Loader asks again for
+// what it holds to read it, not to refresh it.
+func (s *served) reset() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	clear(s.m)
 }
 
 func (s *served) drop(base string) {

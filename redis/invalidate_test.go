@@ -1,0 +1,428 @@
+package flightredis
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/flightcache/flightcache"
+)
+
+// listening waits until every tier of ps hears the fleet's invalidations.
+func listening(t *testing.T, ps ...proc) {
+	t.Helper()
+	eventually(t, 5*time.Second, "the tiers' subscriptions", func() bool {
+		for _, p := range ps {
+			if !p.t.Stats().Listening {
+				return false
+			}
+		}
+		return true
+	})
+}
+
+// An Invalidate in one process drops the key in the others, and a Set
+// replaces it there, through the shared entry: no process serves the old
+// value, fresh, until its TTL runs out.
+func TestInvalidateAndSetReachEveryProcess(t *testing.T) {
+	addr := redisAddr(t)
+	prefix := testPrefix(t, newClient(t, addr))
+	d := newDownstream()
+	lo := flightcache.Options[string, string]{TTL: time.Hour}
+	a := newProc(t, addr, prefix, lo, Options[string, string]{}, d)
+	b := newProc(t, addr, prefix, lo, Options[string, string]{}, d)
+	c := newProc(t, addr, prefix, lo, Options[string, string]{}, d)
+	listening(t, a, b, c)
+
+	v1, _ := a.l.Get(ctx, "k")
+	for _, p := range []proc{b, c} {
+		if v, _ := p.l.Get(ctx, "k"); v != v1 {
+			t.Fatalf("Get = %q, want the fleet's %q", v, v1)
+		}
+	}
+	a.l.Invalidate("k")
+	eventually(t, 5*time.Second, "b and c to drop k", func() bool {
+		return b.l.Stats().RemoteDrops == 1 && c.l.Stats().RemoteDrops == 1
+	})
+	v2, _ := b.l.Get(ctx, "k")
+	if v, _ := c.l.Get(ctx, "k"); v2 == v1 || v != v2 {
+		t.Fatalf("after Invalidate: b %q, c %q; want one new value (was %q)", v2, v, v1)
+	}
+	if n := d.calls.Load(); n != 2 {
+		t.Fatalf("downstream calls = %d, want 2 (one per value)", n)
+	}
+
+	a.l.Set("k", "set-by-a")
+	eventually(t, 5*time.Second, "b and c to drop k again", func() bool {
+		return b.l.Stats().RemoteDrops == 2 && c.l.Stats().RemoteDrops == 2
+	})
+	for _, p := range []proc{b, c} {
+		if v, _ := p.l.Get(ctx, "k"); v != "set-by-a" {
+			t.Fatalf("after Set: Get = %q, want set-by-a", v)
+		}
+	}
+	if n := d.calls.Load(); n != 2 {
+		t.Fatalf("downstream calls = %d after the Set, want still 2", n)
+	}
+	if s := a.t.Stats(); s.InvalidationsSent != 2 || s.InvalidationsHeard != 0 || a.l.Stats().RemoteDrops != 0 {
+		t.Fatalf("the writer: sent %d, heard %d, dropped %d; want 2, 0, 0 (its own messages are not for it)",
+			s.InvalidationsSent, s.InvalidationsHeard, a.l.Stats().RemoteDrops)
+	}
+	if s := b.t.Stats(); s.InvalidationsHeard != 2 || s.UndecodedInvalidations != 0 || s.Distrusts != 0 {
+		t.Fatalf("b: heard %d, undecoded %d, distrusts %d; want 2, 0, 0", s.InvalidationsHeard, s.UndecodedInvalidations, s.Distrusts)
+	}
+}
+
+// A key that is not a string travels as JSON, and drops the same key.
+func TestInvalidationOfAStructKey(t *testing.T) {
+	type sku struct {
+		Region string
+		ID     int
+	}
+	addr := redisAddr(t)
+	prefix := testPrefix(t, newClient(t, addr))
+	var calls int
+	load := func(_ context.Context, k sku) (int, error) { calls++; return calls, nil }
+	key := func(k sku) string { return fmt.Sprintf("%s/%d", k.Region, k.ID) }
+	var procs []*flightcache.Loader[sku, int]
+	var tiers []*Tier[sku, int]
+	for range 2 {
+		lo := flightcache.Options[sku, int]{TTL: time.Hour}
+		tier, err := New(newClient(t, addr), lo, Options[sku, int]{Prefix: prefix, Key: key})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = tier.Close() })
+		lo.Remote = tier
+		l, err := flightcache.New(load, lo)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = l.Close() })
+		procs, tiers = append(procs, l), append(tiers, tier)
+	}
+	eventually(t, 5*time.Second, "the subscriptions", func() bool { return tiers[0].Stats().Listening && tiers[1].Stats().Listening })
+	k := sku{"eu", 7}
+	procs[1].Get(ctx, k)
+	procs[1].Get(ctx, sku{"eu", 8})
+	procs[0].Invalidate(k)
+	eventually(t, 5*time.Second, "the drop", func() bool { return procs[1].Stats().RemoteDrops == 1 })
+	if _, info, _ := procs[1].GetInfo(ctx, sku{"eu", 8}); info.Source != flightcache.SourceHit {
+		t.Fatalf("another key was dropped too: %v", info.Source)
+	}
+	if s := tiers[1].Stats(); s.UndecodedInvalidations != 0 {
+		t.Fatalf("UndecodedInvalidations = %d", s.UndecodedInvalidations)
+	}
+}
+
+// A message the tier cannot read names a key it cannot find: it distrusts
+// every local copy instead, and each is read again (from the shared entry,
+// without a downstream call) before it is served.
+func TestUndecodedInvalidationDistrustsEverything(t *testing.T) {
+	addr := redisAddr(t)
+	c := newClient(t, addr)
+	prefix := testPrefix(t, c)
+	d := newDownstream()
+	p := newProc(t, addr, prefix, flightcache.Options[string, string]{TTL: time.Hour}, Options[string, string]{}, d)
+	listening(t, p)
+	for _, k := range []string{"a", "b"} {
+		p.l.Get(ctx, k)
+	}
+	if err := c.Publish(ctx, prefix+"invalidated", "someone\nname\n{not json").Err(); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 5*time.Second, "the distrust", func() bool { return p.l.Stats().Distrusts == 1 })
+	for _, k := range []string{"a", "b"} {
+		if _, info, err := p.l.GetInfo(ctx, k); err != nil || info.Source != flightcache.SourceLoaded {
+			t.Fatalf("Get(%s) after the distrust: %v, %v; want a reread", k, info.Source, err)
+		}
+	}
+	if n := d.calls.Load(); n != 2 {
+		t.Fatalf("downstream calls = %d, want 2: the rereads come from the shared entries", n)
+	}
+	s := p.t.Stats()
+	if s.UndecodedInvalidations != 1 || s.Distrusts != 1 || s.Hits != 2 {
+		t.Fatalf("tier: undecoded %d, distrusts %d, hits %d; want 1, 1, 2", s.UndecodedInvalidations, s.Distrusts, s.Hits)
+	}
+}
+
+// When the subscription is lost, every local copy is distrusted: an
+// Invalidate the process could not hear is not served past, whatever the
+// timing. The tier says so in Stats, and listens again.
+func TestSubscriptionLossDistrustsEveryCopy(t *testing.T) {
+	singleNodeOnly(t, "kills the pub/sub connections of one server")
+	addr := redisAddr(t)
+	admin := newClient(t, addr)
+	prefix := testPrefix(t, admin)
+	d := newDownstream()
+	lo := flightcache.Options[string, string]{TTL: time.Hour}
+	a := newProc(t, addr, prefix, lo, Options[string, string]{}, d)
+	b := newProc(t, addr, prefix, lo, Options[string, string]{}, d)
+	listening(t, a, b)
+	old, _ := b.l.Get(ctx, "k")
+
+	// Kill every pub/sub connection: both tiers lose their subscription.
+	if err := admin.Do(ctx, "CLIENT", "KILL", "TYPE", "pubsub").Err(); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 10*time.Second, "b to see its subscription lost", func() bool { return b.t.Stats().SubscriptionLosses >= 1 })
+	a.l.Invalidate("k") // b may or may not hear this one
+	if v, _ := b.l.Get(ctx, "k"); v == old {
+		t.Fatalf("b served %q after an Invalidate it could not hear", v)
+	}
+	listening(t, a, b)
+	if s := b.l.Stats(); s.Distrusts < 1 || s.Rereads < 1 {
+		t.Fatalf("b's Loader: Distrusts %d, Rereads %d; want >= 1 each", s.Distrusts, s.Rereads)
+	}
+}
+
+// A Set or Invalidate that cannot reach Redis is kept and sent, as an
+// invalidation, once the tier can reach Redis again.
+func TestWriteThatMissedRedisIsReplayed(t *testing.T) {
+	addr := redisAddr(t)
+	prefix := testPrefix(t, newClient(t, addr))
+	d := newDownstream()
+	lo := flightcache.Options[string, string]{TTL: time.Hour}
+	to := Options[string, string]{RetryAfter: 300 * time.Millisecond, Timeout: 100 * time.Millisecond}
+	a := newProc(t, addr, prefix, lo, to, d)
+	b := newProc(t, addr, prefix, lo, to, d)
+	listening(t, a, b)
+	v1, _ := b.l.Get(ctx, "k")
+
+	a.t.failed() // as after a failed round trip: a steps aside for RetryAfter
+	a.l.Set("k", "new")
+	if s := a.t.Stats(); s.Skipped != 1 {
+		t.Fatalf("Skipped = %d, want 1", s.Skipped)
+	}
+	if v, _ := b.l.Get(ctx, "k"); v != v1 {
+		t.Fatalf("b = %q before the replay; want %q still", v, v1)
+	}
+	eventually(t, 10*time.Second, "the replay", func() bool { return a.t.Stats().InvalidationsReplayed == 1 })
+	eventually(t, 5*time.Second, "b to drop k", func() bool { return b.l.Stats().RemoteDrops == 1 })
+	if v, _ := b.l.Get(ctx, "k"); v == v1 {
+		t.Fatalf("b still serves %q after the replayed Set", v)
+	}
+	if s := a.t.Stats(); s.InvalidationsLost != 0 {
+		t.Fatalf("InvalidationsLost = %d", s.InvalidationsLost)
+	}
+}
+
+// The first Loads of a tier wait (at most Timeout) for its subscription,
+// so a fleet that starts together hands out nothing it could not hear the
+// invalidation of: no distrust, no reread.
+func TestFirstLoadsWaitForTheSubscription(t *testing.T) {
+	addr := redisAddr(t)
+	prefix := testPrefix(t, newClient(t, addr))
+	d := newDownstream()
+	p := newProc(t, addr, prefix, flightcache.Options[string, string]{TTL: time.Hour}, Options[string, string]{}, d)
+	p.l.Get(ctx, "k") // at once: the subscription may not be up yet
+	if !p.t.Stats().Listening {
+		t.Fatal("a Load returned before the subscription was confirmed")
+	}
+	if s := p.t.Stats(); s.Distrusts != 0 {
+		t.Fatalf("Distrusts = %d, want 0", s.Distrusts)
+	}
+}
+
+// TestInvalidationLatencyAcrossProcesses measures fleet-wide invalidation
+// with 4 processes: this one writes (a version in Redis, the "database",
+// then Invalidate), 3 children (the test binary re-executed with
+// FLIGHTREDIS_CHILD=reader) read the key in a loop, each through its own
+// Loader and tier, with a TTL of an hour. For each invalidation it records
+// how long after Invalidate returned each child first served the new
+// version; a child that serves an older version after a newer one counts
+// a stale read. The rule: every child serves every version, and none
+// goes back. The latencies are logged (docs/distributed.md quotes them).
+func TestInvalidationLatencyAcrossProcesses(t *testing.T) {
+	addr := redisAddr(t)
+	admin := newClient(t, addr)
+	prefix := testPrefix(t, admin)
+	rounds := 1000
+	if testing.Short() {
+		rounds = 100
+	}
+	db := prefix + "{db}"
+	if err := admin.Set(ctx, db, 0, 0).Err(); err != nil {
+		t.Fatal(err)
+	}
+	load := func(ctx context.Context, key string) (string, error) {
+		return admin.Get(ctx, db).Result()
+	}
+	lo := flightcache.Options[string, string]{TTL: time.Hour}
+	tier, err := New(newClient(t, addr), lo, Options[string, string]{Prefix: prefix})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = tier.Close() })
+	lo.Remote = tier
+	writer, err := flightcache.New(load, lo)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = writer.Close() })
+
+	const readers = 3
+	type seen struct {
+		version int
+		at      time.Time
+	}
+	seenCh := make([]chan seen, readers)
+	doneCh := make(chan [2]int, readers)
+	var stdins []io.WriteCloser
+	var cmds []*exec.Cmd
+	for i := range readers {
+		cmd := exec.Command(os.Args[0], "-test.run=^$")
+		cmd.Env = append(os.Environ(), childEnv+"=reader", "FR_ADDR="+addr, "FR_PREFIX="+prefix, "FR_DB="+db)
+		cmd.Stderr = os.Stderr
+		stdin, _ := cmd.StdinPipe()
+		stdout, _ := cmd.StdoutPipe()
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		stdins, cmds = append(stdins, stdin), append(cmds, cmd)
+		seenCh[i] = make(chan seen, rounds+2)
+		go func(ch chan seen) {
+			sc := bufio.NewScanner(stdout)
+			for sc.Scan() {
+				f := strings.Fields(sc.Text())
+				switch {
+				case len(f) == 3 && f[0] == "seen":
+					v, _ := strconv.Atoi(f[1])
+					ns, _ := strconv.ParseInt(f[2], 10, 64)
+					ch <- seen{v, time.Unix(0, ns)}
+				case len(f) == 3 && f[0] == "done":
+					stale, _ := strconv.Atoi(f[1])
+					reads, _ := strconv.Atoi(f[2])
+					doneCh <- [2]int{stale, reads}
+				}
+			}
+			close(ch)
+		}(seenCh[i])
+	}
+	t.Cleanup(func() {
+		for i, c := range cmds {
+			_ = stdins[i].Close()
+			_ = c.Wait()
+		}
+	})
+	next := func(i, want int) seen {
+		timer := time.NewTimer(10 * time.Second)
+		defer timer.Stop()
+		for {
+			select {
+			case s, ok := <-seenCh[i]:
+				if !ok {
+					t.Fatalf("reader %d exited before serving version %d", i, want)
+				}
+				if s.version >= want {
+					return s
+				}
+			case <-timer.C:
+				t.Fatalf("reader %d did not serve version %d within 10s", i, want)
+			}
+		}
+	}
+	for i := range readers { // each reader serves version 0, the first load
+		next(i, 0)
+	}
+
+	var lat []time.Duration // per round, until the last reader served the new version
+	for v := 1; v <= rounds; v++ {
+		if err := admin.Incr(ctx, db).Err(); err != nil {
+			t.Fatal(err)
+		}
+		writer.Invalidate("k")
+		t0 := time.Now()
+		var worst time.Duration
+		for i := range readers {
+			if s := next(i, v); s.at.Sub(t0) > worst {
+				worst = s.at.Sub(t0)
+			}
+		}
+		lat = append(lat, worst)
+	}
+	stale, reads := 0, 0
+	for i := range readers {
+		_ = stdins[i].Close()
+		select {
+		case r := <-doneCh:
+			stale += r[0]
+			reads += r[1]
+		case <-time.After(10 * time.Second):
+			t.Fatal("a reader did not report")
+		}
+	}
+	slices.Sort(lat)
+	pct := func(p float64) time.Duration { return lat[min(len(lat)-1, int(p*float64(len(lat))))] }
+	t.Logf("%d invalidations, %d readers: until no reader serves the old value p50 %v, p99 %v, max %v; %d reads, %d stale after a newer one",
+		rounds, readers, pct(0.50), pct(0.99), lat[len(lat)-1], reads, stale)
+	if stale != 0 {
+		t.Errorf("%d reads served a version older than one already served", stale)
+	}
+	if s := tier.Stats(); s.InvalidationsSent != uint64(rounds) {
+		t.Errorf("InvalidationsSent = %d, want %d", s.InvalidationsSent, rounds)
+	}
+}
+
+// readerChild is a reader of TestInvalidationLatencyAcrossProcesses: it
+// reads "k" in a loop and prints "seen <version> <unix ns>" each time it
+// serves a newer version, until its stdin closes; then "done <stale>
+// <reads>".
+func readerChild() int {
+	addr, prefix, db := os.Getenv("FR_ADDR"), os.Getenv("FR_PREFIX"), os.Getenv("FR_DB")
+	rdb := dial(addr)
+	defer rdb.Close()
+	load := func(ctx context.Context, key string) (string, error) { return rdb.Get(ctx, db).Result() }
+	lo := flightcache.Options[string, string]{TTL: time.Hour}
+	tier, err := New(rdb, lo, Options[string, string]{Prefix: prefix})
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "reader:", err)
+		return 1
+	}
+	defer tier.Close()
+	lo.Remote = tier
+	l, err := flightcache.New(load, lo)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "reader:", err)
+		return 1
+	}
+	defer l.Close()
+	stop := make(chan struct{})
+	go func() { _, _ = io.Copy(io.Discard, os.Stdin); close(stop) }()
+	for !tier.Stats().Listening {
+		time.Sleep(time.Millisecond)
+	}
+	out := bufio.NewWriter(os.Stdout)
+	last, stale, reads := -1, 0, 0
+	for {
+		select {
+		case <-stop:
+			fmt.Fprintf(out, "done %d %d\n", stale, reads)
+			out.Flush()
+			return 0
+		default:
+		}
+		v, err := l.Get(context.Background(), "k")
+		reads++
+		n, perr := strconv.Atoi(v)
+		switch {
+		case err != nil || perr != nil:
+			fmt.Fprintln(os.Stderr, "reader: Get:", v, err)
+		case n > last:
+			last = n
+			fmt.Fprintf(out, "seen %d %d\n", n, time.Now().UnixNano())
+			out.Flush()
+		case n < last:
+			stale++
+		}
+		time.Sleep(100 * time.Microsecond)
+	}
+}
