@@ -19,10 +19,10 @@ type bus struct {
 
 type member struct {
 	bus   *bus
-	local flightcache.Local[string]
+	local flightcache.LocalCache[string]
 }
 
-func (m *member) Watch(local flightcache.Local[string]) { m.local = local }
+func (m *member) Watch(local flightcache.LocalCache[string]) { m.local = local }
 
 func (m *member) Load(ctx context.Context, _ string, load func(context.Context) (string, error)) (flightcache.RemoteValue[string], error) {
 	v, err := load(ctx) // no shared values in this sketch: each process loads

@@ -9,7 +9,9 @@ package flightcache
 // Distrust moves the Loader to a new generation: each entry of an older
 // one is no longer served as it stands, and the next Get of its key waits
 // for a load, as a revalidating Get does (rule 18). The check on a hit is
-// one comparison of two words that almost never change.
+// one comparison of two words that almost never change. A Get that finds
+// a load in flight from an older generation does not join it: it detaches
+// it (its waiters keep it) and starts its own.
 
 // RemoteWatcher is what a [Remote] implements, besides Remote, to keep the
 // Loader's local copies in step with the rest of a fleet: when another
@@ -17,35 +19,37 @@ package flightcache
 // its copy; when it may have missed such a write (its subscription was
 // down), it tells the Loader to distrust every copy it holds.
 //
-// [New] calls Watch once, before it returns, with the Loader's [Local] (a
+// [New] calls Watch once, before it returns, with the Loader's [LocalCache] (a
 // Watch that panics fails New with a [*PanicError]). The
 // Remote keeps it and calls it from any goroutine, for as long as it likes:
 // after [Loader.Close] its methods do nothing.
 type RemoteWatcher[K comparable] interface {
-	Watch(local Local[K])
+	Watch(local LocalCache[K])
 }
 
-// Local is a Loader's own cache as a [RemoteWatcher] drives it. Its methods
+// LocalCache is a Loader's own cache as a [RemoteWatcher] drives it. Its methods
 // are safe for concurrent use, never call the Remote back, never wait for a
 // load, and do nothing once the Loader is closed.
-type Local[K comparable] interface {
+type LocalCache[K comparable] interface {
 	// Drop forgets this process's copy of key, as [Loader.Invalidate]
 	// does (a load of key in flight still answers its own waiters, but
-	// does not fill the cache), without telling the Remote: another
-	// process has already written key there. The next Get of key loads
-	// it, through the Remote.
+	// does not fill the cache), without telling the Remote: the write
+	// it answers to was made there already, by another process (or by
+	// this one: a Remote may echo this process's own writes, to undo a
+	// read that raced them). The next Get of key loads it, through the
+	// Remote.
 	Drop(key K)
 	// Distrust makes every copy held now, and the result of every load
 	// running now, unfit to serve as it stands: the next Get of each such
-	// key waits for a load (through the Remote), which a Reload receives
-	// the old value for, and which the old value covers, within
-	// StaleIfError, if it fails. Copies loaded or Set afterwards are
-	// trusted. A Remote calls it when it may have missed writes of other
-	// processes (its subscription to them was down).
+	// key waits for a new load (through the Remote), as a revalidating Get
+	// does. A Reload is handed the old value; if the load fails, the old
+	// value covers the failure within StaleIfError. Copies loaded or Set
+	// afterwards are trusted. A Remote calls it when it may have missed
+	// writes of other processes (its subscription to them was down).
 	Distrust()
 }
 
-// local is a Loader's [Local].
+// local is a Loader's [LocalCache].
 type local[K comparable, V any] struct{ l *Loader[K, V] }
 
 func (x local[K, V]) Drop(key K) {
@@ -61,7 +65,7 @@ func (x local[K, V]) Distrust() {
 	}
 }
 
-// watch hands the Loader's Local to its Remote, if the Remote watches. A
+// watch hands the Loader's LocalCache to its Remote, if the Remote watches. A
 // Watch that panics fails New.
 func (l *Loader[K, V]) watch() error {
 	w, ok := l.opts.Remote.(RemoteWatcher[K])

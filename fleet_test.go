@@ -9,16 +9,16 @@ import (
 )
 
 // watchingRemote is a Remote that passes every load through and keeps the
-// Local the Loader hands it, as a tier that hears the fleet's writes does.
+// LocalCache the Loader hands it, as a tier that hears the fleet's writes does.
 type watchingRemote struct {
 	mu          sync.Mutex
-	local       Local[string]
+	local       LocalCache[string]
 	watches     int
 	invalidated []string
 	panicWatch  bool
 }
 
-func (r *watchingRemote) Watch(local Local[string]) {
+func (r *watchingRemote) Watch(local LocalCache[string]) {
 	if r.panicWatch {
 		panic("watch")
 	}
@@ -56,7 +56,7 @@ func (r *watchingRemote) Invalidate(_ context.Context, key string) {
 	r.invalidated = append(r.invalidated, key)
 }
 
-func (r *watchingRemote) the() Local[string] {
+func (r *watchingRemote) the() LocalCache[string] {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return r.local
@@ -68,7 +68,7 @@ func newWatched(t *testing.T, d *downstream, opts Options[string, string]) (*Loa
 	opts.Remote = r
 	l := newLoader(t, d, opts)
 	if r.watches != 1 || r.the() == nil {
-		t.Fatalf("New called Watch %d times, want 1 with a Local", r.watches)
+		t.Fatalf("New called Watch %d times, want 1 with a LocalCache", r.watches)
 	}
 	return l, r
 }
@@ -261,7 +261,7 @@ func TestGetManyRereadsDistrustedKeys(t *testing.T) {
 	}
 }
 
-// A Local outlives its Loader harmlessly, and a Watch that panics fails New.
+// A LocalCache outlives its Loader harmlessly, and a Watch that panics fails New.
 func TestLocalAfterCloseAndPanickingWatch(t *testing.T) {
 	d := &downstream{}
 	r := &watchingRemote{}
@@ -281,5 +281,34 @@ func TestLocalAfterCloseAndPanickingWatch(t *testing.T) {
 	var pe *PanicError
 	if !errors.As(err, &pe) {
 		t.Fatalf("New with a panicking Watch: %v, want a *PanicError", err)
+	}
+}
+
+// Rule 18: a Get that starts after Distrust does not join a load that
+// started before it (which may carry what the fleet has overwritten): it
+// starts its own; the old load's waiters keep theirs.
+func TestGetAfterDistrustDoesNotJoinAnOlderLoad(t *testing.T) {
+	d := &downstream{gate: make(chan struct{}), started: make(chan string, 4)}
+	l, r := newWatched(t, d, Options[string, string]{})
+	ctx := context.Background()
+	old := getAsync(ctx, l, "k")
+	<-d.started
+	r.the().Distrust()
+	fresh := getAsync(ctx, l, "k")
+	<-d.started // a second load, not a join
+	d.gate <- struct{}{}
+	d.gate <- struct{}{}
+	a, b := <-old, <-fresh
+	if a.err != nil || b.err != nil || a.v == b.v {
+		t.Fatalf("old waiter %+v, new Get %+v; want two values from two loads", a, b)
+	}
+	if b.info.Source != SourceLoaded {
+		t.Fatalf("the Get after Distrust: %v, want loaded (its own load)", b.info.Source)
+	}
+	if v, info, _ := l.GetInfo(ctx, "k"); v != b.v || info.Source != SourceHit {
+		t.Fatalf("next Get = %q, %v; want the new load's %q, a hit", v, info.Source, b.v)
+	}
+	if s := l.Stats(); s.Rereads != 1 || s.Loads != 2 {
+		t.Fatalf("Rereads %d, Loads %d; want 1, 2", s.Rereads, s.Loads)
 	}
 }

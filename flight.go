@@ -184,9 +184,16 @@ func (f *flights[K, V]) join(ctx context.Context, s *stripe, key K, h uint64, no
 			sh.mu.Unlock()
 			return joined[K, V]{err: ErrRecursiveLoad}
 		}
-		c.waiters++
-		sh.mu.Unlock()
-		return joined[K, V]{c: c, reread: reread}
+		if revalidate || c.gen == l.generation.Load() {
+			c.waiters++
+			sh.mu.Unlock()
+			return joined[K, V]{c: c, reread: reread}
+		}
+		// Rule 18: c started before a Distrust and may carry what the
+		// fleet has overwritten since. It keeps its waiters, but not the
+		// key: this Get starts a load of its own.
+		sh.detach(key)
+		reread = true
 	}
 	from := l.held(cur, now)
 	c = f.start(sh, ctx, key, h, marker, from, false)

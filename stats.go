@@ -133,9 +133,9 @@ type Stats struct {
 	BatchLoads        uint64 // LoadMany calls (each also one of Loads)
 	BatchKeys         uint64 // keys asked for over all LoadMany calls
 	Peeks             uint64 // Peek calls, found or not (never counted in Gets)
-	RemoteDrops       uint64 // local copies dropped because the Remote heard another process write the key (RemoteWatcher)
-	Distrusts         uint64 // times the Remote had every local copy distrusted (it may have missed writes)
-	Rereads           uint64 // Gets (and keys of GetMany) that found a distrusted copy and waited to read it again (each also counted in Misses)
+	RemoteDrops       uint64 // LocalCache.Drop calls from a watching Remote (RemoteWatcher): keys written elsewhere, held here or not
+	Distrusts         uint64 // LocalCache.Distrust calls: the Remote may have missed writes
+	Rereads           uint64 // Gets (and keys of GetMany) that found a distrusted copy, or a load from before a Distrust, and waited for a new load (each also counted in Misses)
 	Abandoned         uint64 // loads cancelled because every waiter left (CancelAtZero)
 	BreakerRejected   uint64 // downstream calls the breaker refused
 	Panics            uint64 // panics recovered in user code: LoadFunc, Cost, OnLoad, Hash, a Remote, a breaker...

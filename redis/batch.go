@@ -114,6 +114,9 @@ func (t *Tier[K, V]) LoadMany(ctx context.Context, keys []K, load func(context.C
 	}
 	if t.closed.Load() || t.down() {
 		t.listening()
+		for _, s := range slots {
+			t.handed(t.key(s.key), s.key)
+		}
 		b.loadAndStore(nil, slots)
 		return b.out
 	}
@@ -121,7 +124,9 @@ func (t *Tier[K, V]) LoadMany(ctx context.Context, keys []K, load func(context.C
 	t.listening()
 	bases := make([]string, len(slots))
 	for i, s := range slots {
-		s.ks = keysFor(t.opts.Prefix, t.key(s.key))
+		name := t.key(s.key)
+		t.handed(name, s.key)
+		s.ks = keysFor(t.opts.Prefix, name)
 		bases[i] = s.ks.base
 	}
 	b.w = t.events.watchAll(bases)

@@ -39,6 +39,7 @@ type handlers struct {
 	loaded, invalidated string               // the channels
 	onDrop              func(payload string) // a message of the invalidated channel
 	onUp, onDown        func()
+	onRetry             func() // after an attempt that did not confirm the subscription
 	onTick              func() // every check while the subscription is up
 }
 
@@ -59,6 +60,8 @@ func (ev *events) start(ctx context.Context, rdb redis.UniversalClient, h handle
 		for ctx.Err() == nil {
 			if ev.listen(ctx, rdb, h, timeout, check) {
 				pause = 50 * time.Millisecond // it had worked: come back quickly
+			} else if ctx.Err() == nil {
+				h.onRetry()
 			}
 			t := time.NewTimer(jitter(pause))
 			select {
@@ -84,14 +87,14 @@ func (ev *events) listen(ctx context.Context, rdb redis.UniversalClient, h handl
 	ev.ps = ps
 	ev.mu.Unlock()
 	defer func() {
+		ev.up.Store(false)
+		if confirmed && ctx.Err() == nil { // not a loss when the tier closes
+			h.onDown() // first: closing may take a while with Redis hung
+		}
 		ev.mu.Lock()
 		ev.ps = nil
 		ev.mu.Unlock()
 		_ = ps.Close()
-		ev.up.Store(false)
-		if confirmed && ctx.Err() == nil { // not a loss when the tier closes
-			h.onDown()
-		}
 	}()
 	c, cancel := context.WithTimeout(ctx, timeout)
 	err := ps.Subscribe(c, h.loaded, h.invalidated)

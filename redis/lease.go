@@ -145,11 +145,14 @@ var ErrPeerFailed = errors.New("flightredis: the load failed in another process"
 func (t *Tier[K, V]) Load(ctx context.Context, key K, load func(context.Context) (V, error)) (flightcache.RemoteValue[V], error) {
 	if t.closed.Load() || t.down() {
 		t.listening()
+		t.handed(t.key(key), key)
 		return t.local(ctx, load)
 	}
 	t.events.awaitStartup(ctx)
 	t.listening()
-	ks := keysFor(t.opts.Prefix, t.key(key))
+	name := t.key(key)
+	t.handed(name, key)
+	ks := keysFor(t.opts.Prefix, name)
 	w := t.events.watch(ks.base)
 	defer t.events.unwatch(ks.base, w)
 
@@ -536,6 +539,7 @@ func (t *Tier[K, V]) local(ctx context.Context, load func(context.Context) (V, e
 // once it can.
 func (t *Tier[K, V]) Set(ctx context.Context, key K, v flightcache.RemoteValue[V]) {
 	name := t.key(key)
+	t.handed(name, key)
 	if t.closed.Load() || t.down() {
 		t.skip(name, key)
 		return
@@ -552,13 +556,11 @@ func (t *Tier[K, V]) Set(ctx context.Context, key K, v flightcache.RemoteValue[V
 	err := writeScript.Run(c, t.rdb, writeKeys(ks), append(append([]any{""}, args...), t.invChannel, t.invalidation(name, key))...).Err()
 	cancel()
 	if err != nil {
-		if ctx.Err() == nil {
-			t.failed()
-		}
+		t.writeFailed(ctx, err)
 		t.keep(name, key)
 		return
 	}
-	t.stats.invalidationsSent.Add(1)
+	t.reached(name)
 	t.served.put(ks.base, id)
 }
 
@@ -579,10 +581,12 @@ func (t *Tier[K, V]) Invalidate(ctx context.Context, key K) {
 }
 
 // skip counts a Set or Invalidate not passed on to Redis, and keeps it for
-// replay unless the tier is closed.
+// replay; after Close it is lost.
 func (t *Tier[K, V]) skip(name string, key K) {
 	t.stats.skipped.Add(1)
-	if !t.closed.Load() {
-		t.keep(name, key)
+	if t.closed.Load() {
+		t.stats.invalidationsLost.Add(1)
+		return
 	}
+	t.keep(name, key)
 }

@@ -78,27 +78,33 @@ type Stats struct {
 	// reached Redis, each published to the fleet with the write.
 	InvalidationsSent uint64
 	// InvalidationsHeard counts other processes' Sets and Invalidates
-	// heard on the subscription; each dropped the key here
-	// (flightcache.Stats.RemoteDrops).
+	// heard on the subscription; each asked the Loader to drop the key
+	// (flightcache.Stats.RemoteDrops, which also counts this process's
+	// own writes echoed back).
 	InvalidationsHeard uint64
-	// UndecodedInvalidations counts, of InvalidationsHeard, those whose key
-	// did not decode (as JSON, to a key with the published name): each
-	// distrusted every local copy instead.
+	// UndecodedInvalidations counts messages (heard, or this process's
+	// own) whose key could not be found: its JSON did not decode to a key
+	// with the published name, or, for a key type JSON does not carry
+	// back, this tier had not handed that name over. Each distrusted
+	// every local copy instead.
 	UndecodedInvalidations uint64
 	// SubscriptionLosses counts the times the subscription was found lost
 	// (an error, or no answer to a ping): each distrusted every local copy.
 	SubscriptionLosses uint64
 	// Distrusts counts the times the tier had its Loader distrust every
-	// local copy (flightcache.Local.Distrust): at each subscription loss,
-	// when the subscription came back after the tier had handed values
-	// over without it, and for each undecoded invalidation.
+	// local copy (flightcache.LocalCache.Distrust): at each subscription
+	// loss; while the subscription is down, after each failed attempt to
+	// make it again, and once more when it is back, if the tier handed
+	// values over since the last one; and for each undecoded invalidation.
 	Distrusts uint64
 	// InvalidationsReplayed counts Sets and Invalidates that could not
-	// reach Redis (stepping aside, or a failed round trip; also counted in
-	// Skipped or RedisErrors) and were later sent as invalidations.
+	// reach Redis (the tier stepping aside, counted in Skipped; a failed
+	// round trip or a refused command, counted in RedisErrors) and were
+	// later sent as invalidations.
 	InvalidationsReplayed uint64
-	// InvalidationsLost counts those that could not be kept for replay:
-	// more than 65,536 keys waited at once.
+	// InvalidationsLost counts those that could not be kept for replay
+	// (more than 65,536 keys waited at once), were still waiting when the
+	// tier closed, or came after it closed.
 	InvalidationsLost uint64
 }
 

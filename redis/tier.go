@@ -57,6 +57,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"reflect"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -225,15 +226,12 @@ func New[K comparable, V any](client redis.UniversalClient, loader flightcache.O
 		t.codec = JSON[V]{}
 	}
 	t.served.init()
+	t.fleet.jsonKeys = jsonSafe(reflect.TypeFor[K]())
 	t.ctx, t.cancel = context.WithCancel(context.Background())
 	t.events.start(t.ctx, client, handlers{
 		loaded: t.channel, invalidated: t.invChannel,
-		onDrop: t.onInvalidated, onUp: t.onUp, onDown: t.onDown,
-		onTick: func() {
-			if t.pendingWrites() {
-				t.replay()
-			}
-		},
+		onDrop: t.onInvalidated, onUp: t.onUp, onDown: t.onDown, onRetry: t.onRetry,
+		onTick: t.replay,
 	}, opts.Timeout)
 	return t, nil
 }
@@ -300,7 +298,8 @@ func (o Options[K, V]) withDefaults(loadTimeout time.Duration) Options[K, V] {
 
 // Close stops the tier's pub/sub subscription and its background work.
 // Call it after [flightcache.Loader.Close]; a Load after Close goes
-// straight to the downstream. Close does not close the Redis client. It is
+// straight to the downstream. Sets and Invalidates still waiting to be
+// replayed are dropped (Stats.InvalidationsLost). Close does not close the Redis client. It is
 // idempotent and always returns nil.
 //
 // NOTE: with Redis hung, Close waits for go-redis to give up setting up the
@@ -311,6 +310,7 @@ func (t *Tier[K, V]) Close() error {
 		t.closed.Store(true)
 		t.cancel()
 		t.events.stop()
+		t.dropPending()
 	})
 	return nil
 }
