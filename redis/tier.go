@@ -181,7 +181,9 @@ var (
 // applies the same freshness rules to a shared entry.
 //
 // client may be a single node, a Sentinel failover client or a Cluster
-// client. It must have been created with ContextTimeoutEnabled, or a slow
+// client (give a Cluster client MaxRedirects, MaxRetryBackoff and
+// ClusterStateReloadInterval as docs/distributed.md says, so slot
+// migrations and failovers do not step the tier aside for long). It must have been created with ContextTimeoutEnabled, or a slow
 // Redis would hold loads past Timeout; New returns an error otherwise.
 // New does not contact Redis: a tier created while Redis is down starts
 // working when Redis is back.

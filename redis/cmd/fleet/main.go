@@ -5,6 +5,13 @@
 // with it, and prints the downstream calls and the latency of each way.
 //
 //	go run ./redis/cmd/fleet -redis 127.0.0.1:6379 -procs 4
+//	go run ./redis/cmd/fleet -cluster 127.0.0.1:7000,127.0.0.1:7001,127.0.0.1:7002 -procs 4
+//
+// -redis names one Redis node (default $REDIS_ADDR); -cluster names the
+// nodes of a Redis Cluster, comma-separated (default $REDIS_CLUSTER; any
+// reachable node would do as a seed, several are safer), and makes every
+// process use a ClusterClient. A flag given on the command line wins over
+// the environment; giving both flags is an error.
 //
 // Without the tier, each process coalesces its own Gets: N calls per key.
 // With it, one process per key takes the lease and calls the downstream;
@@ -24,6 +31,7 @@ import (
 	"os/exec"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -33,8 +41,56 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
+// target is the Redis the processes share: one node, or a Cluster.
+type target struct {
+	addr    string   // one node's host:port, or ""
+	cluster []string // the Cluster's nodes, or nil
+}
+
+// args are the flags that pass the target on to a worker process.
+func (t target) args() []string {
+	if t.cluster != nil {
+		return []string{"-cluster", strings.Join(t.cluster, ",")}
+	}
+	return []string{"-redis", t.addr}
+}
+
+// client returns a client for the target: a ClusterClient for a Cluster.
+// Both have ContextTimeoutEnabled (the tier requires it) and short
+// timeouts. A ClusterClient also retries TRYAGAIN through a slot
+// migration (MaxRedirects, MaxRetryBackoff) and reloads its slot map
+// every second, so that after a failover it finds the new master quickly
+// (go-redis reloads it on MOVED and ASK, which a dead master never sends).
+func (t target) client() redis.UniversalClient {
+	if t.cluster != nil {
+		return redis.NewClusterClient(&redis.ClusterOptions{
+			Addrs:                      t.cluster,
+			ContextTimeoutEnabled:      true,
+			ReadTimeout:                time.Second,
+			WriteTimeout:               time.Second,
+			MaxRedirects:               16,
+			MaxRetryBackoff:            100 * time.Millisecond,
+			ClusterStateReloadInterval: time.Second,
+		})
+	}
+	return redis.NewClient(&redis.Options{
+		Addr:                  t.addr,
+		ContextTimeoutEnabled: true,
+		ReadTimeout:           time.Second,
+		WriteTimeout:          time.Second,
+	})
+}
+
+func (t target) String() string {
+	if t.cluster != nil {
+		return fmt.Sprintf("the Redis Cluster of %d nodes at %s", len(t.cluster), strings.Join(t.cluster, ","))
+	}
+	return "the Redis at " + t.addr
+}
+
 func main() {
 	addr := flag.String("redis", os.Getenv("REDIS_ADDR"), "Redis address `host:port` (default $REDIS_ADDR)")
+	cluster := flag.String("cluster", os.Getenv("REDIS_CLUSTER"), "Redis Cluster node addresses, `host:port,host:port,...` (default $REDIS_CLUSTER)")
 	procs := flag.Int("procs", 4, "worker processes")
 	gets := flag.Int("gets", 50, "concurrent Gets per process per key")
 	keys := flag.Int("keys", 30, "cold keys (rounds)")
@@ -44,15 +100,26 @@ func main() {
 	tier := flag.Bool("tier", false, "use the Redis tier (internal)")
 	prefix := flag.String("prefix", "", "Redis key prefix (internal)")
 	flag.Parse()
-	if *addr == "" {
-		fmt.Fprintln(os.Stderr, "fleet: give -redis host:port (or set REDIS_ADDR)")
+	set := map[string]bool{}
+	flag.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	var tgt target
+	switch {
+	case set["redis"] && set["cluster"]:
+		fmt.Fprintln(os.Stderr, "fleet: give -redis or -cluster, not both")
+		os.Exit(2)
+	case *cluster != "" && !set["redis"]:
+		tgt.cluster = strings.Split(*cluster, ",")
+	case *addr != "":
+		tgt.addr = *addr
+	default:
+		fmt.Fprintln(os.Stderr, "fleet: give -redis host:port or -cluster host:port,... (or set REDIS_ADDR or REDIS_CLUSTER)")
 		os.Exit(2)
 	}
 	var err error
 	if *worker {
-		err = runWorker(*addr, *url, *prefix, *tier, *gets)
+		err = runWorker(tgt, *url, *prefix, *tier, *gets)
 	} else {
-		err = run(*addr, *procs, *gets, *keys, *latency)
+		err = run(tgt, *procs, *gets, *keys, *latency)
 	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "fleet:", err)
@@ -67,7 +134,7 @@ type report struct {
 	Errors  int           `json:"errors"`
 }
 
-func run(addr string, procs, gets, keys int, latency time.Duration) error {
+func run(tgt target, procs, gets, keys int, latency time.Duration) error {
 	var calls atomic.Int64
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -82,10 +149,10 @@ func run(addr string, procs, gets, keys int, latency time.Duration) error {
 	defer srv.Close()
 	url := "http://" + ln.Addr().String() + "/"
 	prefix := fmt.Sprintf("fleet:%d:%d:", os.Getpid(), time.Now().UnixNano())
-	defer cleanup(addr, prefix)
+	defer cleanup(tgt, prefix)
 
-	fmt.Printf("%d processes × %d concurrent Gets per cold key, %d keys, downstream latency %v\n\n",
-		procs, gets, keys, latency)
+	fmt.Printf("%d processes × %d concurrent Gets per cold key, %d keys, downstream latency %v, on %v\n\n",
+		procs, gets, keys, latency, tgt)
 	type outcome struct {
 		calls           int64
 		holders, others []time.Duration
@@ -94,7 +161,7 @@ func run(addr string, procs, gets, keys int, latency time.Duration) error {
 	results := map[bool]*outcome{}
 	for _, tier := range []bool{false, true} {
 		calls.Store(0)
-		ws, err := startWorkers(procs, addr, url, prefix, tier, gets)
+		ws, err := startWorkers(procs, tgt, url, prefix, tier, gets)
 		if err != nil {
 			return err
 		}
@@ -161,15 +228,24 @@ func pct(ds []time.Duration, p int) time.Duration {
 	return s[max(i, 0)].Round(10 * time.Microsecond)
 }
 
-func cleanup(addr, prefix string) {
-	c := redis.NewClient(&redis.Options{Addr: addr})
+// cleanup deletes the keys under prefix: on a Cluster, on every master.
+func cleanup(tgt target, prefix string) {
+	c := tgt.client()
 	defer c.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	iter := c.Scan(ctx, 0, prefix+"*", 100).Iterator()
-	for iter.Next(ctx) {
-		c.Del(ctx, iter.Val())
+	del := func(ctx context.Context, c redis.UniversalClient) error {
+		iter := c.Scan(ctx, 0, prefix+"*", 100).Iterator()
+		for iter.Next(ctx) {
+			c.Del(ctx, iter.Val())
+		}
+		return iter.Err()
 	}
+	if cc, ok := c.(*redis.ClusterClient); ok {
+		_ = cc.ForEachMaster(ctx, func(ctx context.Context, node *redis.Client) error { return del(ctx, node) })
+		return
+	}
+	_ = del(ctx, c)
 }
 
 // workerProc is a running worker process.
@@ -179,15 +255,16 @@ type workerProc struct {
 	out *bufio.Scanner
 }
 
-func startWorkers(n int, addr, url, prefix string, tier bool, gets int) ([]*workerProc, error) {
+func startWorkers(n int, tgt target, url, prefix string, tier bool, gets int) ([]*workerProc, error) {
 	self, err := os.Executable()
 	if err != nil {
 		return nil, err
 	}
 	var ws []*workerProc
 	for range n {
-		cmd := exec.Command(self, "-worker", "-redis", addr, "-url", url, "-prefix", prefix,
-			"-tier="+strconv.FormatBool(tier), "-gets", strconv.Itoa(gets))
+		args := append([]string{"-worker"}, tgt.args()...)
+		cmd := exec.Command(self, append(args, "-url", url, "-prefix", prefix,
+			"-tier="+strconv.FormatBool(tier), "-gets", strconv.Itoa(gets))...)
 		cmd.Stderr = os.Stderr
 		in, err := cmd.StdinPipe()
 		if err != nil {
@@ -226,7 +303,7 @@ func (w *workerProc) stop() {
 // runWorker serves keys named on stdin, one line each, until EOF, and
 // reports each on stdout. It exits by itself after 10 minutes, in case
 // its parent is gone without closing the pipe.
-func runWorker(addr, url, prefix string, tier bool, gets int) error {
+func runWorker(tgt target, url, prefix string, tier bool, gets int) error {
 	time.AfterFunc(10*time.Minute, func() { os.Exit(3) })
 	httpc := &http.Client{}
 	load := func(ctx context.Context, key string) (string, error) {
@@ -243,7 +320,7 @@ func runWorker(addr, url, prefix string, tier bool, gets int) error {
 		return string(b), err
 	}
 	opts := flightcache.Options[string, string]{TTL: time.Minute, LoadTimeout: 5 * time.Second}
-	rdb := redis.NewClient(&redis.Options{Addr: addr, ContextTimeoutEnabled: true})
+	rdb := tgt.client()
 	defer rdb.Close()
 	var t *flightredis.Tier[string, string]
 	if tier {
