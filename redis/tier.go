@@ -181,9 +181,10 @@ var (
 // applies the same freshness rules to a shared entry.
 //
 // client may be a single node, a Sentinel failover client or a Cluster
-// client (give a Cluster client MaxRedirects, MaxRetryBackoff and
-// ClusterStateReloadInterval as docs/distributed.md says, so slot
-// migrations and failovers do not step the tier aside for long). It must have been created with ContextTimeoutEnabled, or a slow
+// client (give a Cluster client MaxRedirects and MaxRetryBackoff as
+// docs/distributed.md says, so slot migrations do not step the tier
+// aside; after a failure the tier has a Cluster client reload its slot
+// map, so a failover is found at once). It must have been created with ContextTimeoutEnabled, or a slow
 // Redis would hold loads past Timeout; New returns an error otherwise.
 // New does not contact Redis: a tier created while Redis is down starts
 // working when Redis is back.
@@ -327,6 +328,12 @@ func (t *Tier[K, V]) down() bool {
 func (t *Tier[K, V]) failed() {
 	t.stats.redisErrors.Add(1)
 	t.downUntil.Store(time.Now().Add(t.opts.RetryAfter).UnixNano())
+	if cc, ok := t.rdb.(*redis.ClusterClient); ok {
+		// A master that stopped answering may have been replaced: have
+		// go-redis read the slot map again (in the background, at most
+		// every 200ms), rather than wait for its periodic reload.
+		cc.ReloadState(t.ctx)
+	}
 }
 
 // op returns the context of one Redis round trip.
