@@ -4,6 +4,7 @@ import (
 	"context"
 	"reflect"
 	"runtime"
+	"sync"
 	"sync/atomic"
 )
 
@@ -22,15 +23,17 @@ import (
 //     whether everything has left; after the flag, so does every operation
 //     that leaves. The one that sees all stripes balanced closes idle.
 //   - The writer goroutine, the only code left running, sees idle, closes
-//     ristretto (whose Close must not race its Get or Set) and closes
-//     closeDone. Close and Shutdown wait for closeDone.
+//     ristretto (whose Close must not race its Get or Set), waits for the
+//     idle load goroutines to leave (they do when the Loader's context
+//     ends), and closes closeDone. Close and Shutdown wait for closeDone.
 //
 // Close called from user code that runs on a load goroutine (a LoadFunc,
 // OnLoad, Cost, Retryable, IsFailure, a Remote, a custom breaker) cannot
 // wait: its own load keeps the Loader from going idle. It must tell that it
 // runs there, and the only thing that knows is the goroutine's stack: the
 // caller of Close may be any code, passed no context, and Go has no
-// goroutine-local state. So every load goroutine starts in loaderGoroutine,
+// goroutine-local state. So every load runs under loaderGoroutine (a reused
+// load goroutine calls it once per load),
 // and Close looks for that function in its stack, by address, not by name:
 // a rename cannot break it silently (TestCloseFromLoaderGoroutine checks
 // the lookup both ways). Shutdown(ctx) needs no such look: it waits until
@@ -156,11 +159,57 @@ func (l *Loader[K, V]) launch(c *call[K, V], s *stripe) {
 	l.spawn(c, s)
 }
 
-// spawn starts a load goroutine (a call's, or a batch's) counted in on s.
+// spawn runs a load (a call's, or a batch's), counted in on s, on a load
+// goroutine: an idle one if one waits now, else a new one.
 func (l *Loader[K, V]) spawn(b interface{ body() }, s *stripe) {
 	s.opsIn.Add(1)
 	l.stats.inFlight.Add(1)
-	go loaderGoroutine(b)
+	select {
+	case l.workers.jobs <- b:
+	default:
+		l.workers.running.Add(1)
+		l.workers.started.Add(1)
+		go l.worker(b)
+	}
+}
+
+// workers are the Loader's load goroutines. One that ends a load waits for
+// the next, if fewer than maxIdle already wait, rather than exit: a new
+// goroutine starts on a small stack, and a load grows it (a copy of the
+// whole stack, a fifth of a miss's CPU), where a reused one has grown
+// already. They all exit at Close; teardown waits for them (rule 8).
+type workers struct {
+	jobs    chan interface{ body() } // unbuffered: a load goes to a worker waiting now, or to a new one
+	idle    atomic.Int32             // workers waiting for a load
+	started atomic.Uint64            // workers started, ever (tests)
+	maxIdle int32
+	running sync.WaitGroup
+}
+
+func (w *workers) init() {
+	w.jobs = make(chan interface{ body() })
+	w.maxIdle = int32(max(8, 4*runtime.GOMAXPROCS(0)))
+}
+
+// worker runs b, then the loads handed to it, until it has waited for one
+// while maxIdle others waited too, or the Loader closes.
+func (l *Loader[K, V]) worker(b interface{ body() }) {
+	w := &l.workers
+	defer w.running.Done()
+	for {
+		loaderGoroutine(b)
+		if w.idle.Add(1) > w.maxIdle {
+			w.idle.Add(-1)
+			return
+		}
+		select {
+		case b = <-w.jobs:
+			w.idle.Add(-1)
+		case <-l.ctx.Done():
+			w.idle.Add(-1)
+			return
+		}
+	}
 }
 
 // body runs c's load; see loaderGoroutine.
@@ -208,5 +257,6 @@ func (l *Loader[K, V]) teardown() {
 	l.tearingDown.Store(true)
 	l.timeouts.stop()
 	l.cache.Close()
+	l.workers.running.Wait() // idle ones leave at ctx's end; busy ones are done
 	close(l.closeDone)
 }

@@ -3,6 +3,9 @@ package flightcache
 import (
 	"context"
 	"errors"
+	"fmt"
+	"runtime"
+	"sync"
 	"testing"
 	"time"
 )
@@ -89,5 +92,70 @@ func TestShutdownBoundedByContext(t *testing.T) {
 	}
 	if err := l.Close(); err != nil {
 		t.Errorf("Close after Shutdown = %v", err)
+	}
+}
+
+// Load goroutines are reused (lifecycle.go): a stream of misses does not
+// start a goroutine per load, a burst leaves at most maxIdle of them
+// waiting, a LoadFunc that ends its goroutine costs only that worker, and
+// Close leaves none behind (rule 8).
+func TestLoadGoroutinesAreReused(t *testing.T) {
+	d := &downstream{}
+	l, err := New(func(ctx context.Context, k string) (string, error) {
+		if k == "goexit" {
+			runtime.Goexit()
+		}
+		return d.load(ctx, k)
+	}, Options[string, string]{TTL: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	base := runtime.NumGoroutine()
+	for i := range 2000 { // one miss at a time: a few workers serve them all
+		if _, err := l.Get(t.Context(), fmt.Sprint("k", i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := l.workers.started.Load(); n > uint64(l.workers.maxIdle)+1 {
+		t.Fatalf("%d load goroutines started for 2000 misses one at a time; want at most %d", n, l.workers.maxIdle+1)
+	}
+
+	// A burst of concurrent loads: more workers, then at most maxIdle stay.
+	d.gate = make(chan struct{})
+	var wg sync.WaitGroup
+	for i := range 200 {
+		wg.Add(1)
+		go func() { defer wg.Done(); l.Get(t.Context(), fmt.Sprint("burst", i)) }()
+	}
+	for d.inside.Load() < 200 {
+		time.Sleep(time.Millisecond)
+	}
+	close(d.gate)
+	wg.Wait()
+	for l.Stats().InFlight != 0 {
+		time.Sleep(time.Millisecond)
+	}
+	time.Sleep(10 * time.Millisecond) // the workers go back to waiting, or leave
+	if n := int(l.workers.idle.Load()); n > int(l.workers.maxIdle) {
+		t.Fatalf("%d idle workers after a burst; want at most %d", n, l.workers.maxIdle)
+	}
+	if n := runtime.NumGoroutine() - base; n > int(l.workers.maxIdle)+4 {
+		t.Fatalf("%d more goroutines after the burst; want at most maxIdle (%d) and a few", n, l.workers.maxIdle)
+	}
+
+	// A LoadFunc that calls Goexit ends its worker; the next load runs.
+	if _, err := l.Get(t.Context(), "goexit"); !errors.Is(err, ErrGoexit) {
+		t.Fatalf("Get(goexit) = %v; want ErrGoexit", err)
+	}
+	if v, err := l.Get(t.Context(), "after"); err != nil || v == "" {
+		t.Fatalf("Get after a Goexit = %q, %v", v, err)
+	}
+
+	l.Close()
+	for i := 0; runtime.NumGoroutine() > base && i < 100; i++ {
+		time.Sleep(time.Millisecond) // the goroutines Close waited for are exiting
+	}
+	if n := runtime.NumGoroutine() - base; n > 0 {
+		t.Fatalf("%d goroutines left after Close", n)
 	}
 }

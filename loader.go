@@ -58,6 +58,7 @@ type Loader[K comparable, V any] struct {
 	cache    *ristretto.Cache[uint64, *entry[K, V]]
 	flights  flights[K, V] // loads in flight and writes ristretto has not applied (flight.go)
 	writer   writer[K, V]  // the goroutine that writes ristretto (write.go)
+	workers  workers       // the load goroutines (lifecycle.go)
 	timeouts timeouts      // ends loads at LoadTimeout (loadctx.go)
 	breaker  CircuitBreaker
 	stats    counters
@@ -148,6 +149,7 @@ func New[K comparable, V any](load LoadFunc[K, V], opts Options[K, V]) (*Loader[
 	l.stats.init()
 	l.flights.init(l)
 	l.writer.init()
+	l.workers.init()
 	l.timeouts.init(opts.LoadTimeout)
 	cache, err := ristretto.NewCache(&ristretto.Config[uint64, *entry[K, V]]{
 		NumCounters: opts.NumCounters,
