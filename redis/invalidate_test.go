@@ -31,6 +31,32 @@ func listening(t *testing.T, ps ...proc) {
 	})
 }
 
+// listeningPair builds two simulated processes of any key and value types
+// (a Loader on load, TTL an hour, each with its own client and tier built
+// with to) and waits until both tiers listen.
+func listeningPair[K comparable, V any](t *testing.T, addr string, load flightcache.LoadFunc[K, V], to Options[K, V]) ([]*flightcache.Loader[K, V], []*Tier[K, V]) {
+	t.Helper()
+	var ls []*flightcache.Loader[K, V]
+	var ts []*Tier[K, V]
+	for range 2 {
+		lo := flightcache.Options[K, V]{TTL: time.Hour}
+		tier, err := New(newClient(t, addr), lo, to)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = tier.Close() })
+		lo.Remote = tier
+		l, err := flightcache.New(load, lo)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = l.Close() })
+		ls, ts = append(ls, l), append(ts, tier)
+	}
+	eventually(t, 5*time.Second, "the subscriptions", func() bool { return ts[0].Stats().Listening && ts[1].Stats().Listening })
+	return ls, ts
+}
+
 // An Invalidate in one process drops the key in the others, and a Set
 // replaces it there, through the shared entry: no process serves the old
 // value, fresh, until its TTL runs out.
@@ -100,24 +126,7 @@ func TestInvalidationOfAStructKey(t *testing.T) {
 	var calls atomic.Int64
 	load := func(_ context.Context, k sku) (int, error) { return int(calls.Add(1)), nil }
 	key := func(k sku) string { return fmt.Sprintf("%s/%d", k.Region, k.ID) }
-	var procs []*flightcache.Loader[sku, int]
-	var tiers []*Tier[sku, int]
-	for range 2 {
-		lo := flightcache.Options[sku, int]{TTL: time.Hour}
-		tier, err := New(newClient(t, addr), lo, Options[sku, int]{Prefix: prefix, Key: key})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = tier.Close() })
-		lo.Remote = tier
-		l, err := flightcache.New(load, lo)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = l.Close() })
-		procs, tiers = append(procs, l), append(tiers, tier)
-	}
-	eventually(t, 5*time.Second, "the subscriptions", func() bool { return tiers[0].Stats().Listening && tiers[1].Stats().Listening })
+	procs, tiers := listeningPair(t, addr, load, Options[sku, int]{Prefix: prefix, Key: key})
 	k := sku{"eu\nwest", 7} // a newline in the name too
 	procs[1].Get(ctx, k)
 	procs[1].Get(ctx, sku{"eu\nwest", 8})
@@ -445,24 +454,7 @@ func TestInvalidationOfAnInterfaceKey(t *testing.T) {
 	prefix := testPrefix(t, newClient(t, addr))
 	var calls atomic.Int64
 	load := func(context.Context, any) (int64, error) { return calls.Add(1), nil }
-	var ls []*flightcache.Loader[any, int64]
-	var ts []*Tier[any, int64]
-	for range 2 {
-		lo := flightcache.Options[any, int64]{TTL: time.Hour}
-		tier, err := New(newClient(t, addr), lo, Options[any, int64]{Prefix: prefix})
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = tier.Close() })
-		lo.Remote = tier
-		l, err := flightcache.New(load, lo)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { _ = l.Close() })
-		ls, ts = append(ls, l), append(ts, tier)
-	}
-	eventually(t, 5*time.Second, "the subscriptions", func() bool { return ts[0].Stats().Listening && ts[1].Stats().Listening })
+	ls, ts := listeningPair(t, addr, load, Options[any, int64]{Prefix: prefix})
 	v1, _ := ls[1].Get(ctx, 5)
 	ls[0].Invalidate(5)
 	eventually(t, 5*time.Second, "the drop", func() bool { return ls[1].Stats().RemoteDrops == 1 })
