@@ -290,7 +290,7 @@ func (l *Loader[K, V]) GetMany(ctx context.Context, keys []K) (map[K]V, error) {
 		switch {
 		case e == nil, revalidate, l.distrusted(e): // rule 18: read it again
 		case l.phase(e, now) == phaseFresh:
-			if now >= e.refreshAt && !e.isNotFound() {
+			if now >= e.refreshAt() && !e.isNotFound() {
 				refresh(it.key, it.h, e)
 			}
 			s.hits.Add(1)

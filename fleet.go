@@ -60,7 +60,7 @@ func (x local[K, V]) Drop(key K) {
 
 func (x local[K, V]) Distrust() {
 	if !x.l.closed.Load() {
-		x.l.generation.Add(2) // bit 0 of an entry's mark is its gone bit
+		x.l.generation.Add(genUnit) // below it, an entry's mark holds other bits
 		x.l.stats.distrusts.Add(1)
 	}
 }
@@ -78,5 +78,5 @@ func (l *Loader[K, V]) watch() error {
 // distrusted reports whether e was loaded (or Set) before the last
 // Distrust: a Get must not serve it as it stands.
 func (l *Loader[K, V]) distrusted(e *entry[K, V]) bool {
-	return e.mark.Load()&^goneBit != l.generation.Load()
+	return e.mark.Load()&^(goneBit|failsMask) != l.generation.Load()
 }

@@ -2,6 +2,7 @@ package flightcache
 
 import (
 	"errors"
+	"math"
 	"math/rand/v2"
 	"time"
 )
@@ -99,8 +100,8 @@ func (l *Loader[K, V]) deliver(c *call[K, V], r *loaded[V], res delivery[K, V], 
 			l.stats.refreshing.Add(-1)
 		}
 		if res.err != nil && c.from != nil {
-			n := c.from.refreshFails.Add(1)
-			d := refreshDelay(int(n), l.opts.Retry.InitialInterval, l.opts.Retry.MaxInterval, rand.Float64())
+			n := c.from.failedRefresh()
+			d := refreshDelay(n, l.opts.Retry.InitialInterval, l.opts.Retry.MaxInterval, rand.Float64())
 			c.from.refreshAfter.Store(int64(l.now() + d))
 		}
 	}
@@ -137,13 +138,14 @@ func (l *Loader[K, V]) deliver(c *call[K, V], r *loaded[V], res delivery[K, V], 
 func (l *Loader[K, V]) newEntry(key K, v V, now time.Duration, life lifetime, took time.Duration, gen uint32) *entry[K, V] {
 	fresh := jitter(life.ttl, l.opts.Jitter, rand.Float64())
 	until := addSat(now, fresh)
-	e := &entry[K, V]{key: key, val: v, loadedAt: now, freshUntil: until, refreshAt: until}
+	e := &entry[K, V]{key: key, val: v, loadedAt: now, freshUntil: until}
 	e.mark.Store(gen)
 	if life.own {
 		e.extra = &extra[K, V]{win: life.win}
 	}
 	if l.opts.EarlyRefresh > 0 {
-		e.refreshAt = earlyRefreshAt(now, fresh, took, l.opts.EarlyRefresh, 1-rand.Float64())
+		early := (until - earlyRefreshAt(now, fresh, took, l.opts.EarlyRefresh, 1-rand.Float64())) / time.Millisecond
+		e.early = uint32(min(max(early, 0), math.MaxUint32))
 	}
 	return e
 }

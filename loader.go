@@ -68,7 +68,7 @@ type Loader[K comparable, V any] struct {
 	hashMayPanic bool
 	checkKeys    bool          // a custom Hash with such keys: check them as a map would
 	epoch        time.Time     // every time offset in entries is measured from here
-	generation   atomic.Uint32 // the fleet generation, in steps of 2 (fleet.go)
+	generation   atomic.Uint32 // the fleet generation, in steps of genUnit (fleet.go)
 
 	// Shutdown (lifecycle.go).
 	ctx         context.Context         // the Loader's own work (Remote.Set, Remote.Invalidate); ends at Close
@@ -89,19 +89,48 @@ type entry[K comparable, V any] struct {
 	extra        *extra[K, V] // nil for a value with the Options' windows (8 bytes on every entry, not 32)
 	loadedAt     time.Duration
 	freshUntil   time.Duration
-	refreshAt    time.Duration // from here to freshUntil a Get refreshes early; = freshUntil when off
-	refreshAfter atomic.Int64  // no background refresh before this offset; max while one runs
-	refreshFails atomic.Int32  // consecutive failed background refreshes
-	mark         atomic.Uint32 // bit 0: gone (replaced or invalidated: a Get treats it as absent, write.go); above: the fleet generation (fleet.go)
+	refreshAfter atomic.Int64 // no background refresh before this offset; max while one runs
+	// early is how long before freshUntil a Get starts an early refresh,
+	// in whole milliseconds (rounded down, at most about 49 days); 0 when
+	// off. Four bytes, not a time.Duration: with mark, it keeps an entry of
+	// a one-word key and a string value in 64 bytes, one cache line.
+	early uint32
+	// mark: bit 0, gone (replaced or invalidated: a Get treats it as
+	// absent, write.go); bits 1-4, the consecutive failed background
+	// refreshes (saturating at 15); above, the fleet generation (fleet.go).
+	mark atomic.Uint32
 }
 
-const goneBit = 1
+const (
+	goneBit   = 1
+	failsUnit = 1 << 1
+	failsMask = 15 * failsUnit
+	genUnit   = 1 << 5 // the fleet generation's step
+)
+
+// refreshAt is when a Get starts refreshing e early (freshUntil when off).
+func (e *entry[K, V]) refreshAt() time.Duration {
+	return e.freshUntil - time.Duration(e.early)*time.Millisecond
+}
 
 // isGone reports whether e was replaced or invalidated.
 func (e *entry[K, V]) isGone() bool { return e.mark.Load()&goneBit != 0 }
 
 // setGone marks e replaced or invalidated.
 func (e *entry[K, V]) setGone() { e.mark.Or(goneBit) }
+
+// failedRefresh counts one more failed background refresh of e and
+// returns the count (at most 15, where the backoff is long reached its
+// limit).
+func (e *entry[K, V]) failedRefresh() int {
+	for {
+		m := e.mark.Load()
+		n := min(m&failsMask+failsUnit, failsMask)
+		if e.mark.CompareAndSwap(m, m&^failsMask|n) {
+			return int(n / failsUnit)
+		}
+	}
+}
 
 // extra is what few entries need: a cached not-found's error, or a value's
 // own stale windows ([Options.Freshness]).
@@ -253,7 +282,7 @@ func (l *Loader[K, V]) GetInfo(ctx context.Context, key K) (v V, info Info, err 
 	case e == nil, revalidate: // a miss: wait below
 	case l.distrusted(e): // the fleet may have written it (rule 18): wait below
 	case l.phase(e, now) == phaseFresh:
-		if now >= e.refreshAt && !e.isNotFound() {
+		if now >= e.refreshAt() && !e.isNotFound() {
 			l.refresh(ctx, s, key, h, e, now, nil) // early refresh
 		}
 		l.exitGet(s, &s.hits)
