@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"reflect"
+	"runtime/pprof"
 	"slices"
 	"strings"
 	"sync/atomic"
@@ -110,6 +111,7 @@ func (l *Loader[K, V]) launchBatch(b *batch[K, V], s *stripe) {
 // body runs b's load; see loaderGoroutine.
 func (b *batch[K, V]) body() {
 	defer b.l.exitChild(b.slot)
+	pprof.SetGoroutineLabels(b.leader.lctx.caller) // as call.body does
 	b.l.runBatch(b)
 }
 

@@ -135,3 +135,37 @@ func TestRefreshDelay(t *testing.T) {
 		t.Errorf("refreshDelay with zero inputs = %v; want >= 1ns", d)
 	}
 }
+
+// An entry keeps its early refresh to the microsecond, rounded up: the lead
+// of a load faster than a millisecond does not vanish, and is never
+// shorter than the load took (what earlyRefreshAt promises).
+func TestEntryKeepsItsEarlyRefreshLead(t *testing.T) {
+	l := newLoader(t, &downstream{}, Options[string, string]{EarlyRefresh: 1})
+	took := 300 * time.Microsecond
+	for range 1000 {
+		e := l.newEntry("k", "v", time.Hour, lifetime{ttl: time.Minute}, took, 0)
+		if lead := e.freshUntil - e.refreshAt(); lead < took || e.refreshAt() < e.loadedAt {
+			t.Fatalf("early refresh %v before expiry (at %v, loaded at %v); want at least the load's %v, after the load",
+				lead, e.refreshAt(), e.loadedAt, took)
+		}
+	}
+}
+
+// The failed-refresh count saturates in its 4 bits without touching the
+// gone bit or the fleet generation, and a saturated count means the
+// backoff's limit, whatever the ratio of MaxInterval to InitialInterval.
+func TestFailedRefreshCountSaturates(t *testing.T) {
+	e := &entry[string, string]{}
+	e.mark.Store(3 * genUnit)
+	e.setGone()
+	n := 0
+	for range 40 {
+		n = e.failedRefresh()
+	}
+	if n != maxRefreshFails || !e.isGone() || e.mark.Load()&^(goneBit|failsMask) != 3*genUnit {
+		t.Fatalf("after 40 failures: count %d, gone %v, mark %#x", n, e.isGone(), e.mark.Load())
+	}
+	if d := refreshDelay(math.MaxInt, time.Millisecond, time.Minute, 1); d != time.Minute {
+		t.Fatalf("refreshDelay at the saturated count = %v, want the limit (1m)", d)
+	}
+}

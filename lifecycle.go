@@ -4,8 +4,10 @@ import (
 	"context"
 	"reflect"
 	"runtime"
+	"runtime/pprof"
 	"sync"
 	"sync/atomic"
+	"time"
 )
 
 // How a Loader shuts down. One mechanism says "no new work, wait for what
@@ -33,10 +35,9 @@ import (
 // runs there, and the only thing that knows is the goroutine's stack: the
 // caller of Close may be any code, passed no context, and Go has no
 // goroutine-local state. So every load runs under loaderGoroutine (a reused
-// load goroutine calls it once per load),
-// and Close looks for that function in its stack, by address, not by name:
-// a rename cannot break it silently (TestCloseFromLoaderGoroutine checks
-// the lookup both ways). Shutdown(ctx) needs no such look: it waits until
+// load goroutine calls it once per load), and Close looks for that
+// function in its stack, by address, not by name: a rename cannot break it
+// silently (TestCloseFromLoaderGoroutine checks the lookup both ways). Shutdown(ctx) needs no such look: it waits until
 // ctx ends.
 
 // Close stops the Loader: later Gets return [ErrClosed], Set and Invalidate
@@ -191,30 +192,64 @@ func (w *workers) init() {
 	w.maxIdle = int32(max(8, 4*runtime.GOMAXPROCS(0)))
 }
 
-// worker runs b, then the loads handed to it, until it has waited for one
-// while maxIdle others waited too, or the Loader closes.
+// worker runs b, then the loads handed to it, until it would wait for one
+// while maxIdle others wait too, has waited workerIdle while keptIdle
+// others waited, or the Loader closes.
 func (l *Loader[K, V]) worker(b interface{ body() }) {
 	w := &l.workers
 	defer w.running.Done()
+	var idle *time.Timer
 	for {
 		loaderGoroutine(b)
-		if w.idle.Add(1) > w.maxIdle {
+		n := w.idle.Add(1)
+		if n > w.maxIdle {
 			w.idle.Add(-1)
 			return
+		}
+		if n <= keptIdle { // the first few wait without a timer: a stream of misses pays none
+			select {
+			case b = <-w.jobs:
+				w.idle.Add(-1)
+				continue
+			case <-l.ctx.Done():
+				w.idle.Add(-1)
+				return
+			}
+		}
+		if idle == nil {
+			idle = time.NewTimer(workerIdle)
+		} else {
+			idle.Reset(workerIdle)
 		}
 		select {
 		case b = <-w.jobs:
 			w.idle.Add(-1)
+			idle.Stop()
+		case <-idle.C:
+			w.idle.Add(-1)
+			return
 		case <-l.ctx.Done():
 			w.idle.Add(-1)
+			idle.Stop()
 			return
 		}
 	}
 }
 
-// body runs c's load; see loaderGoroutine.
+// keptIdle load goroutines wait for a load until Close; the others of a
+// burst, up to maxIdle, leave after waiting workerIdle.
+const keptIdle = 2
+
+// workerIdle is how long an idle load goroutine beyond keptIdle waits for
+// a load before it leaves.
+const workerIdle = 10 * time.Second
+
+// body runs c's load; see loaderGoroutine. The load goroutine takes the
+// profiler labels of the context of the Get that started the load, as a
+// goroutine started for it would have.
 func (c *call[K, V]) body() {
 	defer c.l.exitChild(c.slot)
+	pprof.SetGoroutineLabels(c.lctx.caller)
 	c.l.run(c)
 }
 

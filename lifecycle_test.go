@@ -1,12 +1,16 @@
 package flightcache
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"runtime"
+	"runtime/pprof"
+	"strings"
 	"sync"
 	"testing"
+	"testing/synctest"
 	"time"
 )
 
@@ -158,4 +162,72 @@ func TestLoadGoroutinesAreReused(t *testing.T) {
 	if n := runtime.NumGoroutine() - base; n > 0 {
 		t.Fatalf("%d goroutines left after Close", n)
 	}
+}
+
+// A reused load goroutine runs each load with the profiler labels of the
+// Get that started it, not those of the Get it was first started for.
+func TestLoadsTakeTheirCallersLabels(t *testing.T) {
+	labels := make(chan string, 2)
+	l := newLoader(t, &downstream{}, Options[string, string]{})
+	l.loadFn = func(ctx context.Context, k string) (string, error) {
+		var buf bytes.Buffer
+		pprof.Lookup("goroutine").WriteTo(&buf, 1)
+		for _, rec := range strings.Split(buf.String(), "\n\n") {
+			if strings.Contains(rec, "TestLoadsTakeTheirCallersLabels.func1") {
+				_, after, _ := strings.Cut(rec, "# labels: ")
+				first, _, _ := strings.Cut(after, "\n")
+				labels <- first
+				return k, nil
+			}
+		}
+		labels <- "(not found)"
+		return k, nil
+	}
+	for _, who := range []string{"A", "B"} {
+		pprof.Do(t.Context(), pprof.Labels("caller", who), func(ctx context.Context) {
+			if _, err := l.Get(ctx, who); err != nil {
+				t.Fatal(err)
+			}
+		})
+		if got, want := <-labels, `{"caller":"`+who+`"}`; got != want {
+			t.Fatalf("the load for caller %s ran with labels %s; want %s", who, got, want)
+		}
+		for deadline := time.Now().Add(10 * time.Second); l.workers.idle.Load() != 1; { // B's load goes to A's goroutine
+			if time.Now().After(deadline) {
+				t.Fatal("the load goroutine did not go back to waiting")
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}
+	if n := l.workers.started.Load(); n != 1 {
+		t.Fatalf("%d load goroutines for two loads one after the other; want 1 (reused)", n)
+	}
+}
+
+// Of the load goroutines a burst leaves idle, all but keptIdle leave after
+// workerIdle: a Loader that is not loading keeps few goroutines.
+func TestIdleLoadGoroutinesLeave(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		d := &downstream{gate: make(chan struct{})}
+		l := newLoader(t, d, Options[string, string]{})
+		const burst = 6
+		for i := range burst {
+			go l.Get(t.Context(), fmt.Sprint("k", i))
+		}
+		synctest.Wait()
+		close(d.gate)
+		synctest.Wait()
+		if n := l.workers.idle.Load(); n != burst {
+			t.Fatalf("%d idle load goroutines after a burst of %d loads; want %d", n, burst, burst)
+		}
+		time.Sleep(workerIdle + time.Second)
+		synctest.Wait()
+		if n := l.workers.idle.Load(); n != keptIdle {
+			t.Fatalf("%d idle load goroutines after %v; want %d", n, workerIdle, keptIdle)
+		}
+		l.Get(t.Context(), "next") // goes to one that stayed
+		if n := l.workers.started.Load(); n != burst {
+			t.Fatalf("load goroutines started = %d; want %d", n, burst)
+		}
+	})
 }

@@ -101,6 +101,9 @@ func (l *Loader[K, V]) deliver(c *call[K, V], r *loaded[V], res delivery[K, V], 
 		}
 		if res.err != nil && c.from != nil {
 			n := c.from.failedRefresh()
+			if n == maxRefreshFails {
+				n = math.MaxInt // the count saturated: the backoff is at its limit
+			}
 			d := refreshDelay(n, l.opts.Retry.InitialInterval, l.opts.Retry.MaxInterval, rand.Float64())
 			c.from.refreshAfter.Store(int64(l.now() + d))
 		}
@@ -144,8 +147,10 @@ func (l *Loader[K, V]) newEntry(key K, v V, now time.Duration, life lifetime, to
 		e.extra = &extra[K, V]{win: life.win}
 	}
 	if l.opts.EarlyRefresh > 0 {
-		early := (until - earlyRefreshAt(now, fresh, took, l.opts.EarlyRefresh, 1-rand.Float64())) / time.Millisecond
-		e.early = uint32(min(max(early, 0), math.MaxUint32))
+		// Rounded up to the microsecond: a lead of a fast load (under a
+		// millisecond) must not vanish. It is at most half the life.
+		lead := until - earlyRefreshAt(now, fresh, took, l.opts.EarlyRefresh, 1-rand.Float64())
+		e.early = uint32(min(max((lead+time.Microsecond-1)/time.Microsecond, 0), math.MaxUint32))
 	}
 	return e
 }

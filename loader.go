@@ -19,7 +19,10 @@ import (
 // key that does not exist.
 //
 // NOTE: the value returned is shared by every caller of the load and stored
-// in the cache: treat it as read-only.
+// in the cache: treat it as read-only. Load goroutines are reused: the
+// LoadFunc runs with the profiler labels of the context of the Get that
+// started the load, and must not leave its goroutine locked to its thread
+// (runtime.LockOSThread) when it returns.
 //
 // WARNING: a LoadFunc that calls Get must pass its own ctx (or one derived
 // from it): that is how a Get of a key whose load it is part of is
@@ -91,9 +94,10 @@ type entry[K comparable, V any] struct {
 	freshUntil   time.Duration
 	refreshAfter atomic.Int64 // no background refresh before this offset; max while one runs
 	// early is how long before freshUntil a Get starts an early refresh,
-	// in whole milliseconds (rounded down, at most about 49 days); 0 when
-	// off. Four bytes, not a time.Duration: with mark, it keeps an entry of
-	// a one-word key and a string value in 64 bytes, one cache line.
+	// in microseconds (rounded up; at most about 71 minutes, a longer lead
+	// starts the refresh later); 0 when off. Four bytes, not a
+	// time.Duration: with mark, it keeps an entry of a one-word key and a
+	// string value in 64 bytes, one cache line.
 	early uint32
 	// mark: bit 0, gone (replaced or invalidated: a Get treats it as
 	// absent, write.go); bits 1-4, the consecutive failed background
@@ -102,15 +106,16 @@ type entry[K comparable, V any] struct {
 }
 
 const (
-	goneBit   = 1
-	failsUnit = 1 << 1
-	failsMask = 15 * failsUnit
-	genUnit   = 1 << 5 // the fleet generation's step
+	goneBit         = 1
+	failsUnit       = 1 << 1
+	maxRefreshFails = 15 // the failed-refresh count saturates here
+	failsMask       = maxRefreshFails * failsUnit
+	genUnit         = 1 << 5 // the fleet generation's step: it wraps after 2^27 Distrusts
 )
 
 // refreshAt is when a Get starts refreshing e early (freshUntil when off).
 func (e *entry[K, V]) refreshAt() time.Duration {
-	return e.freshUntil - time.Duration(e.early)*time.Millisecond
+	return e.freshUntil - time.Duration(e.early)*time.Microsecond
 }
 
 // isGone reports whether e was replaced or invalidated.
@@ -199,6 +204,7 @@ func New[K comparable, V any](load LoadFunc[K, V], opts Options[K, V]) (*Loader[
 	}
 	l.cache = cache
 	l.ctx, l.stop = context.WithCancelCause(context.Background())
+	_ = l.ctx.Done() // made here, not by a load goroutine: it may run in a synctest bubble
 	go l.runWriter()
 	if err := l.watch(); err != nil {
 		l.Close()
