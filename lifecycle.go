@@ -206,31 +206,27 @@ func (l *Loader[K, V]) worker(b interface{ body() }) {
 			w.idle.Add(-1)
 			return
 		}
-		if n <= keptIdle { // the first few wait without a timer: a stream of misses pays none
-			select {
-			case b = <-w.jobs:
-				w.idle.Add(-1)
-				continue
-			case <-l.ctx.Done():
-				w.idle.Add(-1)
-				return
+		var expired <-chan time.Time // nil: the first few wait without a timer, so a stream of misses pays none
+		if n > keptIdle {
+			if idle == nil {
+				idle = time.NewTimer(workerIdle)
+			} else {
+				idle.Reset(workerIdle)
 			}
-		}
-		if idle == nil {
-			idle = time.NewTimer(workerIdle)
-		} else {
-			idle.Reset(workerIdle)
+			expired = idle.C
 		}
 		select {
 		case b = <-w.jobs:
-			w.idle.Add(-1)
-			idle.Stop()
-		case <-idle.C:
-			w.idle.Add(-1)
-			return
+		case <-expired:
+			b = nil
 		case <-l.ctx.Done():
-			w.idle.Add(-1)
+			b = nil
+		}
+		w.idle.Add(-1)
+		if expired != nil {
 			idle.Stop()
+		}
+		if b == nil {
 			return
 		}
 	}

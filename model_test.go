@@ -160,11 +160,16 @@ func (m *model) refresh(key string, o outcome) {
 	m.load(key, o)
 }
 
-// lookup returns key's entry and its phase now (expired if there is none).
+// lookup returns key's entry and its phase now for a Get (expired if there
+// is none, or if it is distrusted: the Get reads it again, rule 18).
 func (m *model) lookup(key string) (*modelEntry, phase) {
 	e := m.entries[key]
-	if e == nil {
+	switch {
+	case e == nil:
 		return nil, phaseExpired
+	case e.distrusted:
+		m.stats.Rereads++
+		return e, phaseExpired
 	}
 	return e, e.phase(m.now)
 }
@@ -173,10 +178,6 @@ func (m *model) lookup(key string) (*modelEntry, phase) {
 func (m *model) get(key string, o outcome) (string, Source, time.Duration, error) {
 	e, p := m.lookup(key)
 	m.stats.Gets++
-	if e != nil && e.distrusted {
-		p = phaseExpired // read it again (rule 18)
-		m.stats.Rereads++
-	}
 	switch p {
 	case phaseFresh:
 		m.stats.Hits++
@@ -227,10 +228,6 @@ func (m *model) getMany(keys []string, o outcome, seen []batchCall) (vals map[st
 	for _, key := range keys {
 		e, p := m.lookup(key)
 		m.stats.Gets++
-		if e != nil && e.distrusted {
-			p = phaseExpired // read it again (rule 18)
-			m.stats.Rereads++
-		}
 		switch p {
 		case phaseFresh:
 			m.stats.Hits++

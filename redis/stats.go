@@ -71,8 +71,8 @@ type Stats struct {
 
 	// Listening is true while the tier's pub/sub subscription is confirmed
 	// and healthy: it hears the fleet's invalidations. While it is false,
-	// what the tier hands the Loader may miss one, and is read again once
-	// the subscription is back (see Distrusts).
+	// what the tier hands the Loader may miss one, and is read again after
+	// the next attempt to subscribe, about a second later (see Distrusts).
 	Listening bool
 	// InvalidationsSent counts this process's Sets and Invalidates that
 	// reached Redis, each published to the fleet with the write.
