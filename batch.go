@@ -288,7 +288,8 @@ func (l *Loader[K, V]) GetMany(ctx context.Context, keys []K) (map[K]V, error) {
 	}
 	waits := items[:0]
 	for _, it := range items {
-		e := l.cached(it.h, it.key)
+		g := l.flights.glance(it.h, it.key)
+		e := g.e
 		switch {
 		case e == nil, revalidate, l.distrusted(e): // rule 18: read it again
 		case l.phase(e, now) == phaseFresh:
@@ -313,7 +314,7 @@ func (l *Loader[K, V]) GetMany(ctx context.Context, keys []K) (map[K]V, error) {
 			fg = l.newBatch(false)
 			batches = append(batches, fg)
 		}
-		it.j = l.flights.join(ctx, s, it.key, it.h, now, revalidate, fg)
+		it.j = l.flights.join(ctx, s, it.key, it.h, g, now, revalidate, fg)
 		if e := it.j.stale; e != nil {
 			// Stale in a write not yet in the cache: as a stale hit, its
 			// refresh in the background batch.

@@ -113,6 +113,8 @@ type call[K comparable, V any] struct {
 	w write[K, V] // the write this load leaves, if it fills the cache (no allocation of its own)
 
 	batch *batch[K, V] // the LoadMany call that loads this key with others, or nil; set before publishing
+
+	seen glance[K, V] // the key's cached entry when the call started: finish's lockCurrent
 }
 
 func (f *flights[K, V]) init(l *Loader[K, V]) {
@@ -138,16 +140,37 @@ type joined[K comparable, V any] struct {
 	reread  bool         // the value held is distrusted (rule 18): c reads it again
 }
 
-// lookup locks key's shard and returns what it knows of key: its current
-// entry (the one a pending write leaves, else the cached one) and its load
-// in flight. join and startRefresh both start from it; the caller unlocks.
-func (f *flights[K, V]) lookup(key K, h uint64) (sh *shard[K, V], cur *entry[K, V], running *call[K, V]) {
+// glance is a key's cached entry as seen before its shard was locked (nil:
+// none), with the shard's settles count read before the look. While settles
+// has not moved, the entry is still the key's cached one (lockCurrent), so
+// the locked path of a miss and the finish of its load need no ristretto
+// lookup of their own: each such lookup would also count one more access
+// of the key in ristretto's admission policy.
+type glance[K comparable, V any] struct {
+	e       *entry[K, V]
+	settles uint64
+	ok      bool // false: nothing was seen, lockCurrent looks
+}
+
+// glance looks key up in the cache for a later lockCurrent.
+func (f *flights[K, V]) glance(h uint64, key K) glance[K, V] {
+	n := f.shard(h).settles.Load()
+	return glance[K, V]{e: f.l.cached(h, key), settles: n, ok: true}
+}
+
+// lookup locks key's shard and returns what it knows of key: its cached
+// entry (seen, as of under the lock; g is what the caller saw before, if
+// anything), its current entry (the one a pending write leaves, else the
+// cached one) and its load in flight. join, startRefresh and refreshNow
+// start from it; the caller unlocks.
+func (f *flights[K, V]) lookup(key K, h uint64, g glance[K, V]) (sh *shard[K, V], seen glance[K, V], cur *entry[K, V], running *call[K, V]) {
 	sh = f.shard(h)
-	cur = f.lockCurrent(sh, h, key)
+	cur = f.lockCurrent(sh, h, key, g)
+	seen = glance[K, V]{e: cur, settles: sh.settles.Load(), ok: true}
 	if w := sh.writes[key]; w != nil {
 		cur = w.entry
 	}
-	return sh, cur, sh.loads[key]
+	return sh, seen, cur, sh.loads[key]
 }
 
 // join is what a Get the cache did not answer does with lookup: take a
@@ -158,11 +181,11 @@ func (f *flights[K, V]) lookup(key K, h uint64) (sh *shard[K, V], cur *entry[K, 
 // With into not nil (GetMany with a LoadMany), a load it starts becomes one
 // of into's calls and is launched with the batch, later, by the caller;
 // except a Reload of a value held, which needs that value and goes alone.
-func (f *flights[K, V]) join(ctx context.Context, s *stripe, key K, h uint64, now time.Duration, revalidate bool, into *batch[K, V]) joined[K, V] {
+func (f *flights[K, V]) join(ctx context.Context, s *stripe, key K, h uint64, g glance[K, V], now time.Duration, revalidate bool, into *batch[K, V]) joined[K, V] {
 	l := f.l
 	marker := markerOf(ctx) // user code (ctx.Value): outside the lock
 	maxStale, bounded := MaxStale(ctx)
-	sh, cur, c := f.lookup(key, h)
+	sh, seen, cur, c := f.lookup(key, h, g)
 	reread := cur != nil && !revalidate && l.distrusted(cur) // rule 18
 	if cur != nil && !revalidate && !reread {
 		// A load (or Set) finished as this Get looked: its value is in
@@ -196,7 +219,7 @@ func (f *flights[K, V]) join(ctx context.Context, s *stripe, key K, h uint64, no
 		reread = true
 	}
 	from := l.held(cur, now)
-	c = f.start(sh, ctx, key, h, marker, from, false)
+	c = f.start(sh, ctx, key, h, seen, marker, from, false)
 	batched := c != nil && into != nil && from == nil && into.add(c)
 	sh.mu.Unlock()
 	if c == nil {
@@ -216,10 +239,10 @@ func (f *flights[K, V]) join(ctx context.Context, s *stripe, key K, h uint64, no
 // launched with it by the caller.
 func (f *flights[K, V]) startRefresh(ctx context.Context, s *stripe, key K, h uint64, from *entry[K, V], into *batch[K, V]) bool {
 	l := f.l
-	sh, cur, running := f.lookup(key, h)
+	sh, seen, cur, running := f.lookup(key, h, glance[K, V]{})
 	var c *call[K, V]
 	if cur == from && running == nil {
-		c = f.start(sh, ctx, key, h, nil, from, true)
+		c = f.start(sh, ctx, key, h, seen, nil, from, true)
 	}
 	batched := c != nil && into != nil && into.add(c)
 	sh.mu.Unlock()
@@ -238,10 +261,10 @@ func (f *flights[K, V]) startRefresh(ctx context.Context, s *stripe, key K, h ui
 // dropped). It reports whether it started one.
 func (f *flights[K, V]) refreshNow(ctx context.Context, s *stripe, key K, h uint64) bool {
 	l := f.l
-	sh, cur, running := f.lookup(key, h)
+	sh, seen, cur, running := f.lookup(key, h, glance[K, V]{})
 	var c *call[K, V]
 	if running == nil && l.reserveRefresh() {
-		if c = f.start(sh, ctx, key, h, nil, l.held(cur, l.now()), true); c == nil {
+		if c = f.start(sh, ctx, key, h, seen, nil, l.held(cur, l.now()), true); c == nil {
 			l.stats.refreshing.Add(-1) // closed
 		}
 	}
@@ -258,12 +281,12 @@ func (f *flights[K, V]) refreshNow(ctx context.Context, s *stripe, key K, h uint
 // nobody waits on. It returns nil after Close: Close sets its flag before
 // it sweeps the shards (cancelAll), so a load is either swept or never
 // started.
-func (f *flights[K, V]) start(sh *shard[K, V], ctx context.Context, key K, h uint64, marker *loadMarker, from *entry[K, V], background bool) *call[K, V] {
+func (f *flights[K, V]) start(sh *shard[K, V], ctx context.Context, key K, h uint64, seen glance[K, V], marker *loadMarker, from *entry[K, V], background bool) *call[K, V] {
 	l := f.l
 	if l.closed.Load() {
 		return nil
 	}
-	c := &call[K, V]{l: l, key: key, h: h, done: make(chan struct{}), background: background, from: from, gen: l.generation.Load()}
+	c := &call[K, V]{l: l, key: key, h: h, done: make(chan struct{}), background: background, from: from, gen: l.generation.Load(), seen: seen}
 	if !background {
 		c.waiters = 1
 	}
@@ -355,7 +378,7 @@ type delivery[K comparable, V any] struct {
 func (f *flights[K, V]) finish(c *call[K, V], r delivery[K, V], e *entry[K, V], cost int64) (callers int, stored bool, opened *write[K, V]) {
 	l := f.l
 	sh := f.shard(c.h)
-	cur := f.lockCurrent(sh, c.h, c.key)
+	cur := f.lockCurrent(sh, c.h, c.key, c.seen)
 	owned := sh.loads[c.key] == c
 	sh.forget(c)
 	switch {
@@ -376,7 +399,7 @@ func (f *flights[K, V]) finish(c *call[K, V], r delivery[K, V], e *entry[K, V], 
 // load in flight, if any, is detached, and the write wins over it.
 func (f *flights[K, V]) overwrite(key K, h uint64, e *entry[K, V], cost int64) *write[K, V] {
 	sh := f.shard(h)
-	cur := f.lockCurrent(sh, h, key)
+	cur := f.lockCurrent(sh, h, key, glance[K, V]{})
 	sh.detach(key)
 	w := f.put(sh, key, h, cur, e, cost, nil)
 	sh.mu.Unlock()
@@ -387,7 +410,7 @@ func (f *flights[K, V]) overwrite(key K, h uint64, e *entry[K, V], cost int64) *
 // the cached one. Used when a load failed, to find a value to cover it.
 func (f *flights[K, V]) latest(key K, h uint64) *entry[K, V] {
 	sh := f.shard(h)
-	cur := f.lockCurrent(sh, h, key)
+	cur := f.lockCurrent(sh, h, key, glance[K, V]{})
 	defer sh.mu.Unlock()
 	if w := sh.writes[key]; w != nil {
 		return w.entry
@@ -396,13 +419,26 @@ func (f *flights[K, V]) latest(key K, h uint64) *entry[K, V] {
 }
 
 // lockCurrent locks sh and returns key's cached entry as it is under the
-// lock: looked up before locking (no ristretto call under a shard lock),
-// and looked up again if a write of the shard closed in between. After a
-// few such misfortunes (the writer closing a burst of writes of the shard)
-// it looks up under the lock: a lookup is short and never waits, and the
+// lock: g's, if no write of the shard closed since g was taken; else
+// looked up before locking (no ristretto call under a shard lock), and
+// looked up again if a write of the shard closed in between. After a few
+// such misfortunes (the writer closing a burst of writes of the shard) it
+// looks up under the lock: a lookup is short and never waits, and the
 // caller must make progress.
-func (f *flights[K, V]) lockCurrent(sh *shard[K, V], h uint64, key K) *entry[K, V] {
+//
+// The entry may have been marked gone since g was taken: only put does
+// that, under sh.mu, and it leaves a pending write for the key that then
+// stands for it (lookup, put); ristretto evicting it meanwhile is as if
+// the caller had locked just before the eviction.
+func (f *flights[K, V]) lockCurrent(sh *shard[K, V], h uint64, key K, g glance[K, V]) *entry[K, V] {
 	l := f.l
+	if g.ok {
+		sh.mu.Lock()
+		if sh.settles.Load() == g.settles {
+			return g.e
+		}
+		sh.mu.Unlock()
+	}
 	for range 3 {
 		seen := sh.settles.Load()
 		cur := l.cached(h, key)

@@ -281,7 +281,8 @@ func (l *Loader[K, V]) GetInfo(ctx context.Context, key K) (v V, info Info, err 
 	if !ok {
 		return v, info, ErrClosed
 	}
-	e := l.cached(h, key)
+	g := l.flights.glance(h, key)
+	e := g.e
 	now := l.now()
 	revalidate := revalidating(ctx)
 	switch {
@@ -304,7 +305,7 @@ func (l *Loader[K, V]) GetInfo(ctx context.Context, key K) (v V, info Info, err 
 	if revalidate {
 		l.stats.revalidations.Add(1)
 	}
-	return l.wait(ctx, s, key, h, now, revalidate, false)
+	return l.wait(ctx, s, key, h, g, now, revalidate, false)
 }
 
 // held returns cur if it is a value the Loader still holds for its key
@@ -317,11 +318,12 @@ func (l *Loader[K, V]) held(cur *entry[K, V], now time.Duration) *entry[K, V] {
 	return cur
 }
 
-// wait joins (or starts) key's load and waits for it or for ctx. again is
-// true on the one retry for a value that was stale beyond the caller's
-// max-stale (the Get was counted already).
-func (l *Loader[K, V]) wait(ctx context.Context, s *stripe, key K, h uint64, start time.Duration, revalidate, again bool) (v V, info Info, err error) {
-	j := l.flights.join(ctx, s, key, h, start, revalidate, nil)
+// wait joins (or starts) key's load and waits for it or for ctx. g is
+// what the caller saw of key in the cache, if anything. again is true on
+// the one retry for a value that was stale beyond the caller's max-stale
+// (the Get was counted already).
+func (l *Loader[K, V]) wait(ctx context.Context, s *stripe, key K, h uint64, g glance[K, V], start time.Duration, revalidate, again bool) (v V, info Info, err error) {
+	j := l.flights.join(ctx, s, key, h, g, start, revalidate, nil)
 	return l.await(ctx, s, key, h, start, revalidate, again, j)
 }
 
@@ -381,7 +383,7 @@ func (l *Loader[K, V]) await(ctx context.Context, s *stripe, key K, h uint64, st
 		// A Remote gave the load a value already stale, and this caller's
 		// max-stale refuses it (the load carried only its starter's
 		// bound): load once more, and this caller's bound goes with it.
-		return l.wait(ctx, s, key, h, start, revalidate, true)
+		return l.wait(ctx, s, key, h, glance[K, V]{}, start, revalidate, true)
 	default:
 		info.Age = end - c.loadedAt
 	}
