@@ -118,7 +118,8 @@ func (b *batch[K, V]) body() {
 // runBatch is the body of a batch's goroutine: one LoadMany call, then
 // each key's result delivered as its own load's.
 func (l *Loader[K, V]) runBatch(b *batch[K, V]) {
-	b.leader.buildContext()
+	start := l.now()
+	b.leader.buildContext(start)
 	keys := make([]K, len(b.calls))
 	for i, c := range b.calls {
 		keys[i] = c.key
@@ -127,7 +128,6 @@ func (l *Loader[K, V]) runBatch(b *batch[K, V]) {
 	var remote map[K]RemoteResult[V]
 	err := ErrGoexit // stays if LoadMany (or the Remote) ends the goroutine
 	attempts := 0
-	start := l.now()
 	defer func() { l.completeBatch(b, m, remote, err, attempts, l.now()-start) }()
 	ctx := &b.leader.lctx
 	rm, ok := l.opts.Remote.(RemoteMany[K, V])

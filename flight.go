@@ -147,15 +147,14 @@ type joined[K comparable, V any] struct {
 // lookup of their own: each such lookup would also count one more access
 // of the key in ristretto's admission policy.
 type glance[K comparable, V any] struct {
-	e       *entry[K, V]
-	settles uint64
-	ok      bool // false: nothing was seen, lockCurrent looks
+	e  *entry[K, V]
+	at uint64 // the shard's settles count + 1; 0: nothing was seen, lockCurrent looks
 }
 
 // glance looks key up in the cache for a later lockCurrent.
 func (f *flights[K, V]) glance(h uint64, key K) glance[K, V] {
 	n := f.shard(h).settles.Load()
-	return glance[K, V]{e: f.l.cached(h, key), settles: n, ok: true}
+	return glance[K, V]{e: f.l.cached(h, key), at: n + 1}
 }
 
 // lookup locks key's shard and returns what it knows of key: its cached
@@ -166,7 +165,7 @@ func (f *flights[K, V]) glance(h uint64, key K) glance[K, V] {
 func (f *flights[K, V]) lookup(key K, h uint64, g glance[K, V]) (sh *shard[K, V], seen glance[K, V], cur *entry[K, V], running *call[K, V]) {
 	sh = f.shard(h)
 	cur = f.lockCurrent(sh, h, key, g)
-	seen = glance[K, V]{e: cur, settles: sh.settles.Load(), ok: true}
+	seen = glance[K, V]{e: cur, at: sh.settles.Load() + 1}
 	if w := sh.writes[key]; w != nil {
 		cur = w.entry
 	}
@@ -432,9 +431,9 @@ func (f *flights[K, V]) latest(key K, h uint64) *entry[K, V] {
 // the caller had locked just before the eviction.
 func (f *flights[K, V]) lockCurrent(sh *shard[K, V], h uint64, key K, g glance[K, V]) *entry[K, V] {
 	l := f.l
-	if g.ok {
+	if g.at != 0 {
 		sh.mu.Lock()
-		if sh.settles.Load() == g.settles {
+		if sh.settles.Load()+1 == g.at {
 			return g.e
 		}
 		sh.mu.Unlock()

@@ -11,21 +11,25 @@ import (
 // complete runs deferred, so the waiters get ErrGoexit when the LoadFunc
 // (or a Remote, or a custom breaker) ends the goroutine.
 func (l *Loader[K, V]) run(c *call[K, V]) {
-	c.buildContext()
+	start := l.now()
+	c.buildContext(start)
 	r := loaded[V]{err: ErrGoexit} // stays if fetch ends the goroutine
 	defer l.complete(c, &r)
 	old := c.from // the value a Reload revalidates
 	if l.opts.Reload == nil {
 		old = nil
 	}
-	l.fetch(&c.lctx, c.key, old, &r)
+	l.fetch(&c.lctx, c.key, old, start, &r)
 }
 
 // complete turns what a load produced into its result and its entry (all
 // the arithmetic, before any lock), delivers them (finish), and reports the
 // load.
 func (l *Loader[K, V]) complete(c *call[K, V], r *loaded[V]) {
-	now := l.now()
+	now := r.end
+	if now == 0 {
+		now = l.now()
+	}
 	if r.notMod {
 		// 304: the value held is still current. It goes on as if just
 		// loaded: its callers get it, its freshness is renewed from now

@@ -57,9 +57,10 @@ func markerOf(ctx context.Context) *loadMarker {
 
 // loadCtx is the context of one load; see above.
 type loadCtx struct {
-	caller   context.Context // values only
-	marker   loadMarker
-	deadline time.Time // set by timeouts.add, before user code runs
+	caller context.Context // values only
+	marker loadMarker
+	tm     *timeouts     // the Loader's: its epoch gives Deadline
+	due    time.Duration // the deadline, as an offset from tm.epoch; set by timeouts.add, before user code runs
 	// Guarded by the Loader's timeouts.mu: the list of running loads.
 	prev, next *loadCtx
 	listed     bool
@@ -76,7 +77,7 @@ type afterFunc struct{ f func() }
 // closedDone is the Done channel of a context that ended before anyone asked.
 var closedDone = func() chan struct{} { ch := make(chan struct{}); close(ch); return ch }()
 
-func (c *loadCtx) Deadline() (time.Time, bool) { return c.deadline, true }
+func (c *loadCtx) Deadline() (time.Time, bool) { return c.tm.epoch.Add(c.due), true }
 
 func (c *loadCtx) Done() <-chan struct{} {
 	c.mu.Lock()
@@ -171,10 +172,12 @@ func (c *loadCtx) end(err, cause error) {
 func (c *loadCtx) cancel(cause error) { c.end(context.Canceled, cause) }
 
 // buildContext readies c's context on the load goroutine, before any user
-// code runs, outside every shard lock: it starts the deadline. A
-// cancellation asked for before (leave, Close) is applied at once.
-func (c *call[K, V]) buildContext() {
-	c.l.timeouts.add(&c.lctx)
+// code runs, outside every shard lock: it starts the deadline from start,
+// the load's start (the Loader's clock, read once for this and for the
+// load's duration). A cancellation asked for before (leave, Close) is
+// applied at once.
+func (c *call[K, V]) buildContext(start time.Duration) {
+	c.l.timeouts.add(&c.lctx, start)
 	sh := c.l.flights.shard(c.h)
 	sh.mu.Lock()
 	c.ready = true
@@ -210,23 +213,30 @@ func (c *call[K, V]) release() {
 // critical sections here, and no timer of its own.
 type timeouts struct {
 	timeout    time.Duration
+	epoch      time.Time // the Loader's: deadlines are offsets from it, as entries' times are
 	mu         sync.Mutex
 	head, tail *loadCtx    // guarded by mu
 	timer      *time.Timer // runs fire; armed while the list is not empty
 }
 
-func (t *timeouts) init(timeout time.Duration) {
-	t.timeout = timeout
+func (t *timeouts) init(timeout time.Duration, epoch time.Time) {
+	t.timeout, t.epoch = timeout, epoch
 	t.timer = time.AfterFunc(timeout, t.fire)
 	t.timer.Stop()
 }
 
-// add sets c's deadline (under mu, so the list stays in deadline order)
-// and lists it.
-func (t *timeouts) add(c *loadCtx) {
+// add sets c's deadline, timeout after start, and lists it. The clock is
+// read before locking, so a load that read it earlier may list itself
+// later: its deadline is then moved up to the tail's (by the few
+// microseconds between the two), which keeps the list in deadline order.
+func (t *timeouts) add(c *loadCtx, start time.Duration) {
+	due := addSat(start, t.timeout)
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	c.deadline = time.Now().Add(t.timeout)
+	if t.tail != nil {
+		due = max(due, t.tail.due)
+	}
+	c.tm, c.due = t, due
 	c.listed = true
 	if t.tail == nil {
 		t.head, t.tail = c, c
@@ -267,14 +277,14 @@ func (t *timeouts) unlink(c *loadCtx) {
 func (t *timeouts) fire() {
 	var due []*loadCtx
 	t.mu.Lock()
-	now := time.Now()
-	for t.head != nil && !t.head.deadline.After(now) {
+	now := time.Since(t.epoch)
+	for t.head != nil && t.head.due <= now {
 		c := t.head
 		t.unlink(c)
 		due = append(due, c)
 	}
 	if t.head != nil {
-		t.timer.Reset(t.head.deadline.Sub(now))
+		t.timer.Reset(t.head.due - now)
 	}
 	t.mu.Unlock()
 	for _, c := range due {

@@ -184,7 +184,7 @@ func New[K comparable, V any](load LoadFunc[K, V], opts Options[K, V]) (*Loader[
 	l.flights.init(l)
 	l.writer.init()
 	l.workers.init()
-	l.timeouts.init(opts.LoadTimeout)
+	l.timeouts.init(opts.LoadTimeout, l.epoch)
 	cache, err := ristretto.NewCache(&ristretto.Config[uint64, *entry[K, V]]{
 		NumCounters: opts.NumCounters,
 		MaxCost:     opts.MaxCost,

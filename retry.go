@@ -27,6 +27,7 @@ type loaded[V any] struct {
 	notMod   bool            // and said ErrNotModified
 	old      V               // the value it was given
 	attempts int             // LoadFunc calls made here
+	end      time.Duration   // when the LoadFunc path returned, if fetch read the clock then (0: complete reads it)
 	took     time.Duration   // how long the value took to load, wherever it was
 	age      time.Duration   // how old the value already is (from a Remote)
 	remote   bool            // the value came from the Remote without a load here
@@ -34,18 +35,19 @@ type loaded[V any] struct {
 }
 
 // fetch gets key's value for one load, into r: through the Remote if there
-// is one, else straight down the downstream path. r.attempts counts
+// is one, else straight down the downstream path. start is when the load
+// started (its deadline counts from it too). r.attempts counts
 // LoadFunc calls as they start; the other fields are set when fetch
 // returns (a callee that ends the goroutine leaves them as they were).
-func (l *Loader[K, V]) fetch(ctx context.Context, key K, old *entry[K, V], r *loaded[V]) {
-	start := l.now()
+func (l *Loader[K, V]) fetch(ctx context.Context, key K, old *entry[K, V], start time.Duration, r *loaded[V]) {
 	if old != nil { // set by the caller only with a Reload
 		r.reload, r.old = true, old.val
 	}
 	defer func() { r.notMod = r.reload && errors.Is(r.err, ErrNotModified) }()
 	if l.opts.Remote == nil {
 		v, err := l.load(ctx, key, old, &r.attempts)
-		r.val, r.err, r.took = v, err, l.now()-start
+		r.end = l.now()
+		r.val, r.err, r.took = v, err, r.end-start
 		return
 	}
 	var rv RemoteValue[V]
