@@ -87,7 +87,9 @@ type batchRun[K comparable, V any] struct {
 // not-found marker for NotFoundTTL, which every process reads as
 // [ErrSharedNotFound]; otherwise its lease is released with a not-found
 // that the processes waiting on it share (ErrPeerFailed matching
-// [flightcache.ErrNotFound]), and a later miss anywhere loads it again. When load fails, every key it was
+// [flightcache.ErrNotFound]), and a later miss anywhere loads it again. A
+// load that fails as a whole with ErrNotFound makes every key it was called
+// for not found in the same way. When load fails otherwise, every key it was
 // called for gets its error, with the key's older shared entry when it may
 // cover it (as Load). When Redis fails or is slow, the keys concerned are
 // loaded locally in the same call of load and counted in [Stats]
@@ -381,7 +383,7 @@ func (b *batchRun[K, V]) loadAndStore(leased, local []*slot[K]) {
 			calls[i] = evalCall{releaseScript, releaseKeys(s.ks), t.releaseArgs(s.ks, s.tok, fail, want)}
 		}
 		switch v, ok := m[s.key]; {
-		case err != nil:
+		case err != nil && !t.sharesNotFound(err):
 			want := false
 			fail := ""
 			if !errors.Is(err, flightcache.ErrNotModified) { // a batch revalidates nothing: nothing to share
@@ -399,7 +401,7 @@ func (b *batchRun[K, V]) loadAndStore(leased, local []*slot[K]) {
 				b.answer(s, flightcache.RemoteResult[V]{RemoteValue: rv, Err: cerr})
 				return rerr == nil
 			}
-		case ok:
+		case err == nil && ok:
 			rv := loaded(v)
 			id, args, share := t.encode(s.ks, s.key, rv)
 			if share {
@@ -422,18 +424,23 @@ func (b *batchRun[K, V]) loadAndStore(leased, local []*slot[K]) {
 				return true
 			}
 		default:
-			// Not found: stored as a not-found marker for the fleet when
-			// the Loader caches not-founds, else shared with the processes
-			// waiting on this lease; as Load does with its load's
-			// ErrNotFound.
-			marker := t.sharesNotFound(flightcache.ErrNotFound)
+			// Not found (a key load did not return, or load failing as a
+			// whole with ErrNotFound): stored as a not-found marker for
+			// the fleet when the Loader caches not-founds, else shared
+			// with the processes waiting on this lease; as Load does with
+			// its load's ErrNotFound.
+			nf := flightcache.ErrNotFound
+			if err != nil {
+				nf = err
+			}
+			marker := t.sharesNotFound(nf)
 			if marker {
 				calls[i] = t.notFoundCall(s.ks, s.tok)
 			} else {
-				release(failure(b.ctx, s.tok, flightcache.ErrNotFound), false)
+				release(failure(b.ctx, s.tok, nf), false)
 			}
 			then[i] = func(cmd *redis.Cmd) bool {
-				b.answer(s, flightcache.RemoteResult[V]{Err: flightcache.ErrNotFound})
+				b.answer(s, flightcache.RemoteResult[V]{Err: nf})
 				if !marker {
 					return cmd.Err() == nil
 				}

@@ -172,6 +172,40 @@ func TestGetManyNotFoundIsStoredInTheTier(t *testing.T) {
 	}
 }
 
+// A LoadMany that fails as a whole with ErrNotFound makes each of its keys a
+// not-found marker in the tier, as a single load's ErrNotFound does: another
+// process reads the markers and loads nothing.
+func TestGetManyWholeNotFoundIsStoredInTheTier(t *testing.T) {
+	addr := redisAddr(t)
+	p := testPrefix(t, newClient(t, addr))
+	d := newBatchDownstream()
+	d.err = fmt.Errorf("catalogue: no such products: %w", flightcache.ErrNotFound)
+	lo := flightcache.Options[string, string]{TTL: time.Minute, NotFoundTTL: time.Minute, Breaker: flightcache.Breaker{Disabled: true}}
+	a := newBatchProc(t, addr, nil, p, lo, Options[string, string]{}, d)
+	b := newBatchProc(t, addr, nil, p, lo, Options[string, string]{}, d)
+
+	if m, err := a.l.GetMany(ctx, []string{"x1", "x2"}); err != nil || len(m) != 0 {
+		t.Fatalf("a.GetMany = %v, %v; want nothing and no error (both not found)", m, err)
+	}
+	for _, k := range []string{"x1", "x2"} {
+		if exists, nf := entryState(t, a, k); !exists || nf != "1" {
+			t.Fatalf("entry of %s: exists %v, nf %q; want a not-found marker", k, exists, nf)
+		}
+	}
+	if m, err := b.l.GetMany(ctx, []string{"x1", "x2"}); err != nil || len(m) != 0 {
+		t.Errorf("b.GetMany = %v, %v; want nothing and no error", m, err)
+	}
+	if _, err := b.l.Get(ctx, "x1"); !errors.Is(err, flightcache.ErrNotFound) {
+		t.Errorf("b.Get(x1) = %v; want ErrNotFound", err)
+	}
+	if calls := d.allCalls(); len(calls) != 1 {
+		t.Errorf("downstream calls %v; want only a's", calls)
+	}
+	if s := b.t.Stats(); s.NotFoundHits != 2 || s.Leases != 0 {
+		t.Errorf("b stats %+v; want 2 not-found hits, no lease", s)
+	}
+}
+
 // A not-found marker is never a value to a version that does not know it:
 // read with the fields it reads (no "nf"), it does not parse.
 func TestNotFoundMarkerDoesNotParseAsAValue(t *testing.T) {
