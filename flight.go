@@ -16,10 +16,11 @@ const flightShards = 64
 // and the write ristretto has not applied yet. Its methods are the only
 // code that reads or edits the shard maps, each under one shard lock, in
 // three steps: work out what to do before locking (the entry a key has in
-// the cache is looked up then: lockCurrent), commit it under the lock, act
-// (cancel a context, hand a write over) after unlocking. No user code and
-// no ristretto wait ever runs under a shard lock (and a ristretto lookup
-// only when lockCurrent keeps losing a race with the writer).
+// the cache is looked up then, or taken from the look the Get made, or the
+// one its load started with: glance, lockCurrent), commit it under the
+// lock, act (cancel a context, hand a write over) after unlocking. No user
+// code and no ristretto wait ever runs under a shard lock (and a ristretto
+// lookup only when lockCurrent keeps losing a race with the writer).
 type flights[K comparable, V any] struct {
 	l      *Loader[K, V] // the Loader they belong to: its clock, phases, cache lookups and goroutines
 	shards [flightShards]shard[K, V]
@@ -41,9 +42,10 @@ type shard[K comparable, V any] struct {
 	// they ran, so Close can still cancel them.
 	detached map[*call[K, V]]struct{}
 	// settles counts the writes closed in this shard (written under mu): a
-	// key's cached entry changes only by a write that then closes, so an
-	// entry looked up before locking is still the key's if settles has not
-	// moved (lockCurrent).
+	// key's cached entry changes only by a write that then closes (or by
+	// ristretto evicting it, which is as if the look came just before the
+	// eviction), so an entry looked up earlier, even a whole load earlier,
+	// is still the key's if settles has not moved (lockCurrent).
 	settles atomic.Uint64
 	// peakLoads and peakWrites are the most keys loads and writes have held
 	// since they were last made (guarded by mu): see shrink.
@@ -88,8 +90,8 @@ type call[K comparable, V any] struct {
 	done chan struct{} // closed by finish once the result fields are set
 
 	// Set before the call is published in a shard map; read-only after
-	// (lctx's deadline, timer and causer: set by the load goroutine,
-	// before user code, with ready).
+	// (lctx's deadline and causer: set by the load goroutine, before user
+	// code, with ready).
 	lctx       loadCtx
 	background bool         // a refresh nobody waited on when it started
 	gen        uint32       // the fleet generation when it started: its entry's (fleet.go)
@@ -427,8 +429,10 @@ func (f *flights[K, V]) latest(key K, h uint64) *entry[K, V] {
 //
 // The entry may have been marked gone since g was taken: only put does
 // that, under sh.mu, and it leaves a pending write for the key that then
-// stands for it (lookup, put); ristretto evicting it meanwhile is as if
-// the caller had locked just before the eviction.
+// stands for it (lookup, put). Ristretto may have evicted it since (for
+// finish, at any time during the load): that is as if the caller had
+// locked just before the eviction; at worst finish marks the evicted entry
+// gone and opens a write for it.
 func (f *flights[K, V]) lockCurrent(sh *shard[K, V], h uint64, key K, g glance[K, V]) *entry[K, V] {
 	l := f.l
 	if g.at != 0 {

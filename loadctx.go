@@ -14,7 +14,8 @@ import (
 //   - the values of the Get that started the load (trace IDs, auth), never
 //     its cancellation;
 //   - the marker that recognises a Get made from inside the load;
-//   - the load's deadline, LoadTimeout after it started;
+//   - the load's deadline, LoadTimeout after it started (or a little later:
+//     timeouts.add);
 //   - its end, with a cause that context.Cause reports: ErrLoadTimeout (and
 //     context.DeadlineExceeded as ctx.Err()), ErrClosed (Close),
 //     errAbandoned (CancelAtZero, last waiter gone), or context.Canceled
@@ -77,7 +78,12 @@ type afterFunc struct{ f func() }
 // closedDone is the Done channel of a context that ended before anyone asked.
 var closedDone = func() chan struct{} { ch := make(chan struct{}); close(ch); return ch }()
 
-func (c *loadCtx) Deadline() (time.Time, bool) { return c.tm.epoch.Add(c.due), true }
+func (c *loadCtx) Deadline() (time.Time, bool) {
+	if c.tm == nil { // not listed yet: no user code sees such a context
+		return time.Time{}, false
+	}
+	return c.tm.epoch.Add(c.due), true
+}
 
 func (c *loadCtx) Done() <-chan struct{} {
 	c.mu.Lock()
@@ -208,9 +214,10 @@ func (c *call[K, V]) release() {
 }
 
 // timeouts ends loads at LoadTimeout. Every load of a Loader has the same
-// timeout, so deadlines come in the order loads start: one list, oldest
-// first, and one timer armed for the oldest. A load costs two short
-// critical sections here, and no timer of its own.
+// timeout, so deadlines come nearly in the order loads are listed (add
+// makes it exact): one list, oldest first, and one timer armed for the
+// oldest. A load costs two short critical sections here, and no timer of
+// its own.
 type timeouts struct {
 	timeout    time.Duration
 	epoch      time.Time // the Loader's: deadlines are offsets from it, as entries' times are
@@ -227,8 +234,11 @@ func (t *timeouts) init(timeout time.Duration, epoch time.Time) {
 
 // add sets c's deadline, timeout after start, and lists it. The clock is
 // read before locking, so a load that read it earlier may list itself
-// later: its deadline is then moved up to the tail's (by the few
-// microseconds between the two), which keeps the list in deadline order.
+// later: its deadline is then moved up to the tail's (by the time between
+// the two listings, microseconds unless the goroutine was preempted), which
+// keeps the list in deadline order. The timer, armed at listing for
+// timeout, may fire that long after an empty list's first deadline: fire
+// ends every load due by then.
 func (t *timeouts) add(c *loadCtx, start time.Duration) {
 	due := addSat(start, t.timeout)
 	t.mu.Lock()

@@ -36,7 +36,7 @@ type loaded[V any] struct {
 
 // fetch gets key's value for one load, into r: through the Remote if there
 // is one, else straight down the downstream path. start is when the load
-// started (its deadline counts from it too). r.attempts counts
+// started (its deadline counts from it: timeouts.add). r.attempts counts
 // LoadFunc calls as they start; the other fields are set when fetch
 // returns (a callee that ends the goroutine leaves them as they were).
 func (l *Loader[K, V]) fetch(ctx context.Context, key K, old *entry[K, V], start time.Duration, r *loaded[V]) {
