@@ -54,6 +54,7 @@ type batch[K comparable, V any] struct {
 	// Written by the batch's goroutine as it delivers each call.
 	callers int
 	stored  bool
+	writes  []*write[K, V] // the writes its calls opened: handed to the writer together (completeBatch)
 }
 
 func (l *Loader[K, V]) newBatch(background bool) *batch[K, V] {
@@ -191,6 +192,8 @@ func (l *Loader[K, V]) completeBatch(b *batch[K, V], m map[K]V, remote map[K]Rem
 		for _, c := range b.calls[next:] {
 			l.complete(c, &loaded[V]{err: ErrGoexit, attempts: attempts, took: took})
 		}
+		l.handAll(b.writes) // one handover for the batch, not one per key
+		b.writes = nil
 		l.reportBatch(b, err, attempts, took)
 	}()
 	for next < len(b.calls) {
@@ -227,6 +230,9 @@ func (l *Loader[K, V]) reportBatch(b *batch[K, V], err error, attempts int, took
 	l.guard(func() { l.opts.OnLoad(ev) }, nil)
 }
 
+// dedupeOnStack is how many keys GetMany dedupes without allocating.
+const dedupeOnStack = 256
+
 // GetMany returns the values of keys: each key answered as [Loader.Get]
 // would (a hit, a stale value with its refresh, a load), with the misses
 // that no load is in flight for loaded together by [Options.LoadMany] (or
@@ -250,16 +256,35 @@ func (l *Loader[K, V]) GetMany(ctx context.Context, keys []K) (map[K]V, error) {
 		j   joined[K, V]
 	}
 	items := make([]item, 0, len(keys))
-	seen := make(map[K]struct{}, len(keys))
+	// Duplicates are dropped: up to dedupeOnStack keys through a table on
+	// the stack, open addressing over the keys' hashes (index + 1 into
+	// items; 0 is empty), beyond through a map.
+	var table [2 * dedupeOnStack]uint16
+	var seen map[K]struct{}
+	if len(keys) > dedupeOnStack {
+		seen = make(map[K]struct{}, len(keys))
+	}
+next:
 	for _, key := range keys {
 		h, err := l.hash(key) // first: a key no map can hold fails here
 		if err != nil {
 			return nil, err
 		}
-		if _, dup := seen[key]; !dup {
+		if seen != nil {
+			if _, dup := seen[key]; dup {
+				continue
+			}
 			seen[key] = struct{}{}
-			items = append(items, item{key: key, h: h})
+		} else {
+			i := h % uint64(len(table))
+			for ; table[i] != 0; i = (i + 1) % uint64(len(table)) {
+				if it := &items[table[i]-1]; it.h == h && it.key == key {
+					continue next
+				}
+			}
+			table[i] = uint16(len(items) + 1)
 		}
+		items = append(items, item{key: key, h: h})
 	}
 	s, ok := l.enterMany(len(items))
 	if !ok {

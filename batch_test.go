@@ -91,6 +91,58 @@ func keyRange(prefix string, n int) []string {
 	return keys
 }
 
+// docs/design.md rule 15: duplicate keys count and load once, on both of
+// GetMany's ways of finding them (a table on the stack up to
+// dedupeOnStack distinct keys, a map beyond), also when every key has the
+// same hash (a custom Hash), which the table must tell apart by the keys.
+func TestGetManyDuplicates(t *testing.T) {
+	for _, n := range []int{10, dedupeOnStack, dedupeOnStack + 44} {
+		for _, collide := range []bool{false, true} {
+			t.Run(fmt.Sprintf("n=%d/collide=%v", n, collide), func(t *testing.T) {
+				opts := Options[string, string]{MaxBatch: 1000}
+				if collide {
+					opts.Hash = func(string) uint64 { return 42 }
+				}
+				d, m := &downstream{}, &many{}
+				l := newManyLoader(t, d, m, opts)
+				distinct := keyRange("k", n)
+				var keys []string
+				for i, k := range distinct { // each twice, the second after some others
+					keys = append(keys, k)
+					if i >= 3 {
+						keys = append(keys, distinct[i-3])
+					}
+				}
+				keys = append(keys, distinct[n-3:]...)
+				got, err := l.GetMany(context.Background(), keys)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if len(got) != n {
+					t.Fatalf("GetMany returned %d keys; want %d", len(got), n)
+				}
+				for _, k := range distinct {
+					if got[k] == "" {
+						t.Fatalf("%s missing", k)
+					}
+				}
+				loaded := m.keysLoaded()
+				for k, c := range loaded {
+					if c != 1 {
+						t.Errorf("key %s loaded %d times", k, c)
+					}
+				}
+				if len(loaded) != n {
+					t.Errorf("%d keys loaded; want %d", len(loaded), n)
+				}
+				if s := l.Stats(); s.Gets != uint64(n) || s.Misses != uint64(n) {
+					t.Errorf("Gets = %d, Misses = %d; want %d each", s.Gets, s.Misses, n)
+				}
+			})
+		}
+	}
+}
+
 // docs/design.md rule 15: hits answer from the cache; the misses go out
 // in ⌈misses / MaxBatch⌉ LoadMany calls, each key in exactly one;
 // duplicates are allowed; each distinct key is one Get.

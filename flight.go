@@ -134,10 +134,10 @@ func (f *flights[K, V]) shard(h uint64) *shard[K, V] {
 // joined is what join found for a Get that the cache could not answer.
 type joined[K comparable, V any] struct {
 	c       *call[K, V]  // the load to wait for
-	started bool         // this Get started c
 	hit     *entry[K, V] // a fresh value a write left, not yet in the cache
 	stale   *entry[K, V] // a stale value a write left that the caller accepts (StaleWhileRevalidate)
 	err     error        // ErrClosed or ErrRecursiveLoad
+	started bool         // this Get started c
 	counted bool         // the wait on c is counted in Stats.Waiting already (GetMany)
 	reread  bool         // the value held is distrusted (rule 18): c reads it again
 }

@@ -113,7 +113,11 @@ func (l *Loader[K, V]) deliver(c *call[K, V], r *loaded[V], res delivery[K, V], 
 		}
 	}
 	callers, stored, w := l.flights.finish(c, res, e, cost)
-	if w != nil {
+	switch {
+	case w == nil:
+	case c.batch != nil:
+		c.batch.writes = append(c.batch.writes, w) // handed with the batch's others
+	default:
 		l.hand(w)
 	}
 	if b := c.batch; b != nil {

@@ -84,11 +84,17 @@ func (wr *writer[K, V]) init() {
 }
 
 // hand gives w to the writer.
-func (l *Loader[K, V]) hand(w *write[K, V]) {
+func (l *Loader[K, V]) hand(w *write[K, V]) { l.handAll([]*write[K, V]{w}) }
+
+// handAll gives ws to the writer, in one critical section and one wakeup.
+func (l *Loader[K, V]) handAll(ws []*write[K, V]) {
+	if len(ws) == 0 {
+		return
+	}
 	wr := &l.writer
-	wr.backlog.Add(1)
+	wr.backlog.Add(int64(len(ws)))
 	wr.mu.Lock()
-	wr.queue = append(wr.queue, w)
+	wr.queue = append(wr.queue, ws...)
 	wr.mu.Unlock()
 	select {
 	case wr.wake <- struct{}{}:
