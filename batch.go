@@ -230,7 +230,8 @@ func (l *Loader[K, V]) reportBatch(b *batch[K, V], err error, attempts int, took
 	l.guard(func() { l.opts.OnLoad(ev) }, nil)
 }
 
-// dedupeOnStack is how many keys GetMany dedupes without allocating.
+// dedupeOnStack is how many keys (duplicates included) GetMany dedupes
+// without allocating.
 const dedupeOnStack = 256
 
 // GetMany returns the values of keys: each key answered as [Loader.Get]
@@ -256,12 +257,15 @@ func (l *Loader[K, V]) GetMany(ctx context.Context, keys []K) (map[K]V, error) {
 		j   joined[K, V]
 	}
 	items := make([]item, 0, len(keys))
-	// Duplicates are dropped: up to dedupeOnStack keys through a table on
-	// the stack, open addressing over the keys' hashes (index + 1 into
-	// items; 0 is empty), beyond through a map.
+	// Duplicates are dropped: up to dedupeOnStack keys (duplicates
+	// included) through a table on the stack, open addressing over the
+	// keys' hashes (index + 1 into items; 0 is empty), beyond through a
+	// map. The table needs equal keys to have equal hashes, which
+	// maphash.Comparable promises and a custom Hash may not (+0 and -0 are
+	// equal float64 keys): with Options.Hash, always the map.
 	var table [2 * dedupeOnStack]uint16
 	var seen map[K]struct{}
-	if len(keys) > dedupeOnStack {
+	if len(keys) > dedupeOnStack || l.opts.Hash != nil {
 		seen = make(map[K]struct{}, len(keys))
 	}
 next:

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"math"
 	"runtime"
 	"slices"
 	"sync"
@@ -92,11 +93,11 @@ func keyRange(prefix string, n int) []string {
 }
 
 // docs/design.md rule 15: duplicate keys count and load once, on both of
-// GetMany's ways of finding them (a table on the stack up to
-// dedupeOnStack distinct keys, a map beyond), also when every key has the
-// same hash (a custom Hash), which the table must tell apart by the keys.
+// GetMany's ways of finding them (a table on the stack up to dedupeOnStack
+// keys, duplicates included, a map beyond or with a custom Hash), also
+// when every key has the same hash.
 func TestGetManyDuplicates(t *testing.T) {
-	for _, n := range []int{10, dedupeOnStack, dedupeOnStack + 44} {
+	for _, n := range []int{10, dedupeOnStack/2 - 1, dedupeOnStack, dedupeOnStack + 44} {
 		for _, collide := range []bool{false, true} {
 			t.Run(fmt.Sprintf("n=%d/collide=%v", n, collide), func(t *testing.T) {
 				opts := Options[string, string]{MaxBatch: 1000}
@@ -140,6 +141,45 @@ func TestGetManyDuplicates(t *testing.T) {
 				}
 			})
 		}
+	}
+}
+
+// A custom Hash need not give equal keys equal hashes (+0 and -0 are equal
+// float64 keys): GetMany still counts and loads them as one key.
+func TestGetManyDuplicatesUnderCustomHash(t *testing.T) {
+	var mu sync.Mutex
+	var asked [][]float64
+	l, err := New(func(_ context.Context, k float64) (string, error) { return "one", nil },
+		Options[float64, string]{
+			TTL:  time.Minute,
+			Hash: func(k float64) uint64 { b := math.Float64bits(k); return b ^ b>>58 },
+			LoadMany: func(_ context.Context, keys []float64) (map[float64]string, error) {
+				mu.Lock()
+				asked = append(asked, slices.Clone(keys))
+				mu.Unlock()
+				m := make(map[float64]string, len(keys))
+				for _, k := range keys {
+					m[k] = "many"
+				}
+				return m, nil
+			},
+		})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	negZero := math.Copysign(0, -1)
+	got, err := l.GetMany(context.Background(), []float64{0, negZero, 1})
+	if err != nil || len(got) != 2 {
+		t.Fatalf("GetMany = %v, %v; want 2 keys (0 and 1)", got, err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if len(asked) != 1 || len(asked[0]) != 2 {
+		t.Errorf("LoadMany calls %v; want one, of 2 keys", asked)
+	}
+	if s := l.Stats(); s.Gets != 2 {
+		t.Errorf("Gets = %d; want 2", s.Gets)
 	}
 }
 

@@ -48,7 +48,10 @@ import (
 
 // maxBacklog is how many writes may wait for the writer before a finishing
 // load waits for the writer to catch up before it wakes its waiters, so
-// that a storm of misses slows down instead of piling values up.
+// that a storm of misses slows down instead of piling values up. A batch
+// hands its keys' writes over together once it has delivered them all
+// (handAll), so the backlog may pass maxBacklog by up to MaxBatch per
+// batch delivering at that moment: a bound all the same.
 const maxBacklog = 64
 
 // maxWriterBatch bounds the writes the writer hands ristretto before it
