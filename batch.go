@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"reflect"
-	"runtime/pprof"
 	"slices"
 	"strings"
 	"sync/atomic"
@@ -112,7 +111,6 @@ func (l *Loader[K, V]) launchBatch(b *batch[K, V], s *stripe) {
 // body runs b's load; see loaderGoroutine.
 func (b *batch[K, V]) body() {
 	defer b.l.exitChild(b.slot)
-	pprof.SetGoroutineLabels(b.leader.lctx.caller) // as call.body does
 	b.l.runBatch(b)
 }
 
@@ -130,6 +128,7 @@ func (l *Loader[K, V]) runBatch(b *batch[K, V]) {
 	err := ErrGoexit // stays if LoadMany (or the Remote) ends the goroutine
 	attempts := 0
 	defer func() { l.completeBatch(b, m, remote, err, attempts, l.now()-start) }()
+	l.takeLabels(b.leader.lctx.caller)
 	ctx := &b.leader.lctx
 	rm, ok := l.opts.Remote.(RemoteMany[K, V])
 	if !ok {

@@ -240,13 +240,22 @@ const keptIdle = 2
 // a load before it leaves.
 const workerIdle = 10 * time.Second
 
-// body runs c's load; see loaderGoroutine. The load goroutine takes the
-// profiler labels of the context of the Get that started the load, as a
-// goroutine started for it would have.
+// body runs c's load; see loaderGoroutine.
 func (c *call[K, V]) body() {
 	defer c.l.exitChild(c.slot)
-	pprof.SetGoroutineLabels(c.lctx.caller)
 	c.l.run(c)
+}
+
+// takeLabels gives the load goroutine the profiler labels of ctx, the
+// context of the Get that started the load, as a goroutine started for it
+// would have had them. Reading them calls ctx.Value, which is user code: a
+// panic there is counted (Stats.Panics) and leaves the goroutine without
+// labels, and the load goes on. Callers run it after deferring the load's
+// delivery, so a Goexit there reaches the waiters as ErrGoexit.
+func (l *Loader[K, V]) takeLabels(ctx context.Context) {
+	if l.guard(func() { pprof.SetGoroutineLabels(ctx) }, nil) != nil {
+		pprof.SetGoroutineLabels(context.Background())
+	}
 }
 
 // loaderGoroutine is the first frame of every load goroutine, so that

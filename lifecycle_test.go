@@ -231,3 +231,33 @@ func TestIdleLoadGoroutinesLeave(t *testing.T) {
 		}
 	})
 }
+
+// labelsPanic is a context whose Value panics when the profiler labels are
+// read from it, and only then: the Get path itself gets through.
+type labelsPanic struct{ context.Context }
+
+func (c labelsPanic) Value(key any) any {
+	if strings.HasSuffix(fmt.Sprintf("%T", key), "labelContextKey") {
+		panic("no labels here")
+	}
+	return c.Context.Value(key)
+}
+
+// The load goroutine reads the profiler labels through the caller's
+// context, which is user code: a panic there is counted, the load goes on
+// without labels, and neither the process nor the waiters notice (a single
+// load and a batch).
+func TestLabelsPanicIsContained(t *testing.T) {
+	d, m := &downstream{}, &many{}
+	l := newManyLoader(t, d, m, Options[string, string]{})
+	ctx := labelsPanic{context.Background()}
+	if v, err := l.Get(ctx, "k"); err != nil || v == "" {
+		t.Fatalf("Get = %q, %v; want the value", v, err)
+	}
+	if got, err := l.GetMany(ctx, []string{"a", "b"}); err != nil || len(got) != 2 {
+		t.Fatalf("GetMany = %v, %v; want both values", got, err)
+	}
+	if s := l.Stats(); s.Panics != 2 || s.Loads != 2 || s.LoadErrors != 0 {
+		t.Fatalf("Stats = %+v; want 2 panics (the labels, once per goroutine's load), 2 loads, no error", s)
+	}
+}

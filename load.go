@@ -15,6 +15,7 @@ func (l *Loader[K, V]) run(c *call[K, V]) {
 	c.buildContext(start)
 	r := loaded[V]{err: ErrGoexit} // stays if fetch ends the goroutine
 	defer l.complete(c, &r)
+	l.takeLabels(c.lctx.caller)
 	old := c.from // the value a Reload revalidates
 	if l.opts.Reload == nil {
 		old = nil
