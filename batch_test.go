@@ -226,7 +226,7 @@ func TestGetManyBatchesMisses(t *testing.T) {
 	if s.Gets != 30 || s.Hits != 5 || s.Misses != 25 || s.Loads != 3 || s.BatchLoads != 3 || s.BatchKeys != 25 {
 		t.Errorf("Stats = %+v; want 30 Gets = 5 hits + 25 misses, 3 loads, all batches, of 25 keys", s)
 	}
-	evs := events.all()
+	evs := events.atLeast(3)
 	if len(evs) != 3 {
 		t.Fatalf("%d LoadEvents; want one per batch: %+v", len(evs), evs)
 	}
@@ -517,7 +517,7 @@ func TestGetManyRetries(t *testing.T) {
 	if err != nil || got["a"] != "a@2" || got["b"] != "b@2" {
 		t.Fatalf("GetMany = %v, %v; want the second attempt's values", got, err)
 	}
-	if evs := events.all(); len(evs) != 1 || evs[0].Attempts != 2 || evs[0].Keys != 2 {
+	if evs := events.atLeast(1); len(evs) != 1 || evs[0].Attempts != 2 || evs[0].Keys != 2 {
 		t.Fatalf("LoadEvents %+v; want one, with 2 attempts and 2 keys", evs)
 	}
 }
