@@ -187,63 +187,66 @@ func TestGetManyDuplicatesUnderCustomHash(t *testing.T) {
 // in ⌈misses / MaxBatch⌉ LoadMany calls, each key in exactly one;
 // duplicates are allowed; each distinct key is one Get.
 func TestGetManyBatchesMisses(t *testing.T) {
-	d, m := &downstream{}, &many{}
-	var events eventLog
-	l := newManyLoader(t, d, m, Options[string, string]{MaxBatch: 10, OnLoad: events.add})
-	ctx := context.Background()
-	for _, k := range keyRange("k", 5) {
-		l.Set(k, "set-"+k)
-	}
-	keys := keyRange("k", 30)
-	got, err := l.GetMany(ctx, append(keys, "k3", "k17", "k17"))
-	if err != nil {
-		t.Fatalf("GetMany: %v", err)
-	}
-	if len(got) != 30 {
-		t.Fatalf("GetMany returned %d keys; want 30: %v", len(got), got)
-	}
-	for i, k := range keys {
-		if i < 5 && got[k] != "set-"+k {
-			t.Errorf("%s = %q; want the value Set", k, got[k])
+	synctest.Test(t, func(t *testing.T) {
+		d, m := &downstream{}, &many{}
+		var events eventLog
+		l := newManyLoader(t, d, m, Options[string, string]{MaxBatch: 10, OnLoad: events.add})
+		ctx := context.Background()
+		for _, k := range keyRange("k", 5) {
+			l.Set(k, "set-"+k)
 		}
-		if i >= 5 && got[k] == "" {
-			t.Errorf("%s missing", k)
+		keys := keyRange("k", 30)
+		got, err := l.GetMany(ctx, append(keys, "k3", "k17", "k17"))
+		if err != nil {
+			t.Fatalf("GetMany: %v", err)
 		}
-	}
-	calls := m.all()
-	if len(calls) != 3 { // 25 misses, 10 per call
-		t.Fatalf("LoadMany calls: %v; want 3", calls)
-	}
-	for k, n := range m.keysLoaded() {
-		if n != 1 {
-			t.Errorf("key %s in %d LoadMany calls", k, n)
+		if len(got) != 30 {
+			t.Fatalf("GetMany returned %d keys; want 30: %v", len(got), got)
 		}
-	}
-	if len(m.keysLoaded()) != 25 || d.calls.Load() != 0 {
-		t.Errorf("%d keys loaded by LoadMany, %d LoadFunc calls; want 25 and 0", len(m.keysLoaded()), d.calls.Load())
-	}
-	s := l.Stats()
-	if s.Gets != 30 || s.Hits != 5 || s.Misses != 25 || s.Loads != 3 || s.BatchLoads != 3 || s.BatchKeys != 25 {
-		t.Errorf("Stats = %+v; want 30 Gets = 5 hits + 25 misses, 3 loads, all batches, of 25 keys", s)
-	}
-	evs := events.atLeast(3)
-	if len(evs) != 3 {
-		t.Fatalf("%d LoadEvents; want one per batch: %+v", len(evs), evs)
-	}
-	keysReported := 0
-	for _, ev := range evs {
-		keysReported += ev.Keys
-		if ev.Callers != ev.Keys || ev.Err != nil || !ev.Stored || ev.Attempts != 1 {
-			t.Errorf("LoadEvent %+v; want one caller per key, stored, one attempt", ev)
+		for i, k := range keys {
+			if i < 5 && got[k] != "set-"+k {
+				t.Errorf("%s = %q; want the value Set", k, got[k])
+			}
+			if i >= 5 && got[k] == "" {
+				t.Errorf("%s missing", k)
+			}
 		}
-	}
-	if keysReported != 25 {
-		t.Errorf("LoadEvents report %d keys; want 25", keysReported)
-	}
-	// Now every key is a hit.
-	if _, err := l.GetMany(ctx, keys); err != nil || len(m.all()) != 3 {
-		t.Fatalf("second GetMany: %v, %d LoadMany calls; want no new call", err, len(m.all()))
-	}
+		calls := m.all()
+		if len(calls) != 3 { // 25 misses, 10 per call
+			t.Fatalf("LoadMany calls: %v; want 3", calls)
+		}
+		for k, n := range m.keysLoaded() {
+			if n != 1 {
+				t.Errorf("key %s in %d LoadMany calls", k, n)
+			}
+		}
+		if len(m.keysLoaded()) != 25 || d.calls.Load() != 0 {
+			t.Errorf("%d keys loaded by LoadMany, %d LoadFunc calls; want 25 and 0", len(m.keysLoaded()), d.calls.Load())
+		}
+		s := l.Stats()
+		if s.Gets != 30 || s.Hits != 5 || s.Misses != 25 || s.Loads != 3 || s.BatchLoads != 3 || s.BatchKeys != 25 {
+			t.Errorf("Stats = %+v; want 30 Gets = 5 hits + 25 misses, 3 loads, all batches, of 25 keys", s)
+		}
+		synctest.Wait() // OnLoad runs after the waiters wake
+		evs := events.all()
+		if len(evs) != 3 {
+			t.Fatalf("%d LoadEvents; want one per batch: %+v", len(evs), evs)
+		}
+		keysReported := 0
+		for _, ev := range evs {
+			keysReported += ev.Keys
+			if ev.Callers != ev.Keys || ev.Err != nil || !ev.Stored || ev.Attempts != 1 {
+				t.Errorf("LoadEvent %+v; want one caller per key, stored, one attempt", ev)
+			}
+		}
+		if keysReported != 25 {
+			t.Errorf("LoadEvents report %d keys; want 25", keysReported)
+		}
+		// Now every key is a hit.
+		if _, err := l.GetMany(ctx, keys); err != nil || len(m.all()) != 3 {
+			t.Fatalf("second GetMany: %v, %d LoadMany calls; want no new call", err, len(m.all()))
+		}
+	})
 }
 
 // Without LoadMany, GetMany loads each missing key through the LoadFunc,
@@ -503,23 +506,26 @@ func TestGetManyCancelAtZero(t *testing.T) {
 
 // Retries wrap each LoadMany call as they wrap a LoadFunc call.
 func TestGetManyRetries(t *testing.T) {
-	m := &many{fail: func(n int) error {
-		if n == 1 {
-			return errBoom
+	synctest.Test(t, func(t *testing.T) {
+		m := &many{fail: func(n int) error {
+			if n == 1 {
+				return errBoom
+			}
+			return nil
+		}}
+		var events eventLog
+		l := newManyLoader(t, &downstream{}, m, Options[string, string]{
+			Retry: Retry{MaxAttempts: 2, InitialInterval: time.Millisecond}, OnLoad: events.add,
+		})
+		got, err := l.GetMany(context.Background(), []string{"a", "b"})
+		if err != nil || got["a"] != "a@2" || got["b"] != "b@2" {
+			t.Fatalf("GetMany = %v, %v; want the second attempt's values", got, err)
 		}
-		return nil
-	}}
-	var events eventLog
-	l := newManyLoader(t, &downstream{}, m, Options[string, string]{
-		Retry: Retry{MaxAttempts: 2, InitialInterval: time.Millisecond}, OnLoad: events.add,
+		synctest.Wait() // OnLoad runs after the waiters wake
+		if evs := events.all(); len(evs) != 1 || evs[0].Attempts != 2 || evs[0].Keys != 2 {
+			t.Fatalf("LoadEvents %+v; want one, with 2 attempts and 2 keys", evs)
+		}
 	})
-	got, err := l.GetMany(context.Background(), []string{"a", "b"})
-	if err != nil || got["a"] != "a@2" || got["b"] != "b@2" {
-		t.Fatalf("GetMany = %v, %v; want the second attempt's values", got, err)
-	}
-	if evs := events.atLeast(1); len(evs) != 1 || evs[0].Attempts != 2 || evs[0].Keys != 2 {
-		t.Fatalf("LoadEvents %+v; want one, with 2 attempts and 2 keys", evs)
-	}
 }
 
 // Rule 5 and 15: the stale keys one GetMany finds are returned at once and

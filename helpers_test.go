@@ -126,15 +126,3 @@ func (g *eventLog) all() []LoadEvent[string] {
 	defer g.mu.Unlock()
 	return append([]LoadEvent[string](nil), g.evs...)
 }
-
-// atLeast returns the events once there are n of them, or after 10 s:
-// OnLoad runs after a load's waiters wake (a batch's, after all of its
-// keys'), so a test that reads the events right after its Get returns
-// must wait for them. (In a synctest bubble, synctest.Wait does.)
-func (g *eventLog) atLeast(n int) []LoadEvent[string] {
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(time.Millisecond) {
-		if evs := g.all(); len(evs) >= n || time.Now().After(deadline) {
-			return evs
-		}
-	}
-}

@@ -37,8 +37,8 @@ import (
 // goroutine-local state. So every load runs under loaderGoroutine (a reused
 // load goroutine calls it once per load), and Close looks for that
 // function in its stack, by address, not by name: a rename cannot break it
-// silently (TestCloseFromLoaderGoroutine checks the lookup both ways). Shutdown(ctx) needs no such look: it waits until
-// ctx ends.
+// silently (TestCloseFromLoaderGoroutine checks the lookup both ways).
+// Shutdown(ctx) needs no such look: it waits until ctx ends.
 
 // Close stops the Loader: later Gets return [ErrClosed], Set and Invalidate
 // do nothing, loads and refreshes in flight have their contexts cancelled

@@ -19,7 +19,8 @@ import (
 //     on the locked path finds (join, latest).
 //
 // A newly opened write is handed to the writer, one goroutine per Loader,
-// after unlocking. The writer works in batches: it hands each write's
+// after unlocking (a batch's, together, once the batch has delivered all
+// of its keys). The writer works in batches: it hands each write's
 // latest value to ristretto (a Set, or a Del; a costed Set is preceded by a
 // Del so that it passes admission again), waits once for ristretto to apply
 // the batch, then closes every write whose value did not change meanwhile;
