@@ -56,6 +56,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"reflect"
 	"strings"
@@ -341,9 +342,14 @@ func (t *Tier[K, V]) op(ctx context.Context) (context.Context, context.CancelFun
 	return context.WithTimeout(ctx, t.opts.Timeout)
 }
 
-// jitter spreads d uniformly over [d/2, 3d/2).
+// jitter spreads d uniformly over [d/2, 3d/2), saturated at the largest
+// duration.
 func jitter(d time.Duration) time.Duration {
-	return time.Duration(float64(d) * (0.5 + rand.Float64()))
+	f := float64(d) * (0.5 + rand.Float64())
+	if f >= math.MaxInt64 { // 2⁶³ as a float64: past the largest duration
+		return maxDuration
+	}
+	return time.Duration(f)
 }
 
 // served remembers, per key, the version of the shared entry last handed

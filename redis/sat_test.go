@@ -1,0 +1,103 @@
+package flightredis
+
+import (
+	"math"
+	"testing"
+	"time"
+)
+
+// forever is the largest duration: "never", for the Loader's options.
+const forever = time.Duration(math.MaxInt64)
+
+func TestSaturatingMath(t *testing.T) {
+	const maxI, minI = math.MaxInt64, math.MinInt64
+	for _, tc := range []struct{ a, b, add, sub, mul int64 }{
+		{0, 0, 0, 0, 0},
+		{1, 2, 3, -1, 2},
+		{maxI, 0, maxI, maxI, 0},
+		{maxI, 1, maxI, maxI - 1, maxI},
+		{maxI, maxI, maxI, 0, maxI},
+		{maxI, -1, maxI - 1, maxI, -maxI},
+		{minI, -1, minI, minI + 1, maxI},
+		{-1, minI, minI, maxI, maxI},
+		{minI, 1, minI + 1, minI, minI},
+		{minI, minI, minI, 0, maxI},
+		{minI, maxI, -1, minI, minI},
+		{maxI / 2, 3, maxI/2 + 3, maxI/2 - 3, maxI},
+		{maxI/2 + 1, 2, maxI/2 + 3, maxI/2 - 1, maxI},
+		{maxI / 2, 2, maxI/2 + 2, maxI/2 - 2, maxI - 1},
+		{-(maxI / 2), 3, -(maxI / 2) + 3, -(maxI / 2) - 3, minI},
+		{1 << 32, 1 << 31, 1<<32 + 1<<31, 1 << 31, maxI}, // 2⁶³: one past the largest
+		{1 << 32, 1<<31 - 1, 1<<32 + 1<<31 - 1, 1<<31 + 1, 1<<63 - 1<<32},
+	} {
+		if got := addSat(tc.a, tc.b); got != tc.add {
+			t.Errorf("addSat(%d, %d) = %d; want %d", tc.a, tc.b, got, tc.add)
+		}
+		if got := addSat(tc.b, tc.a); got != tc.add {
+			t.Errorf("addSat(%d, %d) = %d; want %d", tc.b, tc.a, got, tc.add)
+		}
+		if got := subSat(tc.a, tc.b); got != tc.sub {
+			t.Errorf("subSat(%d, %d) = %d; want %d", tc.a, tc.b, got, tc.sub)
+		}
+		if got := mulSat(tc.a, tc.b); got != tc.mul {
+			t.Errorf("mulSat(%d, %d) = %d; want %d", tc.a, tc.b, got, tc.mul)
+		}
+		if got := mulSat(tc.b, tc.a); got != tc.mul {
+			t.Errorf("mulSat(%d, %d) = %d; want %d", tc.b, tc.a, got, tc.mul)
+		}
+	}
+
+	// Durations, as the tier uses them.
+	if got := addSat(forever, time.Minute); got != forever {
+		t.Errorf("addSat(forever, 1m) = %v; want forever", got)
+	}
+	if got := mulSat(forever/3, 4); got != forever {
+		t.Errorf("mulSat(forever/3, 4) = %v; want forever", got)
+	}
+	for _, tc := range []struct {
+		d    time.Duration
+		want int64
+	}{
+		{-time.Hour, 1}, {0, 1}, {time.Nanosecond, 1}, {999 * time.Microsecond, 1},
+		{time.Millisecond, 1}, {1500 * time.Millisecond, 1500},
+		{forever, math.MaxInt64 / int64(time.Millisecond)},
+	} {
+		if got := px(tc.d); got != tc.want {
+			t.Errorf("px(%v) = %d; want %d", tc.d, got, tc.want)
+		}
+	}
+	for _, tc := range []struct {
+		n      int64
+		ms, us time.Duration
+	}{
+		{0, 0, 0},
+		{1, time.Millisecond, time.Microsecond},
+		{-1, -time.Millisecond, -time.Microsecond},
+		{math.MaxInt64 / 1_000_000, math.MaxInt64 / 1_000_000 * time.Millisecond, math.MaxInt64 / 1_000_000 * time.Microsecond},
+		{math.MaxInt64 / 1000, forever, math.MaxInt64 / 1000 * time.Microsecond},
+		{maxI, forever, forever},
+		{minI, time.Duration(minI), time.Duration(minI)},
+	} {
+		if got := fromMS(tc.n); got != tc.ms {
+			t.Errorf("fromMS(%d) = %v; want %v", tc.n, got, tc.ms)
+		}
+		if got := fromUS(tc.n); got != tc.us {
+			t.Errorf("fromUS(%d) = %v; want %v", tc.n, got, tc.us)
+		}
+	}
+	now := time.Now()
+	if got := unixNanoAfter(now, forever); got != math.MaxInt64 {
+		t.Errorf("unixNanoAfter(now, forever) = %d; want math.MaxInt64", got)
+	}
+	if got, want := unixNanoAfter(now, time.Second), now.UnixNano()+int64(time.Second); got != want {
+		t.Errorf("unixNanoAfter(now, 1s) = %d; want %d", got, want)
+	}
+	for _, d := range []time.Duration{0, time.Nanosecond, time.Second, forever / 2, forever / 3 * 2, forever} {
+		for range 100 {
+			got := jitter(d)
+			if got < d/2 || (d <= forever/3*2 && got > d+d/2) || (d > 1 && got <= 0) {
+				t.Fatalf("jitter(%v) = %v; want in [d/2, 3d/2], saturated", d, got)
+			}
+		}
+	}
+}
