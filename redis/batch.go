@@ -292,7 +292,7 @@ func (b *batchRun[K, V]) acquire(open, leased, local, waiting []*slot[K]) (again
 			s.attempt++
 			if len(res) > 2 {
 				if ttl, ok := res[2].(int64); ok && ttl >= 0 {
-					s.delay = min(s.delay, time.Duration(ttl)*time.Millisecond+time.Millisecond)
+					s.delay = min(s.delay, addSat(fromMS(ttl), time.Millisecond))
 				}
 			}
 			waiting = append(waiting, s)

@@ -161,8 +161,8 @@ func NewBreaker(client redis.UniversalClient, opts BreakerOptions) (*Breaker, er
 		mutexKey: "gobreaker:mutex:" + opts.Name,
 		timeout:  opts.Timeout,
 		lockWait: opts.LockWait,
-		lockTTL:  max(time.Second, 5*opts.Timeout),
-		probeTTL: opts.ProbeTimeout + max(time.Second, 5*opts.Timeout),
+		lockTTL:  max(time.Second, mulSat(opts.Timeout, 5)),
+		probeTTL: addSat(opts.ProbeTimeout, max(time.Second, mulSat(opts.Timeout, 5))),
 		base:     b.ctx,
 	}
 	return b, nil
@@ -228,7 +228,7 @@ func (b *Breaker) down() bool {
 
 func (b *Breaker) failed() {
 	b.stats.redisErrors.Add(1)
-	b.downUntil.Store(time.Now().Add(b.opts.RetryAfter).UnixNano())
+	b.downUntil.Store(unixNanoAfter(time.Now(), b.opts.RetryAfter))
 }
 
 // view is the shared state as gobreaker would see it now.

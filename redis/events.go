@@ -52,7 +52,7 @@ func (ev *events) start(ctx context.Context, rdb redis.UniversalClient, h handle
 	ev.done = make(chan struct{})
 	ev.startup = make(chan struct{})
 	starting := time.AfterFunc(timeout, ev.started)
-	check := max(4*timeout, 500*time.Millisecond)
+	check := max(mulSat(timeout, 4), 500*time.Millisecond)
 	go func() {
 		defer starting.Stop()
 		defer close(ev.done)

@@ -211,7 +211,7 @@ func (t *Tier[K, V]) Load(ctx context.Context, key K, load func(context.Context)
 		waited, _ = res[1].(string)
 		d := min(t.opts.PollInterval, t.opts.PollInterval/8<<min(attempt, 3))
 		if ttl, ok := res[2].(int64); ok && ttl >= 0 {
-			d = min(d, time.Duration(ttl)*time.Millisecond+time.Millisecond)
+			d = min(d, addSat(fromMS(ttl), time.Millisecond))
 		}
 		timer := time.NewTimer(jitter(d))
 		select {
@@ -234,7 +234,7 @@ func (t *Tier[K, V]) Load(ctx context.Context, key K, load func(context.Context)
 func (t *Tier[K, V]) withFleetValue(ctx context.Context, e entry) (context.Context, *V) {
 	until := e.until
 	if until < 0 {
-		until = e.stale + t.sie.Microseconds()
+		until = addSat(e.stale, t.sie.Microseconds())
 	}
 	if !e.ok || micros(time.Now()) >= until {
 		return ctx, nil
@@ -260,7 +260,7 @@ func (t *Tier[K, V]) hand(ks keys, e entry, v V, waited bool) flightcache.Remote
 	return flightcache.RemoteValue[V]{
 		Value:    v,
 		LoadedAt: fromMicros(e.at),
-		Took:     time.Duration(e.took) * time.Microsecond,
+		Took:     fromUS(e.took),
 	}
 }
 
@@ -327,8 +327,8 @@ func (t *Tier[K, V]) sharedNotFound(e entry) bool {
 func (t *Tier[K, V]) notFoundCall(ks keys, tok string) evalCall {
 	at := micros(time.Now())
 	ttl := t.loader.NotFoundTTL
-	return evalCall{notFoundScript, writeKeys(ks), []any{tok, token(8), at, at + ttl.Microseconds(),
-		max(ttl.Milliseconds(), 1), t.channel, ks.base}}
+	return evalCall{notFoundScript, writeKeys(ks), []any{tok, token(8), at, addSat(at, ttl.Microseconds()),
+		px(ttl), t.channel, ks.base}}
 }
 
 // writeNotFound stores a not-found marker as the entry of ks if the lease
@@ -423,11 +423,13 @@ func (t *Tier[K, V]) encode(ks keys, key K, rv flightcache.RemoteValue[V]) (id s
 	id = token(8)
 	at := micros(rv.LoadedAt)
 	w.Fresh = max(w.Fresh, time.Millisecond)
-	fresh := at + w.Fresh.Microseconds()
-	stale := fresh + w.StaleWhileRevalidate.Microseconds()
-	until := stale + w.StaleIfError.Microseconds()
-	life := w.Fresh + w.StaleWhileRevalidate + w.StaleIfError // Redis frees the entry when no process can use it
-	return id, []any{id, data, at, rv.Took.Microseconds(), fresh, stale, max(life.Milliseconds(), 1),
+	fresh := addSat(at, w.Fresh.Microseconds())
+	stale := addSat(fresh, w.StaleWhileRevalidate.Microseconds())
+	until := addSat(stale, w.StaleIfError.Microseconds())
+	// Redis frees the entry when no process can use it; "never" (a TTL of
+	// math.MaxInt64) stays about 292 years.
+	life := addSat(addSat(w.Fresh, w.StaleWhileRevalidate), w.StaleIfError)
+	return id, []any{id, data, at, rv.Took.Microseconds(), fresh, stale, px(life),
 		t.channel, ks.base, until}, true
 }
 

@@ -26,12 +26,12 @@ func (t *Tier[K, V]) usable(ctx context.Context, ks keys, e entry) bool {
 		// The Loader asks again for a fresh entry it already holds either
 		// to refresh it early (possible only in the second half of its
 		// life) or because it evicted it.
-		return !held || !t.early || now < e.at+t.fresh.Microseconds()/2
+		return !held || !t.early || now < addSat(e.at, t.fresh.Microseconds()/2)
 	case now < e.stale:
 		// A stale entry once; then a refresh reloads it. The Loader hands
 		// a load's value to its callers as loaded, without judging its
 		// age: a stale entry the caller's max-stale refuses is reloaded.
-		return !held && flightcache.AcceptsStale(ctx, time.Duration(now-e.fresh)*time.Microsecond)
+		return !held && flightcache.AcceptsStale(ctx, fromUS(subSat(now, e.fresh)))
 	}
 	return false
 }
@@ -44,7 +44,7 @@ func (t *Tier[K, V]) usable(ctx context.Context, ks keys, e entry) bool {
 func (t *Tier[K, V]) cover(e entry, err error) (flightcache.RemoteValue[V], error) {
 	until := e.until
 	if until < 0 { // written by an older version: the Options' window
-		until = e.stale + t.sie.Microseconds()
+		until = addSat(e.stale, t.sie.Microseconds())
 	}
 	switch {
 	case !coverable(err), !e.ok, e.nf, micros(time.Now()) >= until:
@@ -59,7 +59,7 @@ func (t *Tier[K, V]) cover(e entry, err error) (flightcache.RemoteValue[V], erro
 	return flightcache.RemoteValue[V]{
 		Value:    v,
 		LoadedAt: fromMicros(e.at),
-		Took:     time.Duration(e.took) * time.Microsecond,
+		Took:     fromUS(e.took),
 	}, err
 }
 

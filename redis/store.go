@@ -162,7 +162,7 @@ func (s *store) lock() error {
 	pause := time.Millisecond
 	for {
 		c, cancel := s.ctx()
-		n, err := lockScript.Run(c, s.rdb, []string{s.mutexKey}, val, ttl.Milliseconds()).Int()
+		n, err := lockScript.Run(c, s.rdb, []string{s.mutexKey}, val, px(ttl)).Int()
 		cancel()
 		switch {
 		case err != nil:

@@ -215,9 +215,9 @@ func New[K comparable, V any](client redis.UniversalClient, loader flightcache.O
 		swr:        w.StaleWhileRevalidate,
 		sie:        w.StaleIfError,
 		early:      w.EarlyRefresh,
-		leaseMS:    opts.LeaseTTL.Milliseconds(),
-		aliveMS:    opts.HolderTimeout.Milliseconds(),
-		failMS:     max(4*opts.PollInterval, time.Second).Milliseconds(),
+		leaseMS:    px(opts.LeaseTTL),
+		aliveMS:    px(opts.HolderTimeout),
+		failMS:     px(max(mulSat(opts.PollInterval, 4), time.Second)),
 		channel:    opts.Prefix + "loaded",
 		invChannel: opts.Prefix + "invalidated",
 		origin:     token(8),
@@ -296,7 +296,7 @@ func (o Options[K, V]) withDefaults(loadTimeout time.Duration) Options[K, V] {
 	o.RetryAfter = cmp(o.RetryAfter, DefaultRetryAfter)
 	o.HolderTimeout = cmp(o.HolderTimeout, DefaultHolderTimeout)
 	o.PollInterval = cmp(o.PollInterval, DefaultPollInterval)
-	o.LeaseTTL = cmp(o.LeaseTTL, loadTimeout+max(loadTimeout/2, time.Second))
+	o.LeaseTTL = cmp(o.LeaseTTL, addSat(loadTimeout, max(loadTimeout/2, time.Second)))
 	return o
 }
 
@@ -328,7 +328,7 @@ func (t *Tier[K, V]) down() bool {
 // failed records a Redis failure and steps aside for RetryAfter.
 func (t *Tier[K, V]) failed() {
 	t.stats.redisErrors.Add(1)
-	t.downUntil.Store(time.Now().Add(t.opts.RetryAfter).UnixNano())
+	t.downUntil.Store(unixNanoAfter(time.Now(), t.opts.RetryAfter))
 	if cc, ok := t.rdb.(*redis.ClusterClient); ok {
 		// A master that stopped answering may have been replaced: have
 		// go-redis read the slot map again (in the background, at most
