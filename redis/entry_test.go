@@ -73,3 +73,49 @@ func TestNewRejectsBadOptions(t *testing.T) {
 		t.Errorf("default LeaseTTL = %v; want %v (LoadTimeout + max(LoadTimeout/2, 1s))", got, want)
 	}
 }
+
+// TestNewRejectsOptionsItCannotHonour: durations that Redis cannot take as
+// a PX (under 1ms, which rounds to 0) or that would spin a timer are
+// refused by New with an error naming the field; the largest ones are
+// accepted.
+func TestNewRejectsOptionsItCannotHonour(t *testing.T) {
+	client := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", ContextTimeoutEnabled: true})
+	defer client.Close()
+	lo := flightcache.Options[string, int]{TTL: time.Second, LoadTimeout: time.Microsecond}
+	for _, tc := range []struct {
+		name string
+		o    Options[string, int]
+		want string
+	}{
+		{"sub-ms lease", Options[string, int]{LeaseTTL: 500 * time.Microsecond}, "LeaseTTL"},
+		{"sub-ms holder timeout", Options[string, int]{HolderTimeout: 500 * time.Microsecond, Timeout: time.Microsecond}, "HolderTimeout"},
+		{"sub-ms poll interval", Options[string, int]{PollInterval: 7 * time.Nanosecond}, "PollInterval"},
+		{"negative lease", Options[string, int]{LeaseTTL: -time.Second}, "LeaseTTL"},
+	} {
+		_, err := New(client, lo, tc.o)
+		if err == nil || !strings.Contains(err.Error(), "Options."+tc.want) {
+			t.Errorf("%s: New = %v; want an error naming Options.%s", tc.name, err, tc.want)
+		}
+	}
+	for _, tc := range []struct {
+		name string
+		lo   flightcache.Options[string, int]
+		o    Options[string, int]
+	}{
+		{"largest everything", flightcache.Options[string, int]{TTL: forever, StaleWhileRevalidate: forever, StaleIfError: forever, LoadTimeout: forever, NotFoundTTL: forever},
+			Options[string, int]{Timeout: forever - 1, RetryAfter: forever, LeaseTTL: forever, HolderTimeout: forever, PollInterval: forever}},
+		{"largest LoadTimeout, default lease", flightcache.Options[string, int]{TTL: time.Second, LoadTimeout: forever}, Options[string, int]{}},
+		{"1ms everything", flightcache.Options[string, int]{TTL: time.Millisecond, LoadTimeout: time.Microsecond},
+			Options[string, int]{Timeout: time.Microsecond, LeaseTTL: time.Millisecond, HolderTimeout: time.Millisecond, PollInterval: time.Millisecond}},
+	} {
+		tier, err := New(client, tc.lo, tc.o)
+		if err != nil {
+			t.Errorf("%s: New = %v; want a tier", tc.name, err)
+			continue
+		}
+		if tier.leaseMS < 1 || tier.aliveMS < 1 || tier.failMS < 1 {
+			t.Errorf("%s: PX arguments lease %d, alive %d, fail %d; want all >= 1", tc.name, tier.leaseMS, tier.aliveMS, tier.failMS)
+		}
+		_ = tier.Close()
+	}
+}

@@ -113,21 +113,24 @@ type Options[K comparable, V any] struct {
 
 	// LeaseTTL is how long a lease lives in Redis. It must be longer than
 	// the Loader's LoadTimeout, so a live holder never loses its lease in
-	// mid-load; it bounds how long a lease can outlive a holder that could
-	// not release it. 0 means LoadTimeout + max(LoadTimeout/2, 1s).
+	// mid-load (or, for a LoadTimeout of math.MaxInt64, math.MaxInt64
+	// too), and at least 1ms; it bounds how long a lease can outlive a
+	// holder that could not release it. 0 means LoadTimeout +
+	// max(LoadTimeout/2, 1s), at most math.MaxInt64.
 	LeaseTTL time.Duration
 
 	// HolderTimeout is how long a lease holder may go without proving it is
 	// alive (it does every HolderTimeout/3 while it loads) before a waiting
 	// process takes its lease over. It bounds the wait when a holder dies
 	// (SIGKILL, OOM, a lost machine) and is far shorter than LeaseTTL. It
-	// must exceed Timeout. 0 means DefaultHolderTimeout (2s).
+	// must exceed Timeout and be at least 1ms. 0 means
+	// DefaultHolderTimeout (2s).
 	HolderTimeout time.Duration
 
 	// PollInterval caps the wait between two looks at Redis while a process
 	// waits for another's load; the publish usually wakes it sooner. Polls
-	// start at PollInterval/8 and double, with jitter. 0 means
-	// DefaultPollInterval (100ms).
+	// start at PollInterval/8 and double, with jitter. It must be at
+	// least 1ms. 0 means DefaultPollInterval (100ms).
 	PollInterval time.Duration
 }
 
@@ -179,7 +182,11 @@ var (
 // same Options value that is then given to [flightcache.New], with Remote
 // set to the Tier): the tier reads TTL, Jitter, StaleWhileRevalidate,
 // StaleIfError, EarlyRefresh and LoadTimeout from it, so every process
-// applies the same freshness rules to a shared entry.
+// applies the same freshness rules to a shared entry. Lifetimes saturate:
+// a TTL or LoadTimeout of math.MaxInt64 ("never") gives a shared entry or
+// a lease of the largest lifetime, about 292 years, never a wrapped-around
+// short one. An option the tier cannot honour (see each field of
+// [Options]) makes New return an error naming it.
 //
 // client may be a single node, a Sentinel failover client or a Cluster
 // client (give a Cluster client MaxRedirects and MaxRetryBackoff as
@@ -268,10 +275,18 @@ func (o *Options[K, V]) validate(loadTimeout time.Duration) error {
 		return fmt.Errorf("flightredis: Options.RetryAfter must be >= 0, got %v", o.RetryAfter)
 	case o.PollInterval < 0:
 		return fmt.Errorf("flightredis: Options.PollInterval must be >= 0, got %v", o.PollInterval)
-	case o.LeaseTTL != 0 && o.LeaseTTL <= loadTimeout:
+	case o.PollInterval != 0 && o.PollInterval < time.Millisecond:
+		return fmt.Errorf("flightredis: Options.PollInterval must be 0 or at least 1ms, got %v", o.PollInterval)
+	case o.LeaseTTL < 0:
+		return fmt.Errorf("flightredis: Options.LeaseTTL must be >= 0, got %v", o.LeaseTTL)
+	case o.LeaseTTL != 0 && o.LeaseTTL < time.Millisecond:
+		return fmt.Errorf("flightredis: Options.LeaseTTL must be 0 or at least 1ms (Redis takes whole milliseconds), got %v", o.LeaseTTL)
+	case o.LeaseTTL != 0 && o.LeaseTTL <= loadTimeout && o.LeaseTTL != maxDuration:
 		return fmt.Errorf("flightredis: Options.LeaseTTL must be longer than the Loader's LoadTimeout (%v), got %v", loadTimeout, o.LeaseTTL)
 	case o.HolderTimeout < 0:
 		return fmt.Errorf("flightredis: Options.HolderTimeout must be >= 0, got %v", o.HolderTimeout)
+	case o.HolderTimeout != 0 && o.HolderTimeout < time.Millisecond:
+		return fmt.Errorf("flightredis: Options.HolderTimeout must be 0 or at least 1ms (Redis takes whole milliseconds), got %v", o.HolderTimeout)
 	}
 	timeout := cmp(o.Timeout, DefaultTimeout)
 	if h := cmp(o.HolderTimeout, DefaultHolderTimeout); h <= timeout {
