@@ -100,10 +100,12 @@ type batchRun[K comparable, V any] struct {
 // first call holds every key nobody else was loading; a key another process
 // was loading is loaded by a later call only if it is left to this process
 // (its holder died and the batch took its lease over, or the holder gave up
-// without a value or a failure to share), when Load too would load it. If
-// load, or user code after it (Options.Freshness, the Codec), panics or
-// calls runtime.Goexit, the leases are released on the way out and the
-// panic goes on.
+// without a value or a failure to share), when Load too would load it.
+// When Options.Freshness or the Codec's Marshal fails or panics for a
+// key's value, the key gets its value all the same and it is not shared,
+// as with Load. If load panics, or it or that user code calls
+// runtime.Goexit, the leases are released on the way out and the panic
+// goes on.
 func (t *Tier[K, V]) LoadMany(ctx context.Context, keys []K, load func(context.Context, []K) (map[K]V, error)) map[K]flightcache.RemoteResult[V] {
 	t.stats.batches.Add(1)
 	b := &batchRun[K, V]{t: t, ctx: ctx, load: load, out: make(map[K]flightcache.RemoteResult[V], len(keys))}
@@ -325,9 +327,9 @@ func (b *batchRun[K, V]) sleep(waiting []*slot[K]) bool {
 
 // loadAndStore is the load and store steps: one call of load for the keys
 // of leased (under their leases) and of local (without Redis), then the
-// leases' writes and releases in one round trip. If load (or
-// Options.Freshness, or the Codec) panics or ends the goroutine, every
-// lease is released on the way out, and the panic goes on.
+// leases' writes and releases in one round trip. If load panics, or load
+// or user code after it (Options.Freshness, the Codec) ends the goroutine,
+// every lease is released on the way out, and the panic goes on.
 func (b *batchRun[K, V]) loadAndStore(leased, local []*slot[K]) {
 	t := b.t
 	keys := make([]K, 0, len(leased)+len(local))
@@ -374,8 +376,8 @@ func (b *batchRun[K, V]) loadAndStore(leased, local []*slot[K]) {
 	}
 
 	// What to do with each lease, and with the script's reply. This calls
-	// user code (Freshness, the Codec): the deferred release still covers
-	// a panic here.
+	// user code (Freshness, the Codec): encode recovers its panics, and the
+	// deferred release covers a Goexit here.
 	calls := make([]evalCall, len(leased))
 	then := make([]func(*redis.Cmd) bool, len(leased)) // false: Redis failed
 	for i, s := range leased {

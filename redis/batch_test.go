@@ -517,17 +517,11 @@ func TestGetManyRoundTrips(t *testing.T) {
 	}
 }
 
-// panicCodec panics when it encodes: user code that runs after the batch
-// loader returned, while the batch still holds its leases.
-type panicCodec struct{ JSON[string] }
-
-func (panicCodec) Marshal(string) ([]byte, error) { panic("Marshal panics") }
-
-// A batch whose loader does not return (runtime.Goexit), or whose user
-// code panics once it has (here the Codec), releases its leases on the way
-// out: another process loads the keys at once, without waiting for
-// HolderTimeout. A batch loader that panics is recovered by the Loader
-// into an error, which releases the leases as any failure does.
+// A batch whose loader does not return (runtime.Goexit) releases its
+// leases on the way out: another process loads the keys at once, without
+// waiting for HolderTimeout. A batch loader that panics is recovered by the
+// Loader into an error, which releases the leases as any failure does.
+// (User code that panics after the loader returned: panic_test.go.)
 func TestGetManyReleasesLeasesWhenItDoesNotReturn(t *testing.T) {
 	tests := []struct {
 		name  string
@@ -538,8 +532,6 @@ func TestGetManyReleasesLeasesWhenItDoesNotReturn(t *testing.T) {
 			func(err error) bool { var pe *flightcache.PanicError; return errors.As(err, &pe) }},
 		{"LoadMany ends its goroutine", func(d *batchDownstream, _ *Options[string, string]) { d.goexits = true },
 			func(err error) bool { return errors.Is(err, flightcache.ErrGoexit) }},
-		{"the Codec panics", func(_ *batchDownstream, to *Options[string, string]) { to.Codec = panicCodec{} },
-			func(err error) bool { var pe *flightcache.PanicError; return errors.As(err, &pe) }},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -142,6 +142,14 @@ var ErrPeerFailed = errors.New("flightredis: the load failed in another process"
 // it ran returns [flightcache.ErrNotFound], Load stores a not-found marker
 // as key's entry for NotFoundTTL, and a Load that finds a live marker
 // returns [ErrSharedNotFound] without calling load.
+//
+// When the user code Load runs on the value its load returned,
+// Options.Freshness (through Options.WindowsOf) and the Codec's Marshal,
+// fails or panics, Load returns the value all the same and shares nothing
+// (Stats.EncodeErrors): it releases the lease, so the processes waiting on
+// it load for themselves at once. The Loader then applies its own rule to
+// the value (a Freshness that panics: served, not cached). Whatever ends
+// Load's goroutine once it holds the lease, the lease is released.
 func (t *Tier[K, V]) Load(ctx context.Context, key K, load func(context.Context) (V, error)) (flightcache.RemoteValue[V], error) {
 	if t.closed.Load() || t.down() {
 		t.listening()
@@ -265,46 +273,53 @@ func (t *Tier[K, V]) hand(ks keys, e entry, v V, waited bool) flightcache.Remote
 }
 
 // hold runs load under the lease tok, then writes the entry (success) or
-// releases the lease (failure). Its deferred release also runs when load
-// ends its goroutine with runtime.Goexit. fleet is the shared value the load
-// revalidates, if any: when the load answers ErrNotModified it is stored
-// again, renewed, for every process.
+// releases the lease (failure). Whatever happens after the lease was taken
+// (load, or user code after it, panics or ends its goroutine with
+// runtime.Goexit), its deferred release drops the lease if nothing else
+// did, which wakes the processes waiting on it. fleet is the shared value
+// the load revalidates, if any: when the load answers ErrNotModified it is
+// stored again, renewed, for every process.
 func (t *Tier[K, V]) hold(ctx context.Context, ks keys, key K, tok string, load func(context.Context) (V, error), fleet *V) (flightcache.RemoteValue[V], error) {
 	t.stats.leases.Add(1)
 	stop := t.beat(ks, tok)
 	bg := context.WithoutCancel(ctx) // the lease must be released even if ctx ended
-	done := false
+	settled := false                 // the lease was written or released
 	defer func() {
-		if !done {
-			stop()
+		stop()
+		if !settled {
 			t.release(bg, ks, tok, "", false)
 		}
 	}()
 	start := time.Now()
 	v, err := load(ctx)
 	end := time.Now()
-	done = true
 	stop()
 	if errors.Is(err, flightcache.ErrNotModified) {
 		// Not a failure: the value revalidated is still current.
 		if fleet == nil { // the Loader's own value, which the tier does not have
 			t.release(bg, ks, tok, "", false)
+			settled = true
 			return flightcache.RemoteValue[V]{}, err
 		}
 		rv := flightcache.RemoteValue[V]{Value: *fleet, LoadedAt: end, Took: end.Sub(start), Loaded: true}
 		t.write(bg, ks, key, tok, rv)
+		settled = true
 		return rv, err
 	}
 	if err != nil {
 		if fail := failure(ctx, tok, err); fail != "" && t.sharesNotFound(err) {
 			t.writeNotFound(bg, ks, tok)
+			settled = true
 			return flightcache.RemoteValue[V]{}, err
 		}
 		want := (t.sie > 0 || t.perValue) && coverable(err)
-		return t.cover(t.release(bg, ks, tok, failure(ctx, tok, err), want), err)
+		e := t.release(bg, ks, tok, failure(ctx, tok, err), want)
+		settled = true
+		return t.cover(e, err)
 	}
 	rv := flightcache.RemoteValue[V]{Value: v, LoadedAt: end, Took: end.Sub(start), Loaded: true}
 	t.write(bg, ks, key, tok, rv)
+	settled = true
 	return rv, nil
 }
 
@@ -358,7 +373,8 @@ func (t *Tier[K, V]) stored(n int) bool {
 	return true
 }
 
-// beat extends the holder's alive key every HolderTimeout/3 until stop.
+// beat extends the holder's alive key every HolderTimeout/3 until stop,
+// which may be called more than once.
 func (t *Tier[K, V]) beat(ks keys, tok string) (stop func()) {
 	quit := make(chan struct{})
 	var wg sync.WaitGroup
@@ -381,13 +397,14 @@ func (t *Tier[K, V]) beat(ks keys, tok string) (stop func()) {
 			}
 		}
 	})
-	return func() { close(quit); wg.Wait() }
+	return sync.OnceFunc(func() { close(quit); wg.Wait() })
 }
 
 // write stores rv as the key's entry, with the windows the Loader's options
 // give this value (Options.WindowsOf: per-value Freshness included), if the
-// lease tok is still held. A value the Loader would not cache is not
-// stored.
+// lease tok is still held. A value not to share (see encode) is not
+// stored: the lease is released instead, which wakes the processes waiting
+// on it, so they load for themselves at once.
 func (t *Tier[K, V]) write(ctx context.Context, ks keys, key K, tok string, rv flightcache.RemoteValue[V]) {
 	id, args, ok := t.encode(ks, key, rv)
 	if !ok {
@@ -407,17 +424,16 @@ func (t *Tier[K, V]) write(ctx context.Context, ks keys, key K, tok string, rv f
 
 // encode prepares the write of rv as the entry of key (named ks): the
 // entry's new version id and writeScript's arguments after the token. ok is
-// false for a value not to share: one the Loader would not cache, or one the
-// Codec cannot encode (counted in EncodeErrors). It calls user code
-// (Options.Freshness, the Codec) on the caller's goroutine.
+// false for a value not to share: one the Loader would not cache, or one
+// the tier cannot write, counted in EncodeErrors (the Codec failed or
+// panicked, or Options.Freshness panicked). It calls user code
+// (Options.Freshness, the Codec) on the caller's goroutine, and recovers
+// their panics: the value still reaches the Loader, which asks Freshness
+// again, recovers that panic too and serves the value uncached, as it
+// does without the tier.
 func (t *Tier[K, V]) encode(ks keys, key K, rv flightcache.RemoteValue[V]) (id string, args []any, ok bool) {
-	w, keep := t.loader.WindowsOf(key, rv.Value)
-	if !keep {
-		return "", nil, false
-	}
-	data, err := t.codec.Marshal(rv.Value)
-	if err != nil {
-		t.stats.encodeErrors.Add(1)
+	w, data, ok := t.prepare(key, rv.Value)
+	if !ok {
 		return "", nil, false
 	}
 	id = token(8)
@@ -431,6 +447,29 @@ func (t *Tier[K, V]) encode(ks keys, key K, rv flightcache.RemoteValue[V]) (id s
 	life := addSat(addSat(w.Fresh, w.StaleWhileRevalidate), w.StaleIfError)
 	return id, []any{id, data, at, rv.Took.Microseconds(), fresh, stale, px(life),
 		t.channel, ks.base, until}, true
+}
+
+// prepare runs the user code of encode: the windows of v (Options.WindowsOf,
+// which calls Options.Freshness) and its encoding. ok is false when v is
+// not to be shared; a failure or a panic of either is counted in
+// EncodeErrors, and a panic does not go on.
+func (t *Tier[K, V]) prepare(key K, v V) (w flightcache.Windows, data []byte, ok bool) {
+	defer func() {
+		if r := recover(); r != nil {
+			t.stats.encodeErrors.Add(1)
+			w, data, ok = flightcache.Windows{}, nil, false
+		}
+	}()
+	w, keep := t.loader.WindowsOf(key, v)
+	if !keep {
+		return w, nil, false
+	}
+	data, err := t.codec.Marshal(v)
+	if err != nil {
+		t.stats.encodeErrors.Add(1)
+		return w, nil, false
+	}
+	return w, data, true
 }
 
 // writeKeys are writeScript's KEYS for ks.
@@ -536,9 +575,9 @@ func (t *Tier[K, V]) local(ctx context.Context, load func(context.Context) (V, e
 // drops any lease on key, so a load in flight in another process does not
 // overwrite it, and has every other process of the fleet drop its local
 // copy of key (invalidate.go). A value the Loader would not cache (or the
-// Codec cannot encode) is not shared: key's shared entry is deleted
-// instead. A Set that cannot reach Redis is replayed as an invalidation
-// once it can.
+// tier cannot write: the Codec fails or panics, or Options.Freshness
+// panics) is not shared: key's shared entry is deleted instead. A Set
+// that cannot reach Redis is replayed as an invalidation once it can.
 func (t *Tier[K, V]) Set(ctx context.Context, key K, v flightcache.RemoteValue[V]) {
 	name := t.key(key)
 	t.handed(name, key)
