@@ -208,7 +208,7 @@ func (b *batchRun[K, V]) offer(s *slot[K]) bool {
 	if !s.e.ok || !t.usable(b.ctx, s.ks, s.e) {
 		return false
 	}
-	v, err := t.codec.Unmarshal(s.e.val)
+	v, err := t.decode(s.e.val)
 	if err != nil {
 		t.stats.decodeErrors.Add(1)
 		return false

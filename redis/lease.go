@@ -178,7 +178,7 @@ func (t *Tier[K, V]) Load(ctx context.Context, key K, load func(context.Context)
 			return flightcache.RemoteValue[V]{}, ErrSharedNotFound
 		}
 		if perr == nil && e.ok && t.usable(ctx, ks, e) {
-			if v, err := t.codec.Unmarshal(e.val); err == nil {
+			if v, err := t.decode(e.val); err == nil {
 				return t.hand(ks, e, v, waited != ""), nil
 			}
 			t.stats.decodeErrors.Add(1)
@@ -247,7 +247,7 @@ func (t *Tier[K, V]) withFleetValue(ctx context.Context, e entry) (context.Conte
 	if !e.ok || micros(time.Now()) >= until {
 		return ctx, nil
 	}
-	v, err := t.codec.Unmarshal(e.val)
+	v, err := t.decode(e.val)
 	if err != nil {
 		return ctx, nil
 	}
@@ -470,6 +470,21 @@ func (t *Tier[K, V]) prepare(key K, v V) (w flightcache.Windows, data []byte, ok
 		return w, nil, false
 	}
 	return w, data, true
+}
+
+// decode has the Codec decode an entry's value. A panic of Unmarshal is
+// returned as an error: an entry the Codec panics on is one that does not
+// decode (counted in DecodeErrors where decode failures are, reloaded under
+// the lease and overwritten), and the panic cannot leave a lease taken
+// before it behind.
+func (t *Tier[K, V]) decode(data []byte) (v V, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			var zero V
+			v, err = zero, fmt.Errorf("flightredis: Codec.Unmarshal panicked: %v", r)
+		}
+	}()
+	return t.codec.Unmarshal(data)
 }
 
 // writeKeys are writeScript's KEYS for ks.

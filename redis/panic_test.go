@@ -201,3 +201,72 @@ func TestSetWithPanickingFreshnessDropsTheSharedEntry(t *testing.T) {
 		t.Errorf("a stats %+v; want 1 encode error", s)
 	}
 }
+
+// panicDecoder panics when it decodes.
+type panicDecoder struct{ JSON[string] }
+
+func (panicDecoder) Unmarshal([]byte) (string, error) { panic("Unmarshal panics") }
+
+// TestPanickingUnmarshalIsADecodeError: an entry the Codec panics on is
+// treated as one that does not decode (reloaded under the lease and
+// overwritten), never a panic for the caller nor a lease left behind,
+// whether the tier decodes it to serve it ("k", fresh) or to hand it to
+// the load that revalidates it ("s", past its stale window, still inside
+// StaleIfError, decoded once the lease is taken).
+func TestPanickingUnmarshalIsADecodeError(t *testing.T) {
+	for _, batch := range []bool{false, true} {
+		name := "Get"
+		if batch {
+			name = "GetMany"
+		}
+		t.Run(name, func(t *testing.T) {
+			addr := redisAddr(t)
+			c := newClient(t, addr)
+			p := testPrefix(t, c)
+			lo := flightcache.Options[string, string]{TTL: time.Minute, StaleIfError: time.Hour}
+			to := Options[string, string]{Codec: panicDecoder{}, Timeout: 2 * time.Second, HolderTimeout: time.Minute}
+			now := micros(time.Now())
+			c.HSet(ctx, keysFor(p, "k").entry, "id", "x", "v", `"old"`, "at", now, "took", 0, "fresh", now+60e6, "stale", now+60e6, "until", now+60e6)
+			c.HSet(ctx, keysFor(p, "s").entry, "id", "y", "v", `"old"`, "at", now-120e6, "took", 0, "fresh", now-60e6, "stale", now-60e6, "until", now+3600e6)
+
+			got := map[string]string{}
+			var tier *Tier[string, string]
+			if batch {
+				d := newBatchDownstream()
+				pr := newBatchProc(t, addr, nil, p, lo, to, d)
+				tier = pr.t
+				m, err := pr.l.GetMany(ctx, []string{"k", "s"})
+				if err != nil {
+					t.Fatalf("GetMany(k, s) = %v, %v; want both loaded", m, err)
+				}
+				got = m
+			} else {
+				d := newDownstream()
+				pr := newProc(t, addr, p, lo, to, d)
+				tier = pr.t
+				for _, k := range []string{"k", "s"} {
+					v, err := pr.l.Get(ctx, k)
+					if err != nil {
+						t.Errorf("Get(%s) = %q, %v; want it loaded", k, v, err)
+					}
+					got[k] = v
+				}
+			}
+			for _, k := range []string{"k", "s"} {
+				if got[k] == "" || got[k] == "old" {
+					t.Errorf("%s = %q; want a new load", k, got[k])
+				}
+				ks := keysFor(p, k)
+				if n := c.Exists(ctx, ks.lease, ks.alive).Val(); n != 0 {
+					t.Errorf("the lease of %s survived", k)
+				}
+				if v := c.HGet(ctx, ks.entry, "v").Val(); v != `"`+got[k]+`"` {
+					t.Errorf("the entry of %s holds %s; want the new load's", k, v)
+				}
+			}
+			if s := tier.Stats(); s.DecodeErrors == 0 || s.Leases != 2 {
+				t.Errorf("stats %+v; want decode errors and 2 leases", s)
+			}
+		})
+	}
+}

@@ -50,7 +50,7 @@ func (t *Tier[K, V]) cover(e entry, err error) (flightcache.RemoteValue[V], erro
 	case !coverable(err), !e.ok, e.nf, micros(time.Now()) >= until:
 		return flightcache.RemoteValue[V]{}, err
 	}
-	v, derr := t.codec.Unmarshal(e.val)
+	v, derr := t.decode(e.val)
 	if derr != nil {
 		t.stats.decodeErrors.Add(1)
 		return flightcache.RemoteValue[V]{}, err

@@ -56,8 +56,8 @@ type Stats struct {
 	Skipped uint64
 	// DecodeErrors and EncodeErrors count entries the Codec could not read
 	// (they are reloaded) or write (the value is served but not shared).
-	// EncodeErrors also counts values not shared because the Codec's
-	// Marshal or Options.Freshness panicked.
+	// A panic of the Codec counts as its failure; EncodeErrors also counts
+	// values not shared because Options.Freshness panicked.
 	DecodeErrors, EncodeErrors uint64
 	// Batches counts LoadMany calls (the batches of GetMany, see
 	// [Tier.LoadMany]), local-only ones included. The counters above count

@@ -97,8 +97,9 @@ type Options[K comparable, V any] struct {
 	Key func(K) string
 
 	// Codec encodes values for Redis. nil means [JSON]. Every process of a
-	// fleet must use compatible codecs; an entry that does not decode is
-	// treated as missing and reloaded.
+	// fleet must use compatible codecs; an entry that does not decode (or
+	// makes Unmarshal panic) is treated as missing and reloaded, and a
+	// value Marshal fails or panics on is served but not shared.
 	Codec Codec[V]
 
 	// Timeout bounds each Redis round trip. When one fails or times out,
