@@ -41,8 +41,9 @@ type shard[K comparable, V any] struct {
 	// detached holds the loads a Set or Invalidate took out of loads while
 	// they ran, so Close can still cancel them.
 	detached map[*call[K, V]]struct{}
-	// settles counts the writes closed in this shard (written under mu): a
-	// key's cached entry changes only by a write that then closes (or by
+	// settles counts the writes closed in this shard, and the cached
+	// entries a refused fill marked gone without a write (written under
+	// mu): a key's cached entry changes only by one of those (or by
 	// ristretto evicting it, which is as if the look came just before the
 	// eviction), so an entry looked up earlier, even a whole load earlier,
 	// is still the key's if settles has not moved (lockCurrent).
@@ -162,8 +163,9 @@ func (f *flights[K, V]) glance(h uint64, key K) glance[K, V] {
 // lookup locks key's shard and returns what it knows of key: its cached
 // entry (seen, as of under the lock; g is what the caller saw before, if
 // anything), its current entry (the one a pending write leaves, else the
-// cached one) and its load in flight. join, startRefresh and refreshNow
-// start from it; the caller unlocks.
+// cached one; nil for an entry from before an InvalidateAll, rule 20) and
+// its load in flight. join, startRefresh and refreshNow start from it; the
+// caller unlocks.
 func (f *flights[K, V]) lookup(key K, h uint64, g glance[K, V]) (sh *shard[K, V], seen glance[K, V], cur *entry[K, V], running *call[K, V]) {
 	sh = f.shard(h)
 	cur = f.lockCurrent(sh, h, key, g)
@@ -171,7 +173,7 @@ func (f *flights[K, V]) lookup(key K, h uint64, g glance[K, V]) (sh *shard[K, V]
 	if w := sh.writes[key]; w != nil {
 		cur = w.entry
 	}
-	return sh, seen, cur, sh.loads[key]
+	return sh, seen, f.l.live(cur), sh.loads[key]
 }
 
 // join is what a Get the cache did not answer does with lookup: take a
@@ -374,37 +376,39 @@ type delivery[K comparable, V any] struct {
 
 // finish sets c's result: it takes c out of the map and leaves e (if not
 // nil and c still owns its key) as the key's value. It returns how many
-// Gets receive the result, whether e was stored, and the write to hand to
-// the writer, if a new one was opened. The caller then closes c.done.
-func (f *flights[K, V]) finish(c *call[K, V], r delivery[K, V], e *entry[K, V], cost int64) (callers int, stored bool, opened *write[K, V]) {
+// Gets receive the result, whether e was stored, the write to hand to the
+// writer, if a new one was opened, and a place to give back. The caller
+// then closes c.done.
+func (f *flights[K, V]) finish(c *call[K, V], r delivery[K, V], e *entry[K, V], cost int64) (callers int, stored bool, opened *write[K, V], back place) {
 	l := f.l
 	sh := f.shard(c.h)
 	cur := f.lockCurrent(sh, c.h, c.key, c.seen)
 	owned := sh.loads[c.key] == c
 	sh.forget(c)
 	switch {
-	case !owned || l.closed.Load():
+	case !owned || l.closed.Load() || l.olderThanFloor(c.gen): // detached, closed, or from before an InvalidateAll
 	case e != nil:
-		opened, stored = f.put(sh, c.key, c.h, cur, e, cost, &c.w), true
+		opened, back, stored = f.put(sh, c.key, c.h, cur, e, cost, place{kind: fillPlace, cost: cost}, &c.w)
 	case r.drop:
-		opened = f.put(sh, c.key, c.h, cur, nil, 0, &c.w)
+		opened, back, _ = f.put(sh, c.key, c.h, cur, nil, 0, place{kind: fillPlace}, &c.w)
 	}
 	c.val, c.err, c.loadedAt, c.freshUntil, c.fallback = r.val, r.err, r.loadedAt, r.freshUntil, r.fallback
 	c.finished = true // from here a leaving waiter takes the result: done is closed soon
 	callers = c.waiters
 	sh.mu.Unlock()
-	return callers, stored, opened
+	return callers, stored, opened, back
 }
 
-// overwrite makes e (nil: nothing) key's value for Set and Invalidate: the
-// load in flight, if any, is detached, and the write wins over it.
-func (f *flights[K, V]) overwrite(key K, h uint64, e *entry[K, V], cost int64) *write[K, V] {
+// overwrite makes e (nil: nothing) key's value for Set and Invalidate,
+// which hold place p: the load in flight, if any, is detached, and the
+// write wins over it. It returns what put does.
+func (f *flights[K, V]) overwrite(key K, h uint64, e *entry[K, V], cost int64, p place) (opened *write[K, V], back place) {
 	sh := f.shard(h)
 	cur := f.lockCurrent(sh, h, key, glance[K, V]{})
 	sh.detach(key)
-	w := f.put(sh, key, h, cur, e, cost, nil)
+	opened, back, _ = f.put(sh, key, h, cur, e, cost, p, nil)
 	sh.mu.Unlock()
-	return w
+	return opened, back
 }
 
 // latest returns key's current entry: the one a pending write leaves, or
@@ -414,9 +418,9 @@ func (f *flights[K, V]) latest(key K, h uint64) *entry[K, V] {
 	cur := f.lockCurrent(sh, h, key, glance[K, V]{})
 	defer sh.mu.Unlock()
 	if w := sh.writes[key]; w != nil {
-		return w.entry
+		cur = w.entry
 	}
-	return cur
+	return f.l.live(cur)
 }
 
 // lockCurrent locks sh and returns key's cached entry as it is under the
@@ -429,7 +433,7 @@ func (f *flights[K, V]) latest(key K, h uint64) *entry[K, V] {
 //
 // The entry may have been marked gone since g was taken: only put does
 // that, under sh.mu, and it leaves a pending write for the key that then
-// stands for it (lookup, put). Ristretto may have evicted it since (for
+// stands for it (lookup, put), or moves settles (a refused fill). Ristretto may have evicted it since (for
 // finish, at any time during the load): that is as if the caller had
 // locked just before the eviction; at worst finish marks the evicted entry
 // gone and opens a write for it.
@@ -498,19 +502,51 @@ func (f *flights[K, V]) pending(key K) bool {
 }
 
 // put records e (nil: nothing) as key's value, under sh.mu; cur is key's
-// cached entry (lockCurrent). It returns the write it opened (rec, if not
-// nil, is used for it), which the caller hands to the writer after
-// unlocking, or nil if an open write took e.
-func (f *flights[K, V]) put(sh *shard[K, V], key K, h uint64, cur, e *entry[K, V], cost int64, rec *write[K, V]) *write[K, V] {
-	if w := sh.writes[key]; w != nil {
+// cached entry (lockCurrent). p is the place among the pending writes the
+// producer holds (write.go); a fill asks for its place here instead, with
+// p of kind fillPlace and e's cost, and never waits for one. It returns the
+// write it opened (rec, if not nil, is used for it), which the caller
+// hands to the writer after unlocking, or nil if an open write took e; and
+// the place the caller gives back after unlocking: the open write's old
+// one (they swap), or p itself when there was nothing to write.
+//
+// A fill that finds its share full records nothing and reports ok false,
+// but the key keeps no older value either (an open write is made a delete,
+// a cached entry is marked gone), so no Get serves a value older than the
+// load's.
+func (f *flights[K, V]) put(sh *shard[K, V], key K, h uint64, cur, e *entry[K, V], cost int64, p place, rec *write[K, V]) (opened *write[K, V], back place, ok bool) {
+	w := sh.writes[key]
+	if w == nil && cur == nil && e == nil {
+		if p.kind == fillPlace {
+			p = place{} // never taken
+		}
+		return nil, p, true
+	}
+	if p.kind == fillPlace && !f.l.writer.takeFill(p.cost) {
+		f.l.stats.fillsDropped.Add(1)
+		e, cost = nil, 0
+		if w == nil {
+			if cur != nil {
+				cur.setGone()
+				sh.settles.Add(1) // the key's cached entry changed: glances taken before are stale
+			}
+			return nil, place{}, false
+		}
+		p = w.place // the open write keeps its own, and becomes a delete
+		ok = false
+	} else {
+		ok = true
+	}
+	if w != nil {
 		if w.entry != nil {
 			w.entry.setGone()
 		}
-		w.entry, w.cost = e, cost
-		return nil
-	}
-	if cur == nil && e == nil {
-		return nil
+		back = w.place
+		if !ok {
+			back = place{}
+		}
+		w.entry, w.cost, w.place = e, cost, p
+		return nil, back, ok
 	}
 	if cur != nil {
 		cur.setGone()
@@ -518,25 +554,26 @@ func (f *flights[K, V]) put(sh *shard[K, V], key K, h uint64, cur, e *entry[K, V
 	if rec == nil {
 		rec = new(write[K, V])
 	}
-	*rec = write[K, V]{key: key, h: h, entry: e, cost: cost}
+	*rec = write[K, V]{key: key, h: h, entry: e, cost: cost, place: p}
 	sh.writes[key] = rec
 	grew(&sh.peakWrites, len(sh.writes))
-	return rec
+	return rec, place{}, true
 }
 
 // settle closes w if what the writer issued last is still the key's value,
-// and reports whether it did.
-func (f *flights[K, V]) settle(w *write[K, V]) bool {
+// and reports whether it did, with the place w held (the writer gives it
+// back).
+func (f *flights[K, V]) settle(w *write[K, V]) (p place, closed bool) {
 	sh := f.shard(w.h)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	if w.entry != w.issued {
-		return false
+		return place{}, false
 	}
 	if sh.writes[w.key] == w {
 		delete(sh.writes, w.key)
 		sh.writes, sh.peakWrites = shrink(sh.writes, sh.peakWrites)
 		sh.settles.Add(1)
 	}
-	return true
+	return w.place, true
 }

@@ -84,7 +84,8 @@ func (l *Loader[K, V]) shutdown() {
 	if l.closed.Swap(true) {
 		return
 	}
-	l.stop(ErrClosed) // the context Remote.Set and Remote.Invalidate run under
+	l.stop(ErrClosed)      // the context Remote.Set and Remote.Invalidate run under
+	l.writer.turns.close() // Sets and Invalidates waiting their turn do nothing
 	l.flights.cancelAll(ErrClosed)
 	l.checkIdle()
 }

@@ -82,9 +82,6 @@ func (l *Loader[K, V]) complete(c *call[K, V], r *loaded[V]) {
 // deliver hands res to c's waiters, e to the cache, and reports the load.
 func (l *Loader[K, V]) deliver(c *call[K, V], r *loaded[V], res delivery[K, V], e *entry[K, V], cost int64) {
 	c.release()
-	if e != nil {
-		l.throttle() // a storm of misses slows down here, holding no lock
-	}
 	// Count before the waiters wake, so Stats read after a Get returns
 	// includes the load that answered it. (A batch counts itself once.)
 	if c.batch == nil {
@@ -113,7 +110,8 @@ func (l *Loader[K, V]) deliver(c *call[K, V], r *loaded[V], res delivery[K, V], 
 			c.from.refreshAfter.Store(int64(l.now() + d))
 		}
 	}
-	callers, stored, w := l.flights.finish(c, res, e, cost)
+	callers, stored, w, back := l.flights.finish(c, res, e, cost)
+	l.writer.giveBack(back)
 	switch {
 	case w == nil:
 	case c.batch != nil:

@@ -105,7 +105,7 @@ func TestFullCacheIsVisible(t *testing.T) {
 		}
 	}
 	s := l.Stats()
-	if s.Evicted+s.SetsRejected+s.SetsDropped == 0 {
+	if s.Evicted+s.SetsRejected+s.SetsDropped+s.FillsDropped == 0 {
 		t.Errorf("Stats = %+v; want evictions or refusals from a 10-entry cache given 500 keys", s)
 	}
 }

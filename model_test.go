@@ -15,7 +15,8 @@ import (
 
 // The model-based fuzz test: a byte string is read as a sequence of
 // operations (Gets with and without cancellation, revalidating Gets, Set,
-// Invalidate, Refresh, GetMany through a LoadMany, Peek, time advancing)
+// Invalidate, Refresh, GetMany through a LoadMany, Peek, InvalidateAll,
+// time advancing)
 // and downstream outcomes (success,
 // failure, panic, not-found), with values that carry their own lifetimes
 // (Options.Freshness: some live 1s with no stale-while-revalidate window,
@@ -409,7 +410,7 @@ func runModel(t *testing.T, policy Policy, ops []byte) {
 		start := time.Now()
 		var revalidations uint64
 		for i := 0; i+1 < len(ops); i += 2 {
-			op, arg := ops[i]%12, ops[i+1]
+			op, arg := ops[i]%13, ops[i+1]
 			key := fmt.Sprint("k", arg%3)
 			next = outcome(arg / 3 % 4)
 			m.now = time.Since(start)
@@ -503,6 +504,10 @@ func runModel(t *testing.T, policy Policy, ops []byte) {
 					e.distrusted = true
 				}
 				m.stats.Distrusts++
+			case 12: // InvalidateAll (rule 20)
+				l.InvalidateAll()
+				clear(m.entries)
+				m.stats.InvalidateAlls++
 			case 9: // Peek
 				wv, ws, wage, wok := m.peek(key)
 				v, info, ok := l.Peek(key)
@@ -530,6 +535,7 @@ func runModel(t *testing.T, policy Policy, ops []byte) {
 			Refreshes: s.Refreshes, Abandoned: s.Abandoned, Panics: s.Panics,
 			BatchLoads: s.BatchLoads, BatchKeys: s.BatchKeys, Peeks: s.Peeks,
 			RemoteDrops: s.RemoteDrops, Distrusts: s.Distrusts, Rereads: s.Rereads,
+			InvalidateAlls: s.InvalidateAlls,
 		}
 		m.stats.Revalidations = 0 // counted apart, checked below
 		if s.Revalidations != revalidations {
@@ -558,6 +564,9 @@ func FuzzModel(f *testing.F) {
 	// A Remote's Drop (10) and Distrust (11): rereads of hits, stale keys,
 	// not-founds, through Get, GetMany and Peek, failing ones covered.
 	f.Add([]byte{0, 0, 0, 1, 11, 0, 9, 0, 0, 0, 0, 4, 10, 1, 0, 1, 11, 0, 4, 19, 8, 6, 0, 11, 11, 0, 1, 15, 0, 7, 1})
+	// InvalidateAll (12) over hits, stale and distrusted keys and a pending
+	// not-found, then Gets, GetMany, Peek and Refresh of the keys.
+	f.Add([]byte{0, 0, 0, 1, 0, 11, 4, 19, 12, 0, 9, 0, 0, 0, 8, 6, 11, 0, 12, 0, 0, 1, 6, 2, 12, 0, 0, 2})
 	f.Fuzz(func(t *testing.T, data []byte) {
 		policy, ops := modelInput(data, 200)
 		runModel(t, policy, ops)

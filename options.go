@@ -17,6 +17,7 @@ const (
 	DefaultOpenTimeout         = 5 * time.Second
 	DefaultHalfOpenRequests    = 1
 	DefaultMaxBatch            = 100
+	DefaultMaxPendingWrites    = 4096
 )
 
 // Options configures a [Loader]. It is a plain struct passed by value to
@@ -142,6 +143,18 @@ type Options[K comparable, V any] struct {
 	// MaxBatch bounds the keys of one LoadMany call. 0 means
 	// DefaultMaxBatch (100).
 	MaxBatch int
+
+	// MaxPendingWrites bounds the writes waiting for the cache to apply
+	// them, and so the memory they hold (one value each), whatever storm of
+	// writes comes in: the fills of loads may hold up to MaxPendingWrites,
+	// and Set, Invalidate and a Remote's drops another MaxPendingWrites.
+	// When the fills' share is taken, a load still answers its callers but
+	// its value is not cached (Stats.FillsDropped), as ristretto's
+	// admission may refuse one; when the writes' share is taken, Set and
+	// Invalidate wait their turn, first come first served, for the cache to
+	// catch up (Stats.WriteWaits), never for a load. 0 means
+	// DefaultMaxPendingWrites (4096).
+	MaxPendingWrites int
 
 	// NotFoundTTL, if > 0, caches a load error matching [ErrNotFound] for
 	// this long (jittered like TTL); Gets in that time return the same
@@ -270,6 +283,8 @@ func (o *Options[K, V]) validate() error {
 		return optionError("MaxRefreshes", "must be >= 0, got %d", o.MaxRefreshes)
 	case o.MaxBatch < 0:
 		return optionError("MaxBatch", "must be >= 0, got %d", o.MaxBatch)
+	case o.MaxPendingWrites < 0:
+		return optionError("MaxPendingWrites", "must be >= 0, got %d", o.MaxPendingWrites)
 	case o.NotFoundTTL < 0:
 		return optionError("NotFoundTTL", "must be >= 0, got %v", o.NotFoundTTL)
 	}
@@ -296,6 +311,9 @@ func (o Options[K, V]) withDefaults() Options[K, V] {
 	}
 	if o.MaxBatch == 0 {
 		o.MaxBatch = DefaultMaxBatch
+	}
+	if o.MaxPendingWrites == 0 {
+		o.MaxPendingWrites = DefaultMaxPendingWrites
 	}
 	if o.Retry.MaxAttempts == 0 {
 		o.Retry.MaxAttempts = 1

@@ -93,3 +93,26 @@ func (l *Loader[K, V]) remoteInvalidate(key K) {
 		l.guard(func() { l.opts.Remote.Invalidate(l.ctx, key) }, nil)
 	}
 }
+
+// RemoteInvalidateAll is what a [Remote] implements, besides Remote, to
+// take part in [Loader.InvalidateAll]: it drops every entry of the shared
+// tier at once (without visiting them), and tells the other processes to
+// drop their local copies (a [RemoteWatcher] hears it and calls
+// [LocalCache.DropAll]). The Loader calls it on the caller's goroutine,
+// outside every lock, before it drops its own copies: a load of this
+// process that races the call either read the tier before it (and its
+// result is dropped with the rest) or reads it afterwards. When it
+// returns, no process reading the tier may be handed an entry written
+// before the call; processes that have not heard yet may still serve
+// their local copies until they do.
+type RemoteInvalidateAll interface {
+	InvalidateAll(ctx context.Context)
+}
+
+// remoteInvalidateAll tells the Remote, if it takes part, about an
+// InvalidateAll.
+func (l *Loader[K, V]) remoteInvalidateAll() {
+	if r, ok := l.opts.Remote.(RemoteInvalidateAll); ok {
+		l.guard(func() { r.InvalidateAll(l.ctx) }, nil)
+	}
+}

@@ -135,12 +135,15 @@ type Stats struct {
 	Peeks             uint64 // Peek calls, found or not (never counted in Gets)
 	RemoteDrops       uint64 // LocalCache.Drop calls from a watching Remote (RemoteWatcher): keys written elsewhere, held here or not
 	Distrusts         uint64 // LocalCache.Distrust calls: the Remote may have missed writes
+	InvalidateAlls    uint64 // InvalidateAll calls, and LocalCache.DropAll calls from a watching Remote
 	Rereads           uint64 // Gets (and keys of GetMany) that found a distrusted copy, or a load from before a Distrust, and waited for a new load (each also counted in Misses)
 	Abandoned         uint64 // loads cancelled because every waiter left (CancelAtZero)
 	BreakerRejected   uint64 // downstream calls the breaker refused
 	Panics            uint64 // panics recovered in user code: LoadFunc, Cost, OnLoad, Hash, a Remote, a breaker...
 	InFlight          int64  // loads running now
-	PendingWrites     int64  // fills, Sets and Invalidates not yet applied by the cache (Gets find them meanwhile)
+	PendingWrites     int64  // fills, Sets and Invalidates not yet applied by the cache (Gets find them meanwhile); at most 2 × Options.MaxPendingWrites
+	WriteWaits        uint64 // Sets, Invalidates and Drops that waited their turn because MaxPendingWrites of them were pending
+	FillsDropped      uint64 // loaded values not cached because MaxPendingWrites fills were pending (their callers got them)
 	Waiting           int64  // Gets waiting on a load now, a GetMany once per key it waits for: the blast radius if they fail
 
 	SetsDropped  uint64 // writes ristretto's set buffer refused for want of room; each is handed over again, never lost
@@ -190,6 +193,7 @@ type counters struct {
 	batchLoads, batchKeys, peeks                   atomic.Uint64
 	revalidations, remoteDrops, distrusts, rereads atomic.Uint64
 	setsDropped, setsRejected, evicted             atomic.Uint64
+	invalidateAlls, fillsDropped                   atomic.Uint64
 	inFlight, refreshing, waiting                  atomic.Int64
 	misses, lateHits, lateStale                    atomic.Uint64 // of the Gets that passed the lookup: waited (or tried to), or found a fresh (or stale) result at once
 	closedEarly                                    atomic.Uint64 // Gets refused after Close before touching a stripe
@@ -278,5 +282,7 @@ func (c *counters) snapshot() Stats {
 	s.SetsDropped = c.setsDropped.Load()
 	s.SetsRejected = c.setsRejected.Load()
 	s.Evicted = c.evicted.Load()
+	s.InvalidateAlls = c.invalidateAlls.Load()
+	s.FillsDropped = c.fillsDropped.Load()
 	return s
 }

@@ -47,13 +47,54 @@ import (
 //  5. writer: issue W again: ristretto.Set(K, v2) replaces v1 in place (K
 //     is held now, so this is not a second new item); Wait; W closes.
 
-// maxBacklog is how many writes may wait for the writer before a finishing
-// load waits for the writer to catch up before it wakes its waiters, so
-// that a storm of misses slows down instead of piling values up. A batch
-// hands its keys' writes over together once it has delivered them all
-// (handAll), so the backlog may pass maxBacklog by up to MaxBatch per
-// batch delivering at that moment: a bound all the same.
-const maxBacklog = 64
+// How far the writer may fall behind (rule 19 in docs/design.md). Every
+// write in the shard maps carries one place among the pending writes: a
+// place of the fills' share (a load's write, a batch's included) or of the
+// writes' share (Set, Invalidate, a Remote's Drop). Each share holds at
+// most Options.MaxPendingWrites places whose costs add up to at most
+// MaxCost, so pending writes never hold more than twice the cache. A
+// producer takes a place (of its value's cost) before it writes; a write
+// that replaces the value of one already open swaps places with it, so an
+// open write's place is always its last producer's and at least its
+// value's cost; the writer gives a place back when its write closes.
+//
+//   - A fill never waits: waking the load's waiters comes first (readers
+//     first), and a load goroutine that waited after it would leave its
+//     callers free to start the next miss, so goroutines would pile up
+//     instead of writes. When its share is full, the value is not cached
+//     (Stats.FillsDropped), as ristretto's admission may refuse one; the
+//     key's older value is dropped all the same, so no Get serves a value
+//     older than one a Get has been given.
+//   - Set, Invalidate and a Remote's Drop wait their turn (turns.go) when
+//     their share is full, before they lock anything, so a storm of them
+//     runs at the pace of the writer; no load is ever behind them.
+//
+// Nothing else waits for the writer: a Get finds a pending write's value
+// in its shard (join, latest), and the writer itself waits only for
+// ristretto. So a Get whose load has returned has its answer once its own
+// goroutine runs, whatever storm goes on.
+
+// InvalidateAll moves the fleet generation on and raises the floor below
+// which an entry counts as absent (fleet.go); the writer then clears
+// ristretto to give the memory back. Consider the following serialized
+// event ordering, InvalidateAll and then Set(K, v):
+//
+//  1. InvalidateAll: clears++ (a request to the writer), then the
+//     generation and the floor move to G; it wakes the writer. Every entry
+//     older than G, cached or pending, is absent to a Get from here on.
+//  2. Set(K, v): v's entry is of generation G (it read the generation
+//     after step 1); put opens write W and hands it over.
+//  3. writer: takes a batch, then reads clears. A batch that holds W, or
+//     any write of generation G, was taken after that write was queued,
+//     so after step 1: it sees the request and runs ristretto.Clear before
+//     it issues anything. Every batch applied before the Clear held only
+//     writes older than G.
+//  4. writer: issues the batch into the emptied cache; W closes with v in
+//     it. A write whose entry is older than G is issued as a Del: its
+//     value is dead.
+//
+// So the Clear never drops a value written after the InvalidateAll, and no
+// value from before it is served, from the cache or from a pending write.
 
 // maxWriterBatch bounds the writes the writer hands ristretto before it
 // waits for them. Only the writer feeds ristretto's set buffer, and every
@@ -69,22 +110,81 @@ type write[K comparable, V any] struct {
 	// Guarded by the key's shard mu.
 	entry  *entry[K, V] // the key's value now; nil: none (Invalidate)
 	cost   int64
+	place  place        // the place it holds among the pending writes: its last producer's
 	issued *entry[K, V] // what ristretto holds of this write: nil before the first batch, after a Del and after a refused Set
 }
 
-// writer is the state of the Loader's writer goroutine.
-type writer[K comparable, V any] struct {
-	mu       sync.Mutex
-	queue    []*write[K, V] // guarded by mu; the writes from head on wait for the writer
-	head     int            // guarded by mu
-	progress chan struct{}  // guarded by mu; closed (and replaced) after every batch
-	wake     chan struct{}  // buffered(1): the queue is not empty
-	backlog  atomic.Int64   // writes handed over and not yet closed
+// place is a write's share of the bound on pending writes (see above).
+type place struct {
+	kind placeKind
+	cost int64 // at least the cost of the write's value
 }
 
-func (wr *writer[K, V]) init() {
+type placeKind uint8
+
+const (
+	noPlace    placeKind = iota // nothing to give back
+	fillPlace                   // of the fills' share
+	writePlace                  // of the share of Set, Invalidate and Drop
+)
+
+// writer is the state of the Loader's writer goroutine.
+type writer[K comparable, V any] struct {
+	mu      sync.Mutex
+	queue   []*write[K, V] // guarded by mu; the writes from head on wait for the writer
+	head    int            // guarded by mu
+	wake    chan struct{}  // buffered(1): the queue is not empty, or a clear is asked for
+	backlog atomic.Int64   // writes handed over and not yet closed
+
+	turns    turns        // the writes' share: the places of Set, Invalidate and Drop
+	fills    atomic.Int64 // the fills' share: places held
+	fillCost atomic.Int64 // and their cost
+	maxFills int64
+	maxCost  int64
+	clears   atomic.Uint64 // InvalidateAll calls; the writer clears ristretto when it moves
+	cleared  uint64        // the clears the writer has acted on (its own)
+}
+
+func (wr *writer[K, V]) init(places int, cost int64) {
 	wr.wake = make(chan struct{}, 1)
-	wr.progress = make(chan struct{})
+	wr.turns.init(places, cost)
+	wr.maxFills, wr.maxCost = int64(places), cost
+}
+
+// takeFill takes a place of the fills' share, if one of cost is free; it
+// never waits.
+func (wr *writer[K, V]) takeFill(cost int64) bool {
+	if wr.fills.Add(1) > wr.maxFills || wr.fillCost.Add(cost) > wr.maxCost {
+		wr.fills.Add(-1)
+		wr.fillCost.Add(-cost)
+		return false
+	}
+	return true
+}
+
+// takeWrite waits for a place of the writes' share; false after Close.
+func (wr *writer[K, V]) takeWrite(cost int64) (place, bool) {
+	return place{kind: writePlace, cost: cost}, wr.turns.take(cost)
+}
+
+// release gives places back: n of the fills' share with the given cost
+// in all, m of the writes' share with theirs.
+func (wr *writer[K, V]) release(n int, nCost int64, m int, mCost int64) {
+	if n > 0 {
+		wr.fills.Add(int64(-n))
+		wr.fillCost.Add(-nCost)
+	}
+	wr.turns.give(m, mCost)
+}
+
+// giveBack releases one place (none for noPlace).
+func (wr *writer[K, V]) giveBack(p place) {
+	switch p.kind {
+	case fillPlace:
+		wr.release(1, p.cost, 0, 0)
+	case writePlace:
+		wr.release(0, 0, 1, p.cost)
+	}
 }
 
 // hand gives w to the writer.
@@ -100,24 +200,14 @@ func (l *Loader[K, V]) handAll(ws []*write[K, V]) {
 	wr.mu.Lock()
 	wr.queue = append(wr.queue, ws...)
 	wr.mu.Unlock()
+	wr.signal()
+}
+
+// signal wakes the writer.
+func (wr *writer[K, V]) signal() {
 	select {
 	case wr.wake <- struct{}{}:
 	default: // already signalled
-	}
-}
-
-// throttle waits, holding no lock, while the writer is maxBacklog writes
-// behind.
-func (l *Loader[K, V]) throttle() {
-	wr := &l.writer
-	for wr.backlog.Load() >= maxBacklog {
-		wr.mu.Lock()
-		ch := wr.progress
-		wr.mu.Unlock()
-		if wr.backlog.Load() < maxBacklog {
-			return
-		}
-		<-ch // the writer runs until the Loader is idle, which this load prevents
 	}
 }
 
@@ -136,52 +226,69 @@ func (l *Loader[K, V]) runWriter() {
 		if hook := testHookWriter.Load(); hook != nil {
 			(*hook)()
 		}
-		wr.mu.Lock()
-		n := min(len(wr.queue)-wr.head, maxWriterBatch)
-		batch = append(batch[:0], wr.queue[wr.head:wr.head+n]...)
-		clear(wr.queue[wr.head : wr.head+n])
-		wr.head += n
-		switch {
-		case wr.head == len(wr.queue):
-			wr.queue, wr.head = wr.queue[:0], 0
-			if cap(wr.queue) > 4*maxWriterBatch {
-				wr.queue = nil // a burst is over: do not keep its queue's memory
-			}
-		case wr.head*2 >= len(wr.queue):
-			// Half of the queue is behind head: move the rest to the front
-			// (each write is moved at most once per write taken, on
-			// average), so that a queue fed as fast as it drains does not
-			// grow.
-			rest := copy(wr.queue, wr.queue[wr.head:])
-			clear(wr.queue[rest:])
-			wr.queue, wr.head = wr.queue[:rest], 0
+		batch = l.takeBatch(batch[:0])
+		if n := wr.clears.Load(); n != wr.cleared { // after the batch is taken: see above
+			wr.cleared = n
+			l.clearing.Store(true) // ristretto reports every entry it drops as evicted
+			l.cache.Clear()
+			l.clearing.Store(false)
 		}
-		wr.mu.Unlock()
 		for _, w := range batch {
 			l.issue(w)
 		}
 		l.cache.Wait() // everything issued above is applied (or refused) now
 		again = again[:0]
+		var fills, writes int
+		var fillCost, writeCost int64
 		for _, w := range batch {
-			if !l.flights.settle(w) {
+			p, closed := l.flights.settle(w)
+			switch {
+			case !closed:
 				again = append(again, w)
+			case p.kind == fillPlace:
+				fills, fillCost = fills+1, fillCost+p.cost
+			case p.kind == writePlace:
+				writes, writeCost = writes+1, writeCost+p.cost
 			}
 		}
 		wr.backlog.Add(int64(len(again) - len(batch)))
+		wr.release(fills, fillCost, writes, writeCost)
 		wr.mu.Lock()
 		wr.queue = append(wr.queue, again...)
 		more := len(wr.queue) > wr.head
-		close(wr.progress)
-		wr.progress = make(chan struct{})
 		wr.mu.Unlock()
 		if more {
-			select {
-			case wr.wake <- struct{}{}:
-			default:
-			}
+			wr.signal()
 		}
 		clear(batch) // drop the references to values
 	}
+}
+
+// takeBatch moves up to maxWriterBatch writes from the queue into batch.
+func (l *Loader[K, V]) takeBatch(batch []*write[K, V]) []*write[K, V] {
+	wr := &l.writer
+	wr.mu.Lock()
+	defer wr.mu.Unlock()
+	n := min(len(wr.queue)-wr.head, maxWriterBatch)
+	batch = append(batch, wr.queue[wr.head:wr.head+n]...)
+	clear(wr.queue[wr.head : wr.head+n])
+	wr.head += n
+	switch {
+	case wr.head == len(wr.queue):
+		wr.queue, wr.head = wr.queue[:0], 0
+		if cap(wr.queue) > 4*maxWriterBatch {
+			wr.queue = nil // a burst is over: do not keep its queue's memory
+		}
+	case wr.head*2 >= len(wr.queue):
+		// Half of the queue is behind head: move the rest to the front
+		// (each write is moved at most once per write taken, on
+		// average), so that a queue fed as fast as it drains does not
+		// grow.
+		rest := copy(wr.queue, wr.queue[wr.head:])
+		clear(wr.queue[rest:])
+		wr.queue, wr.head = wr.queue[:rest], 0
+	}
+	return batch
 }
 
 // testHookWriter, when set by a test, runs at the start of every batch of
@@ -196,6 +303,9 @@ func (l *Loader[K, V]) issue(w *write[K, V]) {
 	e, cost := w.entry, w.cost
 	w.issued = e
 	sh.mu.Unlock()
+	if e != nil && l.cleared(e) {
+		e = nil // written before an InvalidateAll: dead, only to be removed
+	}
 	if e == nil || l.opts.Cost != nil {
 		// A delete; or a costed write, which ristretto would apply in place
 		// without admission or eviction: delete first so it passes both.

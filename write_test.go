@@ -141,11 +141,12 @@ func (l *Loader[K, V]) backlog() int64 { return l.writer.backlog.Load() }
 // that they all wait for it at once, every one reaches the cache: a Get of
 // each afterwards is a hit, and nothing loads. (Handed to ristretto in one
 // go, without -race, some of them used to be refused and lost.)
+// MaxPendingWrites lets them all wait at once.
 func TestWriterLosesNoSet(t *testing.T) {
 	const n = 200_000
 	release := holdWriter(t)
 	l, err := New(func(_ context.Context, k int) (int, error) { return -1, nil },
-		Options[int, int]{TTL: time.Hour, MaxCost: 4 * n})
+		Options[int, int]{TTL: time.Hour, MaxCost: 4 * n, MaxPendingWrites: n})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,0 +1,292 @@
+package flightcache
+
+import (
+	"context"
+	"fmt"
+	"runtime"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// The storms of docs/design.md rule 19: pending writes stay under
+// Options.MaxPendingWrites whatever comes in, and no Get waits for writes
+// other callers made. Each test runs on the real clock (the producers must
+// truly run at once, and they never block for long, so a bubble's clock
+// would never move); every Get has a deadline, so a stall fails the test at
+// once rather than hanging the suite, and the bounds are on memory and on
+// Gets completing, not on speed: a loaded machine runs fewer operations but
+// cannot fail for being slow. BenchmarkStorm measures the latencies.
+
+// stormFor is how long a storm test lasts.
+func stormFor() time.Duration {
+	if testing.Short() {
+		return 500 * time.Millisecond
+	}
+	return 2 * time.Second
+}
+
+// stormGetDeadline bounds every Get of a storm test: far beyond what a cold
+// Get of an instant LoadFunc takes even under -race on a busy machine, far
+// short of the test timeout.
+const stormGetDeadline = 5 * time.Second
+
+// runFor runs f on n goroutines until d has passed, each call with its
+// goroutine's index and iteration. It fails t if they have not all returned
+// within d plus a margin: a producer stuck for good.
+func runFor(t testing.TB, n int, d time.Duration, f func(g, i int)) {
+	t.Helper()
+	stop := time.Now().Add(d)
+	var wg sync.WaitGroup
+	for g := range n {
+		wg.Go(func() {
+			for i := 0; time.Now().Before(stop); i++ {
+				f(g, i)
+			}
+		})
+	}
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(d + 30*time.Second):
+		t.Fatalf("storm producers still running 30s after the storm ended")
+	}
+}
+
+// liveHeap is the heap in use after a collection.
+func liveHeap() uint64 {
+	runtime.GC()
+	var m runtime.MemStats
+	runtime.ReadMemStats(&m)
+	return m.HeapAlloc
+}
+
+// sampleWhile samples f every 10 ms until stop is closed, keeping the
+// largest value; wait returns it.
+func sampleWhile(f func() int64) (stop func() int64) {
+	var peak atomic.Int64
+	quit := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		t := time.NewTicker(10 * time.Millisecond)
+		defer t.Stop()
+		for {
+			storeMax(&peak, f())
+			select {
+			case <-quit:
+				return
+			case <-t.C:
+			}
+		}
+	})
+	return func() int64 { close(quit); wg.Wait(); return peak.Load() }
+}
+
+// Four goroutines Set never-seen keys as fast as they can into MaxCost
+// 10,000: the pending writes, and with them the heap, stay bounded (rule
+// 19). The previous writer let Sets pile up without limit: 2.4-2.9 million
+// pending writes and a heap of 696-862 MB after 5 s.
+func TestSetStormStaysBounded(t *testing.T) {
+	l, err := New(func(_ context.Context, k uint64) ([]byte, error) { return nil, nil },
+		Options[uint64, []byte]{TTL: time.Hour, MaxCost: 10_000})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	base := liveHeap()
+	pending := sampleWhile(func() int64 { return l.Stats().PendingWrites })
+	heap := sampleWhile(func() int64 {
+		var m runtime.MemStats
+		runtime.ReadMemStats(&m)
+		return int64(m.HeapInuse)
+	})
+	var keys, sets atomic.Uint64
+	runFor(t, 4, stormFor(), func(int, int) {
+		l.Set(keys.Add(1), make([]byte, 64))
+		sets.Add(1)
+	})
+	peakPending, peakHeap := pending(), heap()
+	const bound = 2 * DefaultMaxPendingWrites
+	if peakPending > bound {
+		t.Errorf("PendingWrites reached %d; want at most %d (2 × MaxPendingWrites)", peakPending, bound)
+	}
+	// The heap in use, garbage included, sampled without forcing a
+	// collection: well under 64 MB over the start.
+	if grown := peakHeap - int64(base); grown > 64<<20 {
+		t.Errorf("heap in use grew by %d MB during the storm; want under 64 MB", grown>>20)
+	}
+	s := l.Stats()
+	t.Logf("%d Sets in %v (%.0f/s), %d waited their turn; peak PendingWrites %d, heap in use +%d MB",
+		sets.Load(), stormFor(), float64(sets.Load())/stormFor().Seconds(), s.WriteWaits, peakPending, (peakHeap-int64(base))>>20)
+}
+
+// coldGets runs cold Gets of never-seen keys of l on one goroutine until d
+// has passed, each under stormGetDeadline; it fails t for any error (a
+// stall ends at the deadline) and returns their latencies.
+func coldGets(t testing.TB, l *Loader[uint64, []byte], first uint64, d time.Duration) []time.Duration {
+	t.Helper()
+	var lat []time.Duration
+	stop := time.Now().Add(d)
+	for k := first; time.Now().Before(stop); k++ {
+		ctx, cancel := context.WithTimeout(context.Background(), stormGetDeadline)
+		start := time.Now()
+		_, err := l.Get(ctx, k)
+		lat = append(lat, time.Since(start))
+		cancel()
+		if err != nil {
+			t.Fatalf("cold Get of key %d during the storm: %v after %v", k, err, lat[len(lat)-1])
+		}
+	}
+	return lat
+}
+
+// quantile returns the q-quantile of sorted latencies.
+func quantile(sorted []time.Duration, q float64) time.Duration {
+	if len(sorted) == 0 {
+		return 0
+	}
+	return sorted[min(int(q*float64(len(sorted))), len(sorted)-1)]
+}
+
+func newStormLoader(t testing.TB) *Loader[uint64, []byte] {
+	t.Helper()
+	l, err := New(func(_ context.Context, k uint64) ([]byte, error) { return make([]byte, 64), nil },
+		Options[uint64, []byte]{TTL: time.Hour, MaxCost: 10_000})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return l
+}
+
+// Cold Gets go on while two goroutines Set never-seen keys, on the same
+// Loader and, as the control, on another one (rule 19: a Get never waits
+// for other callers' writes). The previous write path made a finished load
+// wait for the writer before it woke its waiters, and the Sets kept the
+// writer behind: 2 to 19 cold Gets in 3 s, each ending at its deadline.
+func TestColdGetsDuringSetStorm(t *testing.T) {
+	for _, where := range []string{"same-loader", "other-loader"} {
+		t.Run(where, func(t *testing.T) {
+			l := newStormLoader(t)
+			defer l.Close()
+			target := l
+			if where == "other-loader" {
+				target = newStormLoader(t)
+				defer target.Close()
+			}
+			var keys atomic.Uint64
+			keys.Store(1 << 40) // apart from the Gets' keys
+			var lat []time.Duration
+			var wg sync.WaitGroup
+			wg.Go(func() { lat = coldGets(t, l, 0, stormFor()) })
+			runFor(t, 2, stormFor(), func(int, int) { target.Set(keys.Add(1), make([]byte, 64)) })
+			wg.Wait()
+			slices.Sort(lat)
+			t.Logf("%s: %d cold Gets, p99.9 %v, max %v; %d Sets", where, len(lat), quantile(lat, 0.999), quantile(lat, 1), keys.Load()-1<<40)
+		})
+	}
+}
+
+// Cold Gets go on while two goroutines loop Set and Invalidate over 256
+// keys (rule 19). Before, the loop kept the writer's backlog above the
+// point where finished loads waited for it: p99.9 of the cold Gets was 94
+// times its quiet value.
+func TestColdGetsDuringSetInvalidateLoop(t *testing.T) {
+	l := newStormLoader(t)
+	defer l.Close()
+	var lat []time.Duration
+	var wg sync.WaitGroup
+	wg.Go(func() { lat = coldGets(t, l, 1<<40, stormFor()) })
+	runFor(t, 2, stormFor(), func(g, i int) {
+		k := uint64(i % 256)
+		if g == 0 {
+			l.Set(k, make([]byte, 64))
+		} else {
+			l.Invalidate(k)
+		}
+	})
+	wg.Wait()
+	slices.Sort(lat)
+	t.Logf("%d cold Gets, p99.9 %v, max %v", len(lat), quantile(lat, 0.999), quantile(lat, 1))
+}
+
+// A GetMany of many never-seen keys (each its own instant load, no
+// LoadMany) must not hold up an unrelated cold Get (rule 19). Before, every
+// finished load of the batch waited in a herd for the writer's backlog, and
+// an unrelated Get with a LoadTimeout of 100 ms waited 12.7 s.
+func TestMissStormBesideAnUnrelatedGet(t *testing.T) {
+	n := 100_000
+	if testing.Short() || raceEnabled {
+		n = 20_000
+	}
+	l, err := New(func(_ context.Context, k uint64) ([]byte, error) { return make([]byte, 64), nil },
+		Options[uint64, []byte]{TTL: time.Hour, MaxCost: 10_000, LoadTimeout: 100 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	keys := make([]uint64, n)
+	for i := range keys {
+		keys[i] = uint64(i)
+	}
+	batch := make(chan error, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		_, err := l.GetMany(ctx, keys)
+		batch <- err
+	}()
+	var worst time.Duration
+	for i := range 8 {
+		ctx, cancel := context.WithTimeout(context.Background(), stormGetDeadline)
+		start := time.Now()
+		_, err := l.Get(ctx, uint64(1<<40+i))
+		took := time.Since(start)
+		cancel()
+		if err != nil {
+			t.Fatalf("unrelated Get %d during a GetMany of %d keys: %v after %v", i, n, err, took)
+		}
+		worst = max(worst, took)
+	}
+	if err := <-batch; err != nil {
+		t.Fatalf("GetMany of %d keys: %v", n, err)
+	}
+	s := l.Stats()
+	t.Logf("GetMany of %d keys; slowest of 8 unrelated Gets %v; %d fills dropped", n, worst, s.FillsDropped)
+}
+
+// Many concurrent cold Gets of an instant LoadFunc take time linear in
+// their number: nothing herds (rule 19). Each Get has a deadline.
+func TestConcurrentColdGetsDoNotHerd(t *testing.T) {
+	n := 50_000
+	if testing.Short() || raceEnabled {
+		n = 5_000
+	}
+	l := newStormLoader(t)
+	defer l.Close()
+	var wg sync.WaitGroup
+	errs := make(chan error, 1)
+	for i := range n {
+		wg.Go(func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			if _, err := l.Get(ctx, uint64(i)); err != nil {
+				select {
+				case errs <- fmt.Errorf("Get(%d): %w", i, err):
+				default:
+				}
+			}
+		})
+	}
+	wg.Wait()
+	select {
+	case err := <-errs:
+		t.Fatal(err)
+	default:
+	}
+	if p := l.Stats().PendingWrites; p > 2*DefaultMaxPendingWrites {
+		t.Errorf("PendingWrites = %d; want at most %d", p, 2*DefaultMaxPendingWrites)
+	}
+}
