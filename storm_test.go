@@ -290,3 +290,103 @@ func TestConcurrentColdGetsDoNotHerd(t *testing.T) {
 		t.Errorf("PendingWrites = %d; want at most %d", p, 2*DefaultMaxPendingWrites)
 	}
 }
+
+// BenchmarkStorm measures rule 19's storms for docs/reliability.md: one op
+// is one cold Get of a never-seen key (instant LoadFunc) while, in the
+// background,
+//
+//   - quiet: nothing else runs;
+//   - sets=same: two goroutines Set never-seen keys on the same Loader;
+//   - sets=other: the same storm on another Loader (the same competition
+//     for the CPU, nothing shared but the process): the control;
+//   - loop=same: two goroutines loop Set and Invalidate over 256 keys of
+//     the same Loader.
+//
+// It reports the Gets' p99.9 and max latency and the storm's writes per
+// second. Compare the rows of one run, interleaved, e.g.
+//
+//	go test -run '^$' -bench Storm -benchtime 100000x -count 6 .
+func BenchmarkStorm(b *testing.B) {
+	for _, storm := range []string{"quiet", "sets=same", "sets=other", "loop=same"} {
+		b.Run(storm, func(b *testing.B) {
+			l := newStormLoader(b)
+			defer l.Close()
+			target := l
+			if storm == "sets=other" {
+				target = newStormLoader(b)
+				defer target.Close()
+			}
+			var stop atomic.Bool
+			var writes atomic.Uint64
+			var wg sync.WaitGroup
+			if storm != "quiet" {
+				for g := range 2 {
+					wg.Go(func() {
+						k := uint64(1<<40) + uint64(g)<<32
+						for i := 0; !stop.Load(); i++ {
+							switch {
+							case storm != "loop=same":
+								k++
+								target.Set(k, make([]byte, 64))
+							case g == 0:
+								target.Set(uint64(i%256), make([]byte, 64))
+							default:
+								target.Invalidate(uint64(i % 256))
+							}
+							writes.Add(1)
+						}
+					})
+				}
+			}
+			lat := make([]time.Duration, 0, b.N)
+			b.ResetTimer()
+			start := time.Now()
+			for i := range b.N {
+				ctx, cancel := context.WithTimeout(context.Background(), stormGetDeadline)
+				t0 := time.Now()
+				_, err := l.Get(ctx, uint64(i))
+				lat = append(lat, time.Since(t0))
+				cancel()
+				if err != nil {
+					b.Fatalf("cold Get %d: %v", i, err)
+				}
+			}
+			elapsed := time.Since(start)
+			b.StopTimer()
+			stop.Store(true)
+			wg.Wait()
+			slices.Sort(lat)
+			b.ReportMetric(float64(quantile(lat, 0.999)), "p99.9-ns")
+			b.ReportMetric(float64(quantile(lat, 1)), "max-ns")
+			b.ReportMetric(float64(writes.Load())/elapsed.Seconds(), "writes/s")
+		})
+	}
+}
+
+// BenchmarkColdBurst is n concurrent cold Gets of an instant LoadFunc, one
+// burst per op: time linear in n means nothing herds (rule 19).
+func BenchmarkColdBurst(b *testing.B) {
+	for _, n := range []int{5_000, 20_000, 50_000} {
+		b.Run(fmt.Sprintf("n=%d", n), func(b *testing.B) {
+			for b.Loop() {
+				b.StopTimer()
+				l := newStormLoader(b)
+				b.StartTimer()
+				var wg sync.WaitGroup
+				for i := range n {
+					wg.Go(func() {
+						ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+						defer cancel()
+						if _, err := l.Get(ctx, uint64(i)); err != nil {
+							b.Error(err)
+						}
+					})
+				}
+				wg.Wait()
+				b.StopTimer()
+				l.Close()
+				b.StartTimer()
+			}
+		})
+	}
+}
