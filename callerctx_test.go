@@ -1,0 +1,340 @@
+package flightcache
+
+// Regression tests: the caller's context is the caller's code, and its
+// Value or Err may panic (a caller that recovers, as net/http does, goes
+// on using the Loader). The panic must reach the caller and leave nothing
+// of the Loader's behind (docs/design.md rule 19). Each test failed before
+// its fix: a Get or a GetMany left counted in (Close waited for it
+// forever), a GetMany's loads left published and never launched (Gets of
+// those keys waited for them until their deadline), a waiter left counted
+// (Stats.Waiting).
+//
+// Real clock: a Get blocked for good (on a load never launched, or on a
+// lock left held) would keep a synctest bubble from ever ending. Every
+// bound is many times what a quiet run needs; it only runs out when
+// something hangs.
+
+import (
+	"context"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// trapped is what a trapCtx panics with.
+const trapped = "trapped context"
+
+// trapCtx is a caller's context whose Value (of one key), Done or Err
+// panics from the call after the first pass such calls on, as a context
+// type of the caller's own may.
+type trapCtx struct {
+	context.Context
+	key   any   // Value(key) panics; nil: Value never does
+	done  bool  // Done panics
+	err   bool  // Err panics
+	pass  int32 // trapped calls that get through first
+	calls atomic.Int32
+}
+
+func (c *trapCtx) trip() {
+	if c.calls.Add(1) > c.pass {
+		panic(trapped)
+	}
+}
+
+func (c *trapCtx) Value(key any) any {
+	if c.key != nil && key == c.key {
+		c.trip()
+	}
+	return c.Context.Value(key)
+}
+
+func (c *trapCtx) Done() <-chan struct{} {
+	if c.done {
+		c.trip()
+	}
+	return c.Context.Done()
+}
+
+func (c *trapCtx) Err() error {
+	if c.err {
+		c.trip()
+	}
+	return c.Context.Err()
+}
+
+// trapRig is a Loader for these tests. Values are "v:" + key. A key that
+// starts with "held" loads only once release is closed; one that starts
+// with "stale" is fresh for a nanosecond, then stale for an hour. With
+// aged, a Remote serves a key that starts with "early" as loaded 40
+// minutes ago (fresh for 20 more, and past its early refresh); with
+// batched, GetMany loads through LoadMany. MaxRefreshes is 1, so a
+// refresh place left taken stops every refresh.
+type trapRig struct {
+	l       *Loader[string, string]
+	release chan struct{}
+	once    sync.Once
+	entered chan string     // the "held" keys whose load has begun
+	first   []<-chan result // Gets of the setup still waiting: checkWhole waits for them
+}
+
+type rigOptions struct{ aged, batched bool }
+
+func newTrapRig(t *testing.T, o rigOptions) *trapRig {
+	t.Helper()
+	r := &trapRig{release: make(chan struct{}), entered: make(chan string, 64)}
+	hold := func(ctx context.Context, key string) error {
+		if !strings.HasPrefix(key, "held") {
+			return nil
+		}
+		select {
+		case r.entered <- key:
+		default:
+		}
+		select {
+		case <-r.release:
+			return nil
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	opts := Options[string, string]{
+		TTL:                  time.Hour,
+		StaleWhileRevalidate: time.Hour,
+		MaxRefreshes:         1,
+		Breaker:              Breaker{Disabled: true},
+		Freshness: func(key, _ string) Freshness {
+			if strings.HasPrefix(key, "stale") {
+				return Freshness{TTL: time.Nanosecond}
+			}
+			return Freshness{}
+		},
+	}
+	if o.aged {
+		opts.EarlyRefresh = 1
+		opts.Remote = agedRemote{}
+	}
+	if o.batched {
+		opts.LoadMany = func(ctx context.Context, keys []string) (map[string]string, error) {
+			m := make(map[string]string, len(keys))
+			for _, k := range keys {
+				if err := hold(ctx, k); err != nil {
+					return nil, err
+				}
+				m[k] = "v:" + k
+			}
+			return m, nil
+		}
+	}
+	l, err := New(func(ctx context.Context, key string) (string, error) {
+		if err := hold(ctx, key); err != nil {
+			return "", err
+		}
+		return "v:" + key, nil
+	}, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.l = l
+	t.Cleanup(func() {
+		r.free()
+		closeWithin(t, l)
+	})
+	return r
+}
+
+// free lets the loads of the "held" keys finish.
+func (r *trapRig) free() { r.once.Do(func() { close(r.release) }) }
+
+// agedRemote serves the "early" keys as loaded 40 minutes ago, by a load
+// that took an hour: with a TTL of an hour and EarlyRefresh, such a value
+// is fresh for 20 more minutes and due its early refresh (whose lead is
+// capped at half the TTL). It loads every other key as it stands.
+type agedRemote struct{}
+
+func (agedRemote) Load(ctx context.Context, key string, load func(context.Context) (string, error)) (RemoteValue[string], error) {
+	v, err := load(ctx)
+	if strings.HasPrefix(key, "early") {
+		return RemoteValue[string]{Value: v, LoadedAt: time.Now().Add(-40 * time.Minute), Took: time.Hour}, err
+	}
+	return RemoteValue[string]{Value: v, LoadedAt: time.Now(), Loaded: true}, err
+}
+
+func (agedRemote) Set(context.Context, string, RemoteValue[string]) {}
+func (agedRemote) Invalidate(context.Context, string)               {}
+
+// closeWithin closes l, and fails the test if Close has not returned
+// within 10s.
+func closeWithin(t *testing.T, l *Loader[string, string]) {
+	t.Helper()
+	closed := make(chan struct{})
+	go func() { l.Close(); close(closed) }()
+	select {
+	case <-closed:
+	case <-time.After(10 * time.Second):
+		t.Errorf("Close has not returned after 10s: something is left counted in, or a shard lock held")
+	}
+}
+
+// load fills key with a Get and waits until the cache holds it, so that
+// the next Get of key finds it in the cache.
+func (r *trapRig) load(t *testing.T, keys ...string) {
+	t.Helper()
+	for _, k := range keys {
+		if _, err := r.l.Get(context.Background(), k); err != nil {
+			t.Fatalf("Get(%q): %v", k, err)
+		}
+		writesApplied(t, r.l, k)
+	}
+}
+
+// trapCase is one call under a trapped context.
+type trapCase struct {
+	name  string
+	rig   rigOptions
+	setup func(t *testing.T, r *trapRig)
+	ctx   *trapCtx
+	call  func(l *Loader[string, string], ctx context.Context)
+	keys  []string // the keys the call was for: Gets of them must work after
+	// mayReturn: the call may return rather than panic (after the fix the
+	// Loader reads nothing from the context at the point trapped).
+	mayReturn bool
+}
+
+func get(key string) func(*Loader[string, string], context.Context) {
+	return func(l *Loader[string, string], ctx context.Context) { l.Get(ctx, key) }
+}
+
+func getMany(keys ...string) func(*Loader[string, string], context.Context) {
+	return func(l *Loader[string, string], ctx context.Context) { l.GetMany(ctx, keys) }
+}
+
+func runTrapCases(t *testing.T, cases []trapCase) {
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			r := newTrapRig(t, tc.rig)
+			if tc.setup != nil {
+				tc.setup(t, r)
+			}
+			got := func() (p any) {
+				defer func() { p = recover() }()
+				tc.call(r.l, tc.ctx)
+				return nil
+			}()
+			switch {
+			case got == nil && !tc.mayReturn:
+				t.Errorf("the call returned; want the context's panic to reach the caller")
+			case got != nil && got != trapped:
+				t.Errorf("the call panicked with %v; want the context's own panic (%q)", got, trapped)
+			}
+			r.checkWhole(t, tc.keys)
+		})
+	}
+}
+
+// checkWhole checks that nothing of the Loader's was left behind: Gets of
+// keys and of 256 other keys, cold, each with a deadline, all return their
+// values (no shard lock held, no load left unlaunched); the Stats balance
+// (Gets = Hits + StaleHits + Misses + Closed, nobody Waiting); a background
+// refresh can still start (none left holding the one MaxRefreshes place,
+// nor an entry marked as refreshing); Close returns.
+func (r *trapRig) checkWhole(t *testing.T, keys []string) {
+	t.Helper()
+	r.free()
+	l := r.l
+	for _, ch := range r.first {
+		select {
+		case <-ch:
+		case <-time.After(10 * time.Second):
+			t.Fatal("a Get of the setup has not returned 10s after the loads were let go")
+		}
+	}
+	refreshes := l.Stats().Refreshes
+	all := append(keyRange("other", 256), keys...)
+	type got struct {
+		key, v string
+		err    error
+	}
+	results := make(chan got, len(all))
+	for _, k := range all {
+		go func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			v, err := l.Get(ctx, k)
+			results <- got{k, v, err}
+		}()
+	}
+	timeout := time.After(15 * time.Second)
+	for n := range all {
+		select {
+		case g := <-results:
+			if g.err != nil || g.v != "v:"+g.key {
+				t.Errorf("Get(%q) = %q, %v; want %q", g.key, g.v, g.err, "v:"+g.key)
+			}
+		case <-timeout:
+			t.Fatalf("%d of %d Gets (each with a 5s deadline) have not returned after 15s", len(all)-n, len(all))
+		}
+	}
+	for _, k := range keys {
+		l.Refresh(context.Background(), k)
+	}
+	s := l.Stats()
+	if s.Gets != s.Hits+s.StaleHits+s.Misses+s.Closed || s.Waiting != 0 || s.Canceled > s.Misses {
+		t.Errorf("Stats = %+v; want Gets = Hits + StaleHits + Misses + Closed, Canceled <= Misses, nobody Waiting", s)
+	}
+	if len(keys) > 0 && s.Refreshes == refreshes {
+		t.Errorf("no background refresh started (Refreshes %d, RefreshesDropped %d): the MaxRefreshes place, or an entry, is left reserved",
+			s.Refreshes, s.RefreshesDropped)
+	}
+	closeWithin(t, l)
+}
+
+// A context whose Value panics, read by a Get or a GetMany after it had
+// counted itself in (WithRevalidate on the hit path, the max-stale of a
+// stale value, the load marker), left it counted in: Close then waited for
+// it forever, and a GetMany left the loads it had already published never
+// launched, so Gets of those keys waited for them until their deadline.
+// Each case ends in checkWhole (docs/design.md rules 8 and 19).
+func TestContextValuePanicLeavesGetCountedIn(t *testing.T) {
+	_ = WithRevalidate(context.Background()) // Gets look for WithRevalidate once it has been used
+	bg := context.Background()
+	trap := func(ctx context.Context, key any, pass int32) *trapCtx {
+		return &trapCtx{Context: ctx, key: key, pass: pass}
+	}
+	loadHit := func(t *testing.T, r *trapRig) { r.load(t, "hit") }
+	loadStale := func(t *testing.T, r *trapRig) { r.load(t, "stale1", "stale2") }
+	runTrapCases(t, []trapCase{
+		{name: "Get/hit", setup: loadHit, ctx: trap(bg, revalidateKey{}, 0), call: get("hit"), keys: []string{"hit"}},
+		{name: "Get/revalidating", setup: loadHit, ctx: trap(WithRevalidate(bg), loadKey{}, 0), call: get("hit"), keys: []string{"hit"}},
+		{name: "Get/max-stale", setup: loadStale, ctx: trap(bg, maxStaleKey{}, 0), call: get("stale1"), keys: []string{"stale1"}},
+		{name: "Get/miss", ctx: trap(bg, loadKey{}, 0), call: get("cold"), keys: []string{"cold"}},
+		{name: "GetMany/revalidating", setup: loadHit, ctx: trap(bg, revalidateKey{}, 0), call: getMany("hit", "a"), keys: []string{"hit", "a"}},
+		{name: "GetMany/max-stale", setup: loadStale, ctx: trap(bg, maxStaleKey{}, 0), call: getMany("stale1", "stale2", "a"), keys: []string{"stale1", "stale2", "a"}},
+		{name: "GetMany/miss", ctx: trap(bg, loadKey{}, 0), call: getMany("a", "b", "c"), keys: []string{"a", "b", "c"}},
+		{name: "GetMany/LoadMany/miss", rig: rigOptions{batched: true}, ctx: trap(bg, loadKey{}, 0), call: getMany("a", "b", "c"), keys: []string{"a", "b", "c"}},
+		// The first key's load is published in the batch before the
+		// second key's join reads the marker again; after the fix the
+		// marker is read once, before anything is published, and the
+		// call returns.
+		{name: "GetMany/LoadMany/published", rig: rigOptions{batched: true}, ctx: trap(bg, loadKey{}, 1), call: getMany("a", "b", "c"), keys: []string{"a", "b", "c"}, mayReturn: true},
+		{name: "GetMany/LoadMany/max-stale", rig: rigOptions{batched: true}, setup: loadStale, ctx: trap(bg, maxStaleKey{}, 0), call: getMany("a", "stale1", "stale2"), keys: []string{"a", "stale1", "stale2"}},
+	})
+}
+
+// A context whose Err panics, read by a Get or GetMany that left its wait
+// because the context had ended: a GetMany read it after leaving its first
+// key's load and before the others', and left the rest counted in (Close
+// waited for them forever) and counted as waiting (docs/design.md rule
+// 19).
+func TestContextErrPanicLeavesGetManyCountedIn(t *testing.T) {
+	ended, cancel := context.WithCancel(context.Background())
+	cancel()
+	trap := func() *trapCtx { return &trapCtx{Context: ended, err: true} }
+	runTrapCases(t, []trapCase{
+		{name: "Get", ctx: trap(), call: get("held"), keys: []string{"held"}},
+		{name: "GetMany", ctx: trap(), call: getMany("held1", "held2", "held3"), keys: []string{"held1", "held2", "held3"}},
+		{name: "GetMany/LoadMany", rig: rigOptions{batched: true}, ctx: trap(), call: getMany("held1", "held2", "held3"), keys: []string{"held1", "held2", "held3"}},
+	})
+}
