@@ -1,18 +1,20 @@
 package flightcache
 
 // Regression tests: the caller's context is the caller's code, and its
-// Value or Err may panic (a caller that recovers, as net/http does, goes
-// on using the Loader). The panic must reach the caller and leave nothing
-// of the Loader's behind (docs/design.md rule 19). Each test failed before
-// its fix: a Get or a GetMany left counted in (Close waited for it
+// Value, Done or Err may panic (a caller that recovers, as net/http does,
+// goes on using the Loader). The panic must reach the caller and leave
+// nothing of the Loader's behind (docs/design.md rule 19). Each test failed
+// before its fix: a Get or a GetMany left counted in (Close waited for it
 // forever), a GetMany's loads left published and never launched (Gets of
-// those keys waited for them until their deadline), a waiter left counted
-// (Stats.Waiting).
+// those keys waited for them until their deadline), a shard lock left held
+// (start called Done under it: Gets of every key of the shard hung, and so
+// did Close), a waiter left counted (Stats.Waiting).
 //
-// Real clock: a Get blocked for good (on a load never launched, or on a
-// lock left held) would keep a synctest bubble from ever ending. Every
-// bound is many times what a quiet run needs; it only runs out when
-// something hangs.
+// Real clock, like TestPanickingKeyLeaksShardLock: before the fixes, Gets
+// blocked on a shard mutex the panic had left locked, which a synctest
+// bubble does not count as durably blocked, so a bubble's clock would never
+// end the wait. Every bound is many times what a quiet run needs; it only
+// runs out when something hangs.
 
 import (
 	"context"
@@ -320,6 +322,40 @@ func TestContextValuePanicLeavesGetCountedIn(t *testing.T) {
 		// call returns.
 		{name: "GetMany/LoadMany/published", rig: rigOptions{batched: true}, ctx: trap(bg, loadKey{}, 1), call: getMany("a", "b", "c"), keys: []string{"a", "b", "c"}, mayReturn: true},
 		{name: "GetMany/LoadMany/max-stale", rig: rigOptions{batched: true}, setup: loadStale, ctx: trap(bg, maxStaleKey{}, 0), call: getMany("a", "stale1", "stale2"), keys: []string{"a", "stale1", "stale2"}},
+	})
+}
+
+// A context whose Done panics: start read Done under the shard lock, to
+// know whether the load's context must drop the caller's cancellation, and
+// the panic left the lock held, so every Get of a key of that shard hung
+// whatever its deadline, and so did Close (docs/design.md rules 17 and
+// 19); a Get joining a load in flight read Done after counting itself as
+// waiting (Stats.Waiting stayed one too high). The early refresh of a hit,
+// the refresh of a stale value, a GetMany's loads and Refresh all went
+// through start.
+func TestContextDonePanicLeavesShardLocked(t *testing.T) {
+	bg := context.Background()
+	trap := func() *trapCtx { return &trapCtx{Context: bg, done: true} }
+	runTrapCases(t, []trapCase{
+		{name: "Get/miss", ctx: trap(), call: get("cold"), keys: []string{"cold"}},
+		{name: "Get/joined", setup: func(t *testing.T, r *trapRig) {
+			r.first = append(r.first, getAsync(bg, r.l, "held"))
+			select {
+			case <-r.entered: // the load the trapped Get joins is in flight
+			case <-time.After(10 * time.Second):
+				t.Fatal("the load of held has not begun after 10s")
+			}
+		}, ctx: trap(), call: get("held"), keys: []string{"held"}},
+		{name: "Get/early-refresh", rig: rigOptions{aged: true}, setup: func(t *testing.T, r *trapRig) { r.load(t, "early") },
+			ctx: trap(), call: get("early"), keys: []string{"early"}},
+		{name: "Get/stale", setup: func(t *testing.T, r *trapRig) { r.load(t, "stale") }, ctx: trap(), call: get("stale"), keys: []string{"stale"}},
+		{name: "GetMany/miss", ctx: trap(), call: getMany("a", "b", "c"), keys: []string{"a", "b", "c"}},
+		{name: "GetMany/LoadMany/miss", rig: rigOptions{batched: true}, ctx: trap(), call: getMany("a", "b", "c"), keys: []string{"a", "b", "c"}},
+		{name: "GetMany/LoadMany/stale", rig: rigOptions{batched: true}, setup: func(t *testing.T, r *trapRig) { r.load(t, "stale1", "stale2") },
+			ctx: trap(), call: getMany("stale1", "stale2"), keys: []string{"stale1", "stale2"}},
+		{name: "Refresh/cold", ctx: trap(), call: func(l *Loader[string, string], ctx context.Context) { l.Refresh(ctx, "cold") }, keys: []string{"cold"}},
+		{name: "Refresh/held", setup: func(t *testing.T, r *trapRig) { r.load(t, "hit") },
+			ctx: trap(), call: func(l *Loader[string, string], ctx context.Context) { l.Refresh(ctx, "hit") }, keys: []string{"hit"}},
 	})
 }
 

@@ -20,7 +20,8 @@ const flightShards = 64
 // one its load started with: glance, lockCurrent), commit it under the
 // lock, act (cancel a context, hand a write over) after unlocking. No user
 // code and no ristretto wait ever runs under a shard lock (and a ristretto
-// lookup only when lockCurrent keeps losing a race with the writer).
+// lookup only when lockCurrent keeps losing a race with the writer): the
+// caller's context is user code too, read before any lock (callerOf).
 type flights[K comparable, V any] struct {
 	l      *Loader[K, V] // the Loader they belong to: its clock, phases, cache lookups and goroutines
 	shards [flightShards]shard[K, V]
@@ -276,11 +277,12 @@ func (f *flights[K, V]) refreshNow(cl *caller, s *stripe, key K, h uint64) bool 
 	return true
 }
 
-// start publishes a new load of key in sh, under sh.mu, for cl; from is
-// the value held for key (a Reload revalidates it), background is true for
-// a load nobody waits on. It returns nil after Close: Close sets its flag
-// before it sweeps the shards (cancelAll), so a load is either swept or
-// never started.
+// start publishes a new load of key in sh, under sh.mu, for cl, whose
+// context was read before locking (callerOf: its methods are user code);
+// from is the value held for key (a Reload revalidates it), background is
+// true for a load nobody waits on. It returns nil after Close: Close sets
+// its flag before it sweeps the shards (cancelAll), so a load is either
+// swept or never started.
 func (f *flights[K, V]) start(sh *shard[K, V], cl *caller, key K, h uint64, seen glance[K, V], from *entry[K, V], background bool) *call[K, V] {
 	l := f.l
 	if l.closed.Load() {
@@ -294,10 +296,11 @@ func (f *flights[K, V]) start(sh *shard[K, V], cl *caller, key K, h uint64, seen
 	if background {
 		marker = nil // nothing waits on it: a Get it makes of the key that started it is no cycle
 	}
-	if ctx.Done() != nil {
+	if cl.done != nil {
 		// Keep ctx's values, never its cancellation, nor its cause: the
 		// load's context.Cause must not find the caller's cancel context.
 		// (A context without Done has no cancel context to find.)
+		// WithoutCancel calls no method of ctx: it only wraps it.
 		ctx = context.WithoutCancel(ctx)
 	}
 	c.lctx.caller, c.lctx.marker = ctx, loadMarker{call: c, parent: marker}

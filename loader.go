@@ -281,7 +281,8 @@ func (l *Loader[K, V]) GetInfo(ctx context.Context, key K) (v V, info Info, err 
 	// The caller's context is user code too (rule 19): the hit path reads
 	// WithRevalidate from it, before counting in, and nothing else; the
 	// other paths read the rest (callerOf) before they start or join
-	// anything.
+	// anything. Not Done on the hit path: a cancel context makes its
+	// channel on the first call.
 	revalidate := revalidating(ctx)
 	s, ok := l.enterGet(1)
 	if !ok {
@@ -383,7 +384,7 @@ func (l *Loader[K, V]) await(cl *caller, s *stripe, key K, h uint64, start time.
 	}
 	select {
 	case <-c.done:
-	case <-cl.ctx.Done():
+	case <-cl.done:
 		if l.flights.leave(c) {
 			l.stats.waiting.Add(-1)
 			l.stats.canceled.Add(1)

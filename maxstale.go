@@ -28,12 +28,14 @@ func MaxStale(ctx context.Context) (d time.Duration, ok bool) {
 // caller is what a Get takes from its caller's context. The context is the
 // caller's code: any of its methods may panic (or end the goroutine), and
 // the panic is the caller's, so it must find the Loader as if the Get had
-// not begun (docs/design.md rule 19). So callerOf reads its values, once,
-// before the Get publishes, joins or reserves anything; from there to the
-// end of the Get the Loader calls no method of the context but Done and
-// Err, once Done is closed and the Get has settled everything (errLeft).
+// not begun (docs/design.md rule 19). So callerOf reads it all, once,
+// before the Get publishes, joins or reserves anything, and never under a
+// lock; from there to the end of the Get the Loader calls no method of the
+// context but Err, once Done is closed and the Get has settled everything
+// (errLeft).
 type caller struct {
-	ctx        context.Context // its values go with a load the Get starts (start)
+	ctx        context.Context // its values go with a load the Get starts (start); the Get calls no method of it again
+	done       <-chan struct{} // ctx.Done()
 	marker     *loadMarker     // the load the Get is made from, if any: ErrRecursiveLoad
 	maxStale   time.Duration   // WithMaxStale's bound, if bounded
 	bounded    bool
@@ -45,6 +47,7 @@ type caller struct {
 func callerOf(ctx context.Context, revalidate bool) caller {
 	c := caller{ctx: ctx, revalidate: revalidate, marker: markerOf(ctx)}
 	c.maxStale, c.bounded = MaxStale(ctx)
+	c.done = ctx.Done()
 	return c
 }
 
