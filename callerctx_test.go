@@ -185,7 +185,10 @@ func closeWithin(t *testing.T, l *Loader[string, string]) {
 func (r *trapRig) load(t *testing.T, keys ...string) {
 	t.Helper()
 	for _, k := range keys {
-		if _, err := r.l.Get(context.Background(), k); err != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		_, err := r.l.Get(ctx, k)
+		cancel()
+		if err != nil {
 			t.Fatalf("Get(%q): %v", k, err)
 		}
 		writesApplied(t, r.l, k)
@@ -220,11 +223,17 @@ func runTrapCases(t *testing.T, cases []trapCase) {
 			if tc.setup != nil {
 				tc.setup(t, r)
 			}
-			got := func() (p any) {
-				defer func() { p = recover() }()
+			panicked := make(chan any, 1)
+			go func() {
+				defer func() { panicked <- recover() }()
 				tc.call(r.l, tc.ctx)
-				return nil
 			}()
+			var got any
+			select {
+			case got = <-panicked:
+			case <-time.After(10 * time.Second):
+				t.Fatal("the call has neither returned nor panicked after 10s")
+			}
 			switch {
 			case got == nil && !tc.mayReturn:
 				t.Errorf("the call returned; want the context's panic to reach the caller")
