@@ -22,9 +22,10 @@ import (
 //
 // A GetMany, step by step:
 //
-//  1. Each distinct key is hashed and looked up in the cache: a fresh or
-//     acceptable stale value answers it at once (a stale one, or one due an
-//     early refresh, joins the GetMany's background batch).
+//  1. Each distinct key is hashed; the caller's context is read (callerOf)
+//     and the keys are counted in. Each is looked up in the cache: a fresh
+//     or acceptable stale value answers it at once (a stale one, or one due
+//     an early refresh, joins the GetMany's background batch).
 //  2. Every other key is joined (flights.join) with the GetMany's current
 //     batch as the place for a load it starts; a batch holds MaxBatch keys,
 //     then a new one opens. A key whose load is in flight is joined, not
@@ -289,15 +290,25 @@ next:
 		}
 		items = append(items, item{key: key, h: h})
 	}
-	s, ok := l.enterMany(len(items))
+	// The caller's context is user code: read before anything is counted
+	// or published (rule 23). Each key is counted out as it is answered
+	// (answer); exitGet counts out any a panic kept it from answering.
+	cl := callerOf(ctx, revalidating(ctx))
+	revalidate := cl.revalidate
+	n := uint64(len(items))
+	s, ok := l.enterGet(n)
 	if !ok {
 		return nil, ErrClosed
 	}
-	defer l.exitMany(s)
+	answered := uint64(0)
+	defer func() { l.exitGet(s, nil, n-answered) }()
+	answer := func(outcome *atomic.Uint64) {
+		outcome.Add(1)
+		answered++
+	}
 
 	out := make(map[K]V, len(items))
 	now := l.now()
-	revalidate := revalidating(ctx)
 	_, remoteMany := l.opts.Remote.(RemoteMany[K, V])
 	batched := l.opts.LoadMany != nil && (l.opts.Remote == nil || remoteMany)
 	var fg, bg *batch[K, V]
@@ -305,14 +316,14 @@ next:
 	refresh := func(key K, h uint64, e *entry[K, V]) {
 		if !batched || l.opts.Reload != nil {
 			// A Reload needs each key's value held: refreshed one by one.
-			l.refresh(ctx, s, key, h, e, now, nil)
+			l.refresh(&cl, s, key, h, e, now, nil)
 			return
 		}
 		if bg == nil || bg.full() {
 			bg = l.newBatch(true)
 			batches = append(batches, bg)
 		}
-		l.refresh(ctx, s, key, h, e, now, bg)
+		l.refresh(&cl, s, key, h, e, now, bg)
 	}
 	waits := items[:0]
 	for _, it := range items {
@@ -324,14 +335,14 @@ next:
 			if now >= e.refreshAt() && !e.isNotFound() {
 				refresh(it.key, it.h, e)
 			}
-			s.hits.Add(1)
+			answer(&s.hits)
 			if !e.isNotFound() {
 				out[it.key] = e.val
 			}
 			continue
-		case l.phase(e, now) == phaseStale && acceptsStale(ctx, e.freshUntil, now):
+		case l.phase(e, now) == phaseStale && cl.acceptsStale(e.freshUntil, now):
 			refresh(it.key, it.h, e)
-			s.stale.Add(1)
+			answer(&s.stale)
 			out[it.key] = e.val
 			continue
 		}
@@ -342,12 +353,12 @@ next:
 			fg = l.newBatch(false)
 			batches = append(batches, fg)
 		}
-		it.j = l.flights.join(ctx, s, it.key, it.h, g, now, revalidate, fg)
+		it.j = l.flights.join(&cl, s, it.key, it.h, g, now, fg)
 		if e := it.j.stale; e != nil {
 			// Stale in a write not yet in the cache: as a stale hit, its
 			// refresh in the background batch.
 			l.stats.lateStale.Add(1)
-			s.passed.Add(1)
+			answer(&s.passed)
 			out[it.key] = e.val
 			refresh(it.key, it.h, e)
 			continue
@@ -373,16 +384,16 @@ next:
 	}
 
 	var failed map[K]error
-	var ctxErr error
+	left := false // the caller's context ended: the GetMany left the loads it had not got yet
 	for _, it := range waits {
-		v, _, err := l.await(ctx, s, it.key, it.h, now, revalidate, false, it.j)
-		s.passed.Add(1)
+		v, _, err := l.await(&cl, s, it.key, it.h, now, false, it.j)
+		answer(&s.passed)
 		switch {
 		case err == nil:
 			out[it.key] = v
+		case err == errLeft:
+			left = true
 		case errors.Is(err, ErrNotFound):
-		case ctx.Err() != nil && err == ctx.Err():
-			ctxErr = err
 		default:
 			if failed == nil {
 				failed = make(map[K]error)
@@ -391,37 +402,12 @@ next:
 		}
 	}
 	switch {
-	case ctxErr != nil:
-		return out, ctxErr
+	case left:
+		return out, ctx.Err() // user code, read now that every key is answered
 	case failed != nil:
 		return out, &ManyError[K]{Errs: failed}
 	}
 	return out, nil
-}
-
-// enterMany counts n Gets in (lifecycle.go's enterGet, for GetMany).
-func (l *Loader[K, V]) enterMany(n int) (*stripe, bool) {
-	if l.closed.Load() {
-		l.stats.closedEarly.Add(uint64(n))
-		return nil, false
-	}
-	s := l.stats.acquire()
-	s.gets.Add(uint64(n))
-	if l.closed.Load() {
-		s.closed.Add(uint64(n))
-		l.exitMany(s)
-		return nil, false
-	}
-	return s, true
-}
-
-// exitMany gives back the stripe of a GetMany whose Gets have all counted
-// out.
-func (l *Loader[K, V]) exitMany(s *stripe) {
-	l.stats.release(s)
-	if l.closed.Load() {
-		l.checkIdle()
-	}
 }
 
 // Peek returns key's value if it is fresh ([SourceHit]) or within

@@ -20,7 +20,8 @@ const flightShards = 64
 // one its load started with: glance, lockCurrent), commit it under the
 // lock, act (cancel a context, hand a write over) after unlocking. No user
 // code and no ristretto wait ever runs under a shard lock (and a ristretto
-// lookup only when lockCurrent keeps losing a race with the writer).
+// lookup only when lockCurrent keeps losing a race with the writer): the
+// caller's context is user code too, read before any lock (callerOf).
 type flights[K comparable, V any] struct {
 	l      *Loader[K, V] // the Loader they belong to: its clock, phases, cache lookups and goroutines
 	shards [flightShards]shard[K, V]
@@ -184,10 +185,9 @@ func (f *flights[K, V]) lookup(key K, h uint64, g glance[K, V]) (sh *shard[K, V]
 // With into not nil (GetMany with a LoadMany), a load it starts becomes one
 // of into's calls and is launched with the batch, later, by the caller;
 // except a Reload of a value held, which needs that value and goes alone.
-func (f *flights[K, V]) join(ctx context.Context, s *stripe, key K, h uint64, g glance[K, V], now time.Duration, revalidate bool, into *batch[K, V]) joined[K, V] {
+func (f *flights[K, V]) join(cl *caller, s *stripe, key K, h uint64, g glance[K, V], now time.Duration, into *batch[K, V]) joined[K, V] {
 	l := f.l
-	marker := markerOf(ctx) // user code (ctx.Value): outside the lock
-	maxStale, bounded := MaxStale(ctx)
+	revalidate := cl.revalidate
 	sh, seen, cur, c := f.lookup(key, h, g)
 	reread := cur != nil && !revalidate && l.distrusted(cur) // rule 18
 	if cur != nil && !revalidate && !reread {
@@ -199,14 +199,14 @@ func (f *flights[K, V]) join(ctx context.Context, s *stripe, key K, h uint64, g 
 			sh.mu.Unlock()
 			return joined[K, V]{hit: cur}
 		case phaseStale:
-			if withinMaxStale(maxStale, bounded, now-cur.freshUntil) {
+			if cl.acceptsStale(cur.freshUntil, now) {
 				sh.mu.Unlock()
 				return joined[K, V]{stale: cur}
 			}
 		}
 	}
 	if c != nil {
-		if marker.waitsOn(c) || (c.batch != nil && marker.waitsOn(c.batch)) {
+		if cl.marker.waitsOn(c) || (c.batch != nil && cl.marker.waitsOn(c.batch)) {
 			sh.mu.Unlock()
 			return joined[K, V]{err: ErrRecursiveLoad}
 		}
@@ -222,7 +222,7 @@ func (f *flights[K, V]) join(ctx context.Context, s *stripe, key K, h uint64, g 
 		reread = true
 	}
 	from := l.held(cur, now)
-	c = f.start(sh, ctx, key, h, seen, marker, from, false)
+	c = f.start(sh, cl, key, h, seen, from, false)
 	batched := c != nil && into != nil && from == nil && into.add(c)
 	sh.mu.Unlock()
 	if c == nil {
@@ -240,12 +240,12 @@ func (f *flights[K, V]) join(ctx context.Context, s *stripe, key K, h uint64, g 
 //
 // With into not nil (and not full), the load is one of into's calls,
 // launched with it by the caller.
-func (f *flights[K, V]) startRefresh(ctx context.Context, s *stripe, key K, h uint64, from *entry[K, V], into *batch[K, V]) bool {
+func (f *flights[K, V]) startRefresh(cl *caller, s *stripe, key K, h uint64, from *entry[K, V], into *batch[K, V]) bool {
 	l := f.l
 	sh, seen, cur, running := f.lookup(key, h, glance[K, V]{})
 	var c *call[K, V]
 	if cur == from && running == nil {
-		c = f.start(sh, ctx, key, h, seen, nil, from, true)
+		c = f.start(sh, cl, key, h, seen, from, true)
 	}
 	batched := c != nil && into != nil && into.add(c)
 	sh.mu.Unlock()
@@ -262,12 +262,12 @@ func (f *flights[K, V]) startRefresh(ctx context.Context, s *stripe, key K, h ui
 // key, revalidating the value held if any, unless one is in flight (it
 // then joins it, doing nothing) or MaxRefreshes are running (it is
 // dropped). It reports whether it started one.
-func (f *flights[K, V]) refreshNow(ctx context.Context, s *stripe, key K, h uint64) bool {
+func (f *flights[K, V]) refreshNow(cl *caller, s *stripe, key K, h uint64) bool {
 	l := f.l
 	sh, seen, cur, running := f.lookup(key, h, glance[K, V]{})
 	var c *call[K, V]
 	if running == nil && l.reserveRefresh() {
-		if c = f.start(sh, ctx, key, h, seen, nil, l.held(cur, l.now()), true); c == nil {
+		if c = f.start(sh, cl, key, h, seen, l.held(cur, l.now()), true); c == nil {
 			l.stats.refreshing.Add(-1) // closed
 		}
 	}
@@ -279,12 +279,13 @@ func (f *flights[K, V]) refreshNow(ctx context.Context, s *stripe, key K, h uint
 	return true
 }
 
-// start publishes a new load of key in sh, under sh.mu; from is the value
-// held for key (a Reload revalidates it), background is true for a load
-// nobody waits on. It returns nil after Close: Close sets its flag before
-// it sweeps the shards (cancelAll), so a load is either swept or never
-// started.
-func (f *flights[K, V]) start(sh *shard[K, V], ctx context.Context, key K, h uint64, seen glance[K, V], marker *loadMarker, from *entry[K, V], background bool) *call[K, V] {
+// start publishes a new load of key in sh, under sh.mu, for cl, whose
+// context was read before locking (callerOf: its methods are user code);
+// from is the value held for key (a Reload revalidates it), background is
+// true for a load nobody waits on. It returns nil after Close: Close sets
+// its flag before it sweeps the shards (cancelAll), so a load is either
+// swept or never started.
+func (f *flights[K, V]) start(sh *shard[K, V], cl *caller, key K, h uint64, seen glance[K, V], from *entry[K, V], background bool) *call[K, V] {
 	l := f.l
 	if l.closed.Load() {
 		return nil
@@ -293,10 +294,15 @@ func (f *flights[K, V]) start(sh *shard[K, V], ctx context.Context, key K, h uin
 	if !background {
 		c.waiters = 1
 	}
-	if ctx.Done() != nil {
+	ctx, marker := cl.ctx, cl.marker
+	if background {
+		marker = nil // nothing waits on it: a Get it makes of the key that started it is no cycle
+	}
+	if cl.done != nil {
 		// Keep ctx's values, never its cancellation, nor its cause: the
 		// load's context.Cause must not find the caller's cancel context.
 		// (A context without Done has no cancel context to find.)
+		// WithoutCancel calls no method of ctx: it only wraps it.
 		ctx = context.WithoutCancel(ctx)
 	}
 	c.lctx.caller, c.lctx.marker = ctx, loadMarker{call: c, parent: marker}

@@ -17,7 +17,10 @@ import (
 //     on a stripe (a Get counts in gets and leaves through one of its
 //     outcomes; Set, Invalidate, loads and refreshes count in ops and out of
 //     it) and checks the flag after counting itself in: after Close, it
-//     counts itself out at once and does nothing.
+//     counts itself out at once and does nothing. A Get counts out in the
+//     defer it sets as soon as it is in (exitGet), so that a panic of its
+//     caller's context cannot leave it in; Set and Invalidate call no user
+//     code while they are in, Refresh defers exitOp.
 //   - A load goroutine is counted in by the operation that starts it, while
 //     that operation is still inside, so the count cannot reach zero between
 //     the two.
@@ -90,27 +93,43 @@ func (l *Loader[K, V]) shutdown() {
 	l.checkIdle()
 }
 
-// enterGet counts a Get in. It returns false (the Get counted out as
-// closed) after Close.
-func (l *Loader[K, V]) enterGet() (*stripe, bool) {
+// enterGet counts n Gets in: a Get, or the keys of a GetMany. It returns
+// false (the Gets counted out as closed) after Close. A Get it lets in
+// defers exitGet at once.
+func (l *Loader[K, V]) enterGet(n uint64) (*stripe, bool) {
 	if l.closed.Load() {
 		// Refused at the door, off the stripes: a stream of refused Gets
 		// must not keep Close checking them.
-		l.stats.closedEarly.Add(1)
+		l.stats.closedEarly.Add(n)
 		return nil, false
 	}
 	s := l.stats.acquire()
-	s.gets.Add(1)
+	s.gets.Add(n)
 	if l.closed.Load() { // Close began between the two checks
-		l.exitGet(s, &s.closed)
+		l.exitGet(s, &s.closed, n)
 		return nil, false
 	}
 	return s, true
 }
 
-// exitGet counts a Get out through one of its outcome counters.
-func (l *Loader[K, V]) exitGet(s *stripe, outcome *atomic.Uint64) {
-	outcome.Add(1)
+// exitGet counts out through outcome the n Gets still in on s, and gives s
+// back. It is a Get's one way out, deferred as soon as enterGet has let it
+// in, so the count balances whatever panics on the way (a Get's caller's
+// context is the caller's code: docs/design.md rule 23). A Get sets the
+// outcome for the defer once it knows it; a GetMany counts each key out as
+// it answers it, and leaves exitGet none, or those a panic kept it from
+// answering. A nil outcome is for Gets that a panic cut short before they
+// had one: each leaves as a miss that its context ended (Misses,
+// Canceled), through passed.
+func (l *Loader[K, V]) exitGet(s *stripe, outcome *atomic.Uint64, n uint64) {
+	if n > 0 {
+		if outcome == nil {
+			l.stats.misses.Add(n)
+			l.stats.canceled.Add(n)
+			outcome = &s.passed
+		}
+		outcome.Add(n)
+	}
 	l.stats.release(s)
 	if l.closed.Load() {
 		l.checkIdle()

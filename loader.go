@@ -2,6 +2,7 @@ package flightcache
 
 import (
 	"context"
+	"errors"
 	"hash/maphash"
 	"reflect"
 	"sync/atomic"
@@ -279,35 +280,52 @@ func (l *Loader[K, V]) GetInfo(ctx context.Context, key K) (v V, info Info, err 
 	if err != nil {
 		return v, info, err
 	}
-	s, ok := l.enterGet()
+	// The caller's context is user code too (rule 23): the hit path reads
+	// WithRevalidate from it, before counting in, and nothing else; the
+	// other paths read the rest (callerOf) before they start or join
+	// anything. Not Done on the hit path: a cancel context makes its
+	// channel on the first call.
+	revalidate := revalidating(ctx)
+	s, ok := l.enterGet(1)
 	if !ok {
 		return v, info, ErrClosed
 	}
+	var out *atomic.Uint64 // the outcome the Get counts out through; nil until it has one
+	defer func() { l.exitGet(s, out, 1) }()
 	g := l.flights.glance(h, key)
 	e := g.e
 	now := l.now()
-	revalidate := revalidating(ctx)
-	switch {
-	case e == nil, revalidate: // a miss: wait below
-	case l.distrusted(e): // the fleet may have written it (rule 18): wait below
-	case l.phase(e, now) == phaseFresh:
+	// A miss unless a value is cached, the caller does not revalidate, and
+	// the fleet has not written the key since it was cached (rule 18).
+	p := phaseExpired
+	if e != nil && !revalidate && !l.distrusted(e) {
+		p = l.phase(e, now)
+	}
+	if p == phaseFresh {
+		out = &s.hits
 		if now >= e.refreshAt() && !e.isNotFound() {
-			l.refresh(ctx, s, key, h, e, now, nil) // early refresh
+			cl := callerOf(ctx, revalidate)
+			l.refresh(&cl, s, key, h, e, now, nil) // early refresh
 		}
-		l.exitGet(s, &s.hits)
 		return e.val, Info{Source: SourceHit, Age: now - e.loadedAt}, e.error()
-	case l.phase(e, now) == phaseStale && acceptsStale(ctx, e.freshUntil, now):
-		l.refresh(ctx, s, key, h, e, now, nil)
-		l.exitGet(s, &s.stale)
+	}
+	cl := callerOf(ctx, revalidate)
+	if p == phaseStale && cl.acceptsStale(e.freshUntil, now) {
+		out = &s.stale
+		l.refresh(&cl, s, key, h, e, now, nil)
 		return e.val, Info{Source: SourceStale, Age: now - e.loadedAt}, nil
 	}
 	// Expired, past the caller's max-stale, or within StaleIfError: wait
 	// for a load; a stale value covers its failure (staleOnError).
-	defer l.exitGet(s, &s.passed)
+	out = &s.passed
 	if revalidate {
 		l.stats.revalidations.Add(1)
 	}
-	return l.wait(ctx, s, key, h, g, now, revalidate, false)
+	v, info, err = l.wait(&cl, s, key, h, g, now, false)
+	if err == errLeft {
+		err = ctx.Err()
+	}
+	return v, info, err
 }
 
 // held returns cur if it is a value the Loader still holds for its key
@@ -320,18 +338,25 @@ func (l *Loader[K, V]) held(cur *entry[K, V], now time.Duration) *entry[K, V] {
 	return cur
 }
 
-// wait joins (or starts) key's load and waits for it or for ctx. g is
-// what the caller saw of key in the cache, if anything. again is true on
-// the one retry for a value that was stale beyond the caller's max-stale
-// (the Get was counted already).
-func (l *Loader[K, V]) wait(ctx context.Context, s *stripe, key K, h uint64, g glance[K, V], start time.Duration, revalidate, again bool) (v V, info Info, err error) {
-	j := l.flights.join(ctx, s, key, h, g, start, revalidate, nil)
-	return l.await(ctx, s, key, h, start, revalidate, again, j)
+// wait joins (or starts) key's load for cl and waits for it or for cl's
+// context. g is what the caller saw of key in the cache, if anything.
+// again is true on the one retry for a value that was stale beyond the
+// caller's max-stale (the Get was counted already).
+func (l *Loader[K, V]) wait(cl *caller, s *stripe, key K, h uint64, g glance[K, V], start time.Duration, again bool) (v V, info Info, err error) {
+	j := l.flights.join(cl, s, key, h, g, start, nil)
+	return l.await(cl, s, key, h, start, again, j)
 }
 
+// errLeft is what await returns when the caller's context ended first. The
+// caller returns ctx.Err() instead, read once it has settled everything
+// else (Err is the caller's code too: rule 23); errLeft never reaches the
+// caller of a Get.
+var errLeft = errors.New("flightcache: the caller's context ended")
+
 // await is the rest of wait once the key's load is joined (or started):
-// it waits for the load or for ctx, and judges the result for this caller.
-func (l *Loader[K, V]) await(ctx context.Context, s *stripe, key K, h uint64, start time.Duration, revalidate, again bool, j joined[K, V]) (v V, info Info, err error) {
+// it waits for the load or for cl's context, and judges the result for
+// this caller.
+func (l *Loader[K, V]) await(cl *caller, s *stripe, key K, h uint64, start time.Duration, again bool, j joined[K, V]) (v V, info Info, err error) {
 	if j.hit != nil { // a load (or Set) finished as this Get looked: no need to wait
 		if !again {
 			l.stats.lateHits.Add(1)
@@ -343,7 +368,7 @@ func (l *Loader[K, V]) await(ctx context.Context, s *stripe, key K, h uint64, st
 			l.stats.lateStale.Add(1)
 		}
 		now := l.now()
-		l.refresh(ctx, s, key, h, j.stale, now, nil)
+		l.refresh(cl, s, key, h, j.stale, now, nil)
 		return j.stale.val, Info{Source: SourceStale, Age: now - j.stale.loadedAt}, nil
 	}
 	if !again {
@@ -361,11 +386,11 @@ func (l *Loader[K, V]) await(ctx context.Context, s *stripe, key K, h uint64, st
 	}
 	select {
 	case <-c.done:
-	case <-ctx.Done():
+	case <-cl.done:
 		if l.flights.leave(c) {
 			l.stats.waiting.Add(-1)
 			l.stats.canceled.Add(1)
-			return v, Info{Waited: l.now() - start}, ctx.Err()
+			return v, Info{Waited: l.now() - start}, errLeft
 		}
 		<-c.done // the result was delivered as ctx ended: it is ours
 	}
@@ -377,15 +402,15 @@ func (l *Loader[K, V]) await(ctx context.Context, s *stripe, key K, h uint64, st
 	}
 	switch {
 	case c.err != nil:
-		if v, age, ok := l.staleOnError(ctx, key, h, c, end); ok {
+		if v, age, ok := l.staleOnError(cl, key, h, c, end); ok {
 			l.stats.staleOnError.Add(1)
 			return v, Info{Source: SourceStaleOnError, Age: age, Waited: info.Waited}, nil
 		}
-	case !again && end >= c.freshUntil && !acceptsStale(ctx, c.freshUntil, end):
+	case !again && end >= c.freshUntil && !cl.acceptsStale(c.freshUntil, end):
 		// A Remote gave the load a value already stale, and this caller's
 		// max-stale refuses it (the load carried only its starter's
 		// bound): load once more, and this caller's bound goes with it.
-		return l.wait(ctx, s, key, h, glance[K, V]{}, start, revalidate, true)
+		return l.wait(cl, s, key, h, glance[K, V]{}, start, true)
 	default:
 		info.Age = end - c.loadedAt
 	}
@@ -403,7 +428,7 @@ func (l *Loader[K, V]) await(ctx context.Context, s *stripe, key K, h uint64, st
 // Set stored during the wait), or, failing that, the older value a Remote
 // offered with the error. It looks afresh, so an Invalidate during the wait
 // leaves nothing local to fall back on.
-func (l *Loader[K, V]) staleOnError(ctx context.Context, key K, h uint64, c *call[K, V], now time.Duration) (v V, age time.Duration, ok bool) {
+func (l *Loader[K, V]) staleOnError(cl *caller, key K, h uint64, c *call[K, V], now time.Duration) (v V, age time.Duration, ok bool) {
 	if l.opts.StaleIfError == 0 || errorsIsAny(c.err, ErrNotFound, ErrClosed) {
 		return v, 0, false
 	}
@@ -418,7 +443,7 @@ func (l *Loader[K, V]) staleOnError(ctx context.Context, key K, h uint64, c *cal
 		switch p := l.phase(e, now); {
 		case p == phaseExpired:
 			continue
-		case p != phaseFresh && !acceptsStale(ctx, e.freshUntil, now):
+		case p != phaseFresh && !cl.acceptsStale(e.freshUntil, now):
 			continue
 		}
 		return e.val, now - e.loadedAt, true
@@ -433,7 +458,7 @@ func (l *Loader[K, V]) staleOnError(ctx context.Context, key K, h uint64, c *cal
 // one of into's calls, launched (and counted in Stats.Refreshes) with it by
 // the caller; into takes one MaxRefreshes place for all its calls, with its
 // first, and the caller gives it back if into stays empty.
-func (l *Loader[K, V]) refresh(ctx context.Context, s *stripe, key K, h uint64, e *entry[K, V], now time.Duration, into *batch[K, V]) {
+func (l *Loader[K, V]) refresh(cl *caller, s *stripe, key K, h uint64, e *entry[K, V], now time.Duration, into *batch[K, V]) {
 	after := e.refreshAfter.Load()
 	if after > int64(now) || !e.refreshAfter.CompareAndSwap(after, refreshing) {
 		return // backing off, or another Get is starting (or ran) one
@@ -447,7 +472,7 @@ func (l *Loader[K, V]) refresh(ctx context.Context, s *stripe, key K, h uint64, 
 			into.reserved = true
 		}
 	}
-	if !l.flights.startRefresh(ctx, s, key, h, e, into) {
+	if !l.flights.startRefresh(cl, s, key, h, e, into) {
 		if into == nil {
 			l.stats.refreshing.Add(-1)
 		}
@@ -487,12 +512,13 @@ func (l *Loader[K, V]) Refresh(ctx context.Context, key K) {
 	if err != nil {
 		return
 	}
+	cl := callerOf(ctx, false) // user code: before counting in (rule 23)
 	s, open := l.enterOp()
 	if !open {
 		return
 	}
 	defer l.exitOp(s)
-	if l.flights.refreshNow(ctx, s, key, h) {
+	if l.flights.refreshNow(&cl, s, key, h) {
 		l.stats.refreshes.Add(1)
 	}
 }

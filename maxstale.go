@@ -25,10 +25,36 @@ func MaxStale(ctx context.Context) (d time.Duration, ok bool) {
 	return d, ok
 }
 
+// caller is what a Get takes from its caller's context. The context is the
+// caller's code: any of its methods may panic (or end the goroutine), and
+// the panic is the caller's, so it must find the Loader as if the Get had
+// not begun (docs/design.md rule 23). So callerOf reads it all, once,
+// before the Get publishes, joins or reserves anything, and never under a
+// lock; from there to the end of the Get the Loader calls no method of the
+// context but Err, once Done is closed and the Get has settled everything
+// (errLeft).
+type caller struct {
+	ctx        context.Context // its values go with a load the Get starts (start); the Get calls no method of it again
+	done       <-chan struct{} // ctx.Done()
+	marker     *loadMarker     // the load the Get is made from, if any: ErrRecursiveLoad
+	maxStale   time.Duration   // WithMaxStale's bound, if bounded
+	bounded    bool
+	revalidate bool // WithRevalidate: revalidating(ctx), which the hit path reads before counting in
+}
+
+// callerOf reads from ctx what a Get needs beyond revalidate, which the
+// caller has read already.
+func callerOf(ctx context.Context, revalidate bool) caller {
+	c := caller{ctx: ctx, revalidate: revalidate, marker: markerOf(ctx)}
+	c.maxStale, c.bounded = MaxStale(ctx)
+	c.done = ctx.Done()
+	return c
+}
+
 // acceptsStale applies the caller's WithMaxStale, if any, to a value that
 // went stale at freshUntil.
-func acceptsStale(ctx context.Context, freshUntil, now time.Duration) bool {
-	return AcceptsStale(ctx, now-freshUntil)
+func (c *caller) acceptsStale(freshUntil, now time.Duration) bool {
+	return withinMaxStale(c.maxStale, c.bounded, now-freshUntil)
 }
 
 // revalidateKey is the context key of WithRevalidate.
