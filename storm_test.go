@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"runtime"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -300,19 +301,21 @@ func TestConcurrentColdGetsDoNotHerd(t *testing.T) {
 //   - sets=other: the same storm on another Loader (the same competition
 //     for the CPU, nothing shared but the process): the control;
 //   - loop=same: two goroutines loop Set and Invalidate over 256 keys of
-//     the same Loader.
+//     the same Loader;
+//   - loop=other: the same loop on another Loader: its control.
 //
 // It reports the Gets' p99.9 and max latency and the storm's writes per
 // second. Compare the rows of one run, interleaved, e.g.
 //
 //	go test -run '^$' -bench Storm -benchtime 100000x -count 6 .
 func BenchmarkStorm(b *testing.B) {
-	for _, storm := range []string{"quiet", "sets=same", "sets=other", "loop=same"} {
+	for _, storm := range []string{"quiet", "sets=same", "sets=other", "loop=same", "loop=other"} {
 		b.Run(storm, func(b *testing.B) {
 			l := newStormLoader(b)
 			defer l.Close()
 			target := l
-			if storm == "sets=other" {
+			loop := strings.HasPrefix(storm, "loop")
+			if strings.HasSuffix(storm, "=other") {
 				target = newStormLoader(b)
 				defer target.Close()
 			}
@@ -325,7 +328,7 @@ func BenchmarkStorm(b *testing.B) {
 						k := uint64(1<<40) + uint64(g)<<32
 						for i := 0; !stop.Load(); i++ {
 							switch {
-							case storm != "loop=same":
+							case !loop:
 								k++
 								target.Set(k, make([]byte, 64))
 							case g == 0:

@@ -154,7 +154,8 @@ func (wr *writer[K, V]) init(places int, cost int64) {
 // takeFill takes a place of the fills' share, if one of cost is free; it
 // never waits.
 func (wr *writer[K, V]) takeFill(cost int64) bool {
-	if wr.fills.Add(1) > wr.maxFills || wr.fillCost.Add(cost) > wr.maxCost {
+	n, c := wr.fills.Add(1), wr.fillCost.Add(cost)
+	if n > wr.maxFills || c > wr.maxCost {
 		wr.fills.Add(-1)
 		wr.fillCost.Add(-cost)
 		return false

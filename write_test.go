@@ -254,3 +254,144 @@ func TestPendingWriteAnswersAsTheCache(t *testing.T) {
 		release()
 	})
 }
+
+// placesFree reports whether every place of l's pending writes is back:
+// nothing is pending and nothing leaked.
+func placesFree[K comparable, V any](l *Loader[K, V]) bool {
+	wr := &l.writer
+	wr.turns.mu.Lock()
+	free, room := wr.turns.free, wr.turns.room
+	wr.turns.mu.Unlock()
+	return wr.fills.Load() == 0 && wr.fillCost.Load() == 0 &&
+		free == l.opts.MaxPendingWrites && room == l.opts.MaxCost
+}
+
+// Rule 19, readers first: with the fills' share full (one place, the
+// writer held), a load still answers its caller, its value is not cached
+// (Stats.FillsDropped), and the key keeps no older value: a Get after it
+// loads again instead of serving the stale one. Every place is given back
+// once the writer has caught up.
+func TestFillWithoutAPlaceIsNotCached(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		d := &downstream{}
+		l := newLoader(t, d, Options[string, string]{TTL: time.Second, StaleWhileRevalidate: time.Minute, MaxPendingWrites: 1})
+		ctx := context.Background()
+		l.Get(ctx, "stale")
+		synctest.Wait()
+		waitWriterIdle(t, l)
+		time.Sleep(2 * time.Second) // "stale" is stale now
+		release := holdWriter(t)
+		l.Get(ctx, "a") // takes the fills' only place
+		v, info, err := l.GetInfo(ctx, "b")
+		if err != nil || info.Source != SourceLoaded || v != "b#3" {
+			t.Fatalf("Get(b) with the fills' share full = %q, %v, %v; want its load's value", v, info.Source, err)
+		}
+		if s := l.Stats(); s.FillsDropped != 1 {
+			t.Fatalf("Stats.FillsDropped = %d; want 1", s.FillsDropped)
+		}
+		if _, info, _ := l.GetInfo(ctx, "b"); info.Source != SourceLoaded {
+			t.Fatalf("Get(b) again = %v; want a new load: its value was not cached", info.Source)
+		}
+		// The stale value's refresh cannot be stored either: the key keeps
+		// no older value, so the next Get waits for a load.
+		if v, info, _ := l.GetInfo(ctx, "stale"); info.Source != SourceStale {
+			t.Fatalf("Get(stale) = %q, %v; want the stale value while it refreshes", v, info.Source)
+		}
+		synctest.Wait()
+		if v, info, _ := l.GetInfo(ctx, "stale"); info.Source != SourceLoaded {
+			t.Fatalf("Get(stale) after its refresh found no place = %q, %v; want a new load, not the older value", v, info.Source)
+		}
+		release()
+		synctest.Wait()
+		waitWriterIdle(t, l)
+		if !placesFree(l) {
+			t.Fatalf("places not all given back once the writer caught up: fills %d, cost %d", l.writer.fills.Load(), l.writer.fillCost.Load())
+		}
+	})
+}
+
+// Rule 19, fair turns: with the writes' share full, Set and Invalidate wait
+// their turn, first come first served, while Gets of other keys (cold ones
+// included) are answered; Close releases a waiting Set, which then does
+// nothing.
+func TestSetWaitsItsTurn(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		d := &downstream{}
+		l := newLoader(t, d, Options[string, string]{TTL: time.Minute, MaxPendingWrites: 1})
+		ctx := context.Background()
+		release := holdWriter(t)
+		l.Set("a", "1") // takes the writes' only place
+		var order []string
+		var mu sync.Mutex
+		done := func(k string) { mu.Lock(); order = append(order, k); mu.Unlock() }
+		go func() { l.Set("b", "2"); done("b") }()
+		synctest.Wait()
+		go func() { l.Invalidate("c"); done("c") }()
+		synctest.Wait()
+		if v, info, err := l.GetInfo(ctx, "cold"); err != nil || info.Source != SourceLoaded {
+			t.Fatalf("cold Get while Sets wait = %q, %v, %v; want its load", v, info.Source, err)
+		}
+		if v, _ := l.Get(ctx, "a"); v != "1" {
+			t.Fatalf("Get(a) = %q; want 1", v)
+		}
+		if len(order) != 0 || l.Stats().WriteWaits != 2 {
+			t.Fatalf("with the share full: %v returned, %d waited; want none returned, 2 waiting", order, l.Stats().WriteWaits)
+		}
+		release()
+		synctest.Wait()
+		if len(order) != 2 || order[0] != "b" || order[1] != "c" {
+			t.Fatalf("returned in order %v; want [b c]", order)
+		}
+		if v, _ := l.Get(ctx, "b"); v != "2" {
+			t.Fatalf("Get(b) = %q; want 2", v)
+		}
+		waitWriterIdle(t, l)
+		if !placesFree(l) {
+			t.Fatal("places not all given back once the writer caught up")
+		}
+		hold := holdWriter(t)
+		l.Set("x", "1")
+		closed := make(chan struct{})
+		go func() { l.Set("y", "2"); close(closed) }()
+		synctest.Wait()
+		go l.Close()
+		<-closed // Close refuses the waiting Set
+		hold()
+	})
+}
+
+// turns serves waiters in order of arrival: a later, smaller request never
+// passes an earlier one that does not fit yet.
+func TestTurnsAreFirstComeFirstServed(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var tu turns
+		tu.init(4, 10)
+		if !tu.take(8) {
+			t.Fatal("take(8) of 10 refused")
+		}
+		var order []int64
+		var mu sync.Mutex
+		for _, c := range []int64{5, 1} {
+			go func() {
+				if tu.take(c) {
+					mu.Lock()
+					order = append(order, c)
+					mu.Unlock()
+				}
+			}()
+			synctest.Wait()
+		}
+		if len(order) != 0 {
+			t.Fatalf("%v served while the first waiter (5) does not fit", order)
+		}
+		tu.give(1, 8)
+		synctest.Wait()
+		if len(order) != 2 || order[0] != 5 || order[1] != 1 {
+			t.Fatalf("served %v; want [5 1]", order)
+		}
+		tu.close()
+		if tu.take(1) {
+			t.Fatal("take after close granted")
+		}
+	})
+}
