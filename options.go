@@ -212,7 +212,10 @@ type Breaker struct {
 	// Disabled turns the breaker off.
 	Disabled bool
 	// ConsecutiveFailures opens the breaker after this many failures in a
-	// row. 0 means DefaultConsecutiveFailures (5).
+	// row of the downstream calls, in the order they end: a success in
+	// between starts the count again. Each attempt of a retried load is one
+	// call, so with Retry.MaxAttempts >= ConsecutiveFailures one failing
+	// load can open the breaker. 0 means DefaultConsecutiveFailures (5).
 	ConsecutiveFailures uint32
 	// OpenTimeout is how long the breaker stays open before it lets probe
 	// requests through (half-open). 0 means DefaultOpenTimeout (5s).
