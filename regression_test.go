@@ -288,6 +288,32 @@ func TestHugeMaxIntervalRefreshBackoffHangs(t *testing.T) {
 	}
 }
 
+// A retry interval near math.MaxInt64 means "wait about forever", so a
+// load whose first attempt fails ends at its LoadTimeout, not in a burst of
+// retries. backoff/v4 spreads each interval to up to 1.5× in floating point
+// and converts it back unchecked: past about MaxInt64/1.5 the wait
+// overflowed into a negative one, and the retry ran at once (half the
+// time, for an interval of MaxInt64: ten loads make a miss unlikely).
+func TestHugeRetryIntervalRetriesAtOnce(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		d := &downstream{fail: func(int64, string) error { return errBoom }}
+		l := newLoader(t, d, Options[string, string]{
+			LoadTimeout: time.Hour,
+			Retry:       Retry{MaxAttempts: 3, InitialInterval: time.Duration(math.MaxInt64)},
+			Breaker:     Breaker{Disabled: true},
+		})
+		for i := range 10 {
+			k := fmt.Sprintf("k%d", i)
+			if _, err := l.Get(t.Context(), k); !errors.Is(err, ErrLoadTimeout) || !errors.Is(err, errBoom) {
+				t.Errorf("Get(%s) = %v; want ErrLoadTimeout with the first attempt's errBoom", k, err)
+			}
+			if n := d.count(k); n != 1 {
+				t.Errorf("Get(%s): %d attempts; want 1: the retry waits past the LoadTimeout", k, n)
+			}
+		}
+	})
+}
+
 // A key whose dynamic type is not comparable fails (a *PanicError: the
 // hash, checked as a map would, goes through the user-code guard) even with
 // a custom Hash, before Get takes a lock. It used to panic on the map lookup
