@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"reflect"
 	"slices"
 	"strings"
 	"sync/atomic"
@@ -381,7 +380,7 @@ next:
 		case err == nil:
 			out[it.key] = v
 		case errors.Is(err, ErrNotFound):
-		case ctx.Err() != nil && err == ctx.Err():
+		case ctx.Err() != nil && sameError(err, ctx.Err()):
 			ctxErr = err
 		default:
 			if failed == nil {
@@ -471,7 +470,8 @@ func (e *ManyError[K]) Error() string {
 	return fmt.Sprintf("flightcache: %d of the keys failed: %s", len(e.Errs), strings.Join(msgs, "; "))
 }
 
-// Unwrap returns the distinct errors of the failed keys.
+// Unwrap returns the distinct errors of the failed keys (by ==; an error
+// whose value cannot be compared, a struct holding a map say, is distinct).
 func (e *ManyError[K]) Unwrap() []error {
 	var errs []error
 	for _, err := range e.Errs {
@@ -480,10 +480,4 @@ func (e *ManyError[K]) Unwrap() []error {
 		}
 	}
 	return errs
-}
-
-// sameError compares two errors with ==, where their dynamic types allow it.
-func sameError(a, b error) bool {
-	ta, tb := reflect.TypeOf(a), reflect.TypeOf(b)
-	return ta == tb && ta.Comparable() && a == b
 }

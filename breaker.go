@@ -115,7 +115,7 @@ func newBreaker(b Breaker) CircuitBreaker {
 		MaxRequests: b.HalfOpenRequests,
 		Timeout:     b.OpenTimeout,
 		ReadyToTrip: func(gobreaker.Counts) bool { return gb.streak.Load() >= gb.n },
-		IsExcluded:  func(err error) bool { return err == errExcluded },
+		IsExcluded:  func(err error) bool { return sameError(err, errExcluded) },
 		// Runs under gobreaker's lock: it must not call back into it.
 		OnStateChange: func(_ string, _, to gobreaker.State) {
 			if to == gobreaker.StateClosed {

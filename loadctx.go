@@ -153,7 +153,7 @@ func (c *loadCtx) end(err, cause error) {
 		c.mu.Unlock()
 		return
 	}
-	if cause != context.Canceled {
+	if !sameError(cause, context.Canceled) {
 		// Before err is visible: a reader of Err, then Cause, sees both.
 		// (Without a causer, Cause returns Err, which is what it should.)
 		causer, setCause := context.WithCancelCause(context.Background())

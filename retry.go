@@ -143,7 +143,7 @@ func (l *Loader[K, V]) stopped(ctx context.Context, err, last error) error {
 	if last != nil {
 		err = last
 	}
-	if cause := context.Cause(ctx); (cause == ErrClosed || cause == ErrLoadTimeout) && !errors.Is(err, cause) {
+	if cause := context.Cause(ctx); (sameError(cause, ErrClosed) || sameError(cause, ErrLoadTimeout)) && !errors.Is(err, cause) {
 		err = fmt.Errorf("%w: %w", cause, err)
 	}
 	return err
