@@ -341,7 +341,7 @@ next:
 			fg = l.newBatch(false)
 			batches = append(batches, fg)
 		}
-		it.j = l.flights.join(ctx, s, it.key, it.h, g, now, revalidate, fg)
+		it.j = l.join(ctx, s, it.key, it.h, g, now, revalidate, fg)
 		if e := it.j.stale; e != nil {
 			// Stale in a write not yet in the cache: as a stale hit, its
 			// refresh in the background batch.

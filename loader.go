@@ -70,6 +70,7 @@ type Loader[K comparable, V any] struct {
 	// comparable (an interface inside K): hashing goes through the guard.
 	hashMayPanic bool
 	checkKeys    bool          // a custom Hash with such keys: check them as a map would
+	nanKeys      bool          // K can hold a float: a key may not equal itself (selfUnequal)
 	epoch        time.Time     // every time offset in entries is measured from here
 	generation   atomic.Uint32 // the fleet generation, in steps of genUnit (fleet.go)
 
@@ -180,6 +181,7 @@ func New[K comparable, V any](load LoadFunc[K, V], opts Options[K, V]) (*Loader[
 	l.checkKeys = mayHoldInterface(reflect.TypeFor[K]())
 	l.hashMayPanic = opts.Hash != nil || l.checkKeys
 	l.checkKeys = l.checkKeys && opts.Hash != nil
+	l.nanKeys = mayHoldFloat(reflect.TypeFor[K]())
 	l.stats.init()
 	l.flights.init(l)
 	l.writer.init()
@@ -323,9 +325,31 @@ func (l *Loader[K, V]) held(cur *entry[K, V], now time.Duration) *entry[K, V] {
 // the one retry for a value that was stale beyond the caller's max-stale
 // (the Get was counted already).
 func (l *Loader[K, V]) wait(ctx context.Context, s *stripe, key K, h uint64, g glance[K, V], start time.Duration, revalidate, again bool) (v V, info Info, err error) {
-	j := l.flights.join(ctx, s, key, h, g, start, revalidate, nil)
+	j := l.join(ctx, s, key, h, g, start, revalidate, nil)
 	return l.await(ctx, s, key, h, start, revalidate, again, j)
 }
+
+// join is flights.join for a Get (or a key of GetMany) the cache did not
+// answer, but for a key not equal to itself (selfUnequal): that one is
+// loaded alone, through the LoadFunc (a LoadMany result cannot be looked up
+// by it), for this caller only, and leaves nothing behind.
+func (l *Loader[K, V]) join(ctx context.Context, s *stripe, key K, h uint64, g glance[K, V], now time.Duration, revalidate bool, into *batch[K, V]) joined[K, V] {
+	if !l.selfUnequal(key) {
+		return l.flights.join(ctx, s, key, h, g, now, revalidate, into)
+	}
+	c := l.flights.startAlone(ctx, key, h)
+	if c == nil {
+		return joined[K, V]{err: ErrClosed}
+	}
+	l.launch(c, s)
+	return joined[K, V]{c: c, started: true}
+}
+
+// selfUnequal reports whether key is not equal to itself (a float NaN in
+// it): no map lookup finds such a key, nor any comparison with a cached
+// entry's, so it is never kept anywhere (docs/design.md rule 19). Only the
+// miss and write paths ask, and only for a K that can hold a float.
+func (l *Loader[K, V]) selfUnequal(key K) bool { return l.nanKeys && key != key }
 
 // await is the rest of wait once the key's load is joined (or started):
 // it waits for the load or for ctx, and judges the result for this caller.
@@ -475,14 +499,15 @@ func (l *Loader[K, V]) reserveRefresh() bool {
 // a Get that nobody waits for. ctx gives the load its values (trace IDs),
 // never its cancellation. Like every background load it counts in
 // Stats.Refreshes and is bounded by [Options.MaxRefreshes]: one beyond the
-// bound is dropped (Stats.RefreshesDropped). After Close, and for a key
-// whose Hash panics, it does nothing. Refresh is safe for concurrent use.
+// bound is dropped (Stats.RefreshesDropped). After Close, for a key whose
+// Hash panics, and for a key not equal to itself (see [Options.Hash]), it
+// does nothing. Refresh is safe for concurrent use.
 func (l *Loader[K, V]) Refresh(ctx context.Context, key K) {
 	if ctx == nil {
 		return
 	}
 	h, err := l.hash(key)
-	if err != nil {
+	if err != nil || l.selfUnequal(key) {
 		return
 	}
 	s, open := l.enterOp()
@@ -501,10 +526,11 @@ func (l *Loader[K, V]) Refresh(ctx context.Context, key K) {
 // value Set stored. A Get that starts after Set returns sees value, until
 // the cache evicts it (ristretto's admission policy may also refuse it at
 // once when the cache is full, which Stats.SetsRejected counts).
-// Set after Close does nothing; so does Set of a key whose Hash panics.
+// Set after Close does nothing; so does Set of a key whose Hash panics, and
+// of a key not equal to itself (see [Options.Hash]).
 func (l *Loader[K, V]) Set(key K, value V) {
 	h, err := l.hash(key)
-	if err != nil {
+	if err != nil || l.selfUnequal(key) {
 		return
 	}
 	// User code first, before counting in.
@@ -561,17 +587,31 @@ func (l *Loader[K, V]) Stats() Stats {
 	return s
 }
 
+// mayHoldFloat reports whether values of t can hold a floating-point
+// number, which may be a NaN: directly, or inside an interface value.
+func mayHoldFloat(t reflect.Type) bool {
+	switch t.Kind() {
+	case reflect.Float32, reflect.Float64, reflect.Complex64, reflect.Complex128, reflect.Interface:
+		return true
+	}
+	return mayHold(t, mayHoldFloat)
+}
+
 // mayHoldInterface reports whether values of t can hold an interface value,
 // whose dynamic type may not be comparable.
 func mayHoldInterface(t reflect.Type) bool {
+	return t.Kind() == reflect.Interface || mayHold(t, mayHoldInterface)
+}
+
+// mayHold reports whether t is an array or a struct with an element or a
+// field for which f reports true.
+func mayHold(t reflect.Type, f func(reflect.Type) bool) bool {
 	switch t.Kind() {
-	case reflect.Interface:
-		return true
 	case reflect.Array:
-		return mayHoldInterface(t.Elem())
+		return f(t.Elem())
 	case reflect.Struct:
 		for i := range t.NumField() {
-			if mayHoldInterface(t.Field(i).Type) {
+			if f(t.Field(i).Type) {
 				return true
 			}
 		}

@@ -165,7 +165,10 @@ type Options[K comparable, V any] struct {
 	//
 	// NOTE: like map keys, keys must be comparable at run time: with an
 	// interface K, a key holding a slice, map or func cannot be hashed, and
-	// Get returns a *PanicError for it where a map would panic.
+	// Get returns a *PanicError for it where a map would panic. A key not
+	// equal to itself (one holding a float NaN) is never cached: every Get
+	// of it loads it, for that caller alone (in GetMany, through the
+	// LoadFunc), and Set and Refresh of it do nothing.
 	Hash func(K) uint64
 }
 
