@@ -62,7 +62,7 @@ type Loader[K comparable, V any] struct {
 	flights  flights[K, V] // loads in flight and writes ristretto has not applied (flight.go)
 	writer   writer[K, V]  // the goroutine that writes ristretto (write.go)
 	workers  workers       // the load goroutines (lifecycle.go)
-	timeouts timeouts      // ends loads at LoadTimeout (loadctx.go)
+	timeouts *timeouts     // ends loads at LoadTimeout (loadctx.go); apart from the Loader (newTimeouts)
 	breaker  CircuitBreaker
 	stats    counters
 	seed     maphash.Seed
@@ -186,7 +186,7 @@ func New[K comparable, V any](load LoadFunc[K, V], opts Options[K, V]) (*Loader[
 	l.flights.init(l)
 	l.writer.init()
 	l.workers.init()
-	l.timeouts.init(opts.LoadTimeout, l.epoch)
+	l.timeouts = newTimeouts(opts.LoadTimeout, l.epoch)
 	cache, err := ristretto.NewCache(&ristretto.Config[uint64, *entry[K, V]]{
 		NumCounters: opts.NumCounters,
 		MaxCost:     opts.MaxCost,
