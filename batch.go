@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"reflect"
 	"slices"
 	"strings"
 	"sync/atomic"
@@ -353,7 +352,7 @@ next:
 			fg = l.newBatch(false)
 			batches = append(batches, fg)
 		}
-		it.j = l.flights.join(&cl, s, it.key, it.h, g, now, fg)
+		it.j = l.join(&cl, s, it.key, it.h, g, now, fg)
 		if e := it.j.stale; e != nil {
 			// Stale in a write not yet in the cache: as a stale hit, its
 			// refresh in the background batch.
@@ -457,7 +456,8 @@ func (e *ManyError[K]) Error() string {
 	return fmt.Sprintf("flightcache: %d of the keys failed: %s", len(e.Errs), strings.Join(msgs, "; "))
 }
 
-// Unwrap returns the distinct errors of the failed keys.
+// Unwrap returns the distinct errors of the failed keys (by ==; an error
+// whose value cannot be compared, a struct holding a map say, is distinct).
 func (e *ManyError[K]) Unwrap() []error {
 	var errs []error
 	for _, err := range e.Errs {
@@ -466,10 +466,4 @@ func (e *ManyError[K]) Unwrap() []error {
 		}
 	}
 	return errs
-}
-
-// sameError compares two errors with ==, where their dynamic types allow it.
-func sameError(a, b error) bool {
-	ta, tb := reflect.TypeOf(a), reflect.TypeOf(b)
-	return ta == tb && ta.Comparable() && a == b
 }

@@ -72,16 +72,27 @@ var (
 // with runtime.Goexit, which Execute cannot see (it would leave a half-open
 // probe counted forever).
 //
-// While the breaker is closed with no failure in its current streak
-// (healthy), Allow takes no lock and allocates nothing: a success or an
-// ignored call changes nothing gobreaker decides on (it trips on
-// ConsecutiveFailures only), and a failure is then reported to gobreaker as
-// one call, which ends the healthy state. Successes admitted while healthy
-// do not reset a streak that began meanwhile; every call made once the
-// streak has begun goes through gobreaker.
+// While gobreaker is closed, Allow takes no lock and allocates nothing, and
+// the breaker counts the streak itself: streak is the failures in a row of
+// the calls admitted while closed, in the order their outcomes are reported
+// (the order of the atomic operations on it). A success resets it, a
+// failure adds one, and the failure that makes it reach n trips gobreaker:
+// it reports that failure, and ReadyToTrip opens the breaker because the
+// streak has reached n. A streak at n stays there (successes no longer
+// reset it) until gobreaker closes again: whatever completes meanwhile, on
+// calls admitted before it opened, changes nothing, as gobreaker would drop
+// the outcomes of an older generation. While gobreaker is open or half-open,
+// calls go through it, its probes included.
+//
+// closed and streak mirror gobreaker's state changes, written in
+// OnStateChange (under gobreaker's lock: atomic stores only, nothing that
+// calls back into it). So streak is n whenever gobreaker is not closed, and
+// a failure can take it to n only while gobreaker is closed.
 type gobreakerBreaker struct {
 	cb       *gobreaker.TwoStepCircuitBreaker[struct{}]
-	healthy  atomic.Bool
+	n        uint32        // Breaker.ConsecutiveFailures
+	closed   atomic.Bool   // gobreaker is closed: calls take the fast path
+	streak   atomic.Uint32 // failures in a row while closed, up to n
 	fastDone func(Outcome) // b.reportFast, made once
 }
 
@@ -98,18 +109,25 @@ func newBreaker(b Breaker) CircuitBreaker {
 	case b.Disabled:
 		return noBreaker{}
 	}
-	n := b.ConsecutiveFailures
-	gb := &gobreakerBreaker{cb: gobreaker.NewTwoStepCircuitBreaker[struct{}](gobreaker.Settings{
+	gb := &gobreakerBreaker{n: b.ConsecutiveFailures}
+	gb.cb = gobreaker.NewTwoStepCircuitBreaker[struct{}](gobreaker.Settings{
 		Name:        "flightcache",
 		MaxRequests: b.HalfOpenRequests,
 		Timeout:     b.OpenTimeout,
-		ReadyToTrip: func(c gobreaker.Counts) bool { return c.ConsecutiveFailures >= n },
-		IsExcluded:  func(err error) bool { return err == errExcluded },
-		// No OnStateChange: it runs under the breaker's lock, and nothing
-		// here may call back into the breaker from it.
-	})}
+		ReadyToTrip: func(gobreaker.Counts) bool { return gb.streak.Load() >= gb.n },
+		IsExcluded:  func(err error) bool { return sameError(err, errExcluded) },
+		// Runs under gobreaker's lock: it must not call back into it.
+		OnStateChange: func(_ string, _, to gobreaker.State) {
+			if to == gobreaker.StateClosed {
+				gb.streak.Store(0) // before closed: a fast call sees a clean streak
+				gb.closed.Store(true)
+			} else {
+				gb.closed.Store(false)
+			}
+		},
+	})
 	gb.fastDone = gb.reportFast
-	gb.healthy.Store(true)
+	gb.closed.Store(true)
 	return gb
 }
 
@@ -125,7 +143,7 @@ func (b *gobreakerBreaker) State() BreakerState {
 }
 
 func (b *gobreakerBreaker) Allow() (func(Outcome), error) {
-	if b.healthy.Load() {
+	if b.closed.Load() {
 		return b.fastDone, nil
 	}
 	done, err := b.cb.Allow()
@@ -133,26 +151,50 @@ func (b *gobreakerBreaker) Allow() (func(Outcome), error) {
 		return nil, err
 	}
 	return func(o Outcome) {
+		// Counted in the streak too: gobreaker may have closed since this
+		// call was admitted, and its failure then counts as a closed one.
+		trip := b.count(o)
 		done(outcomeError(o))
-		b.check()
+		if trip {
+			b.trip()
+		}
 	}, nil
 }
 
-// reportFast reports the outcome of a call admitted while healthy.
+// reportFast reports the outcome of a call admitted while closed.
 func (b *gobreakerBreaker) reportFast(o Outcome) {
-	if o != OutcomeFailure {
-		return
+	if b.count(o) {
+		b.trip()
 	}
-	b.healthy.Store(false)
+}
+
+// count adds o to the streak. It reports whether o is the failure that
+// makes the streak reach n, which must then trip gobreaker.
+func (b *gobreakerBreaker) count(o Outcome) bool {
+	for {
+		s := b.streak.Load()
+		switch {
+		case s >= b.n, o == OutcomeIgnored, o == OutcomeSuccess && s == 0:
+			return false // tripped already, or nothing changes
+		case o == OutcomeSuccess:
+			if b.streak.CompareAndSwap(s, 0) {
+				return false
+			}
+		default:
+			if b.streak.CompareAndSwap(s, s+1) {
+				return s+1 == b.n
+			}
+		}
+	}
+}
+
+// trip reports one failure to gobreaker, which opens: the streak has
+// reached n (ReadyToTrip). If gobreaker has opened meanwhile it refuses the
+// call, and nothing is reported.
+func (b *gobreakerBreaker) trip() {
 	if done, err := b.cb.Allow(); err == nil {
 		done(errFailure)
 	}
-	b.check()
-}
-
-// check sets healthy from gobreaker's state.
-func (b *gobreakerBreaker) check() {
-	b.healthy.Store(b.cb.State() == gobreaker.StateClosed && b.cb.Counts().ConsecutiveFailures == 0)
 }
 
 // outcomeError is how gobreaker hears an outcome: nil is a success,

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"runtime"
+	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -168,4 +169,136 @@ func TestGoexitInLoadFunc(t *testing.T) {
 			t.Errorf("Loads = %d; want 4: the half-open probe is released each time", s.Loads)
 		}
 	})
+}
+
+// ConsecutiveFailures counts failures in a row of the calls the downstream
+// saw, in the order they completed. A burst of cold Gets is admitted at
+// once, while the breaker is healthy; their successes used to be dropped
+// and only their failures reported, so a downstream failing one call in 20
+// (never two in a row) opened the breaker in a burst of 100, and every Get
+// after it failed with ErrBreakerOpen.
+func TestBreakerCountsOnlyFailuresInARow(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		const burst = 100
+		gates := make([]chan struct{}, burst)
+		for i := range gates {
+			gates[i] = make(chan struct{})
+		}
+		var calls atomic.Int64
+		l, err := New(func(ctx context.Context, key int) (int, error) {
+			calls.Add(1)
+			if key < burst {
+				select {
+				case <-gates[key]:
+				case <-ctx.Done(): // Close, after a failed check
+					return 0, ctx.Err()
+				}
+			}
+			if key%20 == 19 {
+				return 0, errBoom
+			}
+			return key, nil
+		}, Options[int, int]{TTL: time.Minute, Breaker: Breaker{ConsecutiveFailures: 5}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer l.Close()
+		results := make(chan error, burst)
+		for k := range burst {
+			go func() { _, err := l.Get(t.Context(), k); results <- err }()
+		}
+		synctest.Wait() // every call is admitted and waits at its gate
+		if n := calls.Load(); n != burst {
+			t.Fatalf("%d downstream calls running; want all %d", n, burst)
+		}
+		failures := 0
+		for k := range burst { // they complete in key order: 19 successes, one failure, ...
+			close(gates[k])
+			synctest.Wait()
+			if err := <-results; err != nil {
+				failures++
+				if !errors.Is(err, errBoom) {
+					t.Errorf("Get(%d) = %v; want errBoom", k, err)
+				}
+			}
+		}
+		if failures != burst/20 {
+			t.Errorf("%d Gets failed; want %d", failures, burst/20)
+		}
+		if s := l.Stats(); s.Breaker != BreakerClosed {
+			t.Errorf("breaker %v after %d scattered failures, never two in a row; want closed", s.Breaker, failures)
+		}
+		for k := burst; k < burst+10; k++ {
+			if v, err := l.Get(t.Context(), k); err != nil && k%20 != 19 || err == nil && v != k {
+				t.Errorf("Get(%d) after the burst = %d, %v; want %d", k, v, err, k)
+			}
+		}
+	})
+}
+
+// Failures in a row still open the breaker, those of calls admitted
+// together included, and a success between them starts the count again.
+func TestBreakerOpensOnFailuresInARowOfConcurrentCalls(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		const n = 8
+		gates := make([]chan struct{}, n)
+		for i := range gates {
+			gates[i] = make(chan struct{})
+		}
+		fail := func(k int) bool { return k != 3 } // 0-2 fail, 3 succeeds, 4-7 fail
+		l, err := New(func(ctx context.Context, key int) (int, error) {
+			select {
+			case <-gates[key]:
+			case <-ctx.Done(): // Close, after a failed check
+				return 0, ctx.Err()
+			}
+			if fail(key) {
+				return 0, errBoom
+			}
+			return key, nil
+		}, Options[int, int]{TTL: time.Minute, Breaker: Breaker{ConsecutiveFailures: 4, OpenTimeout: time.Hour}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer l.Close()
+		results := make(chan error, n)
+		for k := range n {
+			go func() { _, err := l.Get(t.Context(), k); results <- err }()
+		}
+		synctest.Wait()
+		for k := range n {
+			close(gates[k])
+			synctest.Wait()
+			<-results
+			want := BreakerClosed
+			if k == n-1 {
+				want = BreakerOpen // 4-7: four in a row
+			}
+			if s := l.Stats(); s.Breaker != want {
+				t.Fatalf("after call %d: breaker %v; want %v", k, s.Breaker, want)
+			}
+		}
+		if _, err := l.Get(t.Context(), n); !errors.Is(err, ErrBreakerOpen) {
+			t.Errorf("Get with the breaker open = %v; want ErrBreakerOpen", err)
+		}
+	})
+}
+
+// While closed, the built-in breaker admits a call and takes its outcome
+// without allocating, failures short of a run included.
+func TestBreakerClosedPathAllocatesNothing(t *testing.T) {
+	b := newBreaker(Breaker{ConsecutiveFailures: 3, OpenTimeout: time.Hour, HalfOpenRequests: 1})
+	outcomes := []Outcome{OutcomeSuccess, OutcomeFailure, OutcomeIgnored, OutcomeFailure, OutcomeSuccess}
+	i := 0
+	allocs := testing.AllocsPerRun(1000, func() {
+		done, err := b.Allow()
+		if err != nil {
+			t.Fatal(err)
+		}
+		done(outcomes[i%len(outcomes)])
+		i++
+	})
+	if allocs != 0 || b.State() != BreakerClosed {
+		t.Errorf("closed path: %v allocs per call, breaker %v; want 0, closed", allocs, b.State())
+	}
 }

@@ -3,6 +3,7 @@ package flightcache
 import (
 	"errors"
 	"fmt"
+	"reflect"
 )
 
 // ErrClosed is returned by [Loader.Get] and [Loader.GetInfo] after
@@ -87,4 +88,16 @@ func errorsIsAny(err error, targets ...error) bool {
 		}
 	}
 	return false
+}
+
+// sameError reports whether a == b, and is how the package compares two
+// errors: == panics when both hold the same type whose value cannot be
+// compared (a struct value holding a map, say), even when the type itself
+// is comparable. Such an error is the same as no other.
+func sameError(a, b error) bool {
+	if a == nil || b == nil {
+		return a == b
+	}
+	v := reflect.ValueOf(a)
+	return v.Type() == reflect.TypeOf(b) && v.Comparable() && a == b
 }

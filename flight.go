@@ -370,6 +370,29 @@ func (sh *shard[K, V]) detach(key K) {
 	}
 }
 
+// startAlone starts a load of key, a key not equal to itself (a NaN in
+// it), for the one Get that waits on it. No map lookup finds such a key and
+// no delete removes it, so it must not be published in loads, where it
+// would stay for good: start publishes it in a map dropped at once, and it
+// is kept in detached instead, where Close finds it and finish takes it
+// out. Owning no key, it stores nothing. It returns nil after Close.
+func (f *flights[K, V]) startAlone(cl *caller, key K, h uint64) *call[K, V] {
+	sh := f.shard(h)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	loads := sh.loads
+	sh.loads = make(map[K]*call[K, V], 1)
+	c := f.start(sh, cl, key, h, glance[K, V]{}, nil, false)
+	sh.loads = loads
+	if c != nil {
+		if sh.detached == nil {
+			sh.detached = make(map[*call[K, V]]struct{})
+		}
+		sh.detached[c] = struct{}{}
+	}
+	return c
+}
+
 // delivery is what a load delivers to its waiters.
 type delivery[K comparable, V any] struct {
 	val        V

@@ -9,6 +9,12 @@ import (
 // no random draws happen here. Callers pass the current time (as an offset
 // from the Loader's epoch) and uniform random numbers in, so every function
 // can be tested and fuzzed exhaustively.
+//
+// Every sum and product of durations in the package goes through addSat,
+// mulSat or scaleSat, which saturate at the largest (or smallest) Duration
+// instead of overflowing: a TTL, a window or a Retry.MaxInterval of
+// math.MaxInt64 is a natural "never", and must not wrap into the past, nor
+// into a loop that never ends.
 
 // jitter returns the freshness lifetime of one entry: ttl scaled by a factor
 // drawn uniformly from [1-spread, 1] with u in [0, 1). The result is never
@@ -23,7 +29,7 @@ func jitter(ttl time.Duration, spread, u float64) time.Duration {
 	}
 	spread = min(spread, 1)
 	u = min(u, 1)
-	d := time.Duration(float64(ttl) * (1 - spread*u))
+	d := scaleSat(ttl, 1-spread*u)
 	return min(max(d, 1), ttl)
 }
 
@@ -82,11 +88,11 @@ func earlyRefreshAt(loadedAt, life, delta time.Duration, beta, u float64) time.D
 	if !(beta > 0) || delta <= 0 {
 		return expiry
 	}
-	lead := float64(life) / 2
+	lead := life / 2
 	if u > 0 {
-		lead = min(lead, float64(delta)*(1+beta*-math.Log(min(u, 1))))
+		lead = min(lead, scaleSat(delta, 1+beta*-math.Log(min(u, 1))))
 	}
-	return expiry - time.Duration(lead)
+	return expiry - lead
 }
 
 // refreshDelay is how long to wait before another background refresh of a
@@ -98,22 +104,54 @@ func refreshDelay(n int, base, limit time.Duration, u float64) time.Duration {
 	}
 	limit = max(limit, base)
 	d := base
-	for i := 1; i < n && d < limit; i++ {
-		d *= 2
+	for i := 1; i < n && d < limit; i++ { // at most 63 doublings: d saturates
+		d = mulSat(d, 2)
 	}
 	d = min(d, limit)
 	if !(u > 0) {
 		u = 0
 	}
 	u = min(u, 1)
-	return max(time.Duration(float64(d)*(0.5+0.5*u)), 1)
+	return max(scaleSat(d, 0.5+0.5*u), 1)
 }
 
-// addSat adds two non-negative durations, saturating at the largest one
-// instead of overflowing: a TTL of math.MaxInt64 means "never expires".
+// addSat returns a + b, saturating instead of overflowing.
 func addSat(a, b time.Duration) time.Duration {
-	if s := a + b; s >= a {
-		return s
+	s := a + b
+	switch {
+	case b > 0 && s < a:
+		return math.MaxInt64
+	case b < 0 && s > a:
+		return math.MinInt64
 	}
-	return time.Duration(math.MaxInt64)
+	return s
+}
+
+// mulSat returns d·n, saturating instead of overflowing.
+func mulSat(d time.Duration, n int64) time.Duration {
+	if d == 0 || n == 0 {
+		return 0
+	}
+	if p := d * time.Duration(n); p/time.Duration(n) == d && (n != -1 || d != math.MinInt64) {
+		return p
+	}
+	if (d < 0) == (n < 0) {
+		return math.MaxInt64
+	}
+	return math.MinInt64
+}
+
+// scaleSat returns d·f rounded toward zero, saturating instead of
+// overflowing (Go leaves a float conversion out of range undefined); a NaN
+// product gives 0.
+func scaleSat(d time.Duration, f float64) time.Duration {
+	switch p := float64(d) * f; {
+	case p >= 1<<63:
+		return math.MaxInt64
+	case p <= -(1 << 63):
+		return math.MinInt64
+	case p == p:
+		return time.Duration(p)
+	}
+	return 0
 }

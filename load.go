@@ -107,7 +107,7 @@ func (l *Loader[K, V]) deliver(c *call[K, V], r *loaded[V], res delivery[K, V], 
 				n = math.MaxInt // the count saturated: the backoff is at its limit
 			}
 			d := refreshDelay(n, l.opts.Retry.InitialInterval, l.opts.Retry.MaxInterval, rand.Float64())
-			c.from.refreshAfter.Store(int64(l.now() + d))
+			c.from.refreshAfter.Store(int64(addSat(l.now(), d)))
 		}
 	}
 	callers, stored, w, back := l.flights.finish(c, res, e, cost)
@@ -157,7 +157,7 @@ func (l *Loader[K, V]) newEntry(key K, v V, now time.Duration, life lifetime, to
 		// Rounded up to the microsecond: a lead of a fast load (under a
 		// millisecond) must not vanish. It is at most half the life.
 		lead := until - earlyRefreshAt(now, fresh, took, l.opts.EarlyRefresh, 1-rand.Float64())
-		e.early = uint32(min(max((lead+time.Microsecond-1)/time.Microsecond, 0), math.MaxUint32))
+		e.early = uint32(min(max(addSat(lead, time.Microsecond-1)/time.Microsecond, 0), math.MaxUint32))
 	}
 	return e
 }

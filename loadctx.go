@@ -153,7 +153,7 @@ func (c *loadCtx) end(err, cause error) {
 		c.mu.Unlock()
 		return
 	}
-	if cause != context.Canceled {
+	if !sameError(cause, context.Canceled) {
 		// Before err is visible: a reader of Err, then Cause, sees both.
 		// (Without a causer, Cause returns Err, which is what it should.)
 		causer, setCause := context.WithCancelCause(context.Background())
@@ -226,10 +226,15 @@ type timeouts struct {
 	timer      *time.Timer // runs fire; armed while the list is not empty
 }
 
-func (t *timeouts) init(timeout time.Duration, epoch time.Time) {
-	t.timeout, t.epoch = timeout, epoch
+// newTimeouts returns the timeouts of a Loader. They are allocated apart
+// from it, and refer to nothing of it: the runtime may keep a stopped
+// timer, and what its function refers to, until it next cleans its timer
+// heap, and that must not keep a closed Loader from being collected.
+func newTimeouts(timeout time.Duration, epoch time.Time) *timeouts {
+	t := &timeouts{timeout: timeout, epoch: epoch}
 	t.timer = time.AfterFunc(timeout, t.fire)
 	t.timer.Stop()
+	return t
 }
 
 // add sets c's deadline, timeout after start, and lists it. The clock is

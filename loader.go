@@ -63,7 +63,7 @@ type Loader[K comparable, V any] struct {
 	flights  flights[K, V] // loads in flight and writes ristretto has not applied (flight.go)
 	writer   writer[K, V]  // the goroutine that writes ristretto (write.go)
 	workers  workers       // the load goroutines (lifecycle.go)
-	timeouts timeouts      // ends loads at LoadTimeout (loadctx.go)
+	timeouts *timeouts     // ends loads at LoadTimeout (loadctx.go); apart from the Loader (newTimeouts)
 	breaker  CircuitBreaker
 	stats    counters
 	seed     maphash.Seed
@@ -71,6 +71,7 @@ type Loader[K comparable, V any] struct {
 	// comparable (an interface inside K): hashing goes through the guard.
 	hashMayPanic bool
 	checkKeys    bool          // a custom Hash with such keys: check them as a map would
+	nanKeys      bool          // K can hold a float: a key may not equal itself (selfUnequal)
 	epoch        time.Time     // every time offset in entries is measured from here
 	generation   atomic.Uint32 // the fleet generation, in steps of genUnit (fleet.go)
 	floor        atomic.Uint32 // the generation of the last InvalidateAll: older entries are absent (fleet.go)
@@ -183,11 +184,12 @@ func New[K comparable, V any](load LoadFunc[K, V], opts Options[K, V]) (*Loader[
 	l.checkKeys = mayHoldInterface(reflect.TypeFor[K]())
 	l.hashMayPanic = opts.Hash != nil || l.checkKeys
 	l.checkKeys = l.checkKeys && opts.Hash != nil
+	l.nanKeys = mayHoldFloat(reflect.TypeFor[K]())
 	l.stats.init()
 	l.flights.init(l)
 	l.writer.init(opts.MaxPendingWrites, opts.MaxCost)
 	l.workers.init()
-	l.timeouts.init(opts.LoadTimeout, l.epoch)
+	l.timeouts = newTimeouts(opts.LoadTimeout, l.epoch)
 	cache, err := ristretto.NewCache(&ristretto.Config[uint64, *entry[K, V]]{
 		NumCounters: opts.NumCounters,
 		MaxCost:     opts.MaxCost,
@@ -343,7 +345,7 @@ func (l *Loader[K, V]) held(cur *entry[K, V], now time.Duration) *entry[K, V] {
 // again is true on the one retry for a value that was stale beyond the
 // caller's max-stale (the Get was counted already).
 func (l *Loader[K, V]) wait(cl *caller, s *stripe, key K, h uint64, g glance[K, V], start time.Duration, again bool) (v V, info Info, err error) {
-	j := l.flights.join(cl, s, key, h, g, start, nil)
+	j := l.join(cl, s, key, h, g, start, nil)
 	return l.await(cl, s, key, h, start, again, j)
 }
 
@@ -352,6 +354,28 @@ func (l *Loader[K, V]) wait(cl *caller, s *stripe, key K, h uint64, g glance[K, 
 // else (Err is the caller's code too: rule 23); errLeft never reaches the
 // caller of a Get.
 var errLeft = errors.New("flightcache: the caller's context ended")
+
+// join is flights.join for a Get (or a key of GetMany) the cache did not
+// answer, but for a key not equal to itself (selfUnequal): that one is
+// loaded alone, through the LoadFunc (a LoadMany result cannot be looked up
+// by it), for this caller only, and leaves nothing behind.
+func (l *Loader[K, V]) join(cl *caller, s *stripe, key K, h uint64, g glance[K, V], now time.Duration, into *batch[K, V]) joined[K, V] {
+	if !l.selfUnequal(key) {
+		return l.flights.join(cl, s, key, h, g, now, into)
+	}
+	c := l.flights.startAlone(cl, key, h)
+	if c == nil {
+		return joined[K, V]{err: ErrClosed}
+	}
+	l.launch(c, s)
+	return joined[K, V]{c: c, started: true}
+}
+
+// selfUnequal reports whether key is not equal to itself (a float NaN in
+// it): no map lookup finds such a key, nor any comparison with a cached
+// entry's, so it is never kept anywhere (docs/design.md rule 24). Only the
+// miss and write paths ask, and only for a K that can hold a float.
+func (l *Loader[K, V]) selfUnequal(key K) bool { return l.nanKeys && key != key }
 
 // await is the rest of wait once the key's load is joined (or started):
 // it waits for the load or for cl's context, and judges the result for
@@ -502,14 +526,15 @@ func (l *Loader[K, V]) reserveRefresh() bool {
 // a Get that nobody waits for. ctx gives the load its values (trace IDs),
 // never its cancellation. Like every background load it counts in
 // Stats.Refreshes and is bounded by [Options.MaxRefreshes]: one beyond the
-// bound is dropped (Stats.RefreshesDropped). After Close, and for a key
-// whose Hash panics, it does nothing. Refresh is safe for concurrent use.
+// bound is dropped (Stats.RefreshesDropped). After Close, for a key whose
+// Hash panics, and for a key not equal to itself (see [Options.Hash]), it
+// does nothing. Refresh is safe for concurrent use.
 func (l *Loader[K, V]) Refresh(ctx context.Context, key K) {
 	if ctx == nil {
 		return
 	}
 	h, err := l.hash(key)
-	if err != nil {
+	if err != nil || l.selfUnequal(key) {
 		return
 	}
 	cl := callerOf(ctx, false) // user code: before counting in (rule 23)
@@ -537,10 +562,11 @@ func (l *Loader[K, V]) Refresh(ctx context.Context, key K) {
 // Invalidates that waited). It never waits for a load. So a storm of Sets
 // runs at the pace the cache applies them, in bounded memory.
 //
-// Set after Close does nothing; so does Set of a key whose Hash panics.
+// Set after Close does nothing; so does Set of a key whose Hash panics, and
+// of a key not equal to itself (see [Options.Hash]).
 func (l *Loader[K, V]) Set(key K, value V) {
 	h, err := l.hash(key)
-	if err != nil {
+	if err != nil || l.selfUnequal(key) {
 		return
 	}
 	// User code first, before counting in.
@@ -648,17 +674,31 @@ func (l *Loader[K, V]) Stats() Stats {
 	return s
 }
 
+// mayHoldFloat reports whether values of t can hold a floating-point
+// number, which may be a NaN: directly, or inside an interface value.
+func mayHoldFloat(t reflect.Type) bool {
+	switch t.Kind() {
+	case reflect.Float32, reflect.Float64, reflect.Complex64, reflect.Complex128, reflect.Interface:
+		return true
+	}
+	return mayHold(t, mayHoldFloat)
+}
+
 // mayHoldInterface reports whether values of t can hold an interface value,
 // whose dynamic type may not be comparable.
 func mayHoldInterface(t reflect.Type) bool {
+	return t.Kind() == reflect.Interface || mayHold(t, mayHoldInterface)
+}
+
+// mayHold reports whether t is an array or a struct with an element or a
+// field for which f reports true.
+func mayHold(t reflect.Type, f func(reflect.Type) bool) bool {
 	switch t.Kind() {
-	case reflect.Interface:
-		return true
 	case reflect.Array:
-		return mayHoldInterface(t.Elem())
+		return f(t.Elem())
 	case reflect.Struct:
 		for i := range t.NumField() {
-			if mayHoldInterface(t.Field(i).Type) {
+			if f(t.Field(i).Type) {
 				return true
 			}
 		}

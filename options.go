@@ -178,7 +178,10 @@ type Options[K comparable, V any] struct {
 	//
 	// NOTE: like map keys, keys must be comparable at run time: with an
 	// interface K, a key holding a slice, map or func cannot be hashed, and
-	// Get returns a *PanicError for it where a map would panic.
+	// Get returns a *PanicError for it where a map would panic. A key not
+	// equal to itself (one holding a float NaN) is never cached: every Get
+	// of it loads it, for that caller alone (in GetMany, through the
+	// LoadFunc), and Set and Refresh of it do nothing.
 	Hash func(K) uint64
 }
 
@@ -225,7 +228,10 @@ type Breaker struct {
 	// Disabled turns the breaker off.
 	Disabled bool
 	// ConsecutiveFailures opens the breaker after this many failures in a
-	// row. 0 means DefaultConsecutiveFailures (5).
+	// row of the downstream calls, in the order they end: a success in
+	// between starts the count again. Each attempt of a retried load is one
+	// call, so with Retry.MaxAttempts >= ConsecutiveFailures one failing
+	// load can open the breaker. 0 means DefaultConsecutiveFailures (5).
 	ConsecutiveFailures uint32
 	// OpenTimeout is how long the breaker stays open before it lets probe
 	// requests through (half-open). 0 means DefaultOpenTimeout (5s).

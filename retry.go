@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"time"
 
 	"github.com/cenkalti/backoff/v4"
@@ -107,8 +108,8 @@ func callDownstream[T any, K comparable, V any](l *Loader[K, V], ctx context.Con
 		return v, l.stopped(ctx, err, err)
 	}
 	bo := backoff.NewExponentialBackOff(
-		backoff.WithInitialInterval(l.opts.Retry.InitialInterval),
-		backoff.WithMaxInterval(l.opts.Retry.MaxInterval),
+		backoff.WithInitialInterval(min(l.opts.Retry.InitialInterval, maxBackoff)),
+		backoff.WithMaxInterval(min(l.opts.Retry.MaxInterval, maxBackoff)),
 		backoff.WithMaxElapsedTime(0), // LoadTimeout bounds the load instead
 	)
 	policy := backoff.WithContext(backoff.WithMaxRetries(bo, uint64(l.opts.Retry.MaxAttempts-1)), ctx)
@@ -126,6 +127,12 @@ func callDownstream[T any, K comparable, V any](l *Loader[K, V], ctx context.Con
 	return v, l.stopped(ctx, err, last)
 }
 
+// maxBackoff caps the intervals handed to backoff/v4, which spreads an
+// interval to up to 1.5× in floating point and converts it back unchecked:
+// past about MaxInt64/1.5 the wait would overflow into a negative one, a
+// retry at once. Half of MaxInt64 (146 years) is as good as forever.
+const maxBackoff = time.Duration(math.MaxInt64 / 2)
+
 // stopped explains an error of a load whose context has ended: it keeps the
 // last real error (backoff reports only ctx.Err() when it stops between
 // attempts) and adds why the context ended, Close or LoadTimeout.
@@ -136,7 +143,7 @@ func (l *Loader[K, V]) stopped(ctx context.Context, err, last error) error {
 	if last != nil {
 		err = last
 	}
-	if cause := context.Cause(ctx); (cause == ErrClosed || cause == ErrLoadTimeout) && !errors.Is(err, cause) {
+	if cause := context.Cause(ctx); (sameError(cause, ErrClosed) || sameError(cause, ErrLoadTimeout)) && !errors.Is(err, cause) {
 		err = fmt.Errorf("%w: %w", cause, err)
 	}
 	return err

@@ -159,6 +159,11 @@ type Stats struct {
 // out pointers into a fixed array: a stripe dropped from the pool at a GC is
 // never lost, only handed out again later.
 //
+// The pool lives apart from the Loader (stripePool), and holds nothing that
+// leads back to it: the runtime keeps every pool that has been used until
+// the GC after next, so a pool inside the Loader kept a closed Loader, its
+// cache and its values alive through one more GC.
+//
 // gets is incremented when a Get starts, and exactly one of the exit
 // counters when it ends: hits, stale and closed are outcomes; passed means
 // "went on to the in-flight map", where the Get is classified (a miss, or a
@@ -180,11 +185,17 @@ func (s *stripe) exits() uint64 {
 	return s.hits.Load() + s.stale.Load() + s.passed.Load() + s.closed.Load()
 }
 
+// stripePool hands out the stripes.
+type stripePool struct {
+	sync.Pool               // of *stripe, pointing into stripes
+	stripes   []stripe      // the same as the counters'
+	next      atomic.Uint32 // round-robin index for New
+}
+
 // counters are all of a Loader's statistics.
 type counters struct {
 	stripes []stripe
-	next    atomic.Uint32 // round-robin index for pool.New
-	pool    sync.Pool     // of *stripe, pointing into stripes
+	pool    *stripePool // allocated apart: see stripe
 
 	staleOnError, shared, sharedErrors, canceled   atomic.Uint64
 	loads, loadErrors, retries, maxCallers         atomic.Uint64
@@ -205,9 +216,9 @@ func (c *counters) init() {
 		n *= 2
 	}
 	c.stripes = make([]stripe, n)
-	c.pool.New = func() any {
-		return &c.stripes[int(c.next.Add(1))%len(c.stripes)]
-	}
+	p := &stripePool{stripes: c.stripes}
+	p.New = func() any { return &p.stripes[int(p.next.Add(1))%len(p.stripes)] }
+	c.pool = p
 }
 
 func (c *counters) acquire() *stripe  { return c.pool.Get().(*stripe) }

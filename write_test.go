@@ -384,9 +384,14 @@ func TestTurnsAreFirstComeFirstServed(t *testing.T) {
 		if len(order) != 0 {
 			t.Fatalf("%v served while the first waiter (5) does not fit", order)
 		}
-		tu.give(1, 8)
+		tu.give(1, 3) // room 5: the first waiter fits, and then the second does not
 		synctest.Wait()
-		if len(order) != 2 || order[0] != 5 || order[1] != 1 {
+		if len(order) != 1 || order[0] != 5 {
+			t.Fatalf("served %v; want [5]", order)
+		}
+		tu.give(1, 5)
+		synctest.Wait()
+		if len(order) != 2 || order[1] != 1 {
 			t.Fatalf("served %v; want [5 1]", order)
 		}
 		tu.close()
