@@ -398,7 +398,10 @@ func TestGetManyCoalescesPerKey(t *testing.T) {
 	if keys := <-m.started; !slices.Equal(keys, []string{"c"}) {
 		t.Fatalf("second batch asked for %v; want [c]", keys)
 	}
-	for l.Stats().Waiting != 8 { // s: single + first; a: first + second; b: first + Get + second; c: second
+	for deadline := time.Now().Add(10 * time.Second); l.Stats().Waiting != 8; { // s: single + first; a: first + second; b: first + Get + second; c: second
+		if time.Now().After(deadline) {
+			t.Fatalf("Stats.Waiting = %d after 10s; want 8", l.Stats().Waiting)
+		}
 		time.Sleep(time.Millisecond)
 	}
 	close(m.gate)
@@ -415,6 +418,11 @@ func TestGetManyCoalescesPerKey(t *testing.T) {
 	}
 	if d.calls.Load() != 1 || len(m.all()) != 2 {
 		t.Errorf("%d LoadFunc calls, LoadMany calls %v; want 1 and 2", d.calls.Load(), m.all())
+	}
+	// The batch reports itself (and its callers) after its waiters wake:
+	// wait for it, within a deadline.
+	for deadline := time.Now().Add(10 * time.Second); l.Stats().MaxCallersPerLoad < 5 && time.Now().Before(deadline); {
+		time.Sleep(time.Millisecond)
 	}
 	if s := l.Stats(); s.MaxCallersPerLoad != 5 { // batch 1: a 2 + b 3
 		t.Errorf("MaxCallersPerLoad = %d; want 5 (the first batch's callers over its keys)", s.MaxCallersPerLoad)
