@@ -405,8 +405,11 @@ func (b *batchRun[K, V]) loadAndStore(leased, local []*slot[K]) {
 			}
 		case err == nil && ok:
 			rv := loaded(v)
-			id, args, share := t.encode(s.ks, s.key, rv)
+			enc, share := t.encode(s.key, rv)
+			var id string
 			if share {
+				var args []any
+				id, args = t.writeArgs(s.ks, enc)
 				calls[i] = evalCall{writeScript, writeKeys(s.ks), append([]any{s.tok}, args...)}
 			} else {
 				release("", false)

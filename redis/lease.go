@@ -406,11 +406,12 @@ func (t *Tier[K, V]) beat(ks keys, tok string) (stop func()) {
 // stored: the lease is released instead, which wakes the processes waiting
 // on it, so they load for themselves at once.
 func (t *Tier[K, V]) write(ctx context.Context, ks keys, key K, tok string, rv flightcache.RemoteValue[V]) {
-	id, args, ok := t.encode(ks, key, rv)
+	enc, ok := t.encode(key, rv)
 	if !ok {
 		t.release(ctx, ks, tok, "", false)
 		return
 	}
+	id, args := t.writeArgs(ks, enc)
 	c, cancel := t.op(ctx)
 	n, err := writeScript.Run(c, t.rdb, writeKeys(ks), append([]any{tok}, args...)...).Int()
 	cancel()
@@ -422,21 +423,26 @@ func (t *Tier[K, V]) write(ctx context.Context, ks keys, key K, tok string, rv f
 	}
 }
 
-// encode prepares the write of rv as the entry of key (named ks): the
-// entry's new version id and writeScript's arguments after the token. ok is
-// false for a value not to share: one the Loader would not cache, or one
-// the tier cannot write, counted in EncodeErrors (the Codec failed or
-// panicked, or Options.Freshness panicked). It calls user code
-// (Options.Freshness, the Codec) on the caller's goroutine, and recovers
-// their panics: the value still reaches the Loader, which asks Freshness
-// again, recovers that panic too and serves the value uncached, as it
-// does without the tier.
-func (t *Tier[K, V]) encode(ks keys, key K, rv flightcache.RemoteValue[V]) (id string, args []any, ok bool) {
+// encoded is a value ready to be written as a key's entry: its encoding
+// and its times (Unix µs), and its Redis lifetime.
+type encoded struct {
+	data                          []byte
+	at, took, fresh, stale, until int64
+	life                          time.Duration
+}
+
+// encode prepares the write of rv as the entry of key. ok is false for a
+// value not to share: one the Loader would not cache, or one the tier
+// cannot write, counted in EncodeErrors (the Codec failed or panicked, or
+// Options.Freshness panicked). It calls user code (Options.Freshness, the
+// Codec) on the caller's goroutine, and recovers their panics: the value
+// still reaches the Loader, which asks Freshness again, recovers that
+// panic too and serves the value uncached, as it does without the tier.
+func (t *Tier[K, V]) encode(key K, rv flightcache.RemoteValue[V]) (enc encoded, ok bool) {
 	w, data, ok := t.prepare(key, rv.Value)
 	if !ok {
-		return "", nil, false
+		return encoded{}, false
 	}
-	id = token(8)
 	at := micros(rv.LoadedAt)
 	w.Fresh = max(w.Fresh, time.Millisecond)
 	fresh := addSat(at, w.Fresh.Microseconds())
@@ -445,8 +451,15 @@ func (t *Tier[K, V]) encode(ks keys, key K, rv flightcache.RemoteValue[V]) (id s
 	// Redis frees the entry when no process can use it; "never" (a TTL of
 	// math.MaxInt64) stays about 292 years.
 	life := addSat(addSat(w.Fresh, w.StaleWhileRevalidate), w.StaleIfError)
-	return id, []any{id, data, at, rv.Took.Microseconds(), fresh, stale, px(life),
-		t.channel, ks.base, until}, true
+	return encoded{data: data, at: at, took: rv.Took.Microseconds(), fresh: fresh, stale: stale, until: until, life: life}, true
+}
+
+// writeArgs are writeScript's arguments after the token, to write enc as
+// the entry of ks, and the entry's new version id.
+func (t *Tier[K, V]) writeArgs(ks keys, enc encoded) (id string, args []any) {
+	id = token(8)
+	return id, []any{id, enc.data, enc.at, enc.took, enc.fresh, enc.stale, px(enc.life),
+		t.channel, ks.base, enc.until}
 }
 
 // prepare runs the user code of encode: the windows of v (Options.WindowsOf,
@@ -601,13 +614,14 @@ func (t *Tier[K, V]) Set(ctx context.Context, key K, v flightcache.RemoteValue[V
 		return
 	}
 	ks := keysFor(t.opts.Prefix, name)
-	id, args, ok := t.encode(ks, key, v)
+	enc, ok := t.encode(key, v)
 	if !ok {
 		if !t.invalidate(ctx, name, key) {
 			t.keep(name, key)
 		}
 		return
 	}
+	id, args := t.writeArgs(ks, enc)
 	c, cancel := t.op(ctx)
 	err := writeScript.Run(c, t.rdb, writeKeys(ks), append(append([]any{""}, args...), t.invChannel, t.invalidation(name, key))...).Err()
 	cancel()
