@@ -53,6 +53,7 @@ import (
 // slot is the state of one key of a batch.
 type slot[K comparable] struct {
 	key     K
+	name    string // Options.Key(key)
 	ks      keys
 	e       entry  // the entry last seen
 	perr    error  // e did not parse
@@ -65,11 +66,13 @@ type slot[K comparable] struct {
 
 // batchRun is one LoadMany call.
 type batchRun[K comparable, V any] struct {
-	t    *Tier[K, V]
-	ctx  context.Context
-	load func(context.Context, []K) (map[K]V, error)
-	w    chan struct{} // pub/sub wake-ups for the keys not answered yet
-	out  map[K]flightcache.RemoteResult[V]
+	t     *Tier[K, V]
+	ctx   context.Context
+	load  func(context.Context, []K) (map[K]V, error)
+	w     chan struct{} // pub/sub wake-ups for the keys not answered yet
+	out   map[K]flightcache.RemoteResult[V]
+	gen   int64 // the generation the keys not answered yet are named in
+	moves int   // how many times they were named again in a newer one
 }
 
 // LoadMany implements [flightcache.RemoteMany]: it answers each of keys as
@@ -108,6 +111,7 @@ type batchRun[K comparable, V any] struct {
 // goes on.
 func (t *Tier[K, V]) LoadMany(ctx context.Context, keys []K, load func(context.Context, []K) (map[K]V, error)) map[K]flightcache.RemoteResult[V] {
 	t.stats.batches.Add(1)
+	t.used.Store(true)
 	b := &batchRun[K, V]{t: t, ctx: ctx, load: load, out: make(map[K]flightcache.RemoteResult[V], len(keys))}
 	slots := make([]*slot[K], len(keys))
 	for i, k := range keys {
@@ -116,7 +120,7 @@ func (t *Tier[K, V]) LoadMany(ctx context.Context, keys []K, load func(context.C
 	if len(slots) == 0 {
 		return b.out
 	}
-	if t.closed.Load() || t.down() {
+	if t.closed.Load() || t.down() || !t.ready(ctx) {
 		t.listening()
 		for _, s := range slots {
 			t.handed(t.key(s.key), s.key)
@@ -126,20 +130,27 @@ func (t *Tier[K, V]) LoadMany(ctx context.Context, keys []K, load func(context.C
 	}
 	t.events.awaitStartup(ctx)
 	t.listening()
-	bases := make([]string, len(slots))
-	for i, s := range slots {
-		name := t.key(s.key)
-		t.handed(name, s.key)
-		s.ks = keysFor(t.opts.Prefix, name)
-		bases[i] = s.ks.base
+	b.gen = t.gen.Load()
+	for _, s := range slots {
+		s.name = t.key(s.key)
+		t.handed(s.name, s.key)
+		s.ks = keysAt(t.opts.Prefix, s.name, b.gen)
 	}
-	b.w = t.events.watchAll(bases)
-	defer t.events.unwatchAll(bases, b.w)
+	b.w = t.events.watchAll(bases(slots))
+	defer func() { t.events.unwatchAll(bases(slots), b.w) }()
 
 	open, local := b.read(slots)
 	var leased, waiting []*slot[K]
 	for {
 		for len(open) > 0 {
+			if t.gen.Load() != b.gen {
+				// A newer generation: every key not answered yet (nor
+				// leased) is read again under it.
+				var more []*slot[K]
+				open, more = b.read(append(open, waiting...))
+				local, waiting = append(local, more...), nil
+				continue
+			}
 			open, leased, local, waiting = b.acquire(open, leased, local, waiting)
 		}
 		if len(leased)+len(local) > 0 {
@@ -160,6 +171,27 @@ func (t *Tier[K, V]) LoadMany(ctx context.Context, keys []K, load func(context.C
 	}
 }
 
+// bases returns the bases of the keys of slots.
+func bases[K comparable](slots []*slot[K]) []string {
+	out := make([]string, len(slots))
+	for i, s := range slots {
+		out[i] = s.ks.base
+	}
+	return out
+}
+
+// regen names the keys of slots in generation gen (the batch's from now),
+// forgetting what was seen of them in the older one.
+func (b *batchRun[K, V]) regen(slots []*slot[K], gen int64) {
+	b.t.events.unwatchAll(bases(slots), b.w)
+	b.gen = gen
+	b.moves++
+	for _, s := range slots {
+		*s = slot[K]{key: s.key, name: s.name, ks: keysAt(b.t.opts.Prefix, s.name, gen)}
+	}
+	b.t.events.watchMore(bases(slots), b.w)
+}
+
 // answer records s's result; s no longer needs pub/sub wake-ups.
 func (b *batchRun[K, V]) answer(s *slot[K], r flightcache.RemoteResult[V]) {
 	b.out[s.key] = r
@@ -169,14 +201,56 @@ func (b *batchRun[K, V]) answer(s *slot[K], r flightcache.RemoteResult[V]) {
 }
 
 // read is the read step: it answers the keys whose entry is usable, and
-// returns the others (open) and those whose read failed (local).
+// returns the others (open) and those whose read failed (local). The
+// shared generation is read after the entries, in the same round trip:
+// when it is newer than the batch's, the keys are named in it and read
+// again (at most maxGenTries times in all, then loaded locally), and when
+// the tier knows a newer one first, they are too.
 func (b *batchRun[K, V]) read(slots []*slot[K]) (open, local []*slot[K]) {
+	t := b.t
+	for {
+		if t.gen.Load() != b.gen {
+			if b.moves+1 >= maxGenTries {
+				return nil, slots // the generation keeps moving: without Redis
+			}
+			b.regen(slots, t.gen.Load())
+		}
+		cmds, err := b.readAt(slots)
+		switch {
+		case errors.Is(err, errNotRestored) && b.ctx.Err() == nil:
+			return nil, slots // recorded by restore: loaded locally
+		case err != nil: // as a failed read
+			return nil, b.broken(slots)
+		case t.gen.Load() == b.gen:
+			return b.judge(slots, cmds)
+		}
+	}
+}
+
+// readAt reads the entries of slots and the shared generation, in one
+// round trip. It fails if the generation could not be read or, found
+// lost, set back (errNotRestored).
+func (b *batchRun[K, V]) readAt(slots []*slot[K]) ([]*redis.SliceCmd, error) {
 	cmds := make([]*redis.SliceCmd, len(slots))
+	var gcmd *redis.StringCmd
 	b.t.pipelined(b.ctx, &b.t.stats.batchRoundTrips, func(c context.Context, p redis.Pipeliner) {
 		for i, s := range slots {
 			cmds[i] = p.HMGet(c, s.ks.entry, entryFields...)
 		}
+		gcmd = p.Get(c, b.t.genKey)
 	})
+	g, err := genOf(gcmd)
+	if err != nil {
+		return cmds, err
+	}
+	if _, ok := b.t.seen(b.ctx, g, b.gen); !ok {
+		return cmds, errNotRestored
+	}
+	return cmds, nil
+}
+
+// judge answers the keys of slots whose entry, read by cmds, is usable.
+func (b *batchRun[K, V]) judge(slots []*slot[K], cmds []*redis.SliceCmd) (open, local []*slot[K]) {
 	var failed []*slot[K]
 	for i, s := range slots {
 		vals, err := cmds[i].Result()
@@ -196,6 +270,9 @@ func (b *batchRun[K, V]) read(slots []*slot[K]) (open, local []*slot[K]) {
 // Load does; it reports whether it did.
 func (b *batchRun[K, V]) offer(s *slot[K]) bool {
 	t := b.t
+	if t.dead(s.ks) { // nothing of an older generation is handed over
+		return false
+	}
 	if s.perr != nil {
 		t.stats.decodeErrors.Add(1)
 		return false
@@ -249,6 +326,19 @@ func (b *batchRun[K, V]) acquire(open, leased, local, waiting []*slot[K]) (again
 			[]any{s.e.id, s.tok, t.leaseMS, t.aliveMS, s.waited}}
 	}
 	cmds := t.evalAll(b.ctx, calls, &t.stats.batchRoundTrips)
+	if t.gen.Load() != b.gen {
+		// A newer generation: nothing of this one is handed over, and the
+		// leases just taken are given back; the caller reads every key
+		// again under the newer one.
+		var won []*slot[K]
+		for i, s := range open {
+			if res, err := cmds[i].Slice(); err == nil && len(res) > 0 && (res[0] == "won" || res[0] == "stolen") {
+				won = append(won, s)
+			}
+		}
+		t.releaseAll(context.WithoutCancel(b.ctx), won)
+		return open, leased, local, waiting
+	}
 	var failed []*slot[K]
 	for i, s := range open {
 		res, err := cmds[i].Slice()
@@ -381,6 +471,7 @@ func (b *batchRun[K, V]) loadAndStore(leased, local []*slot[K]) {
 	calls := make([]evalCall, len(leased))
 	then := make([]func(*redis.Cmd) bool, len(leased)) // false: Redis failed
 	for i, s := range leased {
+		dead := t.dead(s.ks) // an InvalidateAll ended the lease's generation: nothing is stored
 		release := func(fail string, want bool) {
 			calls[i] = evalCall{releaseScript, releaseKeys(s.ks), t.releaseArgs(s.ks, s.tok, fail, want)}
 		}
@@ -396,7 +487,7 @@ func (b *batchRun[K, V]) loadAndStore(leased, local []*slot[K]) {
 			then[i] = func(cmd *redis.Cmd) bool {
 				res, rerr := cmd.Slice()
 				var e entry
-				if rerr == nil {
+				if rerr == nil && !dead {
 					e, _ = parseEntry(res) // an entry that does not parse covers nothing
 				}
 				rv, cerr := t.cover(e, err)
@@ -405,8 +496,15 @@ func (b *batchRun[K, V]) loadAndStore(leased, local []*slot[K]) {
 			}
 		case err == nil && ok:
 			rv := loaded(v)
-			id, args, share := t.encode(s.ks, s.key, rv)
+			enc, share := t.encode(s.key, rv)
+			if share && dead {
+				t.stats.writesLost.Add(1)
+				share = false
+			}
+			var id string
 			if share {
+				var args []any
+				id, args = t.writeArgs(s.ks, enc)
 				calls[i] = evalCall{writeScript, writeKeys(s.ks), append([]any{s.tok}, args...)}
 			} else {
 				release("", false)
@@ -436,6 +534,10 @@ func (b *batchRun[K, V]) loadAndStore(leased, local []*slot[K]) {
 				nf = err
 			}
 			marker := t.sharesNotFound(nf)
+			if marker && dead {
+				t.stats.writesLost.Add(1)
+				marker = false
+			}
 			if marker {
 				calls[i] = t.notFoundCall(s.ks, s.tok)
 			} else {

@@ -34,9 +34,11 @@ func (JSON[V]) Unmarshal(data []byte) (V, error) {
 	return v, err
 }
 
-// keys are the Redis names of one key's state. They share a hash tag, so
-// they live in one Redis Cluster slot and one Lua script may touch them all.
+// keys are the Redis names of one key's state in one generation of the
+// shared tier (generation.go). They share a hash tag, so they live in one
+// Redis Cluster slot and one Lua script may touch them all.
 type keys struct {
+	gen   int64  // the generation they belong to
 	base  string // the hash-tagged name; also the pub/sub message for the key
 	entry string // hash: the shared entry (fields below)
 	lease string // string: the token of the process loading the key
@@ -44,17 +46,29 @@ type keys struct {
 	fail  string // string: "token\nkind\nmessage" of a load that just failed
 }
 
-// keysFor names the state of the key whose string form is k. The hash tag
-// is k itself, escaped so that the tag never ends early and never is empty
-// (Redis hashes a whole name whose tag is empty, which would scatter one
-// key's state over several Cluster slots). The escaping is injective.
-func keysFor(prefix, k string) keys {
+// keysFor names the state of the key whose string form is k in generation
+// 0, the one a fleet starts in (and the only one of versions that predate
+// generations).
+func keysFor(prefix, k string) keys { return keysAt(prefix, k, 0) }
+
+// keysAt names the state of the key whose string form is k in generation
+// gen: "<prefix>{<tag>}:<suffix>" in generation 0, and
+// "<prefix>{<tag>}:g<gen>:<suffix>" after. The hash tag is k itself,
+// escaped so that the tag never ends early and never is empty (Redis
+// hashes a whole name whose tag is empty, which would scatter one key's
+// state over several Cluster slots). The escaping is injective, and the
+// tag ends at the first '}', so names of different keys or generations
+// never meet. A key keeps its slot in every generation.
+func keysAt(prefix, k string, gen int64) keys {
 	tag := "%" // the empty key: "%" alone is never the escape of another key
 	if k != "" {
 		tag = strings.NewReplacer("%", "%25", "}", "%7D").Replace(k)
 	}
 	base := prefix + "{" + tag + "}"
-	return keys{base: base, entry: base + ":v", lease: base + ":l", alive: base + ":a", fail: base + ":f"}
+	if gen != 0 {
+		base += ":g" + strconv.FormatInt(gen, 10)
+	}
+	return keys{gen: gen, base: base, entry: base + ":v", lease: base + ":l", alive: base + ":a", fail: base + ":f"}
 }
 
 // entry is the shared entry of one key, as stored in a Redis hash. Times are

@@ -1,6 +1,7 @@
 package flightredis
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -22,21 +23,37 @@ func TestKeysShareOneHashTag(t *testing.T) {
 		return name[i+1 : i+1+j]
 	}
 	bases := map[string]string{}
-	for _, k := range []string{"", "%", "}", "{", "a}b", "%7D", "%25", "{x}", "plain"} {
-		ks := keysFor("p:", k)
-		want := tag(ks.base)
-		if want == ks.base {
-			t.Errorf("keysFor(%q).base = %q has no hash tag", k, ks.base)
+	names := map[string]string{}
+	for _, k := range []string{"", "%", "}", "{", "a}b", "%7D", "%25", "{x}", "plain", "g1", ":g1"} {
+		want := tag(keysFor("p:", k).base)
+		if want == keysFor("p:", k).base {
+			t.Errorf("keysFor(%q).base = %q has no hash tag", k, keysFor("p:", k).base)
 		}
-		for _, name := range []string{ks.entry, ks.lease, ks.alive, ks.fail} {
-			if got := tag(name); got != want {
-				t.Errorf("keysFor(%q): %q has tag %q; want %q", k, name, got, want)
+		// Every generation of a key keeps its slot, and no two keys or
+		// generations share a name.
+		for _, gen := range []int64{0, 1, 12} {
+			ks := keysAt("p:", k, gen)
+			if gen == 0 && ks != keysFor("p:", k) {
+				t.Errorf("keysAt(%q, 0) = %+v; want keysFor's %+v", k, ks, keysFor("p:", k))
 			}
+			id := fmt.Sprintf("%q in generation %d", k, gen)
+			if got := tag(ks.base); got != want {
+				t.Errorf("key %s: base %q has tag %q; want %q", id, ks.base, got, want)
+			}
+			for _, name := range []string{ks.entry, ks.lease, ks.alive, ks.fail} {
+				if got := tag(name); got != want {
+					t.Errorf("key %s: %q has tag %q; want %q", id, name, got, want)
+				}
+				if other, dup := names[name]; dup {
+					t.Errorf("keys %s and %s share the name %q", id, other, name)
+				}
+				names[name] = id
+			}
+			if other, dup := bases[ks.base]; dup {
+				t.Errorf("keys %s and %s share the base %q", id, other, ks.base)
+			}
+			bases[ks.base] = id
 		}
-		if other, dup := bases[ks.base]; dup {
-			t.Errorf("keys %q and %q share the base %q", k, other, ks.base)
-		}
-		bases[ks.base] = k
 	}
 }
 

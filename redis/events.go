@@ -185,6 +185,12 @@ func (ev *events) watch(base string) chan struct{} {
 // drops one base at a time.
 func (ev *events) watchAll(bases []string) chan struct{} {
 	w := make(chan struct{}, 1)
+	ev.watchMore(bases, w)
+	return w
+}
+
+// watchMore registers w, made by watchAll, for bases too.
+func (ev *events) watchMore(bases []string, w chan struct{}) {
 	ev.mu.Lock()
 	defer ev.mu.Unlock()
 	for _, base := range bases {
@@ -195,7 +201,6 @@ func (ev *events) watchAll(bases []string) chan struct{} {
 		}
 		m[w] = struct{}{}
 	}
-	return w
 }
 
 func (ev *events) unwatch(base string, w chan struct{}) {

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"reflect"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -41,6 +42,10 @@ import (
 //     the subscription is confirmed again, and then at each health check
 //     while some are left, on a goroutine of its own; at most maxPending
 //     keys are kept, and Stats.InvalidationsLost counts the rest.
+//   - An InvalidateAll publishes, on the same channel, the writing tier's
+//     origin and "*" with the new generation (two lines, which no Set or
+//     Invalidate message is: a tier of an earlier version takes it for a
+//     message it cannot read, and distrusts every copy). See generation.go.
 
 // maxPending bounds the writes kept for replay.
 const maxPending = 1 << 16
@@ -134,6 +139,10 @@ func (t *Tier[K, V]) invalidation(name string, key K) string {
 // every copy.
 func (t *Tier[K, V]) onInvalidated(payload string) {
 	parts := strings.SplitN(payload, "\n", 3)
+	if len(parts) == 2 && strings.HasPrefix(parts[1], "*") {
+		t.onInvalidatedAll(parts[0], parts[1][1:])
+		return
+	}
 	if len(parts) == 3 && parts[0] != t.origin {
 		t.stats.invalidationsHeard.Add(1)
 	}
@@ -143,8 +152,25 @@ func (t *Tier[K, V]) onInvalidated(payload string) {
 		t.distrust()
 		return
 	}
-	t.served.drop(keysFor(t.opts.Prefix, parts[2]).base)
+	t.served.drop(keysAt(t.opts.Prefix, parts[2], t.gen.Load()).base)
 	t.fleet.each(func(l flightcache.LocalCache[K]) { l.Drop(key) })
+}
+
+// onInvalidatedAll handles the message of an InvalidateAll that moved the
+// shared tier to generation gen: the Loader drops every copy, unless the
+// tier knew of that generation already (and had it drop them then), or
+// the message is this tier's own (its Loader drops them itself).
+func (t *Tier[K, V]) onInvalidatedAll(origin, gen string) {
+	g, err := strconv.ParseInt(gen, 10, 64)
+	if err != nil || g < 0 {
+		t.stats.undecodedInvalidations.Add(1)
+		t.distrust()
+		return
+	}
+	if origin == t.origin {
+		return
+	}
+	t.advance(g, false)
 }
 
 // keyOf finds the key an invalidation's parts (origin, JSON, name) name.
@@ -183,10 +209,12 @@ func (t *Tier[K, V]) onRetry() {
 }
 
 // onUp runs each time the subscription is confirmed: what was handed to
-// the Loader while it was not is distrusted, and the writes that did not
-// reach Redis are replayed.
+// the Loader while it was not is distrusted, the shared generation is read
+// (an InvalidateAll made while it was not is acted on now), and the writes
+// that did not reach Redis are replayed.
 func (t *Tier[K, V]) onUp() {
 	t.onRetry()
+	t.refreshGen()
 	t.replay()
 }
 
@@ -230,18 +258,22 @@ func (t *Tier[K, V]) reached(name string) {
 }
 
 // replay sends, on a goroutine of its own (one at a time), the
-// invalidations kept while Redis could not be reached. It stops at the
-// first failure; the rest wait for the next time.
+// InvalidateAll calls, then the invalidations, kept while Redis could not
+// be reached. It stops at the first failure; the rest wait for the next
+// time.
 func (t *Tier[K, V]) replay() {
 	t.fleet.mu.Lock()
 	defer t.fleet.mu.Unlock()
-	if len(t.fleet.pending) == 0 || t.closed.Load() || !t.fleet.replaying.CompareAndSwap(false, true) {
+	if (len(t.fleet.pending) == 0 && t.allKept.Load() == 0) || t.closed.Load() || !t.fleet.replaying.CompareAndSwap(false, true) {
 		return
 	}
 	t.fleet.replays.Add(1)
 	go func() {
 		defer t.fleet.replays.Done()
 		defer t.fleet.replaying.Store(false)
+		if t.closed.Load() || t.down() || !t.ready(t.ctx) {
+			return
+		}
 		for !t.closed.Load() && !t.down() {
 			name, key, ok := t.nextPending()
 			if !ok || !t.invalidate(t.ctx, name, key) {
@@ -263,26 +295,32 @@ func (t *Tier[K, V]) nextPending() (name string, key K, ok bool) {
 	return "", key, false
 }
 
-// dropPending counts the writes still kept when the tier closes as lost.
+// dropPending counts the writes and InvalidateAll calls still kept when
+// the tier closes as lost.
 func (t *Tier[K, V]) dropPending() {
 	t.fleet.replays.Wait()
 	t.fleet.mu.Lock()
 	defer t.fleet.mu.Unlock()
 	t.stats.invalidationsLost.Add(uint64(len(t.fleet.pending)))
 	t.fleet.pending = nil
+	t.allMu.Lock()
+	defer t.allMu.Unlock()
+	t.stats.invalidateAllsLost.Add(uint64(t.allKept.Swap(0)))
+	t.allRetry.Store(0)
 }
 
-// invalidate deletes the shared entry of key (named name) and publishes
-// the invalidation, in one step. It reports whether Redis did it.
+// invalidate deletes the shared entry of key (named name), in the current
+// generation, and publishes the invalidation, in one step. It reports
+// whether Redis did it.
 func (t *Tier[K, V]) invalidate(ctx context.Context, name string, key K) bool {
-	ks := keysFor(t.opts.Prefix, name)
-	t.served.drop(ks.base)
-	c, cancel := t.op(ctx)
-	err := invalidateScript.Run(c, t.rdb, []string{ks.entry, ks.lease, ks.alive},
-		t.channel, ks.base, t.invChannel, t.invalidation(name, key)).Err()
-	cancel()
-	if err != nil {
-		t.writeFailed(ctx, err)
+	msg := t.invalidation(name, key)
+	ok := t.atGen(ctx, func(gen int64) evalCall {
+		ks := keysAt(t.opts.Prefix, name, gen)
+		t.served.drop(ks.base)
+		return evalCall{invalidateScript, []string{ks.entry, ks.lease, ks.alive},
+			[]any{t.channel, ks.base, t.invChannel, msg}}
+	})
+	if !ok {
 		return false
 	}
 	t.reached(name)

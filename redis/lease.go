@@ -151,7 +151,8 @@ var ErrPeerFailed = errors.New("flightredis: the load failed in another process"
 // the value (a Freshness that panics: served, not cached). Whatever ends
 // Load's goroutine once it holds the lease, the lease is released.
 func (t *Tier[K, V]) Load(ctx context.Context, key K, load func(context.Context) (V, error)) (flightcache.RemoteValue[V], error) {
-	if t.closed.Load() || t.down() {
+	t.used.Store(true)
+	if t.closed.Load() || t.down() || !t.ready(ctx) {
 		t.listening()
 		t.handed(t.key(key), key)
 		return t.local(ctx, load)
@@ -160,26 +161,49 @@ func (t *Tier[K, V]) Load(ctx context.Context, key K, load func(context.Context)
 	t.listening()
 	name := t.key(key)
 	t.handed(name, key)
-	ks := keysFor(t.opts.Prefix, name)
+	for try := 1; ; try++ {
+		rv, err, again := t.loadAt(ctx, key, name, t.gen.Load(), load)
+		if !again {
+			return rv, err
+		}
+		if try == maxGenTries { // the generation keeps moving: without Redis
+			return t.local(ctx, load)
+		}
+	}
+}
+
+// loadAt is Load under generation gen. It returns again, having handed
+// nothing over, when it learns of a newer generation before it holds the
+// lease: Load then starts again under that one.
+func (t *Tier[K, V]) loadAt(ctx context.Context, key K, name string, gen int64, load func(context.Context) (V, error)) (rv flightcache.RemoteValue[V], err error, again bool) {
+	ks := keysAt(t.opts.Prefix, name, gen)
 	w := t.events.watch(ks.base)
 	defer t.events.unwatch(ks.base, w)
 
-	c, cancel := t.op(ctx)
-	vals, err := t.rdb.HMGet(c, ks.entry, entryFields...).Result()
-	cancel()
+	vals, g, err := t.readEntry(ctx, ks)
 	if err != nil {
-		return t.fallback(ctx, err, load)
+		rv, err := t.fallback(ctx, err, load)
+		return rv, err, false
+	}
+	if cur, ok := t.seen(ctx, g, gen); !ok {
+		rv, err := t.localUnlessDone(ctx, load)
+		return rv, err, false
+	} else if cur != gen {
+		return rv, nil, true
 	}
 	e, perr := parseEntry(vals)
 	waited := "" // token of the lease this Load waited on
 	for attempt := 0; ; attempt++ {
+		if t.gen.Load() != gen { // nothing of an older generation is handed over
+			return rv, nil, true
+		}
 		if perr == nil && t.sharedNotFound(e) {
 			t.stats.notFoundHits.Add(1)
-			return flightcache.RemoteValue[V]{}, ErrSharedNotFound
+			return rv, ErrSharedNotFound, false
 		}
 		if perr == nil && e.ok && t.usable(ctx, ks, e) {
 			if v, err := t.decode(e.val); err == nil {
-				return t.hand(ks, e, v, waited != ""), nil
+				return t.hand(ks, e, v, waited != ""), nil, false
 			}
 			t.stats.decodeErrors.Add(1)
 		} else if perr != nil {
@@ -191,9 +215,16 @@ func (t *Tier[K, V]) Load(ctx context.Context, key K, load func(context.Context)
 			e.id, tok, t.leaseMS, t.aliveMS, waited).Slice()
 		cancel()
 		if err != nil {
-			return t.fallback(ctx, err, load)
+			rv, err := t.fallback(ctx, err, load)
+			return rv, err, false
 		}
 		kind, _ := res[0].(string)
+		if t.gen.Load() != gen {
+			if kind == "won" || kind == "stolen" {
+				t.release(context.WithoutCancel(ctx), ks, tok, "", false)
+			}
+			return rv, nil, true
+		}
 		switch kind {
 		case "entry":
 			fields, _ := res[1].([]any)
@@ -203,13 +234,15 @@ func (t *Tier[K, V]) Load(ctx context.Context, key K, load func(context.Context)
 			// The entry is still e (acquire compared the ids): it may
 			// cover the failure.
 			t.stats.peerErrors.Add(1)
-			return t.cover(e, peerError(res[1]))
+			rv, err := t.cover(e, peerError(res[1]))
+			return rv, err, false
 		case "won", "stolen":
 			if kind == "stolen" {
 				t.stats.takeovers.Add(1)
 			}
 			fctx, fleet := t.withFleetValue(ctx, e)
-			return t.hold(fctx, ks, key, tok, load, fleet)
+			rv, err := t.hold(fctx, ks, key, tok, load, fleet)
+			return rv, err, false
 		}
 		// "held": wait for the holder's publish, a poll, or the holder's
 		// alive key to lapse, whichever comes first.
@@ -229,7 +262,7 @@ func (t *Tier[K, V]) Load(ctx context.Context, key K, load func(context.Context)
 			t.stats.polls.Add(1)
 		case <-ctx.Done():
 			timer.Stop()
-			return flightcache.RemoteValue[V]{}, ctxError(ctx)
+			return rv, ctxError(ctx), false
 		}
 		timer.Stop()
 	}
@@ -315,6 +348,9 @@ func (t *Tier[K, V]) hold(ctx context.Context, ks keys, key K, tok string, load 
 		want := (t.sie > 0 || t.perValue) && coverable(err)
 		e := t.release(bg, ks, tok, failure(ctx, tok, err), want)
 		settled = true
+		if t.dead(ks) { // an InvalidateAll ended the entry's generation: it covers nothing
+			e = entry{}
+		}
 		return t.cover(e, err)
 	}
 	rv := flightcache.RemoteValue[V]{Value: v, LoadedAt: end, Took: end.Sub(start), Loaded: true}
@@ -350,6 +386,11 @@ func (t *Tier[K, V]) notFoundCall(ks keys, tok string) evalCall {
 // tok is still held, drops the lease and publishes, so every process (the
 // ones waiting on this lease included) gets the not-found from the tier.
 func (t *Tier[K, V]) writeNotFound(ctx context.Context, ks keys, tok string) {
+	if t.dead(ks) { // of a generation an InvalidateAll ended: not stored
+		t.stats.writesLost.Add(1)
+		t.release(ctx, ks, tok, "", false)
+		return
+	}
 	call := t.notFoundCall(ks, tok)
 	c, cancel := t.op(ctx)
 	n, err := call.script.Run(c, t.rdb, call.keys, call.args...).Int()
@@ -404,13 +445,20 @@ func (t *Tier[K, V]) beat(ks keys, tok string) (stop func()) {
 // give this value (Options.WindowsOf: per-value Freshness included), if the
 // lease tok is still held. A value not to share (see encode) is not
 // stored: the lease is released instead, which wakes the processes waiting
-// on it, so they load for themselves at once.
+// on it, so they load for themselves at once. Nor is a value loaded under
+// the lease of a generation that has ended (an InvalidateAll during the
+// load): it is counted in WritesLost.
 func (t *Tier[K, V]) write(ctx context.Context, ks keys, key K, tok string, rv flightcache.RemoteValue[V]) {
-	id, args, ok := t.encode(ks, key, rv)
+	enc, ok := t.encode(key, rv)
+	if ok && t.dead(ks) {
+		t.stats.writesLost.Add(1)
+		ok = false
+	}
 	if !ok {
 		t.release(ctx, ks, tok, "", false)
 		return
 	}
+	id, args := t.writeArgs(ks, enc)
 	c, cancel := t.op(ctx)
 	n, err := writeScript.Run(c, t.rdb, writeKeys(ks), append([]any{tok}, args...)...).Int()
 	cancel()
@@ -422,21 +470,26 @@ func (t *Tier[K, V]) write(ctx context.Context, ks keys, key K, tok string, rv f
 	}
 }
 
-// encode prepares the write of rv as the entry of key (named ks): the
-// entry's new version id and writeScript's arguments after the token. ok is
-// false for a value not to share: one the Loader would not cache, or one
-// the tier cannot write, counted in EncodeErrors (the Codec failed or
-// panicked, or Options.Freshness panicked). It calls user code
-// (Options.Freshness, the Codec) on the caller's goroutine, and recovers
-// their panics: the value still reaches the Loader, which asks Freshness
-// again, recovers that panic too and serves the value uncached, as it
-// does without the tier.
-func (t *Tier[K, V]) encode(ks keys, key K, rv flightcache.RemoteValue[V]) (id string, args []any, ok bool) {
+// encoded is a value ready to be written as a key's entry: its encoding
+// and its times (Unix µs), and its Redis lifetime.
+type encoded struct {
+	data                          []byte
+	at, took, fresh, stale, until int64
+	life                          time.Duration
+}
+
+// encode prepares the write of rv as the entry of key. ok is false for a
+// value not to share: one the Loader would not cache, or one the tier
+// cannot write, counted in EncodeErrors (the Codec failed or panicked, or
+// Options.Freshness panicked). It calls user code (Options.Freshness, the
+// Codec) on the caller's goroutine, and recovers their panics: the value
+// still reaches the Loader, which asks Freshness again, recovers that
+// panic too and serves the value uncached, as it does without the tier.
+func (t *Tier[K, V]) encode(key K, rv flightcache.RemoteValue[V]) (enc encoded, ok bool) {
 	w, data, ok := t.prepare(key, rv.Value)
 	if !ok {
-		return "", nil, false
+		return encoded{}, false
 	}
-	id = token(8)
 	at := micros(rv.LoadedAt)
 	w.Fresh = max(w.Fresh, time.Millisecond)
 	fresh := addSat(at, w.Fresh.Microseconds())
@@ -445,8 +498,15 @@ func (t *Tier[K, V]) encode(ks keys, key K, rv flightcache.RemoteValue[V]) (id s
 	// Redis frees the entry when no process can use it; "never" (a TTL of
 	// math.MaxInt64) stays about 292 years.
 	life := addSat(addSat(w.Fresh, w.StaleWhileRevalidate), w.StaleIfError)
-	return id, []any{id, data, at, rv.Took.Microseconds(), fresh, stale, px(life),
-		t.channel, ks.base, until}, true
+	return encoded{data: data, at: at, took: rv.Took.Microseconds(), fresh: fresh, stale: stale, until: until, life: life}, true
+}
+
+// writeArgs are writeScript's arguments after the token, to write enc as
+// the entry of ks, and the entry's new version id.
+func (t *Tier[K, V]) writeArgs(ks keys, enc encoded) (id string, args []any) {
+	id = token(8)
+	return id, []any{id, enc.data, enc.at, enc.took, enc.fresh, enc.stale, px(enc.life),
+		t.channel, ks.base, enc.until}
 }
 
 // prepare runs the user code of encode: the windows of v (Options.WindowsOf,
@@ -574,6 +634,15 @@ func (t *Tier[K, V]) fallback(ctx context.Context, err error, load func(context.
 	return t.local(ctx, load)
 }
 
+// localUnlessDone serves a Load locally after a failure already recorded,
+// unless the Load's own context ended.
+func (t *Tier[K, V]) localUnlessDone(ctx context.Context, load func(context.Context) (V, error)) (flightcache.RemoteValue[V], error) {
+	if ctx.Err() != nil {
+		return flightcache.RemoteValue[V]{}, ctxError(ctx)
+	}
+	return t.local(ctx, load)
+}
+
 // local calls load without the tier.
 func (t *Tier[K, V]) local(ctx context.Context, load func(context.Context) (V, error)) (flightcache.RemoteValue[V], error) {
 	t.stats.localLoads.Add(1)
@@ -586,38 +655,44 @@ func (t *Tier[K, V]) local(ctx context.Context, load func(context.Context) (V, e
 	return flightcache.RemoteValue[V]{Value: v, LoadedAt: end, Took: end.Sub(start), Loaded: true}, nil
 }
 
-// Set implements [flightcache.Remote]: it stores v as key's shared entry,
-// drops any lease on key, so a load in flight in another process does not
-// overwrite it, and has every other process of the fleet drop its local
-// copy of key (invalidate.go). A value the Loader would not cache (or the
+// Set implements [flightcache.Remote]: it stores v as key's shared entry
+// (in the current generation, see [Tier.InvalidateAll]), drops any lease
+// on key, so a load in flight in another process does not overwrite it,
+// and has every other process of the fleet drop its local copy of key
+// (invalidate.go). A value the Loader would not cache (or the
 // tier cannot write: the Codec fails or panics, or Options.Freshness
 // panics) is not shared: key's shared entry is deleted instead. A Set
 // that cannot reach Redis is replayed as an invalidation once it can.
 func (t *Tier[K, V]) Set(ctx context.Context, key K, v flightcache.RemoteValue[V]) {
+	t.used.Store(true)
 	name := t.key(key)
 	t.handed(name, key)
-	if t.closed.Load() || t.down() {
+	if t.closed.Load() || t.down() || !t.ready(ctx) {
 		t.skip(name, key)
 		return
 	}
-	ks := keysFor(t.opts.Prefix, name)
-	id, args, ok := t.encode(ks, key, v)
+	enc, ok := t.encode(key, v)
 	if !ok {
 		if !t.invalidate(ctx, name, key) {
 			t.keep(name, key)
 		}
 		return
 	}
-	c, cancel := t.op(ctx)
-	err := writeScript.Run(c, t.rdb, writeKeys(ks), append(append([]any{""}, args...), t.invChannel, t.invalidation(name, key))...).Err()
-	cancel()
-	if err != nil {
-		t.writeFailed(ctx, err)
+	msg := t.invalidation(name, key)
+	var id, base string // of the write under the current generation
+	ok = t.atGen(ctx, func(gen int64) evalCall {
+		ks := keysAt(t.opts.Prefix, name, gen)
+		var args []any
+		id, args = t.writeArgs(ks, enc)
+		base = ks.base
+		return evalCall{writeScript, writeKeys(ks), append(append([]any{""}, args...), t.invChannel, msg)}
+	})
+	if !ok {
 		t.keep(name, key)
 		return
 	}
 	t.reached(name)
-	t.served.put(ks.base, id)
+	t.served.put(base, id)
 }
 
 // Invalidate implements [flightcache.Remote]: it deletes key's shared entry
@@ -626,8 +701,9 @@ func (t *Tier[K, V]) Set(ctx context.Context, key K, v flightcache.RemoteValue[V
 // process of the fleet drop its local copy of key (invalidate.go). An
 // Invalidate that cannot reach Redis is replayed once it can.
 func (t *Tier[K, V]) Invalidate(ctx context.Context, key K) {
+	t.used.Store(true)
 	name := t.key(key)
-	if t.closed.Load() || t.down() {
+	if t.closed.Load() || t.down() || !t.ready(ctx) {
 		t.skip(name, key)
 		return
 	}

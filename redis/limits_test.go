@@ -131,10 +131,11 @@ func TestTierSaturatesAtTheExtremes(t *testing.T) {
 	}
 	ks := keysFor("p:", "k")
 	now := time.Now()
-	_, args, ok := tier.encode(ks, "k", flightcache.RemoteValue[int]{Value: 1, LoadedAt: now})
+	enc, ok := tier.encode("k", flightcache.RemoteValue[int]{Value: 1, LoadedAt: now})
 	if !ok {
 		t.Fatal("encode refused the value")
 	}
+	_, args := tier.writeArgs(ks, enc)
 	// writeScript's ARGV after the token: id, v, at, took, fresh, stale,
 	// PEXPIRE, channel, base, until. The times, in microseconds, do not
 	// overflow (about 2·10¹⁶ at most); the PEXPIRE is the largest.

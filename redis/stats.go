@@ -40,9 +40,10 @@ type Stats struct {
 	Wakeups, Polls uint64
 	// WritesLost counts values loaded here under a lease that was gone when
 	// they were written (Set or Invalidate elsewhere, or a takeover after
-	// this holder stopped beating): they reached this process's callers but
-	// not Redis. Not-founds whose marker could not be stored for the same
-	// reason count here too.
+	// this holder stopped beating), or of a generation an InvalidateAll had
+	// ended: they reached this process's callers but not Redis. Not-founds
+	// whose marker could not be stored for the same reasons count here
+	// too.
 	WritesLost uint64
 	// RedisErrors counts Redis round trips that failed or timed out (the
 	// Loader's own cancellations aside). Each one steps the tier aside for
@@ -51,8 +52,10 @@ type Stats struct {
 	// LocalLoads counts loads that went straight to the downstream because
 	// Redis had failed (or the tier was closed): local-only service.
 	LocalLoads uint64
-	// Skipped counts Set and Invalidate calls not passed on to Redis
-	// because the tier was stepping aside.
+	// Skipped counts Set, Invalidate and InvalidateAll calls not passed on
+	// to Redis because the tier was stepping aside (or, for Set and
+	// Invalidate, because an InvalidateAll kept for replay could not be
+	// sent first).
 	Skipped uint64
 	// DecodeErrors and EncodeErrors count entries the Codec could not read
 	// (they are reloaded) or write (the value is served but not shared).
@@ -108,6 +111,34 @@ type Stats struct {
 	// (more than 65,536 keys waited at once), were still waiting when the
 	// tier closed, or came after it closed.
 	InvalidationsLost uint64
+
+	// Generation is the newest generation of the shared tier this process
+	// knows: the number of InvalidateAll moves the fleet made, unless the
+	// counter was lost (see GenerationRestores).
+	Generation int64
+	// InvalidateAllsSent counts the generation moves this process made in
+	// Redis ([Tier.InvalidateAll]): one per call that reached Redis at
+	// once, one per replay however many calls it covered.
+	InvalidateAllsSent uint64
+	// InvalidateAllsHeard counts the times the tier had its Loader drop
+	// every local copy (flightcache.LocalCache.DropAll, counted in the
+	// Loader's InvalidateAlls) because another process moved the
+	// generation: heard on the subscription, or read from Redis first.
+	// Moves learned together count once.
+	InvalidateAllsHeard uint64
+	// InvalidateAllsReplayed counts InvalidateAll calls that could not
+	// reach Redis at once (the tier stepping aside, counted in Skipped; a
+	// failed round trip, counted in RedisErrors) and were covered by a
+	// later move: their replay, or another call's move.
+	InvalidateAllsReplayed uint64
+	// InvalidateAllsLost counts InvalidateAll calls still waiting for
+	// their replay when the tier closed, or made after it closed.
+	InvalidateAllsLost uint64
+	// GenerationRestores counts the times this process found the shared
+	// generation below one it had seen (the counter was lost: a Redis
+	// restart without persistence, a failover before the move reached the
+	// replica, a deleted key) and set it back.
+	GenerationRestores uint64
 }
 
 type counters struct {
@@ -118,6 +149,9 @@ type counters struct {
 	invalidationsSent, invalidationsHeard, undecodedInvalidations atomic.Uint64
 	subscriptionLosses, distrusts                                 atomic.Uint64
 	invalidationsReplayed, invalidationsLost                      atomic.Uint64
+	invalidateAllsSent, invalidateAllsHeard                       atomic.Uint64
+	invalidateAllsReplayed, invalidateAllsLost                    atomic.Uint64
+	generationRestores                                            atomic.Uint64
 }
 
 // Stats returns the tier's counters. It is safe to call at any time.
@@ -135,5 +169,8 @@ func (t *Tier[K, V]) Stats() Stats {
 		InvalidationsHeard: c.invalidationsHeard.Load(), UndecodedInvalidations: c.undecodedInvalidations.Load(),
 		SubscriptionLosses: c.subscriptionLosses.Load(), Distrusts: c.distrusts.Load(),
 		InvalidationsReplayed: c.invalidationsReplayed.Load(), InvalidationsLost: c.invalidationsLost.Load(),
+		Generation: t.gen.Load(), InvalidateAllsSent: c.invalidateAllsSent.Load(),
+		InvalidateAllsHeard: c.invalidateAllsHeard.Load(), InvalidateAllsReplayed: c.invalidateAllsReplayed.Load(),
+		InvalidateAllsLost: c.invalidateAllsLost.Load(), GenerationRestores: c.generationRestores.Load(),
 	}
 }

@@ -31,6 +31,12 @@
 // replayed as an invalidation once it can. [Stats] says whether the tier
 // is listening.
 //
+// And a [flightcache.RemoteInvalidateAll]: a Loader.InvalidateAll moves
+// the shared tier on to a new generation in one Redis command
+// ([Tier.InvalidateAll]), which makes every older entry absent for every
+// process at once, and every other process drops its local copies when it
+// hears of it.
+//
 // # Batches
 //
 // A Tier is also a [flightcache.RemoteMany]: with
@@ -161,6 +167,15 @@ type Tier[K comparable, V any] struct {
 	origin                   string // this tier's name in its invalidations
 	fleet                    fleetState[K]
 
+	// The generation of the shared tier (generation.go).
+	genKey   string       // the counter in Redis
+	gen      atomic.Int64 // the newest generation this tier knows
+	allMu    sync.Mutex   // one generation move at a time
+	allKept  atomic.Int64 // InvalidateAll calls not in Redis yet (in progress or failed)
+	allRetry atomic.Int64 // of allKept, those whose own attempt failed
+	ownAll   atomic.Int32 // this process's InvalidateAll moves in progress
+	used     atomic.Bool  // the Loader has called the tier: its cache may hold what a move drops
+
 	served served
 	events events
 	stats  counters
@@ -229,6 +244,7 @@ func New[K comparable, V any](client redis.UniversalClient, loader flightcache.O
 		channel:    opts.Prefix + "loaded",
 		invChannel: opts.Prefix + "invalidated",
 		origin:     token(8),
+		genKey:     opts.Prefix + "generation",
 	}
 	t.fresh = max(t.fresh, time.Millisecond)
 	if t.key == nil {
@@ -319,8 +335,9 @@ func (o Options[K, V]) withDefaults(loadTimeout time.Duration) Options[K, V] {
 // Close stops the tier's pub/sub subscription and its background work.
 // Call it after [flightcache.Loader.Close]; a Load after Close goes
 // straight to the downstream. Sets and Invalidates still waiting to be
-// replayed are dropped (Stats.InvalidationsLost). Close does not close the Redis client. It is
-// idempotent and always returns nil.
+// replayed are dropped (Stats.InvalidationsLost), and so are
+// InvalidateAll calls (Stats.InvalidateAllsLost). Close does not close the
+// Redis client. It is idempotent and always returns nil.
 //
 // NOTE: with Redis hung, Close waits for go-redis to give up setting up the
 // subscription's connection, which only the client's ReadTimeout bounds
@@ -402,7 +419,8 @@ func (s *served) put(base, id string) {
 }
 
 // reset forgets everything: after a Distrust, the Loader asks again for
-// what it holds to read it, not to refresh it.
+// what it holds to read it, not to refresh it; after a generation move,
+// nothing handed over is of the current generation.
 func (s *served) reset() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
