@@ -169,17 +169,14 @@ func attempt[T any, K comparable, V any](l *Loader[K, V], ctx context.Context, c
 	return v, err
 }
 
-// allow asks the breaker for one call, wrapping a refusal in ErrBreakerOpen.
-// A breaker that panics refuses.
+// allow asks the breaker for one call, wrapping a refusal so that it
+// matches ErrBreakerOpen (breakerOpen). A breaker that panics refuses.
 func (l *Loader[K, V]) allow() (done func(Outcome), err error) {
 	if perr := l.guard(func() { done, err = l.breaker.Allow() }, nil); perr != nil {
 		err = perr
 	}
 	if err != nil {
-		if !errors.Is(err, ErrBreakerOpen) {
-			err = fmt.Errorf("%w: %w", ErrBreakerOpen, err)
-		}
-		return nil, err
+		return nil, breakerOpen(err)
 	}
 	if done == nil {
 		done = func(Outcome) {}
