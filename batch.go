@@ -2,7 +2,6 @@ package flightcache
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"reflect"
 	"slices"
@@ -185,6 +184,7 @@ func (l *Loader[K, V]) completeBatch(b *batch[K, V], m map[K]V, remote map[K]Rem
 	if b.background {
 		l.stats.refreshing.Add(-1)
 	}
+	nf := false // err is a not-found: judged below, once for all the keys
 	next := 0
 	defer func() {
 		// A Freshness or Cost that called Goexit stops the loop below:
@@ -194,28 +194,30 @@ func (l *Loader[K, V]) completeBatch(b *batch[K, V], m map[K]V, remote map[K]Rem
 		}
 		l.handAll(b.writes) // one handover for the batch, not one per key
 		b.writes = nil
-		l.reportBatch(b, err, attempts, took)
+		l.reportBatch(b, err, nf, attempts, took)
 	}()
+	nf = l.notFound(err) // user code: after the defer, which covers a Goexit
 	for next < len(b.calls) {
 		c := b.calls[next]
 		next++
 		r := loaded[V]{attempts: attempts, took: took}
 		if err != nil {
-			r.err = err
+			r.err, r.nf, r.judged = err, nf, true
 		} else if remote != nil {
 			rr, ok := remote[c.key]
 			fromRemote(rr, ok, &r)
 		} else if v, ok := m[c.key]; ok {
 			r.val = v
 		} else {
-			r.err = ErrNotFound
+			r.err, r.nf, r.judged = ErrNotFound, true, true
 		}
 		l.complete(c, &r)
 	}
 }
 
-// reportBatch reports b once it is delivered: Stats and OnLoad.
-func (l *Loader[K, V]) reportBatch(b *batch[K, V], err error, attempts int, took time.Duration) {
+// reportBatch reports b once it is delivered: Stats and OnLoad. nf: err
+// is a not-found.
+func (l *Loader[K, V]) reportBatch(b *batch[K, V], err error, nf bool, attempts int, took time.Duration) {
 	if b.abandoned.Load() {
 		l.stats.abandoned.Add(1)
 	}
@@ -224,7 +226,7 @@ func (l *Loader[K, V]) reportBatch(b *batch[K, V], err error, attempts int, took
 		return
 	}
 	ev := LoadEvent[K]{
-		Key: b.leader.key, Duration: took, Err: err, Attempts: attempts, Background: b.background,
+		Key: b.leader.key, Duration: took, Err: err, NotFound: nf, Attempts: attempts, Background: b.background,
 		Callers: b.callers, Abandoned: b.abandoned.Load(), Stored: b.stored, Keys: len(b.calls),
 	}
 	l.guard(func() { l.opts.OnLoad(ev) }, nil)
@@ -238,11 +240,12 @@ const dedupeOnStack = 256
 // would (a hit, a stale value with its refresh, a load), with the misses
 // that no load is in flight for loaded together by [Options.LoadMany] (or
 // each through the LoadFunc, all at once, without it). The map holds every
-// key that has a value; a key that does not exist ([ErrNotFound]) is
-// absent. The error is nil when every key has a value or does not exist;
-// otherwise it is a [*ManyError] that holds each failed key's error (a key
-// covered by a stale value under StaleIfError is not failed), and the map
-// still holds every key that has a value. If ctx ends first, GetMany
+// key that has a value; a key that does not exist (a not-found:
+// [ErrNotFound], or [Options.IsNotFound]) is absent. The error is nil when
+// every key has a value or does not exist; otherwise it is a [*ManyError]
+// that holds each failed key's error (a key covered by a stale value under
+// StaleIfError is not failed), and the map still holds every key that has
+// a value. If ctx ends first, GetMany
 // returns the values it has and ctx.Err(), and the loads go on according to
 // [Options.Policy]. Duplicate keys are allowed. Each distinct key counts as
 // one Get in Stats. GetMany is safe for concurrent use; after Close it
@@ -386,14 +389,14 @@ next:
 	var failed map[K]error
 	left := false // the caller's context ended: the GetMany left the loads it had not got yet
 	for _, it := range waits {
-		v, _, err := l.await(&cl, s, it.key, it.h, now, false, it.j)
+		v, _, nf, err := l.await(&cl, s, it.key, it.h, now, false, it.j)
 		answer(&s.passed)
 		switch {
 		case err == nil:
 			out[it.key] = v
 		case err == errLeft:
 			left = true
-		case errors.Is(err, ErrNotFound):
+		case nf: // absent (Options.IsNotFound)
 		default:
 			if failed == nil {
 				failed = make(map[K]error)

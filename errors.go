@@ -16,6 +16,12 @@ var ErrClosed = errors.New("flightcache: loader closed")
 // that does not exist downstream. It is never counted as a breaker failure
 // and is never retried. With [Options.NotFoundTTL] > 0 it is cached (negative
 // caching) and later Gets return the same error until it expires.
+//
+// A LoadFunc's own not-found error (sql.ErrNoRows, a 404 mapped to
+// ErrProductNotFound) is none of this unless it wraps ErrNotFound, as
+// fmt.Errorf("%w: %w", ErrNotFound, err) does (callers still find err with
+// errors.Is), or [Options.IsNotFound] says it is a not-found: otherwise it
+// is a failure, retried, counted against the breaker and never cached.
 var ErrNotFound = errors.New("flightcache: not found")
 
 // ErrNotModified is what a [ReloadFunc] returns when the value it was

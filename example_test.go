@@ -2,6 +2,7 @@ package flightcache_test
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"runtime"
@@ -388,4 +389,38 @@ func ExampleLoader_Peek() {
 	// Output:
 	// false
 	// loaded hit true 2
+}
+
+// A LoadFunc that returns its database's own error for a missing row:
+// IsNotFound says that sql.ErrNoRows means the key does not exist, so the
+// missing row is not retried, is no breaker failure, and is cached for
+// NotFoundTTL; callers still see sql.ErrNoRows. Without IsNotFound it would
+// be a failure, queried three times per Get. The LoadFunc could instead
+// return fmt.Errorf("%w: %w", flightcache.ErrNotFound, err).
+func ExampleOptions_isNotFound() {
+	var queries atomic.Int32
+	names, _ := flightcache.New(func(ctx context.Context, id string) (string, error) {
+		queries.Add(1)
+		if id != "p-1" {
+			return "", sql.ErrNoRows // what Row.Scan returns for no row
+		}
+		return "Widget", nil
+	}, flightcache.Options[string, string]{
+		TTL:         time.Minute,
+		NotFoundTTL: 10 * time.Second,
+		Retry:       flightcache.Retry{MaxAttempts: 3},
+		IsNotFound:  func(err error) bool { return errors.Is(err, sql.ErrNoRows) },
+	})
+	defer names.Close()
+
+	for range 3 {
+		_, err := names.Get(context.Background(), "p-404")
+		fmt.Println(errors.Is(err, sql.ErrNoRows))
+	}
+	fmt.Println("queries:", queries.Load())
+	// Output:
+	// true
+	// true
+	// true
+	// queries: 1
 }

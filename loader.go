@@ -17,7 +17,8 @@ import (
 // LoadTimeout or Close (or, under CancelAtZero, when every waiter has left);
 // [context.Cause] tells which ([ErrLoadTimeout], [ErrClosed], or a
 // [context.Canceled] error). Return an error matching [ErrNotFound] for a
-// key that does not exist.
+// key that does not exist, or one [Options.IsNotFound] accepts: any other
+// error is a failure.
 //
 // NOTE: the value returned is shared by every caller of the load and stored
 // in the cache: treat it as read-only. Load goroutines are reused: the
@@ -321,7 +322,7 @@ func (l *Loader[K, V]) GetInfo(ctx context.Context, key K) (v V, info Info, err 
 	if revalidate {
 		l.stats.revalidations.Add(1)
 	}
-	v, info, err = l.wait(&cl, s, key, h, g, now, false)
+	v, info, _, err = l.wait(&cl, s, key, h, g, now, false)
 	if err == errLeft {
 		err = ctx.Err()
 	}
@@ -341,8 +342,9 @@ func (l *Loader[K, V]) held(cur *entry[K, V], now time.Duration) *entry[K, V] {
 // wait joins (or starts) key's load for cl and waits for it or for cl's
 // context. g is what the caller saw of key in the cache, if anything.
 // again is true on the one retry for a value that was stale beyond the
-// caller's max-stale (the Get was counted already).
-func (l *Loader[K, V]) wait(cl *caller, s *stripe, key K, h uint64, g glance[K, V], start time.Duration, again bool) (v V, info Info, err error) {
+// caller's max-stale (the Get was counted already). nf reports that err is
+// a not-found (Options.IsNotFound), as the load judged it.
+func (l *Loader[K, V]) wait(cl *caller, s *stripe, key K, h uint64, g glance[K, V], start time.Duration, again bool) (v V, info Info, nf bool, err error) {
 	j := l.flights.join(cl, s, key, h, g, start, nil)
 	return l.await(cl, s, key, h, start, again, j)
 }
@@ -356,12 +358,12 @@ var errLeft = errors.New("flightcache: the caller's context ended")
 // await is the rest of wait once the key's load is joined (or started):
 // it waits for the load or for cl's context, and judges the result for
 // this caller.
-func (l *Loader[K, V]) await(cl *caller, s *stripe, key K, h uint64, start time.Duration, again bool, j joined[K, V]) (v V, info Info, err error) {
+func (l *Loader[K, V]) await(cl *caller, s *stripe, key K, h uint64, start time.Duration, again bool, j joined[K, V]) (v V, info Info, nf bool, err error) {
 	if j.hit != nil { // a load (or Set) finished as this Get looked: no need to wait
 		if !again {
 			l.stats.lateHits.Add(1)
 		}
-		return j.hit.val, Info{Source: SourceHit, Age: l.now() - j.hit.loadedAt}, j.hit.error()
+		return j.hit.val, Info{Source: SourceHit, Age: l.now() - j.hit.loadedAt}, j.hit.isNotFound(), j.hit.error()
 	}
 	if j.stale != nil { // the same, with a value stale within StaleWhileRevalidate
 		if !again {
@@ -369,7 +371,7 @@ func (l *Loader[K, V]) await(cl *caller, s *stripe, key K, h uint64, start time.
 		}
 		now := l.now()
 		l.refresh(cl, s, key, h, j.stale, now, nil)
-		return j.stale.val, Info{Source: SourceStale, Age: now - j.stale.loadedAt}, nil
+		return j.stale.val, Info{Source: SourceStale, Age: now - j.stale.loadedAt}, false, nil
 	}
 	if !again {
 		l.stats.misses.Add(1)
@@ -378,7 +380,7 @@ func (l *Loader[K, V]) await(cl *caller, s *stripe, key K, h uint64, start time.
 		}
 	}
 	if j.err != nil {
-		return v, info, j.err
+		return v, info, false, j.err
 	}
 	c := j.c
 	if !j.counted {
@@ -390,7 +392,7 @@ func (l *Loader[K, V]) await(cl *caller, s *stripe, key K, h uint64, start time.
 		if l.flights.leave(c) {
 			l.stats.waiting.Add(-1)
 			l.stats.canceled.Add(1)
-			return v, Info{Waited: l.now() - start}, errLeft
+			return v, Info{Waited: l.now() - start}, false, errLeft
 		}
 		<-c.done // the result was delivered as ctx ended: it is ours
 	}
@@ -404,7 +406,7 @@ func (l *Loader[K, V]) await(cl *caller, s *stripe, key K, h uint64, start time.
 	case c.err != nil:
 		if v, age, ok := l.staleOnError(cl, key, h, c, end); ok {
 			l.stats.staleOnError.Add(1)
-			return v, Info{Source: SourceStaleOnError, Age: age, Waited: info.Waited}, nil
+			return v, Info{Source: SourceStaleOnError, Age: age, Waited: info.Waited}, false, nil
 		}
 	case !again && end >= c.freshUntil && !cl.acceptsStale(c.freshUntil, end):
 		// A Remote gave the load a value already stale, and this caller's
@@ -420,7 +422,7 @@ func (l *Loader[K, V]) await(cl *caller, s *stripe, key K, h uint64, start time.
 			l.stats.sharedErrors.Add(1)
 		}
 	}
-	return c.val, info, c.err
+	return c.val, info, c.notFound, c.err
 }
 
 // staleOnError looks for a value to return instead of c's error: the key's
@@ -429,7 +431,7 @@ func (l *Loader[K, V]) await(cl *caller, s *stripe, key K, h uint64, start time.
 // offered with the error. It looks afresh, so an Invalidate during the wait
 // leaves nothing local to fall back on.
 func (l *Loader[K, V]) staleOnError(cl *caller, key K, h uint64, c *call[K, V], now time.Duration) (v V, age time.Duration, ok bool) {
-	if l.opts.StaleIfError == 0 || errorsIsAny(c.err, ErrNotFound, ErrClosed) {
+	if l.opts.StaleIfError == 0 || c.notFound || errors.Is(c.err, ErrClosed) {
 		return v, 0, false
 	}
 	e := l.flights.latest(key, h)

@@ -68,6 +68,10 @@ type LoadEvent[K comparable] struct {
 	Duration time.Duration
 	// Err is the load's error, nil on success.
 	Err error
+	// NotFound is true when Err is a not-found ([Options.IsNotFound]): the
+	// downstream answered that the key does not exist. For a LoadMany call
+	// it judges the call's Err, not its keys missing from the result.
+	NotFound bool
 	// Attempts is the number of LoadFunc calls the load made (0 when the
 	// breaker refused the first one).
 	Attempts int
