@@ -327,9 +327,8 @@ func ExampleLoader_Refresh() {
 // in one LoadMany call. A key the downstream does not know is absent.
 func ExampleLoader_GetMany() {
 	var calls atomic.Int32
-	l, _ := flightcache.New(func(ctx context.Context, id string) (int, error) {
-		return 0, errors.New("unused: GetMany loads through LoadMany")
-	}, flightcache.Options[string, int]{
+	// No LoadFunc: a Get would load its one key through LoadMany.
+	l, _ := flightcache.New(nil, flightcache.Options[string, int]{
 		TTL: time.Minute,
 		LoadMany: func(ctx context.Context, ids []string) (map[string]int, error) {
 			calls.Add(1)

@@ -43,13 +43,14 @@ type LoadFunc[K comparable, V any] func(ctx context.Context, key K) (V, error)
 type ReloadFunc[K comparable, V any] func(ctx context.Context, key K, old V) (V, error)
 
 // LoadManyFunc loads several keys in one downstream call, for
-// [Loader.GetMany] (see [Options.LoadMany]). A key missing from the map it
+// [Loader.GetMany] (see [Options.LoadMany]), and one key at a time for a
+// Loader made without a LoadFunc (see [New]). A key missing from the map it
 // returns does not exist (as if its load returned [ErrNotFound]); a key it
 // returns that was not asked for is ignored. An error fails every key of
 // the call. It runs as a LoadFunc does, on a goroutine of the Loader, under
-// a context that carries the values of the GetMany that started it, through
-// the same retries, breaker and LoadTimeout; it is never called with more
-// than [Options.MaxBatch] keys, nor with a key twice.
+// a context that carries the values of the Get or GetMany that started it,
+// through the same retries, breaker and LoadTimeout; it is never called
+// with more than [Options.MaxBatch] keys, nor with a key twice.
 type LoadManyFunc[K comparable, V any] func(ctx context.Context, keys []K) (map[K]V, error)
 
 // Loader is a cache-aside loader: a cache in front of a LoadFunc, with one
@@ -161,11 +162,21 @@ func (e *entry[K, V]) isNotFound() bool { return e.extra != nil && e.extra.notFo
 
 const refreshing = int64(^uint64(0) >> 1)
 
-// New returns a Loader that loads missing keys with load. It returns an
-// error naming the field if opts is invalid, or if load is nil.
+// New returns a Loader that loads missing keys with load.
+//
+// load may be nil when opts.LoadMany is set, for a downstream that only
+// answers batches: every load that is not one of GetMany's batches (a
+// Get's, GetInfo's, a refresh's, Refresh's, a revalidating Get's) is then a
+// LoadMany call for its one key, whose map gives the value (a key missing
+// from it does not exist: [ErrNotFound]), through the same retries,
+// breaker and LoadTimeout; [Options.Reload], if set, still reloads a key
+// the Loader holds. Such a call counts as a load, not in Stats.BatchLoads.
+//
+// It returns an error naming the field if opts is invalid, or if load is
+// nil and opts.LoadMany too.
 func New[K comparable, V any](load LoadFunc[K, V], opts Options[K, V]) (*Loader[K, V], error) {
-	if load == nil {
-		return nil, optionError("LoadFunc", "(the load argument) must not be nil")
+	if load == nil && opts.LoadMany == nil {
+		return nil, optionError("LoadMany", "must be set when the load argument (the LoadFunc) is nil")
 	}
 	if err := opts.validate(); err != nil {
 		return nil, err
@@ -180,6 +191,9 @@ func New[K comparable, V any](load LoadFunc[K, V], opts Options[K, V]) (*Loader[
 		epoch:     time.Now(),
 		idle:      make(chan struct{}),
 		closeDone: make(chan struct{}),
+	}
+	if load == nil {
+		l.loadFn = l.loadOne
 	}
 	l.checkKeys = mayHoldInterface(reflect.TypeFor[K]())
 	l.hashMayPanic = opts.Hash != nil || l.checkKeys
@@ -215,6 +229,21 @@ func New[K comparable, V any](load LoadFunc[K, V], opts Options[K, V]) (*Loader[
 		return nil, err
 	}
 	return l, nil
+}
+
+// loadOne is the LoadFunc of a Loader made without one: key's load is a
+// LoadMany call for key alone; a key missing from its map does not exist.
+func (l *Loader[K, V]) loadOne(ctx context.Context, key K) (V, error) {
+	m, err := l.opts.LoadMany(ctx, []K{key})
+	v, ok := m[key]
+	switch {
+	case err != nil:
+		var zero V
+		return zero, err
+	case !ok:
+		return v, ErrNotFound
+	}
+	return v, nil
 }
 
 // now is the current time as an offset from the epoch. time.Since reads

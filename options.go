@@ -136,9 +136,10 @@ type Options[K comparable, V any] struct {
 	// one of them joins the call, a Set or Invalidate of one detaches it.
 	// A key with a value held is reloaded through Reload when Reload is set,
 	// alone. nil means GetMany loads each missing key through the LoadFunc,
-	// all at once. With a Remote, the batch goes through it if it
-	// implements [RemoteMany]; otherwise GetMany loads key by key through
-	// Remote.Load.
+	// all at once. With LoadMany set, [New] needs no LoadFunc: a key loaded
+	// alone is then a LoadMany call for that one key. With a Remote, the
+	// batch goes through it if it implements [RemoteMany]; otherwise
+	// GetMany loads key by key through Remote.Load.
 	LoadMany LoadManyFunc[K, V]
 
 	// MaxBatch bounds the keys of one LoadMany call. 0 means
