@@ -114,6 +114,7 @@ type call[K comparable, V any] struct {
 	loadedAt   time.Duration
 	freshUntil time.Duration // when val goes stale
 	fallback   *entry[K, V]  // with err: an older value a Remote offered; never cached
+	ended      time.Duration // when the load ended, its result ready (Info.Waited ends there)
 
 	w write[K, V] // the write this load leaves, if it fills the cache (no allocation of its own)
 
@@ -378,8 +379,9 @@ type delivery[K comparable, V any] struct {
 	loadedAt   time.Duration
 	freshUntil time.Duration
 	fallback   *entry[K, V]
-	notFound   bool // err is a not-found (Loader.notFound)
-	drop       bool // the value is not to be cached: the key keeps no older one either
+	ended      time.Duration // when the load ended: a waiter's wait ends there
+	notFound   bool          // err is a not-found (Loader.notFound)
+	drop       bool          // the value is not to be cached: the key keeps no older one either
 }
 
 // finish sets c's result: it takes c out of the map and leaves e (if not
@@ -401,6 +403,7 @@ func (f *flights[K, V]) finish(c *call[K, V], r delivery[K, V], e *entry[K, V], 
 		opened, back, _ = f.put(sh, c.key, c.h, cur, nil, 0, place{kind: fillPlace}, &c.w)
 	}
 	c.val, c.err, c.loadedAt, c.freshUntil, c.fallback, c.notFound = r.val, r.err, r.loadedAt, r.freshUntil, r.fallback, r.notFound
+	c.ended = r.ended
 	c.finished = true // from here a leaving waiter takes the result: done is closed soon
 	callers = c.waiters
 	sh.mu.Unlock()

@@ -36,7 +36,7 @@ func (l *Loader[K, V]) complete(c *call[K, V], r *loaded[V]) {
 		// (Freshness is asked again, below).
 		r.val, r.err, r.age = r.old, nil, 0
 	}
-	res := delivery[K, V]{val: r.val, err: r.err, loadedAt: now - r.age}
+	res := delivery[K, V]{val: r.val, err: r.err, loadedAt: now - r.age, ended: now}
 	// Values never cached are judged by the shortest freshness any entry
 	// can draw, so that no caller's max-stale is stretched by jitter.
 	shortest := jitter(l.opts.TTL, l.opts.Jitter, 1)

@@ -426,7 +426,13 @@ func (l *Loader[K, V]) await(cl *caller, s *stripe, key K, h uint64, start time.
 		<-c.done // the result was delivered as ctx ended: it is ours
 	}
 	l.stats.waiting.Add(-1)
+	// The wait ended with the load, not when this goroutine woke or, in a
+	// GetMany, got round to this key: Waited and Age are as of then (never
+	// before the caller started: the clock was read before the join).
 	end := l.now()
+	if c.ended < end {
+		end = max(c.ended, start)
+	}
 	info = Info{Source: SourceShared, Waited: end - start}
 	if j.started {
 		info.Source = SourceLoaded

@@ -55,8 +55,8 @@ type Info struct {
 	Source Source
 	// Age is how long ago the returned value was loaded (or Set).
 	Age time.Duration
-	// Waited is how long the caller waited for a load; 0 for a hit or a
-	// stale value served at once.
+	// Waited is how long the caller waited for a load, until the load
+	// ended; 0 for a hit or a stale value served at once.
 	Waited time.Duration
 }
 
