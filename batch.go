@@ -245,14 +245,35 @@ const dedupeOnStack = 256
 // every key has a value or does not exist; otherwise it is a [*ManyError]
 // that holds each failed key's error (a key covered by a stale value under
 // StaleIfError is not failed), and the map still holds every key that has
-// a value. If ctx ends first, GetMany
-// returns the values it has and ctx.Err(), and the loads go on according to
-// [Options.Policy]. Duplicate keys are allowed. Each distinct key counts as
-// one Get in Stats. GetMany is safe for concurrent use; after Close it
-// returns [ErrClosed].
+// a value. If ctx ends first, GetMany returns the values it has and
+// ctx.Err(), and the loads go on according to [Options.Policy]. Duplicate
+// keys are allowed. Each distinct key counts as one Get in Stats. GetMany
+// is safe for concurrent use; after Close it returns [ErrClosed].
 func (l *Loader[K, V]) GetMany(ctx context.Context, keys []K) (map[K]V, error) {
+	vals, _, err := l.getMany(ctx, keys, false)
+	return vals, err
+}
+
+// GetManyInfo is [Loader.GetMany] that also says where each key's answer
+// came from: infos holds an [Info] for every distinct key of keys, the
+// one [Loader.GetInfo] would have returned for that key at that moment (a
+// hit, a stale value, a load this call started or one it shared, a stale
+// value covering a failure), also for a key absent from vals (a
+// not-found, a failed key: GetInfo too returns an Info with its error; a
+// key whose wait ctx ended: [SourceNone]). A key's Waited runs from the
+// call's start until that key's load ended, and its Age is as of then,
+// however long the call then waits for its other keys. vals and the error
+// are GetMany's; infos is nil when vals is (a nil ctx, Close, a key whose
+// Hash panics).
+func (l *Loader[K, V]) GetManyInfo(ctx context.Context, keys []K) (vals map[K]V, infos map[K]Info, err error) {
+	return l.getMany(ctx, keys, true)
+}
+
+// getMany is GetMany, with each key's Info when withInfo is set (and
+// nothing more to pay for it when not).
+func (l *Loader[K, V]) getMany(ctx context.Context, keys []K, withInfo bool) (map[K]V, map[K]Info, error) {
 	if ctx == nil {
-		return nil, errNilContext
+		return nil, nil, errNilContext
 	}
 	type item struct {
 		key K
@@ -275,7 +296,7 @@ next:
 	for _, key := range keys {
 		h, err := l.hash(key) // first: a key no map can hold fails here
 		if err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 		if seen != nil {
 			if _, dup := seen[key]; dup {
@@ -301,7 +322,7 @@ next:
 	n := uint64(len(items))
 	s, ok := l.enterGet(n)
 	if !ok {
-		return nil, ErrClosed
+		return nil, nil, ErrClosed
 	}
 	answered := uint64(0)
 	defer func() { l.exitGet(s, nil, n-answered) }()
@@ -311,6 +332,10 @@ next:
 	}
 
 	out := make(map[K]V, len(items))
+	var infos map[K]Info // nil: not asked for
+	if withInfo {
+		infos = make(map[K]Info, len(items))
+	}
 	now := l.now()
 	_, remoteMany := l.opts.Remote.(RemoteMany[K, V])
 	batched := l.opts.LoadMany != nil && (l.opts.Remote == nil || remoteMany)
@@ -342,11 +367,17 @@ next:
 			if !e.isNotFound() {
 				out[it.key] = e.val
 			}
+			if infos != nil {
+				infos[it.key] = Info{Source: SourceHit, Age: now - e.loadedAt}
+			}
 			continue
 		case l.phase(e, now) == phaseStale && cl.acceptsStale(e.freshUntil, now):
 			refresh(it.key, it.h, e)
 			answer(&s.stale)
 			out[it.key] = e.val
+			if infos != nil {
+				infos[it.key] = Info{Source: SourceStale, Age: now - e.loadedAt}
+			}
 			continue
 		}
 		if revalidate {
@@ -363,6 +394,9 @@ next:
 			l.stats.lateStale.Add(1)
 			answer(&s.passed)
 			out[it.key] = e.val
+			if infos != nil {
+				infos[it.key] = Info{Source: SourceStale, Age: now - e.loadedAt}
+			}
 			refresh(it.key, it.h, e)
 			continue
 		}
@@ -389,8 +423,11 @@ next:
 	var failed map[K]error
 	left := false // the caller's context ended: the GetMany left the loads it had not got yet
 	for _, it := range waits {
-		v, _, nf, err := l.await(&cl, s, it.key, it.h, now, false, it.j)
+		v, info, nf, err := l.await(&cl, s, it.key, it.h, now, false, it.j)
 		answer(&s.passed)
+		if infos != nil {
+			infos[it.key] = info
+		}
 		switch {
 		case err == nil:
 			out[it.key] = v
@@ -406,11 +443,11 @@ next:
 	}
 	switch {
 	case left:
-		return out, ctx.Err() // user code, read now that every key is answered
+		return out, infos, ctx.Err() // user code, read now that every key is answered
 	case failed != nil:
-		return out, &ManyError[K]{Errs: failed}
+		return out, infos, &ManyError[K]{Errs: failed}
 	}
-	return out, nil
+	return out, infos, nil
 }
 
 // Peek returns key's value if it is fresh ([SourceHit]) or within

@@ -353,6 +353,33 @@ func ExampleLoader_GetMany() {
 	// LoadMany calls: 1 Gets: 4
 }
 
+// GetManyInfo says of each key what GetInfo would have: p-1 was cached,
+// this call loaded p-2, and its load of p-404 answered not found (absent
+// from the values, not an error).
+func ExampleLoader_GetManyInfo() {
+	l, _ := flightcache.New(func(ctx context.Context, id string) (string, error) {
+		if id == "p-404" {
+			return "", flightcache.ErrNotFound
+		}
+		return "name of " + id, nil
+	}, flightcache.Options[string, string]{TTL: time.Minute})
+	defer l.Close()
+	l.Set("p-1", "Widget")
+
+	ids := []string{"p-1", "p-2", "p-404"}
+	vals, infos, err := l.GetManyInfo(context.Background(), ids)
+	for _, id := range ids {
+		v, ok := vals[id]
+		fmt.Printf("%s: %s, %q %v\n", id, infos[id].Source, v, ok)
+	}
+	fmt.Println(err)
+	// Output:
+	// p-1: hit, "Widget" true
+	// p-2: loaded, "name of p-2" true
+	// p-404: loaded, "" false
+	// <nil>
+}
+
 // The keys a batch could not load are in a ManyError; the map still holds
 // the others.
 func ExampleManyError() {
