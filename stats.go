@@ -7,7 +7,12 @@ import (
 	"time"
 )
 
-// Source says where the value of one Get came from.
+// Source says where the value of one Get came from, and also where its
+// error came from: a Get that failed says [SourceLoaded] or [SourceShared]
+// (its error came from a load, which failed, the breaker refusing
+// included), or [SourceHit] for a cached not-found. To count how Gets were
+// served, count the errors apart first (err != nil), or a failing
+// downstream shows up as loads.
 type Source uint8
 
 const (
@@ -23,10 +28,13 @@ const (
 	// SourceStaleOnError: the load this caller waited for failed, and a
 	// stale value inside the StaleIfError window was returned instead.
 	SourceStaleOnError
-	// SourceLoaded: this caller started the load it waited for.
+	// SourceLoaded: this caller started the load it waited for, whether
+	// that load succeeded or failed: look at the Get's error before
+	// counting it as a load.
 	SourceLoaded
 	// SourceShared: this caller waited for a load another caller (or a
-	// background refresh) started.
+	// background refresh) started, whether that load succeeded or failed
+	// (Stats.SharedErrors counts the failures).
 	SourceShared
 )
 
