@@ -276,7 +276,7 @@ type Breaker struct {
 
 // NotFound reports whether err means that the key does not exist, by o's
 // rule (see [Options.IsNotFound]): err matches [ErrNotFound], or
-// IsNotFound reports true; nil, a *[PanicError] and [ErrGoexit] never do.
+// IsNotFound reports true; nil, a [*PanicError] and [ErrGoexit] never do.
 // A [Remote] uses it to judge a load's error as the Loader does (the
 // flightredis tier shares a not-found with the fleet), and a caller to
 // tell a Get's not-found from a failure. A panic in IsNotFound is
