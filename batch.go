@@ -2,7 +2,6 @@ package flightcache
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -184,6 +183,7 @@ func (l *Loader[K, V]) completeBatch(b *batch[K, V], m map[K]V, remote map[K]Rem
 	if b.background {
 		l.stats.refreshing.Add(-1)
 	}
+	nf := false // err is a not-found: judged below, once for all the keys
 	next := 0
 	defer func() {
 		// A Freshness or Cost that called Goexit stops the loop below:
@@ -193,28 +193,30 @@ func (l *Loader[K, V]) completeBatch(b *batch[K, V], m map[K]V, remote map[K]Rem
 		}
 		l.handAll(b.writes) // one handover for the batch, not one per key
 		b.writes = nil
-		l.reportBatch(b, err, attempts, took)
+		l.reportBatch(b, err, nf, attempts, took)
 	}()
+	nf = l.notFound(err) // user code: after the defer, which covers a Goexit
 	for next < len(b.calls) {
 		c := b.calls[next]
 		next++
 		r := loaded[V]{attempts: attempts, took: took}
 		if err != nil {
-			r.err = err
+			r.err, r.nf, r.judged = err, nf, true
 		} else if remote != nil {
 			rr, ok := remote[c.key]
 			fromRemote(rr, ok, &r)
 		} else if v, ok := m[c.key]; ok {
 			r.val = v
 		} else {
-			r.err = ErrNotFound
+			r.err, r.nf, r.judged = ErrNotFound, true, true
 		}
 		l.complete(c, &r)
 	}
 }
 
-// reportBatch reports b once it is delivered: Stats and OnLoad.
-func (l *Loader[K, V]) reportBatch(b *batch[K, V], err error, attempts int, took time.Duration) {
+// reportBatch reports b once it is delivered: Stats and OnLoad. nf: err
+// is a not-found.
+func (l *Loader[K, V]) reportBatch(b *batch[K, V], err error, nf bool, attempts int, took time.Duration) {
 	if b.abandoned.Load() {
 		l.stats.abandoned.Add(1)
 	}
@@ -223,7 +225,7 @@ func (l *Loader[K, V]) reportBatch(b *batch[K, V], err error, attempts int, took
 		return
 	}
 	ev := LoadEvent[K]{
-		Key: b.leader.key, Duration: took, Err: err, Attempts: attempts, Background: b.background,
+		Key: b.leader.key, Duration: took, Err: err, NotFound: nf, Attempts: attempts, Background: b.background,
 		Callers: b.callers, Abandoned: b.abandoned.Load(), Stored: b.stored, Keys: len(b.calls),
 	}
 	l.guard(func() { l.opts.OnLoad(ev) }, nil)
@@ -237,18 +239,40 @@ const dedupeOnStack = 256
 // would (a hit, a stale value with its refresh, a load), with the misses
 // that no load is in flight for loaded together by [Options.LoadMany] (or
 // each through the LoadFunc, all at once, without it). The map holds every
-// key that has a value; a key that does not exist ([ErrNotFound]) is
-// absent. The error is nil when every key has a value or does not exist;
-// otherwise it is a [*ManyError] that holds each failed key's error (a key
-// covered by a stale value under StaleIfError is not failed), and the map
-// still holds every key that has a value. If ctx ends first, GetMany
-// returns the values it has and ctx.Err(), and the loads go on according to
-// [Options.Policy]. Duplicate keys are allowed. Each distinct key counts as
-// one Get in Stats. GetMany is safe for concurrent use; after Close it
-// returns [ErrClosed].
+// key that has a value; a key that does not exist (a not-found:
+// [ErrNotFound], or [Options.IsNotFound]) is absent. The error is nil when
+// every key has a value or does not exist; otherwise it is a [*ManyError]
+// that holds each failed key's error (a key covered by a stale value under
+// StaleIfError is not failed), and the map still holds every key that has
+// a value. If ctx ends first, GetMany returns the values it has and
+// ctx.Err(), and the loads go on according to [Options.Policy]. Duplicate
+// keys are allowed. Each distinct key counts as one Get in Stats. GetMany
+// is safe for concurrent use; after Close it returns [ErrClosed].
 func (l *Loader[K, V]) GetMany(ctx context.Context, keys []K) (map[K]V, error) {
+	vals, _, err := l.getMany(ctx, keys, false)
+	return vals, err
+}
+
+// GetManyInfo is [Loader.GetMany] that also says where each key's answer
+// came from: infos holds an [Info] for every distinct key of keys, the
+// one [Loader.GetInfo] would have returned for that key at that moment (a
+// hit, a stale value, a load this call started or one it shared, a stale
+// value covering a failure), also for a key absent from vals (a
+// not-found, a failed key: GetInfo too returns an Info with its error; a
+// key whose wait ctx ended: [SourceNone]). A key's Waited runs from the
+// call's start until that key's load ended, and its Age is as of then,
+// however long the call then waits for its other keys. vals and the error
+// are GetMany's; infos is nil when vals is (a nil ctx, Close, a key whose
+// Hash panics).
+func (l *Loader[K, V]) GetManyInfo(ctx context.Context, keys []K) (vals map[K]V, infos map[K]Info, err error) {
+	return l.getMany(ctx, keys, true)
+}
+
+// getMany is GetMany, with each key's Info when withInfo is set (and
+// nothing more to pay for it when not).
+func (l *Loader[K, V]) getMany(ctx context.Context, keys []K, withInfo bool) (map[K]V, map[K]Info, error) {
 	if ctx == nil {
-		return nil, errNilContext
+		return nil, nil, errNilContext
 	}
 	type item struct {
 		key K
@@ -271,7 +295,7 @@ next:
 	for _, key := range keys {
 		h, err := l.hash(key) // first: a key no map can hold fails here
 		if err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 		if seen != nil {
 			if _, dup := seen[key]; dup {
@@ -297,7 +321,7 @@ next:
 	n := uint64(len(items))
 	s, ok := l.enterGet(n)
 	if !ok {
-		return nil, ErrClosed
+		return nil, nil, ErrClosed
 	}
 	answered := uint64(0)
 	defer func() { l.exitGet(s, nil, n-answered) }()
@@ -307,6 +331,10 @@ next:
 	}
 
 	out := make(map[K]V, len(items))
+	var infos map[K]Info // nil: not asked for
+	if withInfo {
+		infos = make(map[K]Info, len(items))
+	}
 	now := l.now()
 	_, remoteMany := l.opts.Remote.(RemoteMany[K, V])
 	batched := l.opts.LoadMany != nil && (l.opts.Remote == nil || remoteMany)
@@ -338,11 +366,17 @@ next:
 			if !e.isNotFound() {
 				out[it.key] = e.val
 			}
+			if infos != nil {
+				infos[it.key] = Info{Source: SourceHit, Age: now - e.loadedAt}
+			}
 			continue
 		case l.phase(e, now) == phaseStale && cl.acceptsStale(e.freshUntil, now):
 			refresh(it.key, it.h, e)
 			answer(&s.stale)
 			out[it.key] = e.val
+			if infos != nil {
+				infos[it.key] = Info{Source: SourceStale, Age: now - e.loadedAt}
+			}
 			continue
 		}
 		if revalidate {
@@ -359,6 +393,9 @@ next:
 			l.stats.lateStale.Add(1)
 			answer(&s.passed)
 			out[it.key] = e.val
+			if infos != nil {
+				infos[it.key] = Info{Source: SourceStale, Age: now - e.loadedAt}
+			}
 			refresh(it.key, it.h, e)
 			continue
 		}
@@ -385,14 +422,17 @@ next:
 	var failed map[K]error
 	left := false // the caller's context ended: the GetMany left the loads it had not got yet
 	for _, it := range waits {
-		v, _, err := l.await(&cl, s, it.key, it.h, now, false, it.j)
+		v, info, nf, err := l.await(&cl, s, it.key, it.h, now, false, it.j)
 		answer(&s.passed)
+		if infos != nil {
+			infos[it.key] = info
+		}
 		switch {
 		case err == nil:
 			out[it.key] = v
 		case err == errLeft:
 			left = true
-		case errors.Is(err, ErrNotFound):
+		case nf: // absent (Options.IsNotFound)
 		default:
 			if failed == nil {
 				failed = make(map[K]error)
@@ -402,11 +442,11 @@ next:
 	}
 	switch {
 	case left:
-		return out, ctx.Err() // user code, read now that every key is answered
+		return out, infos, ctx.Err() // user code, read now that every key is answered
 	case failed != nil:
-		return out, &ManyError[K]{Errs: failed}
+		return out, infos, &ManyError[K]{Errs: failed}
 	}
-	return out, nil
+	return out, infos, nil
 }
 
 // Peek returns key's value if it is fresh ([SourceHit]) or within

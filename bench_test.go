@@ -243,3 +243,38 @@ func BenchmarkMiss(b *testing.B) {
 		k++
 	}
 }
+
+// BenchmarkGetMany: one GetMany of 100 distinct keys, every one of them
+// cached and fresh: the batch's hit path, 100 keys per op; and the same
+// through GetManyInfo, which also builds each key's Info. bench/ measures
+// GetMany with misses beside its peers.
+func BenchmarkGetMany(b *testing.B) {
+	const batch = 100
+	ctx := context.Background()
+	b.Run("api=GetMany", func(b *testing.B) {
+		l := newBenchLoader(b, Options[string, string]{})
+		b.ReportAllocs()
+		i := 0
+		for b.Loop() {
+			at := (i * batch) % (benchKeys - batch)
+			if m, err := l.GetMany(ctx, benchNames[at:at+batch]); err != nil || len(m) != batch {
+				b.Fatalf("GetMany: %d values, %v", len(m), err)
+			}
+			i++
+		}
+		reportHitRatio(b, l)
+	})
+	b.Run("api=GetManyInfo", func(b *testing.B) {
+		l := newBenchLoader(b, Options[string, string]{})
+		b.ReportAllocs()
+		i := 0
+		for b.Loop() {
+			at := (i * batch) % (benchKeys - batch)
+			if m, infos, err := l.GetManyInfo(ctx, benchNames[at:at+batch]); err != nil || len(m) != batch || len(infos) != batch {
+				b.Fatalf("GetManyInfo: %d values, %d infos, %v", len(m), len(infos), err)
+			}
+			i++
+		}
+		reportHitRatio(b, l)
+	})
+}

@@ -41,7 +41,8 @@ func (s BreakerState) String() string {
 // Implementations must be safe for concurrent use.
 type CircuitBreaker interface {
 	// Allow asks to make one downstream call. A non-nil error refuses it:
-	// callers receive it wrapped so that it matches [ErrBreakerOpen].
+	// callers receive it wrapped so that it matches [ErrBreakerOpen], its
+	// text after ErrBreakerOpen's (unless it is gobreaker's own).
 	// Otherwise done must be called exactly once, with the call's outcome.
 	Allow() (done func(Outcome), err error)
 	// State reports the breaker's state, for [Stats].

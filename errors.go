@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"reflect"
+
+	"github.com/sony/gobreaker/v2"
 )
 
 // ErrClosed is returned by [Loader.Get] and [Loader.GetInfo] after
@@ -15,6 +17,12 @@ var ErrClosed = errors.New("flightcache: loader closed")
 // that does not exist downstream. It is never counted as a breaker failure
 // and is never retried. With [Options.NotFoundTTL] > 0 it is cached (negative
 // caching) and later Gets return the same error until it expires.
+//
+// A LoadFunc's own not-found error (sql.ErrNoRows, a 404 mapped to
+// ErrProductNotFound) is none of this unless it wraps ErrNotFound, as
+// fmt.Errorf("%w: %w", ErrNotFound, err) does (callers still find err with
+// errors.Is), or [Options.IsNotFound] says it is a not-found: otherwise it
+// is a failure, retried, counted against the breaker and never cached.
 var ErrNotFound = errors.New("flightcache: not found")
 
 // ErrNotModified is what a [ReloadFunc] returns when the value it was
@@ -26,9 +34,42 @@ var ErrNotModified = errors.New("flightcache: not modified")
 
 // ErrBreakerOpen matches (with [errors.Is]) the error a caller receives when
 // the circuit breaker refused the downstream call, because it is open or
-// because it is half-open and its probe requests are taken. The gobreaker
-// error that caused it matches too.
+// because it is half-open and its probe requests are taken. The breaker's
+// own refusal matches too, with errors.Is and errors.As (gobreaker's
+// ErrOpenState or ErrTooManyRequests for the built-in breaker), but its
+// text is not repeated: the error says "flightcache: circuit breaker open".
+// The refusal of a [Breaker.Custom] breaker other than gobreaker's two
+// errors is kept in the text, after a colon: it says which breaker, or why.
 var ErrBreakerOpen = errors.New("flightcache: circuit breaker open")
+
+// breakerOpenError is the error of a call the breaker refused: it matches
+// ErrBreakerOpen and the breaker's refusal, and says ErrBreakerOpen's text
+// once (with the refusal's own text only when it adds something).
+type breakerOpenError struct {
+	refusal error
+	quiet   bool // the refusal is gobreaker's own: its text would repeat ErrBreakerOpen's
+}
+
+// breakerOpen wraps a breaker's refusal (not nil) into the error callers
+// receive.
+func breakerOpen(refusal error) error {
+	if errors.Is(refusal, ErrBreakerOpen) {
+		return refusal // a custom breaker's, already ours
+	}
+	quiet := refusal == gobreaker.ErrOpenState || refusal == gobreaker.ErrTooManyRequests
+	return &breakerOpenError{refusal: refusal, quiet: quiet}
+}
+
+// Error is ErrBreakerOpen's text, followed by a custom breaker's reason.
+func (e *breakerOpenError) Error() string {
+	if e.quiet {
+		return ErrBreakerOpen.Error()
+	}
+	return ErrBreakerOpen.Error() + ": " + e.refusal.Error()
+}
+
+// Unwrap returns ErrBreakerOpen and the breaker's refusal.
+func (e *breakerOpenError) Unwrap() []error { return []error{ErrBreakerOpen, e.refusal} }
 
 // ErrLoadTimeout matches (with [errors.Is]) the error of a load that ran
 // past [Options.LoadTimeout], retries included. The load's own error (usually

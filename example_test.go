@@ -2,6 +2,7 @@ package flightcache_test
 
 import (
 	"context"
+	"database/sql"
 	"errors"
 	"fmt"
 	"runtime"
@@ -326,9 +327,8 @@ func ExampleLoader_Refresh() {
 // in one LoadMany call. A key the downstream does not know is absent.
 func ExampleLoader_GetMany() {
 	var calls atomic.Int32
-	l, _ := flightcache.New(func(ctx context.Context, id string) (int, error) {
-		return 0, errors.New("unused: GetMany loads through LoadMany")
-	}, flightcache.Options[string, int]{
+	// No LoadFunc: a Get would load its one key through LoadMany.
+	l, _ := flightcache.New(nil, flightcache.Options[string, int]{
 		TTL: time.Minute,
 		LoadMany: func(ctx context.Context, ids []string) (map[string]int, error) {
 			calls.Add(1)
@@ -351,6 +351,33 @@ func ExampleLoader_GetMany() {
 	// Output:
 	// 3 42 <nil>
 	// LoadMany calls: 1 Gets: 4
+}
+
+// GetManyInfo says of each key what GetInfo would have: p-1 was cached,
+// this call loaded p-2, and its load of p-404 answered not found (absent
+// from the values, not an error).
+func ExampleLoader_GetManyInfo() {
+	l, _ := flightcache.New(func(ctx context.Context, id string) (string, error) {
+		if id == "p-404" {
+			return "", flightcache.ErrNotFound
+		}
+		return "name of " + id, nil
+	}, flightcache.Options[string, string]{TTL: time.Minute})
+	defer l.Close()
+	l.Set("p-1", "Widget")
+
+	ids := []string{"p-1", "p-2", "p-404"}
+	vals, infos, err := l.GetManyInfo(context.Background(), ids)
+	for _, id := range ids {
+		v, ok := vals[id]
+		fmt.Printf("%s: %s, %q %v\n", id, infos[id].Source, v, ok)
+	}
+	fmt.Println(err)
+	// Output:
+	// p-1: hit, "Widget" true
+	// p-2: loaded, "name of p-2" true
+	// p-404: loaded, "" false
+	// <nil>
 }
 
 // The keys a batch could not load are in a ManyError; the map still holds
@@ -388,4 +415,38 @@ func ExampleLoader_Peek() {
 	// Output:
 	// false
 	// loaded hit true 2
+}
+
+// A LoadFunc that returns its database's own error for a missing row:
+// IsNotFound says that sql.ErrNoRows means the key does not exist, so the
+// missing row is not retried, is no breaker failure, and is cached for
+// NotFoundTTL; callers still see sql.ErrNoRows. Without IsNotFound it would
+// be a failure, queried three times per Get. The LoadFunc could instead
+// return fmt.Errorf("%w: %w", flightcache.ErrNotFound, err).
+func ExampleOptions_isNotFound() {
+	var queries atomic.Int32
+	names, _ := flightcache.New(func(ctx context.Context, id string) (string, error) {
+		queries.Add(1)
+		if id != "p-1" {
+			return "", sql.ErrNoRows // what Row.Scan returns for no row
+		}
+		return "Widget", nil
+	}, flightcache.Options[string, string]{
+		TTL:         time.Minute,
+		NotFoundTTL: 10 * time.Second,
+		Retry:       flightcache.Retry{MaxAttempts: 3},
+		IsNotFound:  func(err error) bool { return errors.Is(err, sql.ErrNoRows) },
+	})
+	defer names.Close()
+
+	for range 3 {
+		_, err := names.Get(context.Background(), "p-404")
+		fmt.Println(errors.Is(err, sql.ErrNoRows))
+	}
+	fmt.Println("queries:", queries.Load())
+	// Output:
+	// true
+	// true
+	// true
+	// queries: 1
 }

@@ -106,6 +106,7 @@ type call[K comparable, V any] struct {
 	waiters   int   // Gets waiting on the result now, the starter included
 	abandoned bool  // cancelled because every waiter left (CancelAtZero)
 	finished  bool  // the result is set: a leaving waiter takes it instead
+	notFound  bool  // the result's err is a not-found (Loader.notFound); set with it, read-only after done
 
 	// Written by finish before done is closed; read-only after.
 	val        V
@@ -113,6 +114,7 @@ type call[K comparable, V any] struct {
 	loadedAt   time.Duration
 	freshUntil time.Duration // when val goes stale
 	fallback   *entry[K, V]  // with err: an older value a Remote offered; never cached
+	ended      time.Duration // when the load ended, its result ready (Info.Waited ends there)
 
 	w write[K, V] // the write this load leaves, if it fills the cache (no allocation of its own)
 
@@ -400,7 +402,9 @@ type delivery[K comparable, V any] struct {
 	loadedAt   time.Duration
 	freshUntil time.Duration
 	fallback   *entry[K, V]
-	drop       bool // the value is not to be cached: the key keeps no older one either
+	ended      time.Duration // when the load ended: a waiter's wait ends there
+	notFound   bool          // err is a not-found (Loader.notFound)
+	drop       bool          // the value is not to be cached: the key keeps no older one either
 }
 
 // finish sets c's result: it takes c out of the map and leaves e (if not
@@ -421,7 +425,8 @@ func (f *flights[K, V]) finish(c *call[K, V], r delivery[K, V], e *entry[K, V], 
 	case r.drop:
 		opened, back, _ = f.put(sh, c.key, c.h, cur, nil, 0, place{kind: fillPlace}, &c.w)
 	}
-	c.val, c.err, c.loadedAt, c.freshUntil, c.fallback = r.val, r.err, r.loadedAt, r.freshUntil, r.fallback
+	c.val, c.err, c.loadedAt, c.freshUntil, c.fallback, c.notFound = r.val, r.err, r.loadedAt, r.freshUntil, r.fallback, r.notFound
+	c.ended = r.ended
 	c.finished = true // from here a leaving waiter takes the result: done is closed soon
 	callers = c.waiters
 	sh.mu.Unlock()

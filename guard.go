@@ -6,8 +6,8 @@ import (
 )
 
 // guard is the one way the Loader calls user code: the LoadFunc, Cost,
-// OnLoad, Retry.Retryable, Breaker.IsFailure, Hash, a Remote and a custom
-// breaker all run through it.
+// OnLoad, Retry.Retryable, Breaker.IsFailure, IsNotFound, Hash, a Remote
+// and a custom breaker all run through it.
 //
 // f runs on the calling goroutine. If it returns, guard returns nil. If it
 // panics, the panic is recovered, counted in Stats.Panics, and returned as a

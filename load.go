@@ -1,7 +1,6 @@
 package flightcache
 
 import (
-	"errors"
 	"math"
 	"math/rand/v2"
 	"time"
@@ -37,11 +36,22 @@ func (l *Loader[K, V]) complete(c *call[K, V], r *loaded[V]) {
 		// (Freshness is asked again, below).
 		r.val, r.err, r.age = r.old, nil, 0
 	}
-	res := delivery[K, V]{val: r.val, err: r.err, loadedAt: now - r.age}
+	res := delivery[K, V]{val: r.val, err: r.err, loadedAt: now - r.age, ended: now}
 	// Values never cached are judged by the shortest freshness any entry
 	// can draw, so that no caller's max-stale is stretched by jitter.
 	shortest := jitter(l.opts.TTL, l.opts.Jitter, 1)
 	res.freshUntil = addSat(res.loadedAt, shortest)
+	if r.err != nil && !r.judged {
+		// Once per load, for all its callers. IsNotFound is user code: if
+		// it ends the goroutine, the waiters still get the error, uncached.
+		r.nf = l.notFoundOr(r.err, func() {
+			var zero V
+			res.val = zero
+			l.deliver(c, r, res, nil, 0)
+		})
+		r.judged = true
+	}
+	res.notFound = r.nf
 	var e *entry[K, V]
 	cost := int64(1)
 	switch {
@@ -61,7 +71,7 @@ func (l *Loader[K, V]) complete(c *call[K, V], r *loaded[V]) {
 			// waiters get the value, and the key keeps no older one.
 			e, res.drop = nil, true
 		}
-	case l.opts.NotFoundTTL > 0 && errors.Is(r.err, ErrNotFound):
+	case r.nf && l.opts.NotFoundTTL > 0:
 		e = l.newEntry(c.key, r.val, now, lifetime{ttl: l.opts.NotFoundTTL}, 0, c.gen)
 		e.extra = &extra[K, V]{notFound: r.err}
 	}
@@ -133,7 +143,7 @@ func (l *Loader[K, V]) deliver(c *call[K, V], r *loaded[V], res delivery[K, V], 
 	close(c.done) // the waiters wake; this goroutine has little left to do
 	if l.opts.OnLoad != nil {
 		ev := LoadEvent[K]{
-			Key: c.key, Duration: r.took, Err: res.err, Attempts: r.attempts, Background: c.background,
+			Key: c.key, Duration: r.took, Err: res.err, NotFound: res.notFound, Attempts: r.attempts, Background: c.background,
 			Callers: callers, Abandoned: c.abandoned, Stored: stored, Remote: r.remote,
 			Reload: r.reload, NotModified: r.notMod, Keys: 1,
 		}

@@ -17,7 +17,8 @@ import (
 // LoadTimeout or Close (or, under CancelAtZero, when every waiter has left);
 // [context.Cause] tells which ([ErrLoadTimeout], [ErrClosed], or a
 // [context.Canceled] error). Return an error matching [ErrNotFound] for a
-// key that does not exist.
+// key that does not exist, or one [Options.IsNotFound] accepts: any other
+// error is a failure.
 //
 // NOTE: the value returned is shared by every caller of the load and stored
 // in the cache: treat it as read-only. Load goroutines are reused: the
@@ -42,13 +43,14 @@ type LoadFunc[K comparable, V any] func(ctx context.Context, key K) (V, error)
 type ReloadFunc[K comparable, V any] func(ctx context.Context, key K, old V) (V, error)
 
 // LoadManyFunc loads several keys in one downstream call, for
-// [Loader.GetMany] (see [Options.LoadMany]). A key missing from the map it
+// [Loader.GetMany] (see [Options.LoadMany]), and one key at a time for a
+// Loader made without a LoadFunc (see [New]). A key missing from the map it
 // returns does not exist (as if its load returned [ErrNotFound]); a key it
 // returns that was not asked for is ignored. An error fails every key of
 // the call. It runs as a LoadFunc does, on a goroutine of the Loader, under
-// a context that carries the values of the GetMany that started it, through
-// the same retries, breaker and LoadTimeout; it is never called with more
-// than [Options.MaxBatch] keys, nor with a key twice.
+// a context that carries the values of the Get or GetMany that started it,
+// through the same retries, breaker and LoadTimeout; it is never called
+// with more than [Options.MaxBatch] keys, nor with a key twice.
 type LoadManyFunc[K comparable, V any] func(ctx context.Context, keys []K) (map[K]V, error)
 
 // Loader is a cache-aside loader: a cache in front of a LoadFunc, with one
@@ -161,11 +163,21 @@ func (e *entry[K, V]) isNotFound() bool { return e.extra != nil && e.extra.notFo
 
 const refreshing = int64(^uint64(0) >> 1)
 
-// New returns a Loader that loads missing keys with load. It returns an
-// error naming the field if opts is invalid, or if load is nil.
+// New returns a Loader that loads missing keys with load.
+//
+// load may be nil when opts.LoadMany is set, for a downstream that only
+// answers batches: every load that is not one of GetMany's batches (a
+// Get's, GetInfo's, a refresh's, Refresh's, a revalidating Get's) is then a
+// LoadMany call for its one key, whose map gives the value (a key missing
+// from it does not exist: [ErrNotFound]), through the same retries,
+// breaker and LoadTimeout; [Options.Reload], if set, still reloads a key
+// the Loader holds. Such a call counts as a load, not in Stats.BatchLoads.
+//
+// It returns an error naming the field if opts is invalid, or if load is
+// nil and opts.LoadMany too.
 func New[K comparable, V any](load LoadFunc[K, V], opts Options[K, V]) (*Loader[K, V], error) {
-	if load == nil {
-		return nil, optionError("LoadFunc", "(the load argument) must not be nil")
+	if load == nil && opts.LoadMany == nil {
+		return nil, optionError("LoadMany", "must be set when the load argument (the LoadFunc) is nil")
 	}
 	if err := opts.validate(); err != nil {
 		return nil, err
@@ -180,6 +192,9 @@ func New[K comparable, V any](load LoadFunc[K, V], opts Options[K, V]) (*Loader[
 		epoch:     time.Now(),
 		idle:      make(chan struct{}),
 		closeDone: make(chan struct{}),
+	}
+	if load == nil {
+		l.loadFn = l.loadOne
 	}
 	l.checkKeys = mayHoldInterface(reflect.TypeFor[K]())
 	l.hashMayPanic = opts.Hash != nil || l.checkKeys
@@ -216,6 +231,21 @@ func New[K comparable, V any](load LoadFunc[K, V], opts Options[K, V]) (*Loader[
 		return nil, err
 	}
 	return l, nil
+}
+
+// loadOne is the LoadFunc of a Loader made without one: key's load is a
+// LoadMany call for key alone; a key missing from its map does not exist.
+func (l *Loader[K, V]) loadOne(ctx context.Context, key K) (V, error) {
+	m, err := l.opts.LoadMany(ctx, []K{key})
+	v, ok := m[key]
+	switch {
+	case err != nil:
+		var zero V
+		return zero, err
+	case !ok:
+		return v, ErrNotFound
+	}
+	return v, nil
 }
 
 // now is the current time as an offset from the epoch. time.Since reads
@@ -323,7 +353,7 @@ func (l *Loader[K, V]) GetInfo(ctx context.Context, key K) (v V, info Info, err 
 	if revalidate {
 		l.stats.revalidations.Add(1)
 	}
-	v, info, err = l.wait(&cl, s, key, h, g, now, false)
+	v, info, _, err = l.wait(&cl, s, key, h, g, now, false)
 	if err == errLeft {
 		err = ctx.Err()
 	}
@@ -343,8 +373,9 @@ func (l *Loader[K, V]) held(cur *entry[K, V], now time.Duration) *entry[K, V] {
 // wait joins (or starts) key's load for cl and waits for it or for cl's
 // context. g is what the caller saw of key in the cache, if anything.
 // again is true on the one retry for a value that was stale beyond the
-// caller's max-stale (the Get was counted already).
-func (l *Loader[K, V]) wait(cl *caller, s *stripe, key K, h uint64, g glance[K, V], start time.Duration, again bool) (v V, info Info, err error) {
+// caller's max-stale (the Get was counted already). nf reports that err is
+// a not-found (Options.IsNotFound), as the load judged it.
+func (l *Loader[K, V]) wait(cl *caller, s *stripe, key K, h uint64, g glance[K, V], start time.Duration, again bool) (v V, info Info, nf bool, err error) {
 	j := l.join(cl, s, key, h, g, start, nil)
 	return l.await(cl, s, key, h, start, again, j)
 }
@@ -380,12 +411,12 @@ func (l *Loader[K, V]) selfUnequal(key K) bool { return l.nanKeys && key != key 
 // await is the rest of wait once the key's load is joined (or started):
 // it waits for the load or for cl's context, and judges the result for
 // this caller.
-func (l *Loader[K, V]) await(cl *caller, s *stripe, key K, h uint64, start time.Duration, again bool, j joined[K, V]) (v V, info Info, err error) {
+func (l *Loader[K, V]) await(cl *caller, s *stripe, key K, h uint64, start time.Duration, again bool, j joined[K, V]) (v V, info Info, nf bool, err error) {
 	if j.hit != nil { // a load (or Set) finished as this Get looked: no need to wait
 		if !again {
 			l.stats.lateHits.Add(1)
 		}
-		return j.hit.val, Info{Source: SourceHit, Age: l.now() - j.hit.loadedAt}, j.hit.error()
+		return j.hit.val, Info{Source: SourceHit, Age: l.now() - j.hit.loadedAt}, j.hit.isNotFound(), j.hit.error()
 	}
 	if j.stale != nil { // the same, with a value stale within StaleWhileRevalidate
 		if !again {
@@ -393,7 +424,7 @@ func (l *Loader[K, V]) await(cl *caller, s *stripe, key K, h uint64, start time.
 		}
 		now := l.now()
 		l.refresh(cl, s, key, h, j.stale, now, nil)
-		return j.stale.val, Info{Source: SourceStale, Age: now - j.stale.loadedAt}, nil
+		return j.stale.val, Info{Source: SourceStale, Age: now - j.stale.loadedAt}, false, nil
 	}
 	if !again {
 		l.stats.misses.Add(1)
@@ -402,7 +433,7 @@ func (l *Loader[K, V]) await(cl *caller, s *stripe, key K, h uint64, start time.
 		}
 	}
 	if j.err != nil {
-		return v, info, j.err
+		return v, info, false, j.err
 	}
 	c := j.c
 	if !j.counted {
@@ -414,12 +445,18 @@ func (l *Loader[K, V]) await(cl *caller, s *stripe, key K, h uint64, start time.
 		if l.flights.leave(c) {
 			l.stats.waiting.Add(-1)
 			l.stats.canceled.Add(1)
-			return v, Info{Waited: l.now() - start}, errLeft
+			return v, Info{Waited: l.now() - start}, false, errLeft
 		}
 		<-c.done // the result was delivered as ctx ended: it is ours
 	}
 	l.stats.waiting.Add(-1)
+	// The wait ended with the load, not when this goroutine woke or, in a
+	// GetMany, got round to this key: Waited and Age are as of then (never
+	// before the caller started: the clock was read before the join).
 	end := l.now()
+	if c.ended < end {
+		end = max(c.ended, start)
+	}
 	info = Info{Source: SourceShared, Waited: end - start}
 	if j.started {
 		info.Source = SourceLoaded
@@ -428,7 +465,7 @@ func (l *Loader[K, V]) await(cl *caller, s *stripe, key K, h uint64, start time.
 	case c.err != nil:
 		if v, age, ok := l.staleOnError(cl, key, h, c, end); ok {
 			l.stats.staleOnError.Add(1)
-			return v, Info{Source: SourceStaleOnError, Age: age, Waited: info.Waited}, nil
+			return v, Info{Source: SourceStaleOnError, Age: age, Waited: info.Waited}, false, nil
 		}
 	case !again && end >= c.freshUntil && !cl.acceptsStale(c.freshUntil, end):
 		// A Remote gave the load a value already stale, and this caller's
@@ -444,7 +481,7 @@ func (l *Loader[K, V]) await(cl *caller, s *stripe, key K, h uint64, start time.
 			l.stats.sharedErrors.Add(1)
 		}
 	}
-	return c.val, info, c.err
+	return c.val, info, c.notFound, c.err
 }
 
 // staleOnError looks for a value to return instead of c's error: the key's
@@ -453,7 +490,7 @@ func (l *Loader[K, V]) await(cl *caller, s *stripe, key K, h uint64, start time.
 // offered with the error. It looks afresh, so an Invalidate during the wait
 // leaves nothing local to fall back on.
 func (l *Loader[K, V]) staleOnError(cl *caller, key K, h uint64, c *call[K, V], now time.Duration) (v V, age time.Duration, ok bool) {
-	if l.opts.StaleIfError == 0 || errorsIsAny(c.err, ErrNotFound, ErrClosed) {
+	if l.opts.StaleIfError == 0 || c.notFound || errors.Is(c.err, ErrClosed) {
 		return v, 0, false
 	}
 	e := l.flights.latest(key, h)

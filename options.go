@@ -1,6 +1,7 @@
 package flightcache
 
 import (
+	"errors"
 	"fmt"
 	"math"
 	"time"
@@ -43,8 +44,8 @@ type Options[K comparable, V any] struct {
 	// StaleIfError is how long after the StaleWhileRevalidate window a stale
 	// value still covers a failure: a Get waits for a load, and if that load
 	// fails (the breaker refusing included) it returns the stale value
-	// ([SourceStaleOnError]) instead of the error. [ErrNotFound] is never
-	// covered: the key is gone. 0 = off.
+	// ([SourceStaleOnError]) instead of the error. A not-found
+	// ([Options.IsNotFound]) is never covered: the key is gone. 0 = off.
 	StaleIfError time.Duration
 
 	// EarlyRefresh is the XFetch β: each entry is refreshed in the background
@@ -135,9 +136,10 @@ type Options[K comparable, V any] struct {
 	// one of them joins the call, a Set or Invalidate of one detaches it.
 	// A key with a value held is reloaded through Reload when Reload is set,
 	// alone. nil means GetMany loads each missing key through the LoadFunc,
-	// all at once. With a Remote, the batch goes through it if it
-	// implements [RemoteMany]; otherwise GetMany loads key by key through
-	// Remote.Load.
+	// all at once. With LoadMany set, [New] needs no LoadFunc: a key loaded
+	// alone is then a LoadMany call for that one key. With a Remote, the
+	// batch goes through it if it implements [RemoteMany]; otherwise
+	// GetMany loads key by key through Remote.Load.
 	LoadMany LoadManyFunc[K, V]
 
 	// MaxBatch bounds the keys of one LoadMany call. 0 means
@@ -156,10 +158,38 @@ type Options[K comparable, V any] struct {
 	// DefaultMaxPendingWrites (4096).
 	MaxPendingWrites int
 
-	// NotFoundTTL, if > 0, caches a load error matching [ErrNotFound] for
-	// this long (jittered like TTL); Gets in that time return the same
-	// error as a hit. 0 = not-found errors are not cached.
+	// NotFoundTTL, if > 0, caches a not-found for this long (jittered like
+	// TTL): a load error matching [ErrNotFound], or one [Options.IsNotFound]
+	// says is a not-found (sql.ErrNoRows, say). Gets in that time return the
+	// same error as a hit. Any other error is never cached, however it
+	// reads: a LoadFunc that returns its own not-found error without
+	// IsNotFound gets it retried, counted against the breaker and loaded
+	// again by every Get. 0 = not-found errors are not cached.
 	NotFoundTTL time.Duration
+
+	// IsNotFound, if set, reports whether a load error means that the key
+	// does not exist downstream, besides the errors matching [ErrNotFound],
+	// which always do: for a LoadFunc that returns its own not-found
+	// error (sql.ErrNoRows, a 404 mapped to ErrProductNotFound). Wrapping
+	// it does the same without IsNotFound:
+	//
+	//	return p, fmt.Errorf("%w: %w", flightcache.ErrNotFound, err)
+	//
+	// A not-found is the downstream's answer, not a failure: it is never
+	// retried, counts as a success for the breaker, is never covered by a
+	// stale value (StaleIfError), is cached for NotFoundTTL, is absent
+	// from GetMany's map rather than failed in its [ManyError], and a
+	// Remote shares it as such ([Options.NotFound]). It is judged once per
+	// load (and per attempt, for retries and the breaker), on the load's
+	// goroutine, through the guard: a panic counts in Stats.Panics and
+	// means "not a not-found". A panic of the LoadFunc and [ErrGoexit] are
+	// never a not-found. nil means the errors matching ErrNotFound only.
+	//
+	// NOTE: a not-found the Loader makes itself, a key missing from the
+	// map of LoadMany or a Remote's shared not-found, matches ErrNotFound,
+	// not the LoadFunc's error: to tell a Get's not-found from a failure,
+	// ask [Options.NotFound] (or match both).
+	IsNotFound func(error) bool
 
 	// Remote, if set, is a second tier shared between processes (see
 	// [Remote]): a local miss asks it before the downstream, so a fleet
@@ -203,8 +233,8 @@ type Freshness struct {
 // Retry configures retries inside one load, built on
 // github.com/cenkalti/backoff/v4's exponential backoff with jitter. Retries
 // stop at MaxAttempts, at the load's deadline ([Options.LoadTimeout]), or at
-// the first error that is not retryable. Breaker refusals, [ErrNotFound],
-// panics and context errors are never retried.
+// the first error that is not retryable. Breaker refusals, a not-found
+// ([Options.IsNotFound]), panics and context errors are never retried.
 type Retry struct {
 	// MaxAttempts is the number of downstream calls one load may make.
 	// 0 or 1 means no retry.
@@ -222,8 +252,9 @@ type Retry struct {
 // Breaker configures the circuit breaker (github.com/sony/gobreaker/v2)
 // around the downstream call. While it is open, loads fail at once with an
 // error matching [ErrBreakerOpen] and never reach the LoadFunc. Context
-// cancellation (a caller leaving, Close) and [ErrNotFound] never count as
-// failures; a load that hits LoadTimeout does.
+// cancellation (a caller leaving, Close) and a not-found
+// ([Options.IsNotFound]) never count as failures; a load that hits
+// LoadTimeout does.
 type Breaker struct {
 	// Disabled turns the breaker off.
 	Disabled bool
@@ -247,6 +278,39 @@ type Breaker struct {
 	// above but IsFailure are ignored: for example a breaker whose state is
 	// shared by processes (the flightredis module has one).
 	Custom CircuitBreaker
+}
+
+// NotFound reports whether err means that the key does not exist, by o's
+// rule (see [Options.IsNotFound]): err matches [ErrNotFound], or
+// IsNotFound reports true; nil, a [*PanicError] and [ErrGoexit] never do.
+// A [Remote] uses it to judge a load's error as the Loader does (the
+// flightredis tier shares a not-found with the fleet), and a caller to
+// tell a Get's not-found from a failure. A panic in IsNotFound is
+// recovered and reported as false, as the Loader does (which also counts
+// it in Stats.Panics). It is safe for concurrent use if IsNotFound is.
+func (o Options[K, V]) NotFound(err error) (nf bool) {
+	if nf, sure := plainNotFound(err); sure || o.IsNotFound == nil {
+		return nf
+	}
+	defer func() {
+		if recover() != nil {
+			nf = false
+		}
+	}()
+	return o.IsNotFound(err)
+}
+
+// plainNotFound is the not-found rule without Options.IsNotFound: sure
+// is false when it is IsNotFound's call.
+func plainNotFound(err error) (nf, sure bool) {
+	var pe *PanicError
+	switch {
+	case err == nil, err == ErrGoexit, errors.As(err, &pe):
+		return false, true
+	case errors.Is(err, ErrNotFound):
+		return true, true
+	}
+	return false, false
 }
 
 // optionError names the field that failed validation.

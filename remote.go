@@ -60,7 +60,7 @@ type RemoteMany[K comparable, V any] interface {
 // [Remote.Load] returns for one key.
 type RemoteResult[V any] struct {
 	RemoteValue[V]       // the value; with Err, an older value to cover it (LoadedAt set), or none
-	Err            error // the key's error; ErrNotFound (matched with errors.Is) for a key that does not exist
+	Err            error // the key's error; for a key that does not exist, ErrNotFound (matched with errors.Is) or an error the Loader's IsNotFound accepts
 }
 
 // RemoteValue is a value as a [Remote] stores it: with when, and how fast,

@@ -33,6 +33,8 @@ type loaded[V any] struct {
 	age      time.Duration   // how old the value already is (from a Remote)
 	remote   bool            // the value came from the Remote without a load here
 	fallback *RemoteValue[V] // with err: an older value the Remote offers to cover it
+	nf       bool            // err is a not-found (Loader.notFound), once judged
+	judged   bool            // nf is set
 }
 
 // fetch gets key's value for one load, into r: through the Remote if there
@@ -104,7 +106,7 @@ func (l *Loader[K, V]) loadMany(ctx context.Context, keys []K, calls *int) (map[
 // LoadMany's) with retries and the breaker, under ctx.
 func callDownstream[T any, K comparable, V any](l *Loader[K, V], ctx context.Context, call func() (T, error), reload bool, calls *int) (v T, err error) {
 	if l.opts.Retry.MaxAttempts <= 1 {
-		v, err = attempt(l, ctx, call, reload, calls)
+		v, _, err = attempt(l, ctx, call, reload, calls)
 		return v, l.stopped(ctx, err, err)
 	}
 	bo := backoff.NewExponentialBackOff(
@@ -115,10 +117,10 @@ func callDownstream[T any, K comparable, V any](l *Loader[K, V], ctx context.Con
 	policy := backoff.WithContext(backoff.WithMaxRetries(bo, uint64(l.opts.Retry.MaxAttempts-1)), ctx)
 	var last error
 	v, err = backoff.RetryWithData(func() (T, error) {
-		v, err := attempt(l, ctx, call, reload, calls)
+		v, nf, err := attempt(l, ctx, call, reload, calls)
 		if err != nil {
 			last = err
-			if !l.retryable(ctx, err) {
+			if nf || !l.retryable(ctx, err) {
 				return v, backoff.Permanent(err)
 			}
 		}
@@ -151,14 +153,15 @@ func (l *Loader[K, V]) stopped(ctx context.Context, err, last error) error {
 
 // attempt makes one downstream call through the breaker, counting it in
 // *calls (and in Stats.Retries past the first) unless the breaker refuses
-// it. A panic in the LoadFunc becomes a *PanicError; a runtime.Goexit is
-// reported to the breaker as a failure on its way out (the load
-// goroutine's deferred complete gives the waiters ErrGoexit).
-func attempt[T any, K comparable, V any](l *Loader[K, V], ctx context.Context, call func() (T, error), reload bool, calls *int) (v T, err error) {
+// it; nf reports that its error is a not-found (Options.IsNotFound, asked
+// once per attempt). A panic in the LoadFunc becomes a *PanicError; a
+// runtime.Goexit is reported to the breaker as a failure on its way out
+// (the load goroutine's deferred complete gives the waiters ErrGoexit).
+func attempt[T any, K comparable, V any](l *Loader[K, V], ctx context.Context, call func() (T, error), reload bool, calls *int) (v T, nf bool, err error) {
 	done, err := l.allow()
 	if err != nil {
 		l.stats.breakerRejected.Add(1)
-		return v, err
+		return v, false, err
 	}
 	if *calls++; *calls > 1 {
 		l.stats.retries.Add(1)
@@ -167,26 +170,24 @@ func attempt[T any, K comparable, V any](l *Loader[K, V], ctx context.Context, c
 	defer func() { l.guard(func() { done(outcome) }, nil) }()
 	if perr := l.guard(func() { v, err = call() }, nil); perr != nil {
 		var zero T
-		return zero, perr
+		return zero, false, perr
 	}
-	outcome = l.verdict(ctx, err)
+	nf = l.notFound(err)
+	outcome = l.verdict(ctx, err, nf)
 	if reload && errors.Is(err, ErrNotModified) {
 		outcome = OutcomeSuccess // the downstream answered
 	}
-	return v, err
+	return v, nf, err
 }
 
-// allow asks the breaker for one call, wrapping a refusal in ErrBreakerOpen.
-// A breaker that panics refuses.
+// allow asks the breaker for one call, wrapping a refusal so that it
+// matches ErrBreakerOpen (breakerOpen). A breaker that panics refuses.
 func (l *Loader[K, V]) allow() (done func(Outcome), err error) {
 	if perr := l.guard(func() { done, err = l.breaker.Allow() }, nil); perr != nil {
 		err = perr
 	}
 	if err != nil {
-		if !errors.Is(err, ErrBreakerOpen) {
-			err = fmt.Errorf("%w: %w", ErrBreakerOpen, err)
-		}
-		return nil, err
+		return nil, breakerOpen(err)
 	}
 	if done == nil {
 		done = func(Outcome) {}
@@ -194,15 +195,16 @@ func (l *Loader[K, V]) allow() (done func(Outcome), err error) {
 	return done, nil
 }
 
-// verdict classifies a LoadFunc result for the breaker. Not-found is a
-// healthy answer; a caller leaving or Close cancelling says nothing about
-// the downstream; a load that ran past LoadTimeout does.
-func (l *Loader[K, V]) verdict(ctx context.Context, err error) Outcome {
+// verdict classifies a LoadFunc result for the breaker; nf: err is a
+// not-found (notFound). Not-found is a healthy answer; a caller leaving or
+// Close cancelling says nothing about the downstream; a load that ran past
+// LoadTimeout does.
+func (l *Loader[K, V]) verdict(ctx context.Context, err error, nf bool) Outcome {
 	// A load past LoadTimeout is the downstream's fault, whatever error the
 	// LoadFunc made of it.
 	timedOut := ctx.Err() != nil && errors.Is(context.Cause(ctx), ErrLoadTimeout)
 	switch {
-	case err == nil, errors.Is(err, ErrNotFound):
+	case err == nil, nf:
 		return OutcomeSuccess
 	case !timedOut && (ctx.Err() != nil || errors.Is(err, context.Canceled)):
 		return OutcomeIgnored
@@ -212,12 +214,12 @@ func (l *Loader[K, V]) verdict(ctx context.Context, err error) Outcome {
 	return OutcomeFailure
 }
 
-// retryable reports whether a failed attempt may be tried again.
+// retryable reports whether a failed attempt that is not a not-found (the
+// caller asked notFound) may be tried again.
 func (l *Loader[K, V]) retryable(ctx context.Context, err error) bool {
 	var pe *PanicError
 	switch {
 	case ctx.Err() != nil,
-		errors.Is(err, ErrNotFound),
 		errors.Is(err, ErrNotModified),
 		errors.Is(err, ErrBreakerOpen),
 		errors.Is(err, context.Canceled),
@@ -228,6 +230,24 @@ func (l *Loader[K, V]) retryable(ctx context.Context, err error) bool {
 		return true
 	}
 	return l.userBool(l.opts.Retry.Retryable, err, false)
+}
+
+// notFound reports whether err means the key does not exist: it matches
+// ErrNotFound, or Options.IsNotFound (user code, through the guard: a
+// panic means no) says so (Options.NotFound is the same rule for a
+// Remote). nil, a panic of the LoadFunc and ErrGoexit never are.
+func (l *Loader[K, V]) notFound(err error) bool { return l.notFoundOr(err, nil) }
+
+// notFoundOr is notFound with the guard's onGoexit, for a caller that must
+// leave its state consistent if IsNotFound ends the goroutine.
+func (l *Loader[K, V]) notFoundOr(err error, onGoexit func()) (nf bool) {
+	if nf, sure := plainNotFound(err); sure || l.opts.IsNotFound == nil {
+		return nf
+	}
+	if l.guard(func() { nf = l.opts.IsNotFound(err) }, onGoexit) != nil {
+		return false
+	}
+	return nf
 }
 
 // userBool calls a user predicate through the guard; a panic gives onPanic.

@@ -7,7 +7,12 @@ import (
 	"time"
 )
 
-// Source says where the value of one Get came from.
+// Source says where the value of one Get came from, and also where its
+// error came from: a Get that failed says [SourceLoaded] or [SourceShared]
+// (its error came from a load, which failed, the breaker refusing
+// included), or [SourceHit] for a cached not-found. To count how Gets were
+// served, count the errors apart first (err != nil), or a failing
+// downstream shows up as loads.
 type Source uint8
 
 const (
@@ -23,10 +28,13 @@ const (
 	// SourceStaleOnError: the load this caller waited for failed, and a
 	// stale value inside the StaleIfError window was returned instead.
 	SourceStaleOnError
-	// SourceLoaded: this caller started the load it waited for.
+	// SourceLoaded: this caller started the load it waited for, whether
+	// that load succeeded or failed: look at the Get's error before
+	// counting it as a load.
 	SourceLoaded
 	// SourceShared: this caller waited for a load another caller (or a
-	// background refresh) started.
+	// background refresh) started, whether that load succeeded or failed
+	// (Stats.SharedErrors counts the failures).
 	SourceShared
 )
 
@@ -55,8 +63,8 @@ type Info struct {
 	Source Source
 	// Age is how long ago the returned value was loaded (or Set).
 	Age time.Duration
-	// Waited is how long the caller waited for a load; 0 for a hit or a
-	// stale value served at once.
+	// Waited is how long the caller waited for a load, until the load
+	// ended; 0 for a hit or a stale value served at once.
 	Waited time.Duration
 }
 
@@ -68,6 +76,10 @@ type LoadEvent[K comparable] struct {
 	Duration time.Duration
 	// Err is the load's error, nil on success.
 	Err error
+	// NotFound is true when Err is a not-found ([Options.IsNotFound]): the
+	// downstream answered that the key does not exist. For a LoadMany call
+	// it judges the call's Err, not its keys missing from the result.
+	NotFound bool
 	// Attempts is the number of LoadFunc calls the load made (0 when the
 	// breaker refused the first one).
 	Attempts int

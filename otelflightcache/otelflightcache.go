@@ -33,7 +33,8 @@
 //	                                     result: a failure's blast radius
 //	flightcache.wait.duration  s         one Get's wait for a load        source
 //
-// outcome is one of ok, not_found, timeout, breaker_open, canceled, error;
+// outcome is one of ok, not_found, timeout, breaker_open, canceled, error
+// (not_found: a load error the Loader judged a not-found, LoadEvent.NotFound);
 // source is the [flightcache.Source] of the Get (loaded, shared,
 // stale-on-error; none for a Get whose context ended first).
 //
@@ -234,6 +235,9 @@ func increasing(field string, b []float64) error {
 func (m *Metrics[K]) OnLoad(ev flightcache.LoadEvent[K]) {
 	ctx := context.Background() // a LoadEvent carries no context
 	o := Outcome(ev.Err)
+	if ev.NotFound { // the Loader's rule, its Options.IsNotFound included
+		o = "not_found"
+	}
 	if ev.Abandoned {
 		o = "canceled"
 	}
@@ -258,7 +262,10 @@ func (m *Metrics[K]) RecordWait(ctx context.Context, info flightcache.Info) {
 
 // Outcome classifies a load error into the outcome attribute: "ok" for
 // nil, then the first that matches of "not_found"
-// ([flightcache.ErrNotFound]), "timeout" ([flightcache.ErrLoadTimeout]),
+// ([flightcache.ErrNotFound]; OnLoad also says "not_found" for any error
+// the Loader judged a not-found, [flightcache.LoadEvent].NotFound, which
+// takes [flightcache.Options.IsNotFound] into account where Outcome cannot),
+// "timeout" ([flightcache.ErrLoadTimeout]),
 // "breaker_open" ([flightcache.ErrBreakerOpen]), "canceled"
 // ([context.Canceled] or [flightcache.ErrClosed]), and "error" otherwise.
 func Outcome(err error) string {

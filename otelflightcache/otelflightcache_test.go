@@ -338,6 +338,26 @@ func TestNewValidates(t *testing.T) {
 	}
 }
 
+// A load error that only the Loader's IsNotFound calls a not-found is
+// recorded as not_found, from LoadEvent.NotFound.
+func TestOwnNotFoundOutcome(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		errNoRow := errors.New("db: no row")
+		_, l, reader := setup(t, slow{delay: 10 * time.Millisecond, fail: errNoRow}, flightcache.Options[string, string]{
+			IsNotFound: func(err error) bool { return errors.Is(err, errNoRow) },
+		})
+		if _, err := l.Get(context.Background(), "a"); !errors.Is(err, errNoRow) {
+			t.Fatalf(`Get("a") = %v; want the LoadFunc's error`, err)
+		}
+		synctest.Wait() // OnLoad runs after the waiters are released
+		got := collect(t, reader)
+		wantHistogram(t, got, `flightcache.load.callers{cache=test,outcome=not_found}`, 1, 1)
+		if _, ok := got[`flightcache.load.callers{cache=test,outcome=error}`]; ok {
+			t.Errorf("the not-found was recorded as an error")
+		}
+	})
+}
+
 func TestOutcome(t *testing.T) {
 	for _, tc := range []struct {
 		err  error

@@ -85,13 +85,13 @@ type batchRun[K comparable, V any] struct {
 // load and writes (a batch never waits while it holds leases): each look
 // at them is one round trip.
 //
-// A key load does not return is not found, as when Load's load returns
-// ErrNotFound: with the Loader's NotFoundTTL > 0 its entry becomes a
-// not-found marker for NotFoundTTL, which every process reads as
-// [ErrSharedNotFound]; otherwise its lease is released with a not-found
+// A key load does not return is not found, as when Load's load returns a
+// not-found (by the Loader's rule, [flightcache.Options.NotFound]): with
+// the Loader's NotFoundTTL > 0 its entry becomes a not-found marker for
+// NotFoundTTL, which every process reads as [ErrSharedNotFound]; otherwise its lease is released with a not-found
 // that the processes waiting on it share (ErrPeerFailed matching
 // [flightcache.ErrNotFound]), and a later miss anywhere loads it again. A
-// load that fails as a whole with ErrNotFound makes every key it was called
+// load that fails as a whole with a not-found makes every key it was called
 // for not found in the same way. When load fails otherwise, every key it was
 // called for gets its error, with the key's older shared entry when it may
 // cover it (as Load). When Redis fails or is slow, the keys concerned are
@@ -480,8 +480,8 @@ func (b *batchRun[K, V]) loadAndStore(leased, local []*slot[K]) {
 			want := false
 			fail := ""
 			if !errors.Is(err, flightcache.ErrNotModified) { // a batch revalidates nothing: nothing to share
-				fail = failure(b.ctx, s.tok, err)
-				want = (t.sie > 0 || t.perValue) && coverable(err)
+				fail = t.failure(b.ctx, s.tok, err)
+				want = (t.sie > 0 || t.perValue) && t.coverable(err)
 			}
 			release(fail, want)
 			then[i] = func(cmd *redis.Cmd) bool {
@@ -541,7 +541,7 @@ func (b *batchRun[K, V]) loadAndStore(leased, local []*slot[K]) {
 			if marker {
 				calls[i] = t.notFoundCall(s.ks, s.tok)
 			} else {
-				release(failure(b.ctx, s.tok, nf), false)
+				release(t.failure(b.ctx, s.tok, nf), false)
 			}
 			then[i] = func(cmd *redis.Cmd) bool {
 				b.answer(s, flightcache.RemoteResult[V]{Err: nf})

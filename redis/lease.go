@@ -26,7 +26,7 @@ import (
 //	         after a failed load → also return the entry, to cover it.
 //	notfound still mine → replace the entry with a not-found marker that
 //	         expires after NotFoundTTL, drop the lease, publish (a load's
-//	         ErrNotFound, when the Loader's NotFoundTTL > 0).
+//	         not-found, by the Loader's rule, when its NotFoundTTL > 0).
 //
 // A lease is "SET NX PX LeaseTTL" with a random token; "alive" is a second
 // key with the same token and a PX of HolderTimeout, set with the lease and
@@ -139,9 +139,11 @@ var ErrPeerFailed = errors.New("flightredis: the load failed in another process"
 // never covered).
 //
 // With the Loader's NotFoundTTL > 0, a not-found is shared: when the load
-// it ran returns [flightcache.ErrNotFound], Load stores a not-found marker
-// as key's entry for NotFoundTTL, and a Load that finds a live marker
-// returns [ErrSharedNotFound] without calling load.
+// it ran returns a not-found by the Loader's rule
+// ([flightcache.Options.NotFound]: [flightcache.ErrNotFound], or an error
+// the Loader's IsNotFound accepts), Load stores a not-found marker as key's
+// entry for NotFoundTTL, and a Load that finds a live marker returns
+// [ErrSharedNotFound] without calling load.
 //
 // When the user code Load runs on the value its load returned,
 // Options.Freshness (through Options.WindowsOf) and the Codec's Marshal,
@@ -340,13 +342,13 @@ func (t *Tier[K, V]) hold(ctx context.Context, ks keys, key K, tok string, load 
 		return rv, err
 	}
 	if err != nil {
-		if fail := failure(ctx, tok, err); fail != "" && t.sharesNotFound(err) {
+		if fail := t.failure(ctx, tok, err); fail != "" && t.sharesNotFound(err) {
 			t.writeNotFound(bg, ks, tok)
 			settled = true
 			return flightcache.RemoteValue[V]{}, err
 		}
-		want := (t.sie > 0 || t.perValue) && coverable(err)
-		e := t.release(bg, ks, tok, failure(ctx, tok, err), want)
+		want := (t.sie > 0 || t.perValue) && t.coverable(err)
+		e := t.release(bg, ks, tok, t.failure(ctx, tok, err), want)
 		settled = true
 		if t.dead(ks) { // an InvalidateAll ended the entry's generation: it covers nothing
 			e = entry{}
@@ -362,8 +364,13 @@ func (t *Tier[K, V]) hold(ctx context.Context, ks keys, key K, tok string, load 
 // sharesNotFound reports whether a load's error err is a not-found to store
 // for the fleet: the Loader caches not-founds (NotFoundTTL > 0).
 func (t *Tier[K, V]) sharesNotFound(err error) bool {
-	return t.loader.NotFoundTTL > 0 && errors.Is(err, flightcache.ErrNotFound)
+	return t.loader.NotFoundTTL > 0 && t.notFound(err)
 }
+
+// notFound reports whether err is a not-found by the Loader's rule
+// (flightcache.Options.NotFound: ErrNotFound, or the Loader's IsNotFound,
+// whose panic means no).
+func (t *Tier[K, V]) notFound(err error) bool { return t.loader.NotFound(err) }
 
 // sharedNotFound reports whether e is a not-found marker still inside its
 // NotFoundTTL: a Load answers it with ErrSharedNotFound, without loading.
@@ -580,8 +587,10 @@ func (t *Tier[K, V]) releaseArgs(ks keys, tok, fail string, want bool) []any {
 
 // failure is what a failed load leaves for the processes that waited on it:
 // "" when the failure says nothing about the downstream (the load was
-// cancelled here, or the breaker refused it), so a waiter loads instead.
-func failure(ctx context.Context, tok string, err error) string {
+// cancelled here, or the breaker refused it), so a waiter loads instead. A
+// not-found by the Loader's rule is marked so: the waiters' error matches
+// flightcache.ErrNotFound.
+func (t *Tier[K, V]) failure(ctx context.Context, tok string, err error) string {
 	switch {
 	case errors.Is(err, flightcache.ErrBreakerOpen),
 		errors.Is(err, context.Canceled),
@@ -590,7 +599,7 @@ func failure(ctx context.Context, tok string, err error) string {
 		return ""
 	}
 	kind := "err"
-	if errors.Is(err, flightcache.ErrNotFound) {
+	if t.notFound(err) {
 		kind = "nf"
 	}
 	msg := err.Error()

@@ -47,7 +47,7 @@ func (t *Tier[K, V]) cover(e entry, err error) (flightcache.RemoteValue[V], erro
 		until = addSat(e.stale, t.sie.Microseconds())
 	}
 	switch {
-	case !coverable(err), !e.ok, e.nf, micros(time.Now()) >= until:
+	case !t.coverable(err), !e.ok, e.nf, micros(time.Now()) >= until:
 		return flightcache.RemoteValue[V]{}, err
 	}
 	v, derr := t.decode(e.val)
@@ -64,7 +64,8 @@ func (t *Tier[K, V]) cover(e entry, err error) (flightcache.RemoteValue[V], erro
 }
 
 // coverable reports whether a failed load's error may be covered with an
-// older value: the Loader serves none for a not-found or after Close.
-func coverable(err error) bool {
-	return !errors.Is(err, flightcache.ErrNotFound) && !errors.Is(err, flightcache.ErrClosed)
+// older value: the Loader serves none for a not-found (by its rule:
+// notFound) or after Close.
+func (t *Tier[K, V]) coverable(err error) bool {
+	return !t.notFound(err) && !errors.Is(err, flightcache.ErrClosed)
 }

@@ -61,7 +61,10 @@ func (a *api) routes() http.Handler {
 //
 // With a repository that reports it, X-Cache says where the answer came
 // from (hit, stale, stale-on-error, loaded, shared) and, for a product or a
-// cached not-found, Age how old it is in seconds. The request's
+// cached not-found, Age how old it is in seconds. A failed answer (502,
+// 503, 504) says X-Cache: error: its Info says loaded or shared (it came
+// from a load, which failed), and counting those as loads would count the
+// pricing service's failures as traffic it served. The request's
 // Cache-Control is honoured: no-cache is never answered from the cache (the
 // price is revalidated with the pricing service, one call for a burst of
 // such requests), max-stale=N accepts a price stale for at most N seconds.
@@ -85,9 +88,11 @@ func (a *api) product(w http.ResponseWriter, r *http.Request) {
 
 	h := w.Header()
 	if hasInfo && info.Source != flightcache.SourceNone {
-		h.Set("X-Cache", info.Source.String())
 		if err == nil || errors.Is(err, ErrNotFound) {
+			h.Set("X-Cache", info.Source.String())
 			h.Set("Age", strconv.FormatInt(int64(info.Age/time.Second), 10))
+		} else {
+			h.Set("X-Cache", "error") // the load failed: not one "loaded"
 		}
 	}
 	switch {

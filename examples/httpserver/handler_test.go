@@ -223,7 +223,7 @@ func TestBreakerOpenAndStaleOnError(t *testing.T) {
 			"X-Cache", "stale-on-error", "Age", "11", "Retry-After", "")
 		// Nothing stale for product 2: the breaker's refusal reaches the client.
 		want(t, "GET of another product", get(f.h, "/products/2"), http.StatusServiceUnavailable,
-			"Retry-After", "7", "Age", "")
+			"Retry-After", "7", "X-Cache", "error", "Age", "")
 		// The breaker is open; product 1 is still covered.
 		want(t, "GET with the breaker open", get(f.h, "/products/1"), http.StatusOK, "X-Cache", "stale-on-error")
 
@@ -240,7 +240,7 @@ func TestBadGateway(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		f := newFixture(t, flightcache.Options[string, Product]{Breaker: flightcache.Breaker{Disabled: true}})
 		f.down.fail.Store(true)
-		want(t, "GET", get(f.h, "/products/1"), http.StatusBadGateway, "X-Cache", "loaded", "Age", "")
+		want(t, "GET", get(f.h, "/products/1"), http.StatusBadGateway, "X-Cache", "error", "Age", "")
 		f.down.fail.Store(false)
 		want(t, "GET after recovery", get(f.h, "/products/1"), http.StatusOK, "X-Cache", "loaded")
 	})
@@ -249,7 +249,7 @@ func TestBadGateway(t *testing.T) {
 func TestLoadTimeout(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		f := newFixture(t, flightcache.Options[string, Product]{LoadTimeout: 50 * time.Millisecond})
-		want(t, "GET", get(f.h, "/products/1"), http.StatusGatewayTimeout, "X-Cache", "loaded", "Age", "")
+		want(t, "GET", get(f.h, "/products/1"), http.StatusGatewayTimeout, "X-Cache", "error", "Age", "")
 	})
 }
 

@@ -6,8 +6,9 @@
 // -latency, and a -fail share of them fail) and the API on -addr:
 //
 //	GET /products/{id}      a product with its price, as JSON; X-Cache and Age say
-//	                        where it came from; Cache-Control: no-cache and
-//	                        max-stale=N bound how stale it may be
+//	                        where it came from (X-Cache: error for a failed
+//	                        answer); Cache-Control: no-cache and max-stale=N
+//	                        bound how stale it may be
 //	GET /products?ids=1,2,3 up to 100 products at once, as JSON: "products"
 //	                        (in the order asked, duplicates ignored) and
 //	                        "missing" (the ids that name no product); 400
