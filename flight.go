@@ -596,12 +596,13 @@ func (f *flights[K, V]) put(sh *shard[K, V], key K, h uint64, cur, e *entry[K, V
 
 // settle closes w if what the writer issued last is still the key's value,
 // and reports whether it did, with the place w held (the writer gives it
-// back).
-func (f *flights[K, V]) settle(w *write[K, V]) (p place, closed bool) {
+// back). With keepLive (a Clear comes before the next batch), a value not
+// older than the floor stays open, to be issued again after the Clear.
+func (f *flights[K, V]) settle(w *write[K, V], keepLive bool) (p place, closed bool) {
 	sh := f.shard(w.h)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
-	if w.entry != w.issued {
+	if w.entry != w.issued || (keepLive && w.issued != nil && !f.l.cleared(w.issued)) {
 		return place{}, false
 	}
 	if sh.writes[w.key] == w {

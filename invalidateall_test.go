@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"testing/synctest"
@@ -216,4 +217,31 @@ func TestInvalidateAllStorm(t *testing.T) {
 		}
 	}
 	t.Logf("%d InvalidateAlls, %d loads, %d fills dropped", l.Stats().InvalidateAlls, l.Stats().Loads, l.Stats().FillsDropped)
+}
+
+// Rule 20 and rule 2 together: a Set after InvalidateAll whose value folds
+// into a write the writer had already taken (before the InvalidateAll) must
+// survive the Clear. The writer used to apply that batch, close the write,
+// and clear the cache at its next batch, dropping the value a Get had to
+// see.
+func TestSetFoldedIntoATakenBatchSurvivesTheClear(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		d := &downstream{}
+		l := newLoader(t, d, Options[string, string]{TTL: time.Minute})
+		held, gate := make(chan struct{}), make(chan struct{})
+		var once sync.Once
+		hook := func() { once.Do(func() { close(held); <-gate }) }
+		testHookIssue.Store(&hook)
+		defer testHookIssue.Store(nil)
+		l.Set("k", "old")
+		<-held // the writer holds k's write in the batch it took
+		l.InvalidateAll()
+		l.Set("k", "new") // folds into that write
+		close(gate)
+		synctest.Wait()
+		waitWriterIdle(t, l)
+		if v, info, err := l.GetInfo(context.Background(), "k"); v != "new" || info.Source != SourceHit || err != nil {
+			t.Fatalf("Get(k) once the writer caught up = %q, %v, %v; want new, a hit: the Clear dropped a value Set after InvalidateAll", v, info.Source, err)
+		}
+	})
 }

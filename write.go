@@ -87,11 +87,24 @@ import (
 //  3. writer: takes a batch, then reads clears. A batch that holds W, or
 //     any write of generation G, was taken after that write was queued,
 //     so after step 1: it sees the request and runs ristretto.Clear before
-//     it issues anything. Every batch applied before the Clear held only
-//     writes older than G.
+//     it issues anything.
 //  4. writer: issues the batch into the emptied cache; W closes with v in
 //     it. A write whose entry is older than G is issued as a Del: its
 //     value is dead.
+//
+// A write can also gain a value of generation G after the writer took it:
+// Set(K, v) after step 1 folds v into a write W0 of K that sits in the
+// batch the writer took before step 1 (it read no request). The writer
+// then issues v with that batch, and a Clear at its next batch would drop
+// v. So, after its Wait, the writer reads clears again: if a request came
+// since the batch was taken, a write whose issued value is not older than
+// the floor stays open and goes into the next batch, which clears first
+// and issues it again; the others close (the Clear drops only dead values
+// of theirs). A request that comes after that second read finds every
+// write it could fold into applied and closed with an older value, or
+// changed since it was issued, and so not closed (settle). Under a storm
+// of InvalidateAll a value kept open this way is older than the floor by
+// the next one, and then closes: the writer never stops closing writes.
 //
 // So the Clear never drops a value written after the InvalidateAll, and no
 // value from before it is served, from the cache or from a pending write.
@@ -234,15 +247,22 @@ func (l *Loader[K, V]) runWriter() {
 			l.cache.Clear()
 			l.clearing.Store(false)
 		}
+		if hook := testHookIssue.Load(); hook != nil {
+			(*hook)()
+		}
 		for _, w := range batch {
 			l.issue(w)
 		}
 		l.cache.Wait() // everything issued above is applied (or refused) now
 		again = again[:0]
+		// An InvalidateAll since the batch was taken: the next batch
+		// clears, so a value of the batch newer than it stays open and is
+		// issued again after the Clear (see above).
+		keepLive := wr.clears.Load() != wr.cleared
 		var fills, writes int
 		var fillCost, writeCost int64
 		for _, w := range batch {
-			p, closed := l.flights.settle(w)
+			p, closed := l.flights.settle(w, keepLive)
 			switch {
 			case !closed:
 				again = append(again, w)
@@ -291,6 +311,10 @@ func (l *Loader[K, V]) takeBatch(batch []*write[K, V]) []*write[K, V] {
 	}
 	return batch
 }
+
+// testHookIssue, when set by a test, runs after the writer has taken a
+// batch (and cleared the cache, if asked to), before it issues it.
+var testHookIssue atomic.Pointer[func()]
 
 // testHookWriter, when set by a test, runs at the start of every batch of
 // the writer: a test holds the writer there to show that nothing else
