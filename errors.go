@@ -121,16 +121,6 @@ func (e *PanicError) Unwrap() error {
 	return nil
 }
 
-// errorsIsAny reports whether err matches any of targets.
-func errorsIsAny(err error, targets ...error) bool {
-	for _, t := range targets {
-		if errors.Is(err, t) {
-			return true
-		}
-	}
-	return false
-}
-
 // sameError reports whether a == b, and is how the package compares two
 // errors: == panics when both hold the same type whose value cannot be
 // compared (a struct value holding a map, say), even when the type itself
