@@ -591,9 +591,9 @@ func TestAttemptsCountCallsThatPanicOrGoexit(t *testing.T) {
 // for ristretto's single goroutine to apply their writes: callers moving on
 // to new keys outpaced it and thousands of goroutines piled up (with 64 KiB
 // values and MaxCost 100, 6.4 MB, the live heap reached 120-170 MB). Today a
-// finishing load hands its write to the Loader's writer and, past a backlog
-// (maxBacklog), waits for the writer to catch up before it wakes its
-// waiters.
+// finishing load never waits: its write takes a place of the fills' share
+// (Options.MaxPendingWrites, at most MaxCost of cost), or is not cached
+// when none is free (docs/design.md rule 19).
 //
 // Real clock: the storm must outpace ristretto's goroutine and the writer
 // with callers running truly at once, and the callers never block, so a
@@ -822,8 +822,8 @@ func TestConcurrentSetsOfOneKeyLoseTheLaterWrite(t *testing.T) {
 // took it out of the map as if it could still be cancelled: its write was
 // still in ristretto's buffer with no call of the key in the map, so an
 // Invalidate found nothing to wait for, deleted nothing, and the value
-// landed afterwards. Today the window is the finishing load waiting for the
-// writer past a backlog, before it delivers.
+// landed afterwards. Today a finishing load records its write and delivers
+// under one shard lock, and never waits for the writer (rule 19).
 //
 // Real clock: see TestInvalidateBehindPendingWriteServesOldValue.
 func TestLeaveDuringBackpressureLosesInvalidate(t *testing.T) {
