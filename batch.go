@@ -107,12 +107,6 @@ func (l *Loader[K, V]) launchBatch(b *batch[K, V], s *stripe) {
 	l.spawn(b, s)
 }
 
-// body runs b's load; see loaderGoroutine.
-func (b *batch[K, V]) body() {
-	defer b.l.exitChild(b.slot)
-	b.l.runBatch(b)
-}
-
 // runBatch is the body of a batch's goroutine: one LoadMany call, then
 // each key's result delivered as its own load's.
 func (l *Loader[K, V]) runBatch(b *batch[K, V]) {
@@ -447,35 +441,6 @@ next:
 		return out, infos, &ManyError[K]{Errs: failed}
 	}
 	return out, infos, nil
-}
-
-// Peek returns key's value if it is fresh ([SourceHit]) or within
-// StaleWhileRevalidate ([SourceStale]), without loading or refreshing
-// anything, and ok false otherwise (nothing held, a cached not-found, a
-// value past StaleWhileRevalidate). A value a Get has returned is visible to
-// Peek at once, as to a Get. Every Peek counts in Stats.Peeks, never in
-// Stats.Gets. Peek is safe for concurrent use; after Close it finds nothing.
-func (l *Loader[K, V]) Peek(key K) (v V, info Info, ok bool) {
-	l.stats.peeks.Add(1)
-	h, err := l.hash(key)
-	if err != nil || l.closed.Load() {
-		return v, info, false
-	}
-	e := l.cached(h, key)
-	if e == nil {
-		e = l.flights.latest(key, h) // a write on its way into the cache
-	}
-	if e == nil || e.isNotFound() || l.distrusted(e) {
-		return v, info, false
-	}
-	now := l.now()
-	switch l.phase(e, now) {
-	case phaseFresh:
-		return e.val, Info{Source: SourceHit, Age: now - e.loadedAt}, true
-	case phaseStale:
-		return e.val, Info{Source: SourceStale, Age: now - e.loadedAt}, true
-	}
-	return v, info, false
 }
 
 // ManyError reports the keys [Loader.GetMany] could not load, each with

@@ -9,7 +9,7 @@ import (
 
 // This file holds the circuit breaker: the interface a Loader calls, and
 // its own implementation on gobreaker/v2. How a load uses it (retries
-// outside, breaker inside) is in retry.go.
+// outside, breaker inside) is in downstream.go.
 
 // BreakerState is the state of a Loader's circuit breaker.
 type BreakerState uint8

@@ -82,34 +82,6 @@ func (l *Loader[K, V]) watch() error {
 	return l.guard(func() { w.Watch(local[K, V]{l}) }, nil)
 }
 
-// distrusted reports whether e was loaded (or Set) before the last
-// Distrust: a Get must not serve it as it stands.
-func (l *Loader[K, V]) distrusted(e *entry[K, V]) bool {
-	return e.mark.Load()&^(goneBit|failsMask) != l.generation.Load()
-}
-
-// cleared reports whether e was loaded (or Set) before the last
-// InvalidateAll: it is absent, not even a stale fallback or a value for a
-// Reload. The generations compare by their difference, so the order holds
-// across the counter's wrap for entries less than 2^26 moves old.
-func (l *Loader[K, V]) cleared(e *entry[K, V]) bool {
-	return l.olderThanFloor(e.mark.Load() &^ (goneBit | failsMask))
-}
-
-// olderThanFloor reports whether generation gen is older than the last
-// InvalidateAll's.
-func (l *Loader[K, V]) olderThanFloor(gen uint32) bool {
-	return int32(l.floor.Load()-gen) > 0
-}
-
-// live returns e, or nil if e is cleared (or nil).
-func (l *Loader[K, V]) live(e *entry[K, V]) *entry[K, V] {
-	if e == nil || l.cleared(e) {
-		return nil
-	}
-	return e
-}
-
 // raiseFloor moves the generation on and makes it the floor: every entry
 // and load of an older generation is now absent (rule 20). Concurrent
 // calls leave the floor at the newest of their generations.

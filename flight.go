@@ -612,3 +612,12 @@ func (f *flights[K, V]) settle(w *write[K, V], keepLive bool) (p place, closed b
 	}
 	return w.place, true
 }
+
+// cached returns key's entry in the cache, or nil if there is none (or only
+// a gone one, or another key's).
+func (l *Loader[K, V]) cached(h uint64, key K) *entry[K, V] {
+	if e, ok := l.cache.Get(h); ok && e.key == key && !e.isGone() {
+		return e
+	}
+	return nil
+}

@@ -2,12 +2,8 @@ package flightcache
 
 import (
 	"context"
-	"reflect"
-	"runtime"
-	"runtime/pprof"
 	"sync"
 	"sync/atomic"
-	"time"
 )
 
 // How a Loader shuts down. One mechanism says "no new work, wait for what
@@ -171,146 +167,6 @@ func (l *Loader[K, V]) checkIdle() {
 	}
 }
 
-// launch starts c's load goroutine, counting it in on s, the stripe of the
-// operation that starts it, which is still inside: the goroutine is counted
-// in before that operation is counted out, on one stripe, so Close (which
-// reads a stripe's outs before its ins) cannot see both out at once.
-func (l *Loader[K, V]) launch(c *call[K, V], s *stripe) {
-	c.slot = s
-	l.spawn(c, s)
-}
-
-// spawn runs a load (a call's, or a batch's), counted in on s, on a load
-// goroutine: an idle one if one waits now, else a new one.
-func (l *Loader[K, V]) spawn(b interface{ body() }, s *stripe) {
-	s.opsIn.Add(1)
-	l.stats.inFlight.Add(1)
-	select {
-	case l.workers.jobs <- b:
-	default:
-		l.workers.running.Add(1)
-		l.workers.started.Add(1)
-		go l.worker(b)
-	}
-}
-
-// workers are the Loader's load goroutines. One that ends a load waits for
-// the next, if fewer than maxIdle already wait, rather than exit: a new
-// goroutine starts on a small stack, and a load grows it (a copy of the
-// whole stack, a fifth of a miss's CPU), where a reused one has grown
-// already. They all exit at Close; teardown waits for them (rule 8).
-type workers struct {
-	jobs    chan interface{ body() } // unbuffered: a load goes to a worker waiting now, or to a new one
-	idle    atomic.Int32             // workers waiting for a load
-	started atomic.Uint64            // workers started, ever (tests)
-	maxIdle int32
-	running sync.WaitGroup
-}
-
-func (w *workers) init() {
-	w.jobs = make(chan interface{ body() })
-	w.maxIdle = int32(max(8, 4*runtime.GOMAXPROCS(0)))
-}
-
-// worker runs b, then the loads handed to it, until it would wait for one
-// while maxIdle others wait too, has waited workerIdle while keptIdle
-// others waited, or the Loader closes.
-func (l *Loader[K, V]) worker(b interface{ body() }) {
-	w := &l.workers
-	defer w.running.Done()
-	var idle *time.Timer
-	for {
-		loaderGoroutine(b)
-		n := w.idle.Add(1)
-		if n > w.maxIdle {
-			w.idle.Add(-1)
-			return
-		}
-		var expired <-chan time.Time // nil: the first few wait without a timer, so a stream of misses pays none
-		if n > keptIdle {
-			if idle == nil {
-				idle = time.NewTimer(workerIdle)
-			} else {
-				idle.Reset(workerIdle)
-			}
-			expired = idle.C
-		}
-		select {
-		case b = <-w.jobs:
-		case <-expired:
-			b = nil
-		case <-l.ctx.Done():
-			b = nil
-		}
-		w.idle.Add(-1)
-		if expired != nil {
-			idle.Stop()
-		}
-		if b == nil {
-			return
-		}
-	}
-}
-
-// keptIdle load goroutines wait for a load until Close; the others of a
-// burst, up to maxIdle, leave after waiting workerIdle.
-const keptIdle = 2
-
-// workerIdle is how long an idle load goroutine beyond keptIdle waits for
-// a load before it leaves.
-const workerIdle = 10 * time.Second
-
-// body runs c's load; see loaderGoroutine.
-func (c *call[K, V]) body() {
-	defer c.l.exitChild(c.slot)
-	c.l.run(c)
-}
-
-// takeLabels gives the load goroutine the profiler labels of ctx, the
-// context of the Get that started the load, as a goroutine started for it
-// would have had them. Reading them calls ctx.Value, which is user code: a
-// panic there is counted (Stats.Panics) and leaves the goroutine without
-// labels, and the load goes on. Callers run it after deferring the load's
-// delivery, so a Goexit there reaches the waiters as ErrGoexit.
-func (l *Loader[K, V]) takeLabels(ctx context.Context) {
-	if l.guard(func() { pprof.SetGoroutineLabels(ctx) }, nil) != nil {
-		pprof.SetGoroutineLabels(context.Background())
-	}
-}
-
-// loaderGoroutine is the first frame of every load goroutine, so that
-// onLoaderGoroutine can find it.
-//
-//go:noinline
-func loaderGoroutine(b interface{ body() }) { b.body() }
-
-// loaderGoroutinePC is the entry address of loaderGoroutine.
-var loaderGoroutinePC = reflect.ValueOf(loaderGoroutine).Pointer()
-
-// onLoaderGoroutine reports whether the caller runs on a load goroutine of
-// some Loader.
-func onLoaderGoroutine() bool {
-	pcs := make([]uintptr, 64)
-	for {
-		n := runtime.Callers(2, pcs)
-		if n < len(pcs) {
-			pcs = pcs[:n]
-			break
-		}
-		pcs = make([]uintptr, 2*len(pcs))
-	}
-	frames := runtime.CallersFrames(pcs)
-	for {
-		f, more := frames.Next()
-		if f.Entry == loaderGoroutinePC {
-			return true
-		}
-		if !more {
-			return false
-		}
-	}
-}
-
 // teardown frees the cache; the writer goroutine runs it once the Loader is
 // closed and idle, so nothing else can be inside ristretto.
 func (l *Loader[K, V]) teardown() {
@@ -319,4 +175,63 @@ func (l *Loader[K, V]) teardown() {
 	l.cache.Close()
 	l.workers.running.Wait() // idle ones leave at ctx's end; busy ones are done
 	close(l.closeDone)
+}
+
+// stripe holds the counters the hit path touches. Each Get takes one stripe
+// for its whole run from a sync.Pool, so a goroutine mostly reuses the stripe
+// of its own P and counters do not bounce between cores. The pool only hands
+// out pointers into a fixed array: a stripe dropped from the pool at a GC is
+// never lost, only handed out again later.
+//
+// The pool lives apart from the Loader (stripePool), and holds nothing that
+// leads back to it: the runtime keeps every pool that has been used until
+// the GC after next, so a pool inside the Loader kept a closed Loader, its
+// cache and its values alive through one more GC.
+//
+// gets is incremented when a Get starts, and exactly one of the exit
+// counters when it ends: hits, stale and closed are outcomes; passed means
+// "went on to the in-flight map", where the Get is classified (a miss, or a
+// late hit). The stripes are also how Close knows that nothing runs any
+// more (lifecycle.go).
+type stripe struct {
+	gets   atomic.Uint64
+	hits   atomic.Uint64
+	stale  atomic.Uint64
+	passed atomic.Uint64 // left after the locked path (a miss, or a late hit: counted apart)
+	closed atomic.Uint64
+	opsIn  atomic.Uint64   // Sets, Invalidates and load goroutines counted in (lifecycle.go)
+	opsOut atomic.Uint64   // and out
+	_      [128 - 7*8]byte // one stripe per pair of cache lines
+}
+
+// exits is how many Gets have left on this stripe.
+func (s *stripe) exits() uint64 {
+	return s.hits.Load() + s.stale.Load() + s.passed.Load() + s.closed.Load()
+}
+
+// stripePool hands out the stripes.
+type stripePool struct {
+	sync.Pool               // of *stripe, pointing into stripes
+	stripes   []stripe      // the same as the counters'
+	next      atomic.Uint32 // round-robin index for New
+}
+
+func (c *counters) acquire() *stripe { return c.pool.Get().(*stripe) }
+
+func (c *counters) release(s *stripe) { c.pool.Put(s) }
+
+// quiet reports whether no operation is inside the Loader. Per stripe, the
+// outs are read before the ins: an operation that counts in after its
+// stripe was read sees the closed flag (set before quiet is called) and
+// does nothing, and a load goroutine is counted in on its starter's stripe
+// before the starter counts out.
+func (c *counters) quiet() bool {
+	for i := range c.stripes {
+		s := &c.stripes[i]
+		out, opsOut := s.exits(), s.opsOut.Load()
+		if out != s.gets.Load() || opsOut != s.opsIn.Load() {
+			return false
+		}
+	}
+	return true
 }

@@ -29,33 +29,6 @@ import (
 // reaches every running load through the in-flight map (cancelAll), not
 // through a parent context.
 
-// loadKey is the context key under which a load's context carries its
-// marker.
-type loadKey struct{}
-
-// loadMarker links a load to the loads it was started from, so that a Get
-// made inside a LoadFunc can tell that it would wait on itself.
-type loadMarker struct {
-	call   any // the *call being loaded; compared by identity
-	parent *loadMarker
-}
-
-// waitsOn reports whether m, or a load m was started from, is c.
-func (m *loadMarker) waitsOn(c any) bool {
-	for ; m != nil; m = m.parent {
-		if m.call == c {
-			return true
-		}
-	}
-	return false
-}
-
-// markerOf returns the marker of the load ctx belongs to, if any.
-func markerOf(ctx context.Context) *loadMarker {
-	m, _ := ctx.Value(loadKey{}).(*loadMarker)
-	return m
-}
-
 // loadCtx is the context of one load; see above.
 type loadCtx struct {
 	caller context.Context // values only

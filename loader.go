@@ -89,80 +89,6 @@ type Loader[K comparable, V any] struct {
 	closeDone   chan struct{} // closed once everything has stopped
 }
 
-// entry is one cached value (or cached not-found error) with its timing.
-// Times are offsets from the Loader's epoch. An entry is immutable once
-// published, but for its atomics.
-type entry[K comparable, V any] struct {
-	key          K
-	val          V
-	extra        *extra[K, V] // nil for a value with the Options' windows (8 bytes on every entry, not 32)
-	loadedAt     time.Duration
-	freshUntil   time.Duration
-	refreshAfter atomic.Int64 // no background refresh before this offset; max while one runs
-	// early is how long before freshUntil a Get starts an early refresh,
-	// in microseconds (rounded up; at most about 71 minutes, a longer lead
-	// starts the refresh later); 0 when off. Four bytes, not a
-	// time.Duration: with mark, it keeps an entry of a one-word key and a
-	// string value in 64 bytes, one cache line.
-	early uint32
-	// mark: bit 0, gone (replaced or invalidated: a Get treats it as
-	// absent, write.go); bits 1-4, the consecutive failed background
-	// refreshes (saturating at 15); above, the fleet generation (fleet.go).
-	mark atomic.Uint32
-}
-
-const (
-	goneBit         = 1
-	failsUnit       = 1 << 1
-	maxRefreshFails = 15 // the failed-refresh count saturates here
-	failsMask       = maxRefreshFails * failsUnit
-	genUnit         = 1 << 5 // the fleet generation's step: it wraps after 2^27 Distrusts
-)
-
-// refreshAt is when a Get starts refreshing e early (freshUntil when off).
-func (e *entry[K, V]) refreshAt() time.Duration {
-	return e.freshUntil - time.Duration(e.early)*time.Microsecond
-}
-
-// isGone reports whether e was replaced or invalidated.
-func (e *entry[K, V]) isGone() bool { return e.mark.Load()&goneBit != 0 }
-
-// setGone marks e replaced or invalidated.
-func (e *entry[K, V]) setGone() { e.mark.Or(goneBit) }
-
-// failedRefresh counts one more failed background refresh of e and
-// returns the count (at most 15, where the backoff is long reached its
-// limit).
-func (e *entry[K, V]) failedRefresh() int {
-	for {
-		m := e.mark.Load()
-		n := min(m&failsMask+failsUnit, failsMask)
-		if e.mark.CompareAndSwap(m, m&^failsMask|n) {
-			return int(n / failsUnit)
-		}
-	}
-}
-
-// extra is what few entries need: a cached not-found's error, or a value's
-// own stale windows ([Options.Freshness]).
-type extra[K comparable, V any] struct {
-	notFound error   // a cached not-found error; nil for a value
-	win      windows // the entry's stale windows (none for a not-found)
-}
-
-// error returns the cached not-found error, or nil for a value.
-func (e *entry[K, V]) error() error {
-	if e.extra == nil {
-		return nil
-	}
-	return e.extra.notFound
-}
-
-// isNotFound reports whether e is a cached not-found.
-func (e *entry[K, V]) isNotFound() bool { return e.extra != nil && e.extra.notFound != nil }
-
-const refreshing = int64(^uint64(0) >> 1)
-
 // New returns a Loader that loads missing keys with load.
 //
 // load may be nil when opts.LoadMany is set, for a downstream that only
@@ -276,22 +202,6 @@ func (l *Loader[K, V]) hash(key K) (h uint64, err error) {
 func (l *Loader[K, V]) mustHash(key K) uint64 {
 	h, _ := l.hash(key)
 	return h
-}
-
-// cached returns key's entry in the cache, or nil if there is none (or only
-// a gone one, or another key's).
-func (l *Loader[K, V]) cached(h uint64, key K) *entry[K, V] {
-	if e, ok := l.cache.Get(h); ok && e.key == key && !e.isGone() {
-		return e
-	}
-	return nil
-}
-
-func (l *Loader[K, V]) phase(e *entry[K, V], now time.Duration) phase {
-	if e.extra != nil {
-		return e.extra.win.phaseAt(now, e.freshUntil) // a cached not-found has no windows: never stale
-	}
-	return l.win.phaseAt(now, e.freshUntil)
 }
 
 // Get returns the value of key: from the cache when fresh (or stale within
@@ -585,122 +495,6 @@ func (l *Loader[K, V]) Refresh(ctx context.Context, key K) {
 	}
 }
 
-// Set stores value for key as if it had just been loaded. A load of key in
-// flight when Set is called still delivers its result to its own waiters,
-// but never overwrites the value Set stored. A Get that starts after Set
-// returns sees value, until the cache evicts it (ristretto's admission
-// policy may also refuse it at once when the cache is full, which
-// Stats.SetsRejected counts).
-//
-// Set does not wait for the cache to apply the value, unless
-// [Options.MaxPendingWrites] writes of Set and Invalidate are waiting for
-// it already: then Set waits its turn, first come first served, until the
-// cache has caught up by one (Stats.WriteWaits counts the Sets and
-// Invalidates that waited). It never waits for a load. So a storm of Sets
-// runs at the pace the cache applies them, in bounded memory.
-//
-// Set after Close does nothing; so does Set of a key whose Hash panics, and
-// of a key not equal to itself (see [Options.Hash]).
-func (l *Loader[K, V]) Set(key K, value V) {
-	h, err := l.hash(key)
-	if err != nil || l.selfUnequal(key) {
-		return
-	}
-	// User code first, before counting in.
-	cost, ok := l.costOf(value, nil)
-	life, keep := l.lifeOf(key, value, nil)
-	var mk func() *entry[K, V] // nil: cannot be costed, never fits, or not to be cached: drop the old one
-	if ok && keep && !l.tooBig(cost) {
-		mk = func() *entry[K, V] { return l.newEntry(key, value, l.now(), life, 0, l.generation.Load()) }
-	} else {
-		cost = 0
-	}
-	if l.write(key, h, mk, cost) {
-		l.remoteSet(key, value)
-	}
-}
-
-// Invalidate drops key's cached value. A load of key in flight delivers its
-// result to its own waiters but does not write the cache; the next Get
-// starts a fresh load. Like [Loader.Set] it may wait its turn behind
-// [Options.MaxPendingWrites] other writes, never for a load, and it is
-// never lost. Invalidate after Close does nothing.
-func (l *Loader[K, V]) Invalidate(key K) {
-	if l.drop(key) {
-		l.remoteInvalidate(key)
-	}
-}
-
-// drop is Invalidate without the Remote. It reports false when it did
-// nothing (a Hash that panicked, or the Loader closed).
-func (l *Loader[K, V]) drop(key K) bool {
-	h, err := l.hash(key)
-	if err != nil {
-		return false
-	}
-	return l.write(key, h, nil, 0)
-}
-
-// write makes the entry mk builds (mk nil: none) key's value for Set and
-// Invalidate, once it has a place among the pending writes (write.go). The
-// entry is built then, so that a Set that waited is as new, and of the
-// generation, of the moment it takes effect. It reports false after Close.
-func (l *Loader[K, V]) write(key K, h uint64, mk func() *entry[K, V], cost int64) bool {
-	s, open := l.enterOp()
-	if !open {
-		return false
-	}
-	defer l.exitOp(s)
-	p, ok := l.writer.takeWrite(cost)
-	if !ok {
-		return false // closed while waiting
-	}
-	var e *entry[K, V]
-	if mk != nil {
-		e = mk()
-	}
-	w, back := l.flights.overwrite(key, h, e, cost, p)
-	if w != nil {
-		l.hand(w)
-	}
-	l.writer.giveBack(back) // the open write's old place, or p if there was nothing to drop
-	return true
-}
-
-// InvalidateAll drops every key's value at once, in constant time whatever
-// the cache holds: every value cached or pending is gone, every load in
-// flight delivers its result to its own waiters but writes nothing (as
-// Invalidate does for one key), and a Get that starts after InvalidateAll
-// returns never sees a value from before it: not as a hit, a stale value,
-// a stale-on-error fallback, nor as the old value of a Reload. The cache's
-// memory is given back by the writer shortly after. With a Remote that
-// implements [RemoteInvalidateAll] the shared tier is invalidated first,
-// then this Loader's copies, so that no load of this process can fill the
-// cache with a shared entry from before the call. It counts in
-// Stats.InvalidateAlls; after Close it does nothing.
-func (l *Loader[K, V]) InvalidateAll() {
-	if l.closed.Load() {
-		return
-	}
-	l.remoteInvalidateAll()
-	l.dropAll()
-}
-
-// dropAll is InvalidateAll without the Remote. It reports false after
-// Close.
-func (l *Loader[K, V]) dropAll() bool {
-	s, open := l.enterOp()
-	if !open {
-		return false
-	}
-	defer l.exitOp(s)
-	l.writer.clears.Add(1) // before the floor moves: see write.go
-	l.raiseFloor()
-	l.stats.invalidateAlls.Add(1)
-	l.writer.signal()
-	return true
-}
-
 // Stats returns the Loader's counters. It never blocks Gets. It is safe to
 // call at any time, also after Close.
 func (l *Loader[K, V]) Stats() Stats {
@@ -741,4 +535,33 @@ func mayHold(t reflect.Type, f func(reflect.Type) bool) bool {
 		}
 	}
 	return false
+}
+
+// Peek returns key's value if it is fresh ([SourceHit]) or within
+// StaleWhileRevalidate ([SourceStale]), without loading or refreshing
+// anything, and ok false otherwise (nothing held, a cached not-found, a
+// value past StaleWhileRevalidate). A value a Get has returned is visible to
+// Peek at once, as to a Get. Every Peek counts in Stats.Peeks, never in
+// Stats.Gets. Peek is safe for concurrent use; after Close it finds nothing.
+func (l *Loader[K, V]) Peek(key K) (v V, info Info, ok bool) {
+	l.stats.peeks.Add(1)
+	h, err := l.hash(key)
+	if err != nil || l.closed.Load() {
+		return v, info, false
+	}
+	e := l.cached(h, key)
+	if e == nil {
+		e = l.flights.latest(key, h) // a write on its way into the cache
+	}
+	if e == nil || e.isNotFound() || l.distrusted(e) {
+		return v, info, false
+	}
+	now := l.now()
+	switch l.phase(e, now) {
+	case phaseFresh:
+		return e.val, Info{Source: SourceHit, Age: now - e.loadedAt}, true
+	case phaseStale:
+		return e.val, Info{Source: SourceStale, Age: now - e.loadedAt}, true
+	}
+	return v, info, false
 }

@@ -2,7 +2,6 @@ package flightcache
 
 import (
 	"runtime"
-	"sync"
 	"sync/atomic"
 	"time"
 )
@@ -165,45 +164,6 @@ type Stats struct {
 	Breaker BreakerState // the breaker's state now
 }
 
-// stripe holds the counters the hit path touches. Each Get takes one stripe
-// for its whole run from a sync.Pool, so a goroutine mostly reuses the stripe
-// of its own P and counters do not bounce between cores. The pool only hands
-// out pointers into a fixed array: a stripe dropped from the pool at a GC is
-// never lost, only handed out again later.
-//
-// The pool lives apart from the Loader (stripePool), and holds nothing that
-// leads back to it: the runtime keeps every pool that has been used until
-// the GC after next, so a pool inside the Loader kept a closed Loader, its
-// cache and its values alive through one more GC.
-//
-// gets is incremented when a Get starts, and exactly one of the exit
-// counters when it ends: hits, stale and closed are outcomes; passed means
-// "went on to the in-flight map", where the Get is classified (a miss, or a
-// late hit). The stripes are also how Close knows that nothing runs any
-// more (lifecycle.go).
-type stripe struct {
-	gets   atomic.Uint64
-	hits   atomic.Uint64
-	stale  atomic.Uint64
-	passed atomic.Uint64 // left after the locked path (a miss, or a late hit: counted apart)
-	closed atomic.Uint64
-	opsIn  atomic.Uint64   // Sets, Invalidates and load goroutines counted in (lifecycle.go)
-	opsOut atomic.Uint64   // and out
-	_      [128 - 7*8]byte // one stripe per pair of cache lines
-}
-
-// exits is how many Gets have left on this stripe.
-func (s *stripe) exits() uint64 {
-	return s.hits.Load() + s.stale.Load() + s.passed.Load() + s.closed.Load()
-}
-
-// stripePool hands out the stripes.
-type stripePool struct {
-	sync.Pool               // of *stripe, pointing into stripes
-	stripes   []stripe      // the same as the counters'
-	next      atomic.Uint32 // round-robin index for New
-}
-
 // counters are all of a Loader's statistics.
 type counters struct {
 	stripes []stripe
@@ -231,25 +191,6 @@ func (c *counters) init() {
 	p := &stripePool{stripes: c.stripes}
 	p.New = func() any { return &p.stripes[int(p.next.Add(1))%len(p.stripes)] }
 	c.pool = p
-}
-
-func (c *counters) acquire() *stripe  { return c.pool.Get().(*stripe) }
-func (c *counters) release(s *stripe) { c.pool.Put(s) }
-
-// quiet reports whether no operation is inside the Loader. Per stripe, the
-// outs are read before the ins: an operation that counts in after its
-// stripe was read sees the closed flag (set before quiet is called) and
-// does nothing, and a load goroutine is counted in on its starter's stripe
-// before the starter counts out.
-func (c *counters) quiet() bool {
-	for i := range c.stripes {
-		s := &c.stripes[i]
-		out, opsOut := s.exits(), s.opsOut.Load()
-		if out != s.gets.Load() || opsOut != s.opsIn.Load() {
-			return false
-		}
-	}
-	return true
 }
 
 // noteCallers records how many Gets one load reached.

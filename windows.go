@@ -80,18 +80,3 @@ func AcceptsStale(ctx context.Context, d time.Duration) bool {
 func withinMaxStale(max time.Duration, bounded bool, d time.Duration) bool {
 	return !bounded || (max > 0 && d <= max)
 }
-
-// reloadValueKey is the context key of WithReloadValue.
-type reloadValueKey struct{}
-
-// reloadValue boxes the value WithReloadValue carries.
-type reloadValue[V any] struct{ v V }
-
-// WithReloadValue returns a context that, passed by a [Remote] to the load
-// function it was given, makes that load an [Options.Reload] of v: the
-// value the shared tier holds for the key, which may be newer than the
-// Loader's own (or the Loader may hold none). An [ErrNotModified] then
-// keeps v. Without Options.Reload it changes nothing.
-func WithReloadValue[V any](ctx context.Context, v V) context.Context {
-	return context.WithValue(ctx, reloadValueKey{}, &reloadValue[V]{v: v})
-}

@@ -350,3 +350,119 @@ func (l *Loader[K, V]) issue(w *write[K, V]) {
 		sh.mu.Unlock()
 	}
 }
+
+// Set stores value for key as if it had just been loaded. A load of key in
+// flight when Set is called still delivers its result to its own waiters,
+// but never overwrites the value Set stored. A Get that starts after Set
+// returns sees value, until the cache evicts it (ristretto's admission
+// policy may also refuse it at once when the cache is full, which
+// Stats.SetsRejected counts).
+//
+// Set does not wait for the cache to apply the value, unless
+// [Options.MaxPendingWrites] writes of Set and Invalidate are waiting for
+// it already: then Set waits its turn, first come first served, until the
+// cache has caught up by one (Stats.WriteWaits counts the Sets and
+// Invalidates that waited). It never waits for a load. So a storm of Sets
+// runs at the pace the cache applies them, in bounded memory.
+//
+// Set after Close does nothing; so does Set of a key whose Hash panics, and
+// of a key not equal to itself (see [Options.Hash]).
+func (l *Loader[K, V]) Set(key K, value V) {
+	h, err := l.hash(key)
+	if err != nil || l.selfUnequal(key) {
+		return
+	}
+	// User code first, before counting in.
+	cost, ok := l.costOf(value, nil)
+	life, keep := l.lifeOf(key, value, nil)
+	var mk func() *entry[K, V] // nil: cannot be costed, never fits, or not to be cached: drop the old one
+	if ok && keep && !l.tooBig(cost) {
+		mk = func() *entry[K, V] { return l.newEntry(key, value, l.now(), life, 0, l.generation.Load()) }
+	} else {
+		cost = 0
+	}
+	if l.write(key, h, mk, cost) {
+		l.remoteSet(key, value)
+	}
+}
+
+// Invalidate drops key's cached value. A load of key in flight delivers its
+// result to its own waiters but does not write the cache; the next Get
+// starts a fresh load. Like [Loader.Set] it may wait its turn behind
+// [Options.MaxPendingWrites] other writes, never for a load, and it is
+// never lost. Invalidate after Close does nothing.
+func (l *Loader[K, V]) Invalidate(key K) {
+	if l.drop(key) {
+		l.remoteInvalidate(key)
+	}
+}
+
+// drop is Invalidate without the Remote. It reports false when it did
+// nothing (a Hash that panicked, or the Loader closed).
+func (l *Loader[K, V]) drop(key K) bool {
+	h, err := l.hash(key)
+	if err != nil {
+		return false
+	}
+	return l.write(key, h, nil, 0)
+}
+
+// write makes the entry mk builds (mk nil: none) key's value for Set and
+// Invalidate, once it has a place among the pending writes (write.go). The
+// entry is built then, so that a Set that waited is as new, and of the
+// generation, of the moment it takes effect. It reports false after Close.
+func (l *Loader[K, V]) write(key K, h uint64, mk func() *entry[K, V], cost int64) bool {
+	s, open := l.enterOp()
+	if !open {
+		return false
+	}
+	defer l.exitOp(s)
+	p, ok := l.writer.takeWrite(cost)
+	if !ok {
+		return false // closed while waiting
+	}
+	var e *entry[K, V]
+	if mk != nil {
+		e = mk()
+	}
+	w, back := l.flights.overwrite(key, h, e, cost, p)
+	if w != nil {
+		l.hand(w)
+	}
+	l.writer.giveBack(back) // the open write's old place, or p if there was nothing to drop
+	return true
+}
+
+// InvalidateAll drops every key's value at once, in constant time whatever
+// the cache holds: every value cached or pending is gone, every load in
+// flight delivers its result to its own waiters but writes nothing (as
+// Invalidate does for one key), and a Get that starts after InvalidateAll
+// returns never sees a value from before it: not as a hit, a stale value,
+// a stale-on-error fallback, nor as the old value of a Reload. The cache's
+// memory is given back by the writer shortly after. With a Remote that
+// implements [RemoteInvalidateAll] the shared tier is invalidated first,
+// then this Loader's copies, so that no load of this process can fill the
+// cache with a shared entry from before the call. It counts in
+// Stats.InvalidateAlls; after Close it does nothing.
+func (l *Loader[K, V]) InvalidateAll() {
+	if l.closed.Load() {
+		return
+	}
+	l.remoteInvalidateAll()
+	l.dropAll()
+}
+
+// dropAll is InvalidateAll without the Remote. It reports false after
+// Close.
+func (l *Loader[K, V]) dropAll() bool {
+	s, open := l.enterOp()
+	if !open {
+		return false
+	}
+	defer l.exitOp(s)
+	l.writer.clears.Add(1) // before the floor moves: see write.go
+	l.raiseFloor()
+	l.stats.invalidateAlls.Add(1)
+	l.writer.signal()
+	return true
+}

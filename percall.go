@@ -90,3 +90,45 @@ func revalidating(ctx context.Context) bool {
 	r, _ := ctx.Value(revalidateKey{}).(bool)
 	return r
 }
+
+// reloadValueKey is the context key of WithReloadValue.
+type reloadValueKey struct{}
+
+// reloadValue boxes the value WithReloadValue carries.
+type reloadValue[V any] struct{ v V }
+
+// WithReloadValue returns a context that, passed by a [Remote] to the load
+// function it was given, makes that load an [Options.Reload] of v: the
+// value the shared tier holds for the key, which may be newer than the
+// Loader's own (or the Loader may hold none). An [ErrNotModified] then
+// keeps v. Without Options.Reload it changes nothing.
+func WithReloadValue[V any](ctx context.Context, v V) context.Context {
+	return context.WithValue(ctx, reloadValueKey{}, &reloadValue[V]{v: v})
+}
+
+// loadKey is the context key under which a load's context carries its
+// marker.
+type loadKey struct{}
+
+// loadMarker links a load to the loads it was started from, so that a Get
+// made inside a LoadFunc can tell that it would wait on itself.
+type loadMarker struct {
+	call   any // the *call being loaded; compared by identity
+	parent *loadMarker
+}
+
+// waitsOn reports whether m, or a load m was started from, is c.
+func (m *loadMarker) waitsOn(c any) bool {
+	for ; m != nil; m = m.parent {
+		if m.call == c {
+			return true
+		}
+	}
+	return false
+}
+
+// markerOf returns the marker of the load ctx belongs to, if any.
+func markerOf(ctx context.Context) *loadMarker {
+	m, _ := ctx.Value(loadKey{}).(*loadMarker)
+	return m
+}

@@ -33,39 +33,6 @@ func jitter(ttl time.Duration, spread, u float64) time.Duration {
 	return min(max(d, 1), ttl)
 }
 
-// phase is where an entry is in its life at a given moment.
-type phase uint8
-
-const (
-	phaseFresh        phase = iota // served as a hit
-	phaseStale                     // served at once, refreshed in the background
-	phaseStaleIfError              // a caller loads; the value covers a failure
-	phaseExpired                   // no use left: a miss
-)
-
-// windows are the stale windows that follow an entry's freshness.
-type windows struct {
-	staleWhileRevalidate time.Duration
-	staleIfError         time.Duration
-}
-
-// phaseAt places now (an offset from the epoch) against an entry that is
-// fresh until freshUntil. Negative entries (cached not-found errors) have no
-// stale windows: pass the zero windows for them.
-func (w windows) phaseAt(now, freshUntil time.Duration) phase {
-	staleUntil := addSat(freshUntil, w.staleWhileRevalidate)
-	switch {
-	case now < freshUntil:
-		return phaseFresh
-	case now < staleUntil:
-		return phaseStale
-	case now < addSat(staleUntil, w.staleIfError):
-		return phaseStaleIfError
-	default:
-		return phaseExpired
-	}
-}
-
 // earlyRefreshAt places the early refresh of an entry loaded at loadedAt and
 // fresh for life, whose load took delta. It is XFetch (Vattani,
 // Chierichetti and Lowenstein, "Optimal Probabilistic Cache Stampede

@@ -6,22 +6,6 @@ import (
 	"time"
 )
 
-// run is the body of one load goroutine: fetch the value, then deliver it.
-// complete runs deferred, so the waiters get ErrGoexit when the LoadFunc
-// (or a Remote, or a custom breaker) ends the goroutine.
-func (l *Loader[K, V]) run(c *call[K, V]) {
-	start := l.now()
-	c.buildContext(start)
-	r := loaded[V]{err: ErrGoexit} // stays if fetch ends the goroutine
-	defer l.complete(c, &r)
-	l.takeLabels(c.lctx.caller)
-	old := c.from // the value a Reload revalidates
-	if l.opts.Reload == nil {
-		old = nil
-	}
-	l.fetch(&c.lctx, c.key, old, start, &r)
-}
-
 // complete turns what a load produced into its result and its entry (all
 // the arithmetic, before any lock), delivers them (finish), and reports the
 // load.
@@ -149,94 +133,4 @@ func (l *Loader[K, V]) deliver(c *call[K, V], r *loaded[V], res delivery[K, V], 
 		}
 		l.guard(func() { l.opts.OnLoad(ev) }, nil)
 	}
-}
-
-// newEntry builds the entry of a value loaded (or Set) at now, fresh for a
-// jittered life.ttl, with life's windows. took is how long the load took (0
-// for Set): it places the entry's early refresh. gen is the fleet
-// generation the value was loaded (or Set) in.
-func (l *Loader[K, V]) newEntry(key K, v V, now time.Duration, life lifetime, took time.Duration, gen uint32) *entry[K, V] {
-	fresh := jitter(life.ttl, l.opts.Jitter, rand.Float64())
-	until := addSat(now, fresh)
-	e := &entry[K, V]{key: key, val: v, loadedAt: now, freshUntil: until}
-	e.mark.Store(gen)
-	if life.own {
-		e.extra = &extra[K, V]{win: life.win}
-	}
-	if l.opts.EarlyRefresh > 0 {
-		// Rounded up to the microsecond: a lead of a fast load (under a
-		// millisecond) must not vanish. It is at most half the life.
-		lead := until - earlyRefreshAt(now, fresh, took, l.opts.EarlyRefresh, 1-rand.Float64())
-		e.early = uint32(min(max(addSat(lead, time.Microsecond-1)/time.Microsecond, 0), math.MaxUint32))
-	}
-	return e
-}
-
-// lifetime is how long one value lives: its TTL and, when own is set,
-// stale windows of its own rather than the Options'.
-type lifetime struct {
-	ttl time.Duration
-	win windows
-	own bool
-}
-
-// lifeOf asks Options.Freshness (user code, through the guard) how long v
-// lives; keep is false for a value not to be cached (a negative TTL, or a
-// Freshness that panicked). Without Freshness every value gets the
-// Options' TTL and windows.
-func (l *Loader[K, V]) lifeOf(key K, v V, onGoexit func()) (life lifetime, keep bool) {
-	life = lifetime{ttl: l.opts.TTL, win: l.win}
-	if l.opts.Freshness == nil {
-		return life, true
-	}
-	var f Freshness
-	if l.guard(func() { f = l.opts.Freshness(key, v) }, onGoexit) != nil {
-		return life, false
-	}
-	if f.TTL < 0 {
-		return life, false
-	}
-	if f.TTL > 0 {
-		life.ttl = f.TTL
-	}
-	life.win = windows{
-		staleWhileRevalidate: pick(f.StaleWhileRevalidate, l.win.staleWhileRevalidate),
-		staleIfError:         pick(f.StaleIfError, l.win.staleIfError),
-	}
-	life.own = life.win != l.win
-	return life, true
-}
-
-// pick is d, the default for 0, and none (0) for a negative d.
-func pick(d, def time.Duration) time.Duration {
-	switch {
-	case d == 0:
-		return def
-	case d < 0:
-		return 0
-	}
-	return d
-}
-
-// costOf calls the user's Cost through the guard: a panic gives ok ==
-// false, a Goexit runs onGoexit on its way out.
-func (l *Loader[K, V]) costOf(v V, onGoexit func()) (cost int64, ok bool) {
-	if l.opts.Cost == nil {
-		return 1, true
-	}
-	if err := l.guard(func() { cost = l.opts.Cost(v) }, onGoexit); err != nil {
-		return 0, false
-	}
-	return max(cost, 1), true
-}
-
-// tooBig reports (and counts in Stats.SetsRejected, as ristretto would)
-// a value that costs more than the whole cache: it is never cached, so it
-// must not wait in a pending write either.
-func (l *Loader[K, V]) tooBig(cost int64) bool {
-	if cost > l.opts.MaxCost {
-		l.stats.setsRejected.Add(1)
-		return true
-	}
-	return false
 }

@@ -257,3 +257,19 @@ func (l *Loader[K, V]) userBool(f func(error) bool, err error, onPanic bool) (ok
 	}
 	return ok
 }
+
+// run is the body of one load goroutine: fetch the value, then deliver it.
+// complete runs deferred, so the waiters get ErrGoexit when the LoadFunc
+// (or a Remote, or a custom breaker) ends the goroutine.
+func (l *Loader[K, V]) run(c *call[K, V]) {
+	start := l.now()
+	c.buildContext(start)
+	r := loaded[V]{err: ErrGoexit} // stays if fetch ends the goroutine
+	defer l.complete(c, &r)
+	l.takeLabels(c.lctx.caller)
+	old := c.from // the value a Reload revalidates
+	if l.opts.Reload == nil {
+		old = nil
+	}
+	l.fetch(&c.lctx, c.key, old, start, &r)
+}

@@ -1,0 +1,240 @@
+package flightcache
+
+import (
+	"math"
+	"math/rand/v2"
+	"sync/atomic"
+	"time"
+)
+
+// entry is one cached value (or cached not-found error) with its timing.
+// Times are offsets from the Loader's epoch. An entry is immutable once
+// published, but for its atomics.
+type entry[K comparable, V any] struct {
+	key          K
+	val          V
+	extra        *extra[K, V] // nil for a value with the Options' windows (8 bytes on every entry, not 32)
+	loadedAt     time.Duration
+	freshUntil   time.Duration
+	refreshAfter atomic.Int64 // no background refresh before this offset; max while one runs
+	// early is how long before freshUntil a Get starts an early refresh,
+	// in microseconds (rounded up; at most about 71 minutes, a longer lead
+	// starts the refresh later); 0 when off. Four bytes, not a
+	// time.Duration: with mark, it keeps an entry of a one-word key and a
+	// string value in 64 bytes, one cache line.
+	early uint32
+	// mark: bit 0, gone (replaced or invalidated: a Get treats it as
+	// absent, write.go); bits 1-4, the consecutive failed background
+	// refreshes (saturating at 15); above, the fleet generation (fleet.go).
+	mark atomic.Uint32
+}
+
+const (
+	goneBit         = 1
+	failsUnit       = 1 << 1
+	maxRefreshFails = 15 // the failed-refresh count saturates here
+	failsMask       = maxRefreshFails * failsUnit
+	genUnit         = 1 << 5 // the fleet generation's step: it wraps after 2^27 Distrusts
+)
+
+// refreshAt is when a Get starts refreshing e early (freshUntil when off).
+func (e *entry[K, V]) refreshAt() time.Duration {
+	return e.freshUntil - time.Duration(e.early)*time.Microsecond
+}
+
+// isGone reports whether e was replaced or invalidated.
+func (e *entry[K, V]) isGone() bool { return e.mark.Load()&goneBit != 0 }
+
+// setGone marks e replaced or invalidated.
+func (e *entry[K, V]) setGone() { e.mark.Or(goneBit) }
+
+// failedRefresh counts one more failed background refresh of e and
+// returns the count (at most 15, where the backoff is long reached its
+// limit).
+func (e *entry[K, V]) failedRefresh() int {
+	for {
+		m := e.mark.Load()
+		n := min(m&failsMask+failsUnit, failsMask)
+		if e.mark.CompareAndSwap(m, m&^failsMask|n) {
+			return int(n / failsUnit)
+		}
+	}
+}
+
+// extra is what few entries need: a cached not-found's error, or a value's
+// own stale windows ([Options.Freshness]).
+type extra[K comparable, V any] struct {
+	notFound error   // a cached not-found error; nil for a value
+	win      windows // the entry's stale windows (none for a not-found)
+}
+
+// error returns the cached not-found error, or nil for a value.
+func (e *entry[K, V]) error() error {
+	if e.extra == nil {
+		return nil
+	}
+	return e.extra.notFound
+}
+
+// isNotFound reports whether e is a cached not-found.
+func (e *entry[K, V]) isNotFound() bool { return e.extra != nil && e.extra.notFound != nil }
+
+const refreshing = int64(^uint64(0) >> 1)
+
+func (l *Loader[K, V]) phase(e *entry[K, V], now time.Duration) phase {
+	if e.extra != nil {
+		return e.extra.win.phaseAt(now, e.freshUntil) // a cached not-found has no windows: never stale
+	}
+	return l.win.phaseAt(now, e.freshUntil)
+}
+
+// newEntry builds the entry of a value loaded (or Set) at now, fresh for a
+// jittered life.ttl, with life's windows. took is how long the load took (0
+// for Set): it places the entry's early refresh. gen is the fleet
+// generation the value was loaded (or Set) in.
+func (l *Loader[K, V]) newEntry(key K, v V, now time.Duration, life lifetime, took time.Duration, gen uint32) *entry[K, V] {
+	fresh := jitter(life.ttl, l.opts.Jitter, rand.Float64())
+	until := addSat(now, fresh)
+	e := &entry[K, V]{key: key, val: v, loadedAt: now, freshUntil: until}
+	e.mark.Store(gen)
+	if life.own {
+		e.extra = &extra[K, V]{win: life.win}
+	}
+	if l.opts.EarlyRefresh > 0 {
+		// Rounded up to the microsecond: a lead of a fast load (under a
+		// millisecond) must not vanish. It is at most half the life.
+		lead := until - earlyRefreshAt(now, fresh, took, l.opts.EarlyRefresh, 1-rand.Float64())
+		e.early = uint32(min(max(addSat(lead, time.Microsecond-1)/time.Microsecond, 0), math.MaxUint32))
+	}
+	return e
+}
+
+// lifetime is how long one value lives: its TTL and, when own is set,
+// stale windows of its own rather than the Options'.
+type lifetime struct {
+	ttl time.Duration
+	win windows
+	own bool
+}
+
+// lifeOf asks Options.Freshness (user code, through the guard) how long v
+// lives; keep is false for a value not to be cached (a negative TTL, or a
+// Freshness that panicked). Without Freshness every value gets the
+// Options' TTL and windows.
+func (l *Loader[K, V]) lifeOf(key K, v V, onGoexit func()) (life lifetime, keep bool) {
+	life = lifetime{ttl: l.opts.TTL, win: l.win}
+	if l.opts.Freshness == nil {
+		return life, true
+	}
+	var f Freshness
+	if l.guard(func() { f = l.opts.Freshness(key, v) }, onGoexit) != nil {
+		return life, false
+	}
+	if f.TTL < 0 {
+		return life, false
+	}
+	if f.TTL > 0 {
+		life.ttl = f.TTL
+	}
+	life.win = windows{
+		staleWhileRevalidate: pick(f.StaleWhileRevalidate, l.win.staleWhileRevalidate),
+		staleIfError:         pick(f.StaleIfError, l.win.staleIfError),
+	}
+	life.own = life.win != l.win
+	return life, true
+}
+
+// pick is d, the default for 0, and none (0) for a negative d.
+func pick(d, def time.Duration) time.Duration {
+	switch {
+	case d == 0:
+		return def
+	case d < 0:
+		return 0
+	}
+	return d
+}
+
+// costOf calls the user's Cost through the guard: a panic gives ok ==
+// false, a Goexit runs onGoexit on its way out.
+func (l *Loader[K, V]) costOf(v V, onGoexit func()) (cost int64, ok bool) {
+	if l.opts.Cost == nil {
+		return 1, true
+	}
+	if err := l.guard(func() { cost = l.opts.Cost(v) }, onGoexit); err != nil {
+		return 0, false
+	}
+	return max(cost, 1), true
+}
+
+// tooBig reports (and counts in Stats.SetsRejected, as ristretto would)
+// a value that costs more than the whole cache: it is never cached, so it
+// must not wait in a pending write either.
+func (l *Loader[K, V]) tooBig(cost int64) bool {
+	if cost > l.opts.MaxCost {
+		l.stats.setsRejected.Add(1)
+		return true
+	}
+	return false
+}
+
+// phase is where an entry is in its life at a given moment.
+type phase uint8
+
+const (
+	phaseFresh        phase = iota // served as a hit
+	phaseStale                     // served at once, refreshed in the background
+	phaseStaleIfError              // a caller loads; the value covers a failure
+	phaseExpired                   // no use left: a miss
+)
+
+// windows are the stale windows that follow an entry's freshness.
+type windows struct {
+	staleWhileRevalidate time.Duration
+	staleIfError         time.Duration
+}
+
+// phaseAt places now (an offset from the epoch) against an entry that is
+// fresh until freshUntil. Negative entries (cached not-found errors) have no
+// stale windows: pass the zero windows for them.
+func (w windows) phaseAt(now, freshUntil time.Duration) phase {
+	staleUntil := addSat(freshUntil, w.staleWhileRevalidate)
+	switch {
+	case now < freshUntil:
+		return phaseFresh
+	case now < staleUntil:
+		return phaseStale
+	case now < addSat(staleUntil, w.staleIfError):
+		return phaseStaleIfError
+	default:
+		return phaseExpired
+	}
+}
+
+// distrusted reports whether e was loaded (or Set) before the last
+// Distrust: a Get must not serve it as it stands.
+func (l *Loader[K, V]) distrusted(e *entry[K, V]) bool {
+	return e.mark.Load()&^(goneBit|failsMask) != l.generation.Load()
+}
+
+// cleared reports whether e was loaded (or Set) before the last
+// InvalidateAll: it is absent, not even a stale fallback or a value for a
+// Reload. The generations compare by their difference, so the order holds
+// across the counter's wrap for entries less than 2^26 moves old.
+func (l *Loader[K, V]) cleared(e *entry[K, V]) bool {
+	return l.olderThanFloor(e.mark.Load() &^ (goneBit | failsMask))
+}
+
+// olderThanFloor reports whether generation gen is older than the last
+// InvalidateAll's.
+func (l *Loader[K, V]) olderThanFloor(gen uint32) bool {
+	return int32(l.floor.Load()-gen) > 0
+}
+
+// live returns e, or nil if e is cleared (or nil).
+func (l *Loader[K, V]) live(e *entry[K, V]) *entry[K, V] {
+	if e == nil || l.cleared(e) {
+		return nil
+	}
+	return e
+}
