@@ -48,7 +48,7 @@ type batch[K comparable, V any] struct {
 	slot   *stripe // the stripe the goroutine is counted on (lifecycle)
 
 	abandoned atomic.Bool
-	reserved  bool // a background batch holds a MaxRefreshes place (GetMany's goroutine)
+	slotted   bool // a background batch holds a MaxRefreshes slot, taken by its first call (flights.start)
 	// Written by the batch's goroutine as it delivers each call.
 	callers int
 	stored  bool
@@ -63,21 +63,20 @@ func (l *Loader[K, V]) newBatch(background bool) *batch[K, V] {
 func (b *batch[K, V]) full() bool { return b != nil && len(b.calls) >= b.l.opts.MaxBatch }
 
 // add makes c, just started and not yet visible to anyone (its shard lock
-// is held), one of b's calls. It returns false if b is full.
-func (b *batch[K, V]) add(c *call[K, V]) bool {
-	if b.full() {
-		return false
-	}
+// is held), one of b's calls; b is not full (flights.start checks). A
+// background call has taken the MaxRefreshes slot of the batch.
+func (b *batch[K, V]) add(c *call[K, V]) {
 	if b.leader == nil {
 		b.leader = c
 		c.lctx.marker.call = b // a Get from inside LoadMany of any of its keys is recursive
 	}
 	c.batch = b
 	b.calls = append(b.calls, c)
-	if !c.background {
+	if c.background {
+		b.slotted = true
+	} else {
 		b.wanted.Add(1)
 	}
-	return true
 }
 
 // abandon records that one of b's calls has no caller left (CancelAtZero),
@@ -140,43 +139,13 @@ func (l *Loader[K, V]) runBatch(b *batch[K, V]) {
 	remote, err = res, nil
 }
 
-// fromRemote is one key's loaded result from a RemoteMany's.
-func fromRemote[V any](rr RemoteResult[V], found bool, r *loaded[V]) {
-	if !found {
-		r.err = ErrNotFound
-		return
-	}
-	r.val, r.err = rr.Value, rr.Err
-	if rr.Err != nil {
-		if !rr.LoadedAt.IsZero() {
-			r.fallback = &rr.RemoteValue
-		}
-		return
-	}
-	r.remote = !rr.Loaded
-	if rr.Took > 0 {
-		r.took = rr.Took
-	}
-	if !rr.LoadedAt.IsZero() {
-		r.age = max(time.Since(rr.LoadedAt), 0)
-	}
-}
-
 // completeBatch delivers each of b's calls its key's result (complete, as
 // for a single load) and reports the batch once. The results are m (or
 // err, for every key) from LoadMany, or remote's from a RemoteMany.
 func (l *Loader[K, V]) completeBatch(b *batch[K, V], m map[K]V, remote map[K]RemoteResult[V], err error, attempts int, took time.Duration) {
-	// Count before any waiter wakes, as deliver does for a single load.
-	l.stats.inFlight.Add(-1)
-	l.stats.loads.Add(1)
+	l.loadEnded(err, b.background) // before any waiter wakes, as deliver does for a single load
 	l.stats.batchLoads.Add(1)
 	l.stats.batchKeys.Add(uint64(len(b.calls)))
-	if err != nil {
-		l.stats.loadErrors.Add(1)
-	}
-	if b.background {
-		l.stats.refreshing.Add(-1)
-	}
 	nf := false // err is a not-found: judged below, once for all the keys
 	next := 0
 	defer func() {
@@ -194,15 +163,18 @@ func (l *Loader[K, V]) completeBatch(b *batch[K, V], m map[K]V, remote map[K]Rem
 		c := b.calls[next]
 		next++
 		r := loaded[V]{attempts: attempts, took: took}
-		if err != nil {
+		rr, found := remote[c.key]
+		if remote == nil { // LoadMany's own map: as a Remote that loaded each key here
+			rr.Value, found = m[c.key]
+			rr.Loaded = true
+		}
+		switch {
+		case err != nil:
 			r.err, r.nf, r.judged = err, nf, true
-		} else if remote != nil {
-			rr, ok := remote[c.key]
-			fromRemote(rr, ok, &r)
-		} else if v, ok := m[c.key]; ok {
-			r.val = v
-		} else {
+		case !found:
 			r.err, r.nf, r.judged = ErrNotFound, true, true
+		default:
+			r.fromRemote(rr, took)
 		}
 		l.complete(c, &r)
 	}
@@ -263,23 +235,77 @@ func (l *Loader[K, V]) GetManyInfo(ctx context.Context, keys []K) (vals map[K]V,
 }
 
 // getMany is GetMany, with each key's Info when withInfo is set (and
-// nothing more to pay for it when not).
+// nothing more to pay for it when not): each distinct key asked as a Get
+// asks (judge, serve, ask, collect), the loads it starts batched.
 func (l *Loader[K, V]) getMany(ctx context.Context, keys []K, withInfo bool) (map[K]V, map[K]Info, error) {
 	if ctx == nil {
 		return nil, nil, errNilContext
 	}
-	type item struct {
-		key K
-		h   uint64
-		j   joined[K, V]
+	ks, err := l.distinct(keys)
+	if err != nil {
+		return nil, nil, err
 	}
-	items := make([]item, 0, len(keys))
-	// Duplicates are dropped: up to dedupeOnStack keys (duplicates
-	// included) through a table on the stack, open addressing over the
-	// keys' hashes (index + 1 into items; 0 is empty), beyond through a
-	// map. The table needs equal keys to have equal hashes, which
-	// maphash.Comparable promises and a custom Hash may not (+0 and -0 are
-	// equal float64 keys): with Options.Hash, always the map.
+	// The caller's context is user code: read before anything is counted
+	// or published (rule 23).
+	cl := callerOf(ctx, revalidating(ctx))
+	in, ok := l.enterGet(uint64(len(ks)))
+	if !ok {
+		return nil, nil, ErrClosed
+	}
+	defer l.exitGet(&in)
+	res := newMany[K, V](len(ks), withInfo)
+	bs, now := l.newBatches(), l.now()
+	waits := ks[:0]
+	for _, k := range ks {
+		r := &k.r
+		r.ctx, r.cl, r.read, r.s, r.start, r.many = ctx, cl, true, in.s, now, bs
+		r.g = l.flights.glance(r.h, r.key)
+		if src := l.judge(r, r.g.e, now); src != SourceNone {
+			v, info, err := l.serve(r, r.g.e, src)
+			in.answer(src)
+			res.add(r.key, answer[V]{v: v, info: info, nf: r.g.e.isNotFound(), err: err})
+			continue
+		}
+		bs.open()
+		if k.j = l.ask(r); k.j.e != nil {
+			a := l.late(r, k.j, false)
+			in.answer(a.outcome())
+			res.add(r.key, a)
+			continue
+		}
+		if k.j.c != nil {
+			// The GetMany waits on all of its keys' loads from now on,
+			// though it reads their results in turn.
+			l.stats.waiting.Add(1)
+			k.j.counted = true
+		}
+		waits = append(waits, k)
+	}
+	bs.launch(in.s)
+	for i := range waits {
+		a := l.collect(&waits[i].r, waits[i].j)
+		in.answer(a.outcome())
+		res.add(waits[i].r.key, a)
+	}
+	return res.vals, res.infos, res.err(ctx)
+}
+
+// manyKey is one distinct key of a GetMany: its request, and what its
+// join found.
+type manyKey[K comparable, V any] struct {
+	r request[K, V]
+	j joined[K, V]
+}
+
+// distinct hashes keys and drops their duplicates: up to dedupeOnStack
+// keys (duplicates included) through a table on the stack, open addressing
+// over the keys' hashes (index + 1 into the result; 0 is empty), beyond
+// through a map. The table needs equal keys to have equal hashes, which
+// maphash.Comparable promises and a custom Hash may not (+0 and -0 are
+// equal float64 keys): with Options.Hash, always the map. A key whose
+// hash fails (one no map can hold, a Hash that panics) fails it all.
+func (l *Loader[K, V]) distinct(keys []K) ([]manyKey[K, V], error) {
+	ks := make([]manyKey[K, V], 0, len(keys))
 	var table [2 * dedupeOnStack]uint16
 	var seen map[K]struct{}
 	if len(keys) > dedupeOnStack || l.opts.Hash != nil {
@@ -287,9 +313,9 @@ func (l *Loader[K, V]) getMany(ctx context.Context, keys []K, withInfo bool) (ma
 	}
 next:
 	for _, key := range keys {
-		h, err := l.hash(key) // first: a key no map can hold fails here
+		h, err := l.hash(key)
 		if err != nil {
-			return nil, nil, err
+			return nil, err
 		}
 		if seen != nil {
 			if _, dup := seen[key]; dup {
@@ -299,148 +325,127 @@ next:
 		} else {
 			i := h % uint64(len(table))
 			for ; table[i] != 0; i = (i + 1) % uint64(len(table)) {
-				if it := &items[table[i]-1]; it.h == h && it.key == key {
+				if k := &ks[table[i]-1]; k.r.h == h && k.r.key == key {
 					continue next
 				}
 			}
-			table[i] = uint16(len(items) + 1)
+			table[i] = uint16(len(ks) + 1)
 		}
-		items = append(items, item{key: key, h: h})
+		ks = append(ks, manyKey[K, V]{r: request[K, V]{key: key, h: h}})
 	}
-	// The caller's context is user code: read before anything is counted
-	// or published (rule 23). Each key is counted out as it is answered
-	// (answer); exitGet counts out any a panic kept it from answering.
-	cl := callerOf(ctx, revalidating(ctx))
-	revalidate := cl.revalidate
-	n := uint64(len(items))
-	s, ok := l.enterGet(n)
-	if !ok {
-		return nil, nil, ErrClosed
-	}
-	answered := uint64(0)
-	defer func() { l.exitGet(s, nil, n-answered) }()
-	answer := func(outcome *atomic.Uint64) {
-		outcome.Add(1)
-		answered++
-	}
+	return ks, nil
+}
 
-	out := make(map[K]V, len(items))
-	var infos map[K]Info // nil: not asked for
+// manyResult is what a GetMany returns, gathered key by key.
+type manyResult[K comparable, V any] struct {
+	vals   map[K]V
+	infos  map[K]Info // nil: not asked for
+	failed map[K]error
+	left   bool // the caller's context ended: the GetMany left the loads it had not got yet
+}
+
+func newMany[K comparable, V any](n int, withInfo bool) manyResult[K, V] {
+	m := manyResult[K, V]{vals: make(map[K]V, n)}
 	if withInfo {
-		infos = make(map[K]Info, len(items))
+		m.infos = make(map[K]Info, n)
 	}
-	now := l.now()
-	_, remoteMany := l.opts.Remote.(RemoteMany[K, V])
-	batched := l.opts.LoadMany != nil && (l.opts.Remote == nil || remoteMany)
-	var fg, bg *batch[K, V]
-	var batches []*batch[K, V]
-	refresh := func(key K, h uint64, e *entry[K, V]) {
-		if !batched || l.opts.Reload != nil {
-			// A Reload needs each key's value held: refreshed one by one.
-			l.refresh(&cl, s, key, h, e, now, nil)
-			return
-		}
-		if bg == nil || bg.full() {
-			bg = l.newBatch(true)
-			batches = append(batches, bg)
-		}
-		l.refresh(&cl, s, key, h, e, now, bg)
-	}
-	waits := items[:0]
-	for _, it := range items {
-		g := l.flights.glance(it.h, it.key)
-		e := g.e
-		switch {
-		case e == nil, revalidate, l.distrusted(e): // rule 18: read it again
-		case l.phase(e, now) == phaseFresh:
-			if now >= e.refreshAt() && !e.isNotFound() {
-				refresh(it.key, it.h, e)
-			}
-			answer(&s.hits)
-			if !e.isNotFound() {
-				out[it.key] = e.val
-			}
-			if infos != nil {
-				infos[it.key] = Info{Source: SourceHit, Age: now - e.loadedAt}
-			}
-			continue
-		case l.phase(e, now) == phaseStale && cl.acceptsStale(e.freshUntil, now):
-			refresh(it.key, it.h, e)
-			answer(&s.stale)
-			out[it.key] = e.val
-			if infos != nil {
-				infos[it.key] = Info{Source: SourceStale, Age: now - e.loadedAt}
-			}
-			continue
-		}
-		if revalidate {
-			l.stats.revalidations.Add(1)
-		}
-		if batched && (fg == nil || fg.full()) {
-			fg = l.newBatch(false)
-			batches = append(batches, fg)
-		}
-		it.j = l.join(&cl, s, it.key, it.h, g, now, fg)
-		if e := it.j.stale; e != nil {
-			// Stale in a write not yet in the cache: as a stale hit, its
-			// refresh in the background batch.
-			l.stats.lateStale.Add(1)
-			answer(&s.passed)
-			out[it.key] = e.val
-			if infos != nil {
-				infos[it.key] = Info{Source: SourceStale, Age: now - e.loadedAt}
-			}
-			refresh(it.key, it.h, e)
-			continue
-		}
-		if it.j.c != nil {
-			// The GetMany waits on all of its keys' loads from now on,
-			// though it reads their results in turn.
-			l.stats.waiting.Add(1)
-			it.j.counted = true
-		}
-		waits = append(waits, it)
-	}
-	for _, b := range batches {
-		switch {
-		case len(b.calls) > 0:
-			if b.background {
-				l.stats.refreshes.Add(1)
-			}
-			l.launchBatch(b, s)
-		case b.reserved:
-			l.stats.refreshing.Add(-1) // its MaxRefreshes place, unused
-		}
-	}
+	return m
+}
 
-	var failed map[K]error
-	left := false // the caller's context ended: the GetMany left the loads it had not got yet
-	for _, it := range waits {
-		v, info, nf, err := l.await(&cl, s, it.key, it.h, now, false, it.j)
-		answer(&s.passed)
-		if infos != nil {
-			infos[it.key] = info
-		}
-		switch {
-		case err == nil:
-			out[it.key] = v
-		case err == errLeft:
-			left = true
-		case nf: // absent (Options.IsNotFound)
-		default:
-			if failed == nil {
-				failed = make(map[K]error)
-			}
-			failed[it.key] = err
-		}
+// add records key's answer: its value, nothing for a not-found
+// (Options.IsNotFound), or its error.
+func (m *manyResult[K, V]) add(key K, a answer[V]) {
+	if m.infos != nil {
+		m.infos[key] = a.info
 	}
 	switch {
-	case left:
-		return out, infos, ctx.Err() // user code, read now that every key is answered
-	case failed != nil:
-		return out, infos, &ManyError[K]{Errs: failed}
+	case a.err == nil:
+		m.vals[key] = a.v
+	case a.err == errLeft:
+		m.left = true
+	case a.nf:
+	default:
+		if m.failed == nil {
+			m.failed = make(map[K]error)
+		}
+		m.failed[key] = a.err
 	}
-	return out, infos, nil
+}
+
+// err is the GetMany's error: ctx's (user code, read now that every key is
+// answered) if it left, else the failed keys', else nil.
+func (m *manyResult[K, V]) err(ctx context.Context) error {
+	switch {
+	case m.left:
+		return ctx.Err()
+	case m.failed != nil:
+		return &ManyError[K]{Errs: m.failed}
+	}
+	return nil
+}
+
+// batches are the LoadMany calls one GetMany fills; nil when it does not
+// batch (no LoadMany, or a Remote that cannot load batches): the
+// foreground batch open now, the background one for its refreshes (none
+// with a Reload: each refresh needs its key's value), and every batch
+// opened, to launch.
+type batches[K comparable, V any] struct {
+	l      *Loader[K, V]
+	fg, bg *batch[K, V]
+	all    []*batch[K, V]
+}
+
+func (l *Loader[K, V]) newBatches() *batches[K, V] {
+	if _, ok := l.opts.Remote.(RemoteMany[K, V]); l.opts.LoadMany == nil || (l.opts.Remote != nil && !ok) {
+		return nil
+	}
+	return &batches[K, V]{l: l}
+}
+
+// open makes room in the foreground batch for one more call: before a
+// join, which may start a load.
+func (bs *batches[K, V]) open() {
+	if bs != nil && (bs.fg == nil || bs.fg.full()) {
+		bs.fg = bs.l.newBatch(false)
+		bs.all = append(bs.all, bs.fg)
+	}
+}
+
+// foreground is the batch a load started now joins; nil: it goes alone.
+func (bs *batches[K, V]) foreground() *batch[K, V] {
+	if bs == nil {
+		return nil
+	}
+	return bs.fg
+}
+
+// background is the batch a refresh started now joins, with room for it;
+// nil: it goes alone.
+func (bs *batches[K, V]) background() *batch[K, V] {
+	if bs == nil || bs.l.opts.Reload != nil {
+		return nil
+	}
+	if bs.bg == nil || bs.bg.full() {
+		bs.bg = bs.l.newBatch(true)
+		bs.all = append(bs.all, bs.bg)
+	}
+	return bs.bg
+}
+
+// launch starts every batch that got calls, counted on s.
+func (bs *batches[K, V]) launch(s *stripe) {
+	if bs == nil {
+		return
+	}
+	for _, b := range bs.all {
+		if len(b.calls) == 0 {
+			continue
+		}
+		if b.background {
+			bs.l.stats.refreshes.Add(1)
+		}
+		bs.l.launchBatch(b, s)
+	}
 }
 
 // ManyError reports the keys [Loader.GetMany] could not load, each with

@@ -76,14 +76,8 @@ func (l *Loader[K, V]) complete(c *call[K, V], r *loaded[V]) {
 // deliver hands res to c's waiters, e to the cache, and reports the load.
 func (l *Loader[K, V]) deliver(c *call[K, V], r *loaded[V], res delivery[K, V], e *entry[K, V], cost int64) {
 	c.release()
-	// Count before the waiters wake, so Stats read after a Get returns
-	// includes the load that answered it. (A batch counts itself once.)
-	if c.batch == nil {
-		l.stats.inFlight.Add(-1)
-		l.stats.loads.Add(1)
-		if res.err != nil {
-			l.stats.loadErrors.Add(1)
-		}
+	if c.batch == nil { // a batch counts itself once (completeBatch)
+		l.loadEnded(res.err, c.background)
 	}
 	if r.reload {
 		l.stats.reloads.Add(1)
@@ -91,18 +85,13 @@ func (l *Loader[K, V]) deliver(c *call[K, V], r *loaded[V], res delivery[K, V], 
 			l.stats.notModified.Add(1)
 		}
 	}
-	if c.background {
-		if c.batch == nil {
-			l.stats.refreshing.Add(-1)
+	if c.background && res.err != nil && c.from != nil {
+		n := c.from.failedRefresh()
+		if n == maxRefreshFails {
+			n = math.MaxInt // the count saturated: the backoff is at its limit
 		}
-		if res.err != nil && c.from != nil {
-			n := c.from.failedRefresh()
-			if n == maxRefreshFails {
-				n = math.MaxInt // the count saturated: the backoff is at its limit
-			}
-			d := refreshDelay(n, l.opts.Retry.InitialInterval, l.opts.Retry.MaxInterval, rand.Float64())
-			c.from.refreshAfter.Store(int64(addSat(l.now(), d)))
-		}
+		d := refreshDelay(n, l.opts.Retry.InitialInterval, l.opts.Retry.MaxInterval, rand.Float64())
+		c.from.refreshAfter.Store(int64(addSat(l.now(), d)))
 	}
 	callers, stored, w, back := l.flights.finish(c, res, e, cost)
 	l.writer.giveBack(back)

@@ -68,20 +68,29 @@ func (l *Loader[K, V]) fetch(ctx context.Context, key K, old *entry[K, V], start
 		*r = loaded[V]{err: perr, attempts: r.attempts}
 		return
 	}
-	r.val, r.err = rv.Value, err
-	if err != nil {
-		if !rv.LoadedAt.IsZero() {
-			r.fallback = &rv
+	r.fromRemote(RemoteResult[V]{RemoteValue: rv, Err: err}, l.now()-start)
+}
+
+// fromRemote is the result of a load the Remote answered with rr (a
+// RemoteMany, for each key of a batch), which took here long (the whole
+// call, for a batch). A value the Remote did not load in this call comes
+// with its own Took, or none; one it loaded took here, if it does not say.
+// An error comes with an older value to cover it, if the Remote offers one.
+func (r *loaded[V]) fromRemote(rr RemoteResult[V], here time.Duration) {
+	r.val, r.err = rr.Value, rr.Err
+	if rr.Err != nil {
+		if !rr.LoadedAt.IsZero() {
+			r.fallback = &rr.RemoteValue
 		}
 		return
 	}
-	r.remote = !rv.Loaded
-	r.took = rv.Took
-	if !rv.LoadedAt.IsZero() {
-		r.age = max(time.Since(rv.LoadedAt), 0)
+	r.remote = !rr.Loaded
+	r.took = rr.Took
+	if r.took <= 0 && rr.Loaded {
+		r.took = here
 	}
-	if r.took <= 0 && rv.Loaded {
-		r.took = l.now() - start
+	if !rr.LoadedAt.IsZero() {
+		r.age = max(time.Since(rr.LoadedAt), 0)
 	}
 }
 

@@ -138,169 +138,208 @@ func (f *flights[K, V]) shard(h uint64) *shard[K, V] {
 // joined is what join found for a Get that the cache could not answer.
 type joined[K comparable, V any] struct {
 	c       *call[K, V]  // the load to wait for
-	hit     *entry[K, V] // a fresh value a write left, not yet in the cache
-	stale   *entry[K, V] // a stale value a write left that the caller accepts (StaleWhileRevalidate)
-	err     error        // ErrClosed or ErrRecursiveLoad
-	started bool         // this Get started c
-	counted bool         // the wait on c is counted in Stats.Waiting already (GetMany)
-	reread  bool         // the value held is distrusted (rule 18): c reads it again
+	e       *entry[K, V] // a value a write left, not yet in the cache, that answers the Get (judge) as src
+	src     Source
+	err     error // ErrClosed or ErrRecursiveLoad
+	started bool  // this Get started c
+	counted bool  // the wait on c is counted in Stats.Waiting already (GetMany)
+	reread  bool  // the value held is distrusted (rule 18): c reads it again
 }
 
 // glance is a key's cached entry as seen before its shard was locked (nil:
 // none), with the shard's settles count read before the look. While settles
-// has not moved, the entry is still the key's cached one (lockCurrent), so
-// the locked path of a miss and the finish of its load need no ristretto
-// lookup of their own: each such lookup would also count one more access
-// of the key in ristretto's admission policy.
+// has not moved, the entry is still the key's cached one (locked), so the
+// locked path of a miss and the finish of its load need no ristretto lookup
+// of their own: each such lookup would also count one more access of the
+// key in ristretto's admission policy.
 type glance[K comparable, V any] struct {
 	e  *entry[K, V]
-	at uint64 // the shard's settles count + 1; 0: nothing was seen, lockCurrent looks
+	at uint64 // the shard's settles count + 1; 0: nothing was seen, locked looks
 }
 
-// glance looks key up in the cache for a later lockCurrent.
+// glance looks key up in the cache for a later locked.
 func (f *flights[K, V]) glance(h uint64, key K) glance[K, V] {
 	n := f.shard(h).settles.Load()
 	return glance[K, V]{e: f.l.cached(h, key), at: n + 1}
 }
 
-// lookup locks key's shard and returns what it knows of key: its cached
-// entry (seen, as of under the lock; g is what the caller saw before, if
-// anything), its current entry (the one a pending write leaves, else the
+// lockTries is how many looks at the cache locked makes before it looks
+// under the lock.
+const lockTries = 4
+
+// locked runs commit under key's shard lock, and unlocks: the one place a
+// shard is locked for a key's loads and writes. commit is given key's
+// cached entry as it is under the lock, with the shard's settles count then
+// (seen: a load commit starts keeps it for its finish). The entry is g's if
+// no write of the shard closed since g was taken; else it is looked up
+// before locking (no ristretto call under a shard lock), and again if a
+// write of the shard closed in between. After a few such misfortunes (the
+// writer closing a burst of the shard's writes) it is looked up under the
+// lock: a lookup is short and never waits, and the caller must make
+// progress. commit edits the shard's maps and calls, and does the
+// arithmetic that needs: no user code, no channel, no wait.
+//
+// The entry may have been marked gone since g was taken: only put does
+// that, under the lock, and it leaves a pending write for the key that then
+// stands for it (current), or moves settles (a refused fill). Ristretto may
+// have evicted it since (for finish, at any time during the load): that is
+// as if the caller had locked just before the eviction; at worst finish
+// marks the evicted entry gone and opens a write for it.
+func (f *flights[K, V]) locked(h uint64, key K, g glance[K, V], commit func(sh *shard[K, V], seen glance[K, V])) {
+	sh := f.shard(h)
+	for try := 0; ; try++ {
+		if g.at == 0 && try < lockTries {
+			g = f.glance(h, key)
+		}
+		sh.mu.Lock()
+		n := sh.settles.Load()
+		if try == lockTries {
+			g.e = f.l.cached(h, key)
+		} else if n+1 != g.at {
+			sh.mu.Unlock()
+			g.at = 0
+			continue
+		}
+		commit(sh, glance[K, V]{e: g.e, at: n + 1})
+		sh.mu.Unlock()
+		return
+	}
+}
+
+// current is what sh knows of key, under sh.mu, given seen, its cached
+// entry then: its current entry (the one a pending write leaves, else the
 // cached one; nil for an entry from before an InvalidateAll, rule 20) and
-// its load in flight. join, startRefresh and refreshNow start from it; the
-// caller unlocks.
-func (f *flights[K, V]) lookup(key K, h uint64, g glance[K, V]) (sh *shard[K, V], seen glance[K, V], cur *entry[K, V], running *call[K, V]) {
-	sh = f.shard(h)
-	cur = f.lockCurrent(sh, h, key, g)
-	seen = glance[K, V]{e: cur, at: sh.settles.Load() + 1}
+// its load in flight.
+func (f *flights[K, V]) current(sh *shard[K, V], key K, seen glance[K, V]) (cur *entry[K, V], running *call[K, V]) {
+	cur = seen.e
 	if w := sh.writes[key]; w != nil {
 		cur = w.entry
 	}
-	return sh, seen, f.l.live(cur), sh.loads[key]
+	return f.l.live(cur), sh.loads[key]
 }
 
-// join is what a Get the cache did not answer does with lookup: take a
-// fresh value a write left for key (rule 2: never load twice; not for a
-// revalidating Get, rule 14), else join the key's load in flight, else
-// start one, revalidating the value held, if any.
-//
-// With into not nil (GetMany with a LoadMany), a load it starts becomes one
-// of into's calls and is launched with the batch, later, by the caller;
+// join is what a Get the cache did not answer does under its key's lock:
+// take a value a write left for the key that answers it (rule 2: never
+// load twice; judge), else join the key's load in flight, else start one,
+// revalidating the value held, if any. A load it starts in a batched
+// GetMany is one of the GetMany's batch's calls, launched with the batch;
 // except a Reload of a value held, which needs that value and goes alone.
-func (f *flights[K, V]) join(cl *caller, s *stripe, key K, h uint64, g glance[K, V], now time.Duration, into *batch[K, V]) joined[K, V] {
-	l := f.l
-	revalidate := cl.revalidate
-	sh, seen, cur, c := f.lookup(key, h, g)
-	reread := cur != nil && !revalidate && l.distrusted(cur) // rule 18
-	if cur != nil && !revalidate && !reread {
-		// A load (or Set) finished as this Get looked: its value is in
-		// the key's pending write, or its write closed between this Get's
-		// look at the cache and now. It answers as the cache would have.
-		switch l.phase(cur, now) {
-		case phaseFresh:
-			sh.mu.Unlock()
-			return joined[K, V]{hit: cur}
-		case phaseStale:
-			if cl.acceptsStale(cur.freshUntil, now) {
-				sh.mu.Unlock()
-				return joined[K, V]{stale: cur}
-			}
-		}
+func (f *flights[K, V]) join(r *request[K, V]) joined[K, V] {
+	var j joined[K, V]
+	var launch bool
+	f.locked(r.h, r.key, r.g, func(sh *shard[K, V], seen glance[K, V]) {
+		j, launch = f.joinLocked(sh, seen, r)
+	})
+	if launch {
+		f.l.launch(j.c, r.s)
 	}
+	return j
+}
+
+// joinLocked is join's decision, under the key's shard lock; launch
+// reports a load started alone, which join launches after unlocking.
+func (f *flights[K, V]) joinLocked(sh *shard[K, V], seen glance[K, V], r *request[K, V]) (j joined[K, V], launch bool) {
+	l := f.l
+	cur, c := f.current(sh, r.key, seen)
+	if src := l.judge(r, cur, r.start); src != SourceNone {
+		return joined[K, V]{e: cur, src: src}, false
+	}
+	reread := cur != nil && !r.cl.revalidate && l.distrusted(cur) // rule 18
 	if c != nil {
-		if cl.marker.waitsOn(c) || (c.batch != nil && cl.marker.waitsOn(c.batch)) {
-			sh.mu.Unlock()
-			return joined[K, V]{err: ErrRecursiveLoad}
+		if r.cl.marker.waitsOn(c) || (c.batch != nil && r.cl.marker.waitsOn(c.batch)) {
+			return joined[K, V]{err: ErrRecursiveLoad}, false
 		}
-		if revalidate || c.gen == l.generation.Load() {
+		if r.cl.revalidate || c.gen == l.generation.Load() {
 			c.waiters++
-			sh.mu.Unlock()
-			return joined[K, V]{c: c, reread: reread}
+			return joined[K, V]{c: c, reread: reread}, false
 		}
 		// Rule 18: c started before a Distrust and may carry what the
 		// fleet has overwritten since. It keeps its waiters, but not the
 		// key: this Get starts a load of its own.
-		sh.detach(key)
+		sh.detach(r.key)
 		reread = true
 	}
-	from := l.held(cur, now)
-	c = f.start(sh, cl, key, h, seen, from, false)
-	batched := c != nil && into != nil && from == nil && into.add(c)
-	sh.mu.Unlock()
+	n := newLoad[K, V]{seen: seen, from: l.held(cur, r.start), into: r.many.foreground()}
+	if n.from != nil {
+		n.into = nil // a Reload goes alone
+	}
+	c, batched := f.start(sh, r, n)
 	if c == nil {
-		return joined[K, V]{err: ErrClosed}
+		return joined[K, V]{err: ErrClosed}, false
 	}
-	if !batched {
-		l.launch(c, s)
-	}
-	return joined[K, V]{c: c, started: true, reread: reread}
+	return joined[K, V]{c: c, started: true, reread: reread}, !batched
 }
 
-// startRefresh is what a background refresh does with lookup: start a
-// load of key to replace from, unless from is no longer key's entry or a
-// load of key is in flight. It reports whether it started one.
-//
-// With into not nil (and not full), the load is one of into's calls,
-// launched with it by the caller.
-func (f *flights[K, V]) startRefresh(cl *caller, s *stripe, key K, h uint64, from *entry[K, V], into *batch[K, V]) bool {
-	l := f.l
-	sh, seen, cur, running := f.lookup(key, h, glance[K, V]{})
+// startRefresh starts a background load of r's key to replace from, unless
+// from is no longer the key's entry, a load of the key is in flight, or
+// MaxRefreshes are running. It reports whether it started one. With into
+// not nil, the load is one of into's calls, launched with it by the
+// GetMany.
+func (f *flights[K, V]) startRefresh(r *request[K, V], from *entry[K, V], into *batch[K, V]) bool {
 	var c *call[K, V]
-	if cur == from && running == nil {
-		c = f.start(sh, cl, key, h, seen, from, true)
-	}
-	batched := c != nil && into != nil && into.add(c)
-	sh.mu.Unlock()
-	if c == nil {
-		return false
-	}
-	if !batched {
-		l.launch(c, s)
-	}
-	return true
-}
-
-// refreshNow is what Refresh does with lookup: start a background load of
-// key, revalidating the value held if any, unless one is in flight (it
-// then joins it, doing nothing) or MaxRefreshes are running (it is
-// dropped). It reports whether it started one.
-func (f *flights[K, V]) refreshNow(cl *caller, s *stripe, key K, h uint64) bool {
-	l := f.l
-	sh, seen, cur, running := f.lookup(key, h, glance[K, V]{})
-	var c *call[K, V]
-	if running == nil && l.reserveRefresh() {
-		if c = f.start(sh, cl, key, h, seen, l.held(cur, l.now()), true); c == nil {
-			l.stats.refreshing.Add(-1) // closed
+	var batched bool
+	f.locked(r.h, r.key, glance[K, V]{}, func(sh *shard[K, V], seen glance[K, V]) {
+		if cur, running := f.current(sh, r.key, seen); cur == from && running == nil {
+			c, batched = f.start(sh, r, newLoad[K, V]{seen: seen, from: from, background: true, into: into})
 		}
+	})
+	if c != nil && !batched {
+		f.l.launch(c, r.s)
 	}
-	sh.mu.Unlock()
-	if c == nil {
-		return false
-	}
-	l.launch(c, s)
-	return true
+	return c != nil
 }
 
-// start publishes a new load of key in sh, under sh.mu, for cl, whose
-// context was read before locking (callerOf: its methods are user code);
-// from is the value held for key (a Reload revalidates it), background is
-// true for a load nobody waits on. It returns nil after Close: Close sets
-// its flag before it sweeps the shards (cancelAll), so a load is either
-// swept or never started.
-func (f *flights[K, V]) start(sh *shard[K, V], cl *caller, key K, h uint64, seen glance[K, V], from *entry[K, V], background bool) *call[K, V] {
+// refreshNow is what Refresh does: start a background load of r's key,
+// revalidating the value held if any, unless one is in flight (it then
+// joins it, doing nothing) or MaxRefreshes are running (it is dropped). It
+// reports whether it started one.
+func (f *flights[K, V]) refreshNow(r *request[K, V]) bool {
+	now := f.l.now()
+	var c *call[K, V]
+	f.locked(r.h, r.key, glance[K, V]{}, func(sh *shard[K, V], seen glance[K, V]) {
+		if cur, running := f.current(sh, r.key, seen); running == nil {
+			c, _ = f.start(sh, r, newLoad[K, V]{seen: seen, from: f.l.held(cur, now), background: true})
+		}
+	})
+	if c != nil {
+		f.l.launch(c, r.s)
+	}
+	return c != nil
+}
+
+// newLoad is what start publishes a load with.
+type newLoad[K comparable, V any] struct {
+	seen       glance[K, V] // the key's cached entry under the lock: finish starts from it
+	from       *entry[K, V] // the value held for the key (a refresh's, a Reload's old value), or nil
+	background bool         // nobody waits on it: a refresh, which takes a MaxRefreshes slot
+	into       *batch[K, V] // the batch whose LoadMany call loads it, or nil: alone
+}
+
+// start publishes a new load of r's key in sh, under sh.mu, for r's caller,
+// whose context was read before locking (request.who: its methods are
+// user code). It reports whether the load is one of n.into's calls (the
+// caller launches it with the batch) rather than alone (the caller launches
+// it). It returns nil after Close, and for a background load that finds
+// every MaxRefreshes slot taken (a batch takes one for all its calls).
+// Close sets its flag before it sweeps the shards (cancelAll), so a load
+// is either swept or never started.
+func (f *flights[K, V]) start(sh *shard[K, V], r *request[K, V], n newLoad[K, V]) (c *call[K, V], batched bool) {
 	l := f.l
 	if l.closed.Load() {
-		return nil
+		return nil, false
 	}
-	c := &call[K, V]{l: l, key: key, h: h, done: make(chan struct{}), background: background, from: from, gen: l.generation.Load(), seen: seen}
-	if !background {
+	batched = n.into != nil && !n.into.full()
+	if n.background && !(batched && n.into.slotted) && !l.refreshSlots.take(&l.stats.refreshesDropped) {
+		return nil, false
+	}
+	c = &call[K, V]{l: l, key: r.key, h: r.h, done: make(chan struct{}), background: n.background, from: n.from, gen: l.generation.Load(), seen: n.seen}
+	ctx, marker := r.cl.ctx, r.cl.marker
+	if n.background {
+		marker = nil // nothing waits on it: a Get it makes of the key that started it is no cycle
+	} else {
 		c.waiters = 1
 	}
-	ctx, marker := cl.ctx, cl.marker
-	if background {
-		marker = nil // nothing waits on it: a Get it makes of the key that started it is no cycle
-	}
-	if cl.done != nil {
+	if r.cl.done != nil {
 		// Keep ctx's values, never its cancellation, nor its cause: the
 		// load's context.Cause must not find the caller's cancel context.
 		// (A context without Done has no cancel context to find.)
@@ -308,9 +347,12 @@ func (f *flights[K, V]) start(sh *shard[K, V], cl *caller, key K, h uint64, seen
 		ctx = context.WithoutCancel(ctx)
 	}
 	c.lctx.caller, c.lctx.marker = ctx, loadMarker{call: c, parent: marker}
-	sh.loads[key] = c
+	sh.loads[r.key] = c
 	grew(&sh.peakLoads, len(sh.loads))
-	return c
+	if batched {
+		n.into.add(c)
+	}
+	return c, batched
 }
 
 // leave withdraws a waiter whose context ended. It returns false if the
@@ -372,19 +414,19 @@ func (sh *shard[K, V]) detach(key K) {
 	}
 }
 
-// startAlone starts a load of key, a key not equal to itself (a NaN in
+// startAlone starts a load of r's key, a key not equal to itself (a NaN in
 // it), for the one Get that waits on it. No map lookup finds such a key and
 // no delete removes it, so it must not be published in loads, where it
 // would stay for good: start publishes it in a map dropped at once, and it
 // is kept in detached instead, where Close finds it and finish takes it
 // out. Owning no key, it stores nothing. It returns nil after Close.
-func (f *flights[K, V]) startAlone(cl *caller, key K, h uint64) *call[K, V] {
-	sh := f.shard(h)
+func (f *flights[K, V]) startAlone(r *request[K, V]) *call[K, V] {
+	sh := f.shard(r.h)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	loads := sh.loads
 	sh.loads = make(map[K]*call[K, V], 1)
-	c := f.start(sh, cl, key, h, glance[K, V]{}, nil, false)
+	c, _ := f.start(sh, r, newLoad[K, V]{})
 	sh.loads = loads
 	if c != nil {
 		if sh.detached == nil {
@@ -414,22 +456,23 @@ type delivery[K comparable, V any] struct {
 // then closes c.done.
 func (f *flights[K, V]) finish(c *call[K, V], r delivery[K, V], e *entry[K, V], cost int64) (callers int, stored bool, opened *write[K, V], back place) {
 	l := f.l
-	sh := f.shard(c.h)
-	cur := f.lockCurrent(sh, c.h, c.key, c.seen)
-	owned := sh.loads[c.key] == c
-	sh.forget(c)
-	switch {
-	case !owned || l.closed.Load() || l.olderThanFloor(c.gen): // detached, closed, or from before an InvalidateAll
-	case e != nil:
-		opened, back, stored = f.put(sh, c.key, c.h, cur, e, cost, place{kind: fillPlace, cost: cost}, &c.w)
-	case r.drop:
-		opened, back, _ = f.put(sh, c.key, c.h, cur, nil, 0, place{kind: fillPlace}, &c.w)
-	}
-	c.val, c.err, c.loadedAt, c.freshUntil, c.fallback, c.notFound = r.val, r.err, r.loadedAt, r.freshUntil, r.fallback, r.notFound
-	c.ended = r.ended
-	c.finished = true // from here a leaving waiter takes the result: done is closed soon
-	callers = c.waiters
-	sh.mu.Unlock()
+	f.locked(c.h, c.key, c.seen, func(sh *shard[K, V], seen glance[K, V]) {
+		owned := sh.loads[c.key] == c
+		sh.forget(c)
+		fill := write[K, V]{key: c.key, h: c.h, entry: e, cost: cost, place: place{kind: fillPlace, cost: cost}}
+		switch {
+		case !owned || l.closed.Load() || l.olderThanFloor(c.gen): // detached, closed, or from before an InvalidateAll
+		case e != nil:
+			opened, back, stored = f.put(sh, seen.e, fill, &c.w)
+		case r.drop:
+			fill.cost, fill.place.cost = 0, 0
+			opened, back, _ = f.put(sh, seen.e, fill, &c.w)
+		}
+		c.val, c.err, c.loadedAt, c.freshUntil, c.fallback, c.notFound = r.val, r.err, r.loadedAt, r.freshUntil, r.fallback, r.notFound
+		c.ended = r.ended
+		c.finished = true // from here a leaving waiter takes the result: done is closed soon
+		callers = c.waiters
+	})
 	return callers, stored, opened, back
 }
 
@@ -437,60 +480,20 @@ func (f *flights[K, V]) finish(c *call[K, V], r delivery[K, V], e *entry[K, V], 
 // which hold place p: the load in flight, if any, is detached, and the
 // write wins over it. It returns what put does.
 func (f *flights[K, V]) overwrite(key K, h uint64, e *entry[K, V], cost int64, p place) (opened *write[K, V], back place) {
-	sh := f.shard(h)
-	cur := f.lockCurrent(sh, h, key, glance[K, V]{})
-	sh.detach(key)
-	opened, back, _ = f.put(sh, key, h, cur, e, cost, p, nil)
-	sh.mu.Unlock()
+	f.locked(h, key, glance[K, V]{}, func(sh *shard[K, V], seen glance[K, V]) {
+		sh.detach(key)
+		opened, back, _ = f.put(sh, seen.e, write[K, V]{key: key, h: h, entry: e, cost: cost, place: p}, nil)
+	})
 	return opened, back
 }
 
 // latest returns key's current entry: the one a pending write leaves, or
 // the cached one. Used when a load failed, to find a value to cover it.
-func (f *flights[K, V]) latest(key K, h uint64) *entry[K, V] {
-	sh := f.shard(h)
-	cur := f.lockCurrent(sh, h, key, glance[K, V]{})
-	defer sh.mu.Unlock()
-	if w := sh.writes[key]; w != nil {
-		cur = w.entry
-	}
-	return f.l.live(cur)
-}
-
-// lockCurrent locks sh and returns key's cached entry as it is under the
-// lock: g's, if no write of the shard closed since g was taken; else
-// looked up before locking (no ristretto call under a shard lock), and
-// looked up again if a write of the shard closed in between. After a few
-// such misfortunes (the writer closing a burst of writes of the shard) it
-// looks up under the lock: a lookup is short and never waits, and the
-// caller must make progress.
-//
-// The entry may have been marked gone since g was taken: only put does
-// that, under sh.mu, and it leaves a pending write for the key that then
-// stands for it (lookup, put), or moves settles (a refused fill). Ristretto may have evicted it since (for
-// finish, at any time during the load): that is as if the caller had
-// locked just before the eviction; at worst finish marks the evicted entry
-// gone and opens a write for it.
-func (f *flights[K, V]) lockCurrent(sh *shard[K, V], h uint64, key K, g glance[K, V]) *entry[K, V] {
-	l := f.l
-	if g.at != 0 {
-		sh.mu.Lock()
-		if sh.settles.Load()+1 == g.at {
-			return g.e
-		}
-		sh.mu.Unlock()
-	}
-	for range 3 {
-		seen := sh.settles.Load()
-		cur := l.cached(h, key)
-		sh.mu.Lock()
-		if sh.settles.Load() == seen {
-			return cur
-		}
-		sh.mu.Unlock()
-	}
-	sh.mu.Lock()
-	return l.cached(h, key)
+func (f *flights[K, V]) latest(key K, h uint64) (cur *entry[K, V]) {
+	f.locked(h, key, glance[K, V]{}, func(sh *shard[K, V], seen glance[K, V]) {
+		cur, _ = f.current(sh, key, seen)
+	})
+	return cur
 }
 
 // cancelAll cancels every load running (in the maps or detached) with
@@ -535,10 +538,11 @@ func (f *flights[K, V]) pending(key K) bool {
 	return sh.loads[key] != nil || sh.writes[key] != nil
 }
 
-// put records e (nil: nothing) as key's value, under sh.mu; cur is key's
-// cached entry (lockCurrent). p is the place among the pending writes the
-// producer holds (write.go); a fill asks for its place here instead, with
-// p of kind fillPlace and e's cost, and never waits for one. It returns the
+// put records next.entry (nil: nothing) as next.key's value, under sh.mu;
+// cur is the key's cached entry (locked). next.place is the place among
+// the pending writes the producer holds (write.go); a fill asks for its
+// place here instead, with a place of kind fillPlace and the entry's cost,
+// and never waits for one. It returns the
 // write it opened (rec, if not nil, is used for it), which the caller
 // hands to the writer after unlocking, or nil if an open write took e; and
 // the place the caller gives back after unlocking: the open write's old
@@ -548,17 +552,18 @@ func (f *flights[K, V]) pending(key K) bool {
 // but the key keeps no older value either (an open write is made a delete,
 // a cached entry is marked gone), so no Get serves a value older than the
 // load's.
-func (f *flights[K, V]) put(sh *shard[K, V], key K, h uint64, cur, e *entry[K, V], cost int64, p place, rec *write[K, V]) (opened *write[K, V], back place, ok bool) {
-	w := sh.writes[key]
-	if w == nil && cur == nil && e == nil {
-		if p.kind == fillPlace {
-			p = place{} // never taken
+func (f *flights[K, V]) put(sh *shard[K, V], cur *entry[K, V], next write[K, V], rec *write[K, V]) (opened *write[K, V], back place, ok bool) {
+	w := sh.writes[next.key]
+	if w == nil && cur == nil && next.entry == nil {
+		if next.place.kind == fillPlace {
+			next.place = place{} // never taken
 		}
-		return nil, p, true
+		return nil, next.place, true
 	}
-	if p.kind == fillPlace && !f.l.writer.takeFill(p.cost) {
+	ok = next.place.kind != fillPlace || f.l.writer.takeFill(next.place.cost)
+	if !ok {
 		f.l.stats.fillsDropped.Add(1)
-		e, cost = nil, 0
+		next.entry, next.cost = nil, 0
 		if w == nil {
 			if cur != nil {
 				cur.setGone()
@@ -566,10 +571,7 @@ func (f *flights[K, V]) put(sh *shard[K, V], key K, h uint64, cur, e *entry[K, V
 			}
 			return nil, place{}, false
 		}
-		p = w.place // the open write keeps its own, and becomes a delete
-		ok = false
-	} else {
-		ok = true
+		next.place = w.place // the open write keeps its own, and becomes a delete
 	}
 	if w != nil {
 		if w.entry != nil {
@@ -579,7 +581,7 @@ func (f *flights[K, V]) put(sh *shard[K, V], key K, h uint64, cur, e *entry[K, V
 		if !ok {
 			back = place{}
 		}
-		w.entry, w.cost, w.place = e, cost, p
+		w.entry, w.cost, w.place = next.entry, next.cost, next.place
 		return nil, back, ok
 	}
 	if cur != nil {
@@ -588,8 +590,8 @@ func (f *flights[K, V]) put(sh *shard[K, V], key K, h uint64, cur, e *entry[K, V
 	if rec == nil {
 		rec = new(write[K, V])
 	}
-	*rec = write[K, V]{key: key, h: h, entry: e, cost: cost, place: p}
-	sh.writes[key] = rec
+	*rec = next
+	sh.writes[next.key] = rec
 	grew(&sh.peakWrites, len(sh.writes))
 	return rec, place{}, true
 }

@@ -89,43 +89,80 @@ func (l *Loader[K, V]) shutdown() {
 	l.checkIdle()
 }
 
-// enterGet counts n Gets in: a Get, or the keys of a GetMany. It returns
-// false (the Gets counted out as closed) after Close. A Get it lets in
+// gets is the count of the Gets one call let in: one Get, or the keys of
+// a GetMany. Each is counted out by how it was answered (answer), all at
+// once, when the call returns (exitGet): until then the call is inside, so
+// Close cannot find the stripes balanced before a load or a batch the call
+// starts is counted in. This, enterGet and exitGet are the only code that
+// counts Gets in and out.
+type gets struct {
+	s                   *stripe
+	n                   uint64 // let in
+	hits, stale, passed uint64 // answered so far
+}
+
+// answer counts one Get as answered: from a fresh value (SourceHit), at
+// once with a stale one (SourceStale), or after the in-flight map (any
+// other Source: a miss, counted in Stats.Misses where it waited).
+func (g *gets) answer(src Source) {
+	switch src {
+	case SourceHit:
+		g.hits++
+	case SourceStale:
+		g.stale++
+	default:
+		g.passed++
+	}
+}
+
+// enterGet lets n Gets in: a Get, or the keys of a GetMany. It returns
+// false (the Gets counted out as closed) after Close. A call it lets in
 // defers exitGet at once.
-func (l *Loader[K, V]) enterGet(n uint64) (*stripe, bool) {
+func (l *Loader[K, V]) enterGet(n uint64) (gets, bool) {
 	if l.closed.Load() {
 		// Refused at the door, off the stripes: a stream of refused Gets
 		// must not keep Close checking them.
 		l.stats.closedEarly.Add(n)
-		return nil, false
+		return gets{}, false
 	}
 	s := l.stats.acquire()
 	s.gets.Add(n)
 	if l.closed.Load() { // Close began between the two checks
-		l.exitGet(s, &s.closed, n)
-		return nil, false
+		s.closed.Add(n)
+		l.release(s)
+		return gets{}, false
 	}
-	return s, true
+	return gets{s: s, n: n}, true
 }
 
-// exitGet counts out through outcome the n Gets still in on s, and gives s
-// back. It is a Get's one way out, deferred as soon as enterGet has let it
-// in, so the count balances whatever panics on the way (a Get's caller's
-// context is the caller's code: docs/design.md rule 23). A Get sets the
-// outcome for the defer once it knows it; a GetMany counts each key out as
-// it answers it, and leaves exitGet none, or those a panic kept it from
-// answering. A nil outcome is for Gets that a panic cut short before they
-// had one: each leaves as a miss that its context ended (Misses,
-// Canceled), through passed.
-func (l *Loader[K, V]) exitGet(s *stripe, outcome *atomic.Uint64, n uint64) {
-	if n > 0 {
-		if outcome == nil {
-			l.stats.misses.Add(n)
-			l.stats.canceled.Add(n)
-			outcome = &s.passed
-		}
-		outcome.Add(n)
+// exitGet counts out the Gets g let in, and gives its stripe back. It is
+// their one way out, deferred as soon as enterGet has let them in, so the
+// count balances whatever panics on the way (a Get's caller's context is
+// the caller's code: docs/design.md rule 23). A Get a panic cut short
+// before it was answered leaves as a miss that its context ended (Misses,
+// Canceled).
+func (l *Loader[K, V]) exitGet(g *gets) {
+	s := g.s
+	if cut := g.n - g.hits - g.stale - g.passed; cut > 0 {
+		l.stats.misses.Add(cut)
+		l.stats.canceled.Add(cut)
+		g.passed += cut
 	}
+	if g.hits > 0 {
+		s.hits.Add(g.hits)
+	}
+	if g.stale > 0 {
+		s.stale.Add(g.stale)
+	}
+	if g.passed > 0 {
+		s.passed.Add(g.passed)
+	}
+	l.release(s)
+}
+
+// release gives a stripe back once its operation has counted out, and
+// checks whether a Close is waiting for that.
+func (l *Loader[K, V]) release(s *stripe) {
 	l.stats.release(s)
 	if l.closed.Load() {
 		l.checkIdle()
@@ -146,8 +183,8 @@ func (l *Loader[K, V]) enterOp() (*stripe, bool) {
 
 // exitOp counts an operation out.
 func (l *Loader[K, V]) exitOp(s *stripe) {
-	l.exitChild(s)
-	l.stats.release(s)
+	s.opsOut.Add(1)
+	l.release(s)
 }
 
 // exitChild counts out a load goroutine, counted in by launch on the stripe

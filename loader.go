@@ -68,7 +68,9 @@ type Loader[K comparable, V any] struct {
 	timeouts *timeouts     // ends loads at LoadTimeout (loadctx.go); apart from the Loader (newTimeouts)
 	breaker  CircuitBreaker
 	stats    counters
-	seed     maphash.Seed
+	// refreshSlots bounds the background loads (MaxRefreshes, workers.go).
+	refreshSlots refreshSlots
+	seed         maphash.Seed
 	// hashMayPanic: a custom Hash, or keys whose dynamic type may not be
 	// comparable (an interface inside K): hashing goes through the guard.
 	hashMayPanic bool
@@ -127,6 +129,7 @@ func New[K comparable, V any](load LoadFunc[K, V], opts Options[K, V]) (*Loader[
 	l.checkKeys = l.checkKeys && opts.Hash != nil
 	l.nanKeys = mayHoldFloat(reflect.TypeFor[K]())
 	l.stats.init()
+	l.refreshSlots.max = int64(opts.MaxRefreshes)
 	l.flights.init(l)
 	l.writer.init(opts.MaxPendingWrites, opts.MaxCost)
 	l.workers.init()
@@ -222,52 +225,263 @@ func (l *Loader[K, V]) GetInfo(ctx context.Context, key K) (v V, info Info, err 
 	if err != nil {
 		return v, info, err
 	}
-	// The caller's context is user code too (rule 23): the hit path reads
-	// WithRevalidate from it, before counting in, and nothing else; the
-	// other paths read the rest (callerOf) before they start or join
-	// anything. Not Done on the hit path: a cancel context makes its
-	// channel on the first call.
-	revalidate := revalidating(ctx)
-	s, ok := l.enterGet(1)
+	// The caller's context is user code (rule 23): the hit path reads
+	// WithRevalidate from it, before counting in, and nothing else (not
+	// Done: a cancel context makes its channel on the first call); the
+	// other paths read the rest once (request.who) before they start or
+	// join anything.
+	r := request[K, V]{key: key, h: h, ctx: ctx}
+	r.cl.revalidate = revalidating(ctx)
+	in, ok := l.enterGet(1)
 	if !ok {
 		return v, info, ErrClosed
 	}
-	var out *atomic.Uint64 // the outcome the Get counts out through; nil until it has one
-	defer func() { l.exitGet(s, out, 1) }()
-	g := l.flights.glance(h, key)
-	e := g.e
-	now := l.now()
-	// A miss unless a value is cached, the caller does not revalidate, and
-	// the fleet has not written the key since it was cached (rule 18).
-	p := phaseExpired
-	if e != nil && !revalidate && !l.distrusted(e) {
-		p = l.phase(e, now)
+	defer l.exitGet(&in)
+	r.s, r.g = in.s, l.flights.glance(h, key)
+	r.start = l.now()
+	if src := l.judge(&r, r.g.e, r.start); src != SourceNone {
+		in.answer(src)
+		return l.serve(&r, r.g.e, src)
 	}
-	if p == phaseFresh {
-		out = &s.hits
-		if now >= e.refreshAt() && !e.isNotFound() {
-			cl := callerOf(ctx, revalidate)
-			l.refresh(&cl, s, key, h, e, now, nil) // early refresh
+	a := l.wait(&r)
+	in.answer(a.outcome())
+	if a.err == errLeft {
+		a.err = ctx.Err()
+	}
+	return a.v, a.info, a.err
+}
+
+// request is one Get's question about one key (a GetMany asks one per
+// key): the key, who asks, and since when. It is what the read path
+// passes along, instead of a list of positional arguments.
+type request[K comparable, V any] struct {
+	key   K
+	h     uint64
+	ctx   context.Context
+	cl    caller         // read from ctx once, on first need (who); revalidate is set before
+	read  bool           // cl is read
+	s     *stripe        // the stripe the Get is counted on: a load it starts is counted in there
+	g     glance[K, V]   // what the Get saw of key in the cache
+	start time.Duration  // when it looked: its waits and ages count from here
+	many  *batches[K, V] // the GetMany it belongs to, if batched: where its loads and refreshes go
+}
+
+// who returns r's caller, reading its context the first time. No lock is
+// held when it first runs: wait and GetMany read it before they join.
+func (r *request[K, V]) who() *caller {
+	if !r.read {
+		r.cl = callerOf(r.ctx, r.cl.revalidate)
+		r.read = true
+	}
+	return &r.cl
+}
+
+// judge is the read decision, the one place that says how a key's value
+// answers a Get: e is the key's entry as r found it (in the cache, or in a
+// write on its way there; nil: none). It returns SourceHit for a fresh
+// value (or a cached not-found), SourceStale for one stale within
+// StaleWhileRevalidate that r's caller accepts, and SourceNone when r must
+// wait for a load: nothing held, r revalidates (rule 14), the fleet wrote
+// the key since (rule 18), or the value is past what r accepts. It reads
+// nothing but e, the clock value now and r's caller, so it may run under a
+// shard lock (join), where r's caller is read already.
+func (l *Loader[K, V]) judge(r *request[K, V], e *entry[K, V], now time.Duration) Source {
+	if e == nil || r.cl.revalidate || l.distrusted(e) {
+		return SourceNone
+	}
+	switch l.phase(e, now) {
+	case phaseFresh:
+		return SourceHit
+	case phaseStale:
+		if r.who().acceptsStale(e.freshUntil, now) {
+			return SourceStale
 		}
-		return e.val, Info{Source: SourceHit, Age: now - e.loadedAt}, e.error()
 	}
-	cl := callerOf(ctx, revalidate)
-	if p == phaseStale && cl.acceptsStale(e.freshUntil, now) {
-		out = &s.stale
-		l.refresh(&cl, s, key, h, e, now, nil)
-		return e.val, Info{Source: SourceStale, Age: now - e.loadedAt}, nil
+	return SourceNone
+}
+
+// serve answers r with e, which judge found answers it as src, and starts
+// the refresh e is due: a stale value's, or a fresh one's early refresh.
+func (l *Loader[K, V]) serve(r *request[K, V], e *entry[K, V], src Source) (V, Info, error) {
+	if r.start >= e.refreshAt() && !e.isNotFound() {
+		l.refresh(r, e)
 	}
-	// Expired, past the caller's max-stale, or within StaleIfError: wait
-	// for a load; a stale value covers its failure (staleOnError).
-	out = &s.passed
-	if revalidate {
+	return e.val, Info{Source: src, Age: r.start - e.loadedAt}, e.error()
+}
+
+// answer is what a Get that waited got: its value, Info and error, and
+// whether the error is a not-found (Options.IsNotFound), as the load
+// judged it.
+type answer[V any] struct {
+	v      V
+	info   Info
+	nf     bool
+	err    error
+	served bool // answered at once from a value a write left (late): a hit or a stale hit, not a miss
+}
+
+// outcome is the Source a's Get is counted out by (gets.answer): its own
+// for a value served at once, SourceNone for a miss.
+func (a *answer[V]) outcome() Source {
+	if a.served {
+		return a.info.Source
+	}
+	return SourceNone
+}
+
+// wait answers r from key's load: it joins the load in flight or starts
+// one (ask), then waits for it (collect).
+func (l *Loader[K, V]) wait(r *request[K, V]) answer[V] {
+	return l.collect(r, l.ask(r))
+}
+
+// ask is the first join of a request the cache did not answer: its
+// caller's context is read first, outside every lock.
+func (l *Loader[K, V]) ask(r *request[K, V]) joined[K, V] {
+	if r.who().revalidate {
 		l.stats.revalidations.Add(1)
 	}
-	v, info, _, err = l.wait(&cl, s, key, h, g, now, false)
-	if err == errLeft {
-		err = ctx.Err()
+	return l.join(r)
+}
+
+// errLeft is what a wait returns when the caller's context ended first.
+// The caller returns ctx.Err() instead, read once it has settled
+// everything else (Err is the caller's code too: rule 23); errLeft never
+// reaches the caller of a Get.
+var errLeft = errors.New("flightcache: the caller's context ended")
+
+// join is flights.join for a request the cache did not answer, but for a
+// key not equal to itself (selfUnequal): that one is loaded alone, through
+// the LoadFunc (a LoadMany result cannot be looked up by it), for this
+// caller only, and leaves nothing behind.
+func (l *Loader[K, V]) join(r *request[K, V]) joined[K, V] {
+	if !l.selfUnequal(r.key) {
+		return l.flights.join(r)
 	}
-	return v, info, err
+	c := l.flights.startAlone(r)
+	if c == nil {
+		return joined[K, V]{err: ErrClosed}
+	}
+	l.launch(c, r.s)
+	return joined[K, V]{c: c, started: true}
+}
+
+// selfUnequal reports whether key is not equal to itself (a float NaN in
+// it): no map lookup finds such a key, nor any comparison with a cached
+// entry's, so it is never kept anywhere (docs/design.md rule 24). Only the
+// miss and write paths ask, and only for a K that can hold a float.
+func (l *Loader[K, V]) selfUnequal(key K) bool { return l.nanKeys && key != key }
+
+// collect waits out what join found for r and judges the result for r's
+// caller. A load whose value is already too stale for r's caller (a Remote
+// gave it, and the load carried only its starter's max-stale) is loaded
+// once more, with r's bound.
+func (l *Loader[K, V]) collect(r *request[K, V], j joined[K, V]) answer[V] {
+	for again := false; ; again = true {
+		if j.e != nil { // a load (or Set) finished as r looked: no need to wait
+			return l.late(r, j, again)
+		}
+		if !again {
+			l.stats.misses.Add(1)
+			if j.reread {
+				l.stats.rereads.Add(1)
+			}
+		}
+		if j.err != nil {
+			return answer[V]{err: j.err}
+		}
+		a, stale := l.await(r, j)
+		if !stale || again {
+			return a
+		}
+		r.g, r.many = glance[K, V]{}, nil
+		j = l.join(r)
+	}
+}
+
+// late answers r with the value a write left for its key, not yet in the
+// cache, which join found answers r (j.src), as the cache would have. On
+// collect's second try the Get is counted as a miss already: it is not
+// served again.
+func (l *Loader[K, V]) late(r *request[K, V], j joined[K, V], again bool) answer[V] {
+	r.start = l.now()
+	v, info, err := l.serve(r, j.e, j.src)
+	return answer[V]{v: v, info: info, nf: j.e.isNotFound(), err: err, served: !again}
+}
+
+// await waits for j's load (or for r's context) and judges its result for
+// r: a stale value covers a failure (staleOnError). stale reports a value
+// too stale for r's caller, which collect loads again.
+func (l *Loader[K, V]) await(r *request[K, V], j joined[K, V]) (a answer[V], stale bool) {
+	c := j.c
+	if !j.counted {
+		l.stats.waiting.Add(1)
+	}
+	select {
+	case <-c.done:
+	case <-r.cl.done:
+		if l.flights.leave(c) {
+			l.stats.waiting.Add(-1)
+			l.stats.canceled.Add(1)
+			return answer[V]{info: Info{Waited: l.now() - r.start}, err: errLeft}, false
+		}
+		<-c.done // the result was delivered as ctx ended: it is ours
+	}
+	l.stats.waiting.Add(-1)
+	// The wait ended with the load, not when this goroutine woke or, in a
+	// GetMany, got round to this key: Waited and Age are as of then (never
+	// before the caller started: the clock was read before the join).
+	end := max(min(c.ended, l.now()), r.start)
+	a = answer[V]{v: c.val, info: Info{Source: SourceShared, Waited: end - r.start}, nf: c.notFound, err: c.err}
+	if j.started {
+		a.info.Source = SourceLoaded
+	}
+	switch {
+	case c.err != nil:
+		if v, age, ok := l.staleOnError(r, c, end); ok {
+			l.stats.staleOnError.Add(1)
+			return answer[V]{v: v, info: Info{Source: SourceStaleOnError, Age: age, Waited: a.info.Waited}}, false
+		}
+	case end >= c.freshUntil && !r.cl.acceptsStale(c.freshUntil, end):
+		return a, true
+	default:
+		a.info.Age = end - c.loadedAt
+	}
+	if !j.started {
+		l.stats.shared.Add(1)
+		if c.err != nil {
+			l.stats.sharedErrors.Add(1)
+		}
+	}
+	return a, false
+}
+
+// staleOnError looks for a value to return instead of c's error: the key's
+// current value if still within the windows (a stale one, or a fresh one a
+// Set stored during the wait), or, failing that, the older value a Remote
+// offered with the error. It looks afresh, so an Invalidate during the wait
+// leaves nothing local to fall back on.
+func (l *Loader[K, V]) staleOnError(r *request[K, V], c *call[K, V], now time.Duration) (v V, age time.Duration, ok bool) {
+	if l.opts.StaleIfError == 0 || c.notFound || errors.Is(c.err, ErrClosed) {
+		return v, 0, false
+	}
+	e := l.flights.latest(r.key, r.h)
+	if e != nil && e.isNotFound() {
+		e = nil // a cached not-found
+	}
+	for _, e := range [2]*entry[K, V]{e, c.fallback} {
+		if e == nil {
+			continue
+		}
+		switch p := l.phase(e, now); {
+		case p == phaseExpired:
+			continue
+		case p != phaseFresh && !r.cl.acceptsStale(e.freshUntil, now):
+			continue
+		}
+		return e.val, now - e.loadedAt, true
+	}
+	return v, 0, false
 }
 
 // held returns cur if it is a value the Loader still holds for its key
@@ -280,190 +494,24 @@ func (l *Loader[K, V]) held(cur *entry[K, V], now time.Duration) *entry[K, V] {
 	return cur
 }
 
-// wait joins (or starts) key's load for cl and waits for it or for cl's
-// context. g is what the caller saw of key in the cache, if anything.
-// again is true on the one retry for a value that was stale beyond the
-// caller's max-stale (the Get was counted already). nf reports that err is
-// a not-found (Options.IsNotFound), as the load judged it.
-func (l *Loader[K, V]) wait(cl *caller, s *stripe, key K, h uint64, g glance[K, V], start time.Duration, again bool) (v V, info Info, nf bool, err error) {
-	j := l.join(cl, s, key, h, g, start, nil)
-	return l.await(cl, s, key, h, start, again, j)
-}
-
-// errLeft is what await returns when the caller's context ended first. The
-// caller returns ctx.Err() instead, read once it has settled everything
-// else (Err is the caller's code too: rule 23); errLeft never reaches the
-// caller of a Get.
-var errLeft = errors.New("flightcache: the caller's context ended")
-
-// join is flights.join for a Get (or a key of GetMany) the cache did not
-// answer, but for a key not equal to itself (selfUnequal): that one is
-// loaded alone, through the LoadFunc (a LoadMany result cannot be looked up
-// by it), for this caller only, and leaves nothing behind.
-func (l *Loader[K, V]) join(cl *caller, s *stripe, key K, h uint64, g glance[K, V], now time.Duration, into *batch[K, V]) joined[K, V] {
-	if !l.selfUnequal(key) {
-		return l.flights.join(cl, s, key, h, g, now, into)
-	}
-	c := l.flights.startAlone(cl, key, h)
-	if c == nil {
-		return joined[K, V]{err: ErrClosed}
-	}
-	l.launch(c, s)
-	return joined[K, V]{c: c, started: true}
-}
-
-// selfUnequal reports whether key is not equal to itself (a float NaN in
-// it): no map lookup finds such a key, nor any comparison with a cached
-// entry's, so it is never kept anywhere (docs/design.md rule 24). Only the
-// miss and write paths ask, and only for a K that can hold a float.
-func (l *Loader[K, V]) selfUnequal(key K) bool { return l.nanKeys && key != key }
-
-// await is the rest of wait once the key's load is joined (or started):
-// it waits for the load or for cl's context, and judges the result for
-// this caller.
-func (l *Loader[K, V]) await(cl *caller, s *stripe, key K, h uint64, start time.Duration, again bool, j joined[K, V]) (v V, info Info, nf bool, err error) {
-	if j.hit != nil { // a load (or Set) finished as this Get looked: no need to wait
-		if !again {
-			l.stats.lateHits.Add(1)
-		}
-		return j.hit.val, Info{Source: SourceHit, Age: l.now() - j.hit.loadedAt}, j.hit.isNotFound(), j.hit.error()
-	}
-	if j.stale != nil { // the same, with a value stale within StaleWhileRevalidate
-		if !again {
-			l.stats.lateStale.Add(1)
-		}
-		now := l.now()
-		l.refresh(cl, s, key, h, j.stale, now, nil)
-		return j.stale.val, Info{Source: SourceStale, Age: now - j.stale.loadedAt}, false, nil
-	}
-	if !again {
-		l.stats.misses.Add(1)
-		if j.reread {
-			l.stats.rereads.Add(1)
-		}
-	}
-	if j.err != nil {
-		return v, info, false, j.err
-	}
-	c := j.c
-	if !j.counted {
-		l.stats.waiting.Add(1)
-	}
-	select {
-	case <-c.done:
-	case <-cl.done:
-		if l.flights.leave(c) {
-			l.stats.waiting.Add(-1)
-			l.stats.canceled.Add(1)
-			return v, Info{Waited: l.now() - start}, false, errLeft
-		}
-		<-c.done // the result was delivered as ctx ended: it is ours
-	}
-	l.stats.waiting.Add(-1)
-	// The wait ended with the load, not when this goroutine woke or, in a
-	// GetMany, got round to this key: Waited and Age are as of then (never
-	// before the caller started: the clock was read before the join).
-	end := l.now()
-	if c.ended < end {
-		end = max(c.ended, start)
-	}
-	info = Info{Source: SourceShared, Waited: end - start}
-	if j.started {
-		info.Source = SourceLoaded
-	}
-	switch {
-	case c.err != nil:
-		if v, age, ok := l.staleOnError(cl, key, h, c, end); ok {
-			l.stats.staleOnError.Add(1)
-			return v, Info{Source: SourceStaleOnError, Age: age, Waited: info.Waited}, false, nil
-		}
-	case !again && end >= c.freshUntil && !cl.acceptsStale(c.freshUntil, end):
-		// A Remote gave the load a value already stale, and this caller's
-		// max-stale refuses it (the load carried only its starter's
-		// bound): load once more, and this caller's bound goes with it.
-		return l.wait(cl, s, key, h, glance[K, V]{}, start, true)
-	default:
-		info.Age = end - c.loadedAt
-	}
-	if !j.started {
-		l.stats.shared.Add(1)
-		if c.err != nil {
-			l.stats.sharedErrors.Add(1)
-		}
-	}
-	return c.val, info, c.notFound, c.err
-}
-
-// staleOnError looks for a value to return instead of c's error: the key's
-// current value if still within the windows (a stale one, or a fresh one a
-// Set stored during the wait), or, failing that, the older value a Remote
-// offered with the error. It looks afresh, so an Invalidate during the wait
-// leaves nothing local to fall back on.
-func (l *Loader[K, V]) staleOnError(cl *caller, key K, h uint64, c *call[K, V], now time.Duration) (v V, age time.Duration, ok bool) {
-	if l.opts.StaleIfError == 0 || c.notFound || errors.Is(c.err, ErrClosed) {
-		return v, 0, false
-	}
-	e := l.flights.latest(key, h)
-	if e != nil && e.isNotFound() {
-		e = nil // a cached not-found
-	}
-	for _, e := range [2]*entry[K, V]{e, c.fallback} {
-		if e == nil {
-			continue
-		}
-		switch p := l.phase(e, now); {
-		case p == phaseExpired:
-			continue
-		case p != phaseFresh && !cl.acceptsStale(e.freshUntil, now):
-			continue
-		}
-		return e.val, now - e.loadedAt, true
-	}
-	return v, 0, false
-}
-
-// refresh starts a background refresh of key from entry e, unless one is
-// running, a failed one is backing off, or MaxRefreshes are running.
-//
-// With into not nil (GetMany with a LoadMany, no Reload), the refresh is
-// one of into's calls, launched (and counted in Stats.Refreshes) with it by
-// the caller; into takes one MaxRefreshes place for all its calls, with its
-// first, and the caller gives it back if into stays empty.
-func (l *Loader[K, V]) refresh(cl *caller, s *stripe, key K, h uint64, e *entry[K, V], now time.Duration, into *batch[K, V]) {
+// refresh starts a background refresh of r's key from entry e, unless one
+// is running, a failed one is backing off, or MaxRefreshes are running. In
+// a batched GetMany the refresh is one of the GetMany's background batch's
+// calls (batches.background), launched and counted with it.
+func (l *Loader[K, V]) refresh(r *request[K, V], e *entry[K, V]) {
 	after := e.refreshAfter.Load()
-	if after > int64(now) || !e.refreshAfter.CompareAndSwap(after, refreshing) {
+	if after > int64(r.start) || !e.refreshAfter.CompareAndSwap(after, refreshing) {
 		return // backing off, or another Get is starting (or ran) one
 	}
-	if into == nil || !into.reserved {
-		if !l.reserveRefresh() {
-			e.refreshAfter.Store(after)
-			return
-		}
-		if into != nil {
-			into.reserved = true
-		}
-	}
-	if !l.flights.startRefresh(cl, s, key, h, e, into) {
-		if into == nil {
-			l.stats.refreshing.Add(-1)
-		}
+	into := r.many.background()
+	r.who() // before the lock: its context is user code
+	if !l.flights.startRefresh(r, e, into) {
 		e.refreshAfter.Store(after)
 		return
 	}
 	if into == nil {
 		l.stats.refreshes.Add(1)
 	}
-}
-
-// reserveRefresh takes one of the MaxRefreshes places for a background
-// load, or counts it dropped.
-func (l *Loader[K, V]) reserveRefresh() bool {
-	if l.stats.refreshing.Add(1) > int64(l.opts.MaxRefreshes) {
-		l.stats.refreshing.Add(-1)
-		l.stats.refreshesDropped.Add(1)
-		return false
-	}
-	return true
 }
 
 // Refresh reloads key in the background (with [Options.Reload] when the
@@ -484,15 +532,44 @@ func (l *Loader[K, V]) Refresh(ctx context.Context, key K) {
 	if err != nil || l.selfUnequal(key) {
 		return
 	}
-	cl := callerOf(ctx, false) // user code: before counting in (rule 23)
+	r := request[K, V]{key: key, h: h, ctx: ctx}
+	r.who() // user code: before counting in (rule 23)
 	s, open := l.enterOp()
 	if !open {
 		return
 	}
 	defer l.exitOp(s)
-	if l.flights.refreshNow(&cl, s, key, h) {
+	r.s = s
+	if l.flights.refreshNow(&r) {
 		l.stats.refreshes.Add(1)
 	}
+}
+
+// Peek returns key's value if it is fresh ([SourceHit]) or within
+// StaleWhileRevalidate ([SourceStale]), without loading or refreshing
+// anything, and ok false otherwise (nothing held, a cached not-found, a
+// value past StaleWhileRevalidate). A value a Get has returned is visible to
+// Peek at once, as to a Get. Every Peek counts in Stats.Peeks, never in
+// Stats.Gets. Peek is safe for concurrent use; after Close it finds nothing.
+func (l *Loader[K, V]) Peek(key K) (v V, info Info, ok bool) {
+	l.stats.peeks.Add(1)
+	h, err := l.hash(key)
+	if err != nil || l.closed.Load() {
+		return v, info, false
+	}
+	e := l.cached(h, key)
+	if e == nil {
+		e = l.flights.latest(key, h) // a write on its way into the cache
+	}
+	if e == nil || e.isNotFound() {
+		return v, info, false
+	}
+	r := request[K, V]{read: true} // a caller that accepts any stale value the windows allow
+	now := l.now()
+	if src := l.judge(&r, e, now); src != SourceNone {
+		return e.val, Info{Source: src, Age: now - e.loadedAt}, true
+	}
+	return v, info, false
 }
 
 // Stats returns the Loader's counters. It never blocks Gets. It is safe to
@@ -535,33 +612,4 @@ func mayHold(t reflect.Type, f func(reflect.Type) bool) bool {
 		}
 	}
 	return false
-}
-
-// Peek returns key's value if it is fresh ([SourceHit]) or within
-// StaleWhileRevalidate ([SourceStale]), without loading or refreshing
-// anything, and ok false otherwise (nothing held, a cached not-found, a
-// value past StaleWhileRevalidate). A value a Get has returned is visible to
-// Peek at once, as to a Get. Every Peek counts in Stats.Peeks, never in
-// Stats.Gets. Peek is safe for concurrent use; after Close it finds nothing.
-func (l *Loader[K, V]) Peek(key K) (v V, info Info, ok bool) {
-	l.stats.peeks.Add(1)
-	h, err := l.hash(key)
-	if err != nil || l.closed.Load() {
-		return v, info, false
-	}
-	e := l.cached(h, key)
-	if e == nil {
-		e = l.flights.latest(key, h) // a write on its way into the cache
-	}
-	if e == nil || e.isNotFound() || l.distrusted(e) {
-		return v, info, false
-	}
-	now := l.now()
-	switch l.phase(e, now) {
-	case phaseFresh:
-		return e.val, Info{Source: SourceHit, Age: now - e.loadedAt}, true
-	case phaseStale:
-		return e.val, Info{Source: SourceStale, Age: now - e.loadedAt}, true
-	}
-	return v, info, false
 }

@@ -177,8 +177,8 @@ type counters struct {
 	revalidations, remoteDrops, distrusts, rereads atomic.Uint64
 	setsDropped, setsRejected, evicted             atomic.Uint64
 	invalidateAlls, fillsDropped                   atomic.Uint64
-	inFlight, refreshing, waiting                  atomic.Int64
-	misses, lateHits, lateStale                    atomic.Uint64 // of the Gets that passed the lookup: waited (or tried to), or found a fresh (or stale) result at once
+	inFlight, waiting                              atomic.Int64
+	misses                                         atomic.Uint64 // the Gets that passed the lookup and waited (or tried to)
 	closedEarly                                    atomic.Uint64 // Gets refused after Close before touching a stripe
 }
 
@@ -216,8 +216,8 @@ func (c *counters) snapshot() Stats {
 	early := c.closedEarly.Load()
 	s.Gets += early
 	s.Closed += early
-	s.Hits += c.lateHits.Load()
-	s.StaleHits += c.lateStale.Load()
+
+
 	s.Misses = c.misses.Load()
 	s.StaleOnError = c.staleOnError.Load()
 	s.Shared = c.shared.Load()

@@ -155,3 +155,40 @@ func (b *batch[K, V]) body() {
 	defer b.l.exitChild(b.slot)
 	b.l.runBatch(b)
 }
+
+// refreshSlots is the MaxRefreshes bound on background loads: a
+// background load takes a slot when it is published (flights.start: a
+// background batch takes one for all its calls) and gives it back when it
+// ends (loadEnded), and nowhere else.
+type refreshSlots struct {
+	max  int64
+	used atomic.Int64
+}
+
+// take takes a slot, or counts the load in dropped when all are used.
+func (s *refreshSlots) take(dropped *atomic.Uint64) bool {
+	if s.used.Add(1) > s.max {
+		s.used.Add(-1)
+		dropped.Add(1)
+		return false
+	}
+	return true
+}
+
+// give gives a slot back.
+func (s *refreshSlots) give() { s.used.Add(-1) }
+
+// loadEnded counts a load (a single key's, or a batch's LoadMany call) as
+// ended, before any of its waiters wakes, so that Stats read after a Get
+// returns include the load that answered it; a background load gives its
+// refresh slot back.
+func (l *Loader[K, V]) loadEnded(err error, background bool) {
+	l.stats.inFlight.Add(-1)
+	l.stats.loads.Add(1)
+	if err != nil {
+		l.stats.loadErrors.Add(1)
+	}
+	if background {
+		l.refreshSlots.give()
+	}
+}
