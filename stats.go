@@ -217,7 +217,6 @@ func (c *counters) snapshot() Stats {
 	s.Gets += early
 	s.Closed += early
 
-
 	s.Misses = c.misses.Load()
 	s.StaleOnError = c.staleOnError.Load()
 	s.Shared = c.shared.Load()
