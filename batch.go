@@ -115,74 +115,86 @@ func (l *Loader[K, V]) runBatch(b *batch[K, V]) {
 	for i, c := range b.calls {
 		keys[i] = c.key
 	}
-	var m map[K]V
-	var remote map[K]RemoteResult[V]
-	err := ErrGoexit // stays if LoadMany (or the Remote) ends the goroutine
-	attempts := 0
-	defer func() { l.completeBatch(b, m, remote, err, attempts, l.now()-start) }()
+	out := batchResult[K, V]{err: ErrGoexit} // err stays if LoadMany (or the Remote) ends the goroutine
+	defer func() {
+		out.took = l.now() - start
+		l.completeBatch(b, &out)
+	}()
 	l.takeLabels(b.leader.lctx.caller)
 	ctx := &b.leader.lctx
 	rm, ok := l.opts.Remote.(RemoteMany[K, V])
 	if !ok {
-		m, err = l.loadMany(ctx, keys, &attempts)
+		out.m, out.err = l.loadMany(ctx, keys, &out.attempts)
 		return
 	}
 	var res map[K]RemoteResult[V]
 	if perr := l.guard(func() {
 		res = rm.LoadMany(ctx, keys, func(ctx context.Context, keys []K) (map[K]V, error) {
-			return l.loadMany(ctx, keys, &attempts)
+			return l.loadMany(ctx, keys, &out.attempts)
 		})
 	}, nil); perr != nil {
-		err = perr
+		out.err = perr
 		return
 	}
-	remote, err = res, nil
+	out.remote, out.err = res, nil
+}
+
+// batchResult is what one LoadMany call (or RemoteMany call) produced.
+type batchResult[K comparable, V any] struct {
+	m        map[K]V               // LoadMany's values
+	remote   map[K]RemoteResult[V] // or the RemoteMany's results
+	err      error                 // or an error for every key
+	nf       bool                  // err is a not-found (judged once, by completeBatch)
+	attempts int                   // LoadMany calls made
+	took     time.Duration         // how long the call took
 }
 
 // completeBatch delivers each of b's calls its key's result (complete, as
-// for a single load) and reports the batch once. The results are m (or
-// err, for every key) from LoadMany, or remote's from a RemoteMany.
-func (l *Loader[K, V]) completeBatch(b *batch[K, V], m map[K]V, remote map[K]RemoteResult[V], err error, attempts int, took time.Duration) {
-	l.loadEnded(err, b.background) // before any waiter wakes, as deliver does for a single load
+// for a single load) and reports the batch once.
+func (l *Loader[K, V]) completeBatch(b *batch[K, V], out *batchResult[K, V]) {
+	l.loadEnded(out.err, b.background) // before any waiter wakes, as deliver does for a single load
 	l.stats.batchLoads.Add(1)
 	l.stats.batchKeys.Add(uint64(len(b.calls)))
-	nf := false // err is a not-found: judged below, once for all the keys
 	next := 0
 	defer func() {
 		// A Freshness or Cost that called Goexit stops the loop below:
 		// its own call got its value (uncached); the rest get ErrGoexit.
 		for _, c := range b.calls[next:] {
-			l.complete(c, &loaded[V]{err: ErrGoexit, attempts: attempts, took: took})
+			l.complete(c, &loaded[V]{err: ErrGoexit, attempts: out.attempts, took: out.took})
 		}
 		l.handAll(b.writes) // one handover for the batch, not one per key
 		b.writes = nil
-		l.reportBatch(b, err, nf, attempts, took)
+		l.reportBatch(b, out)
 	}()
-	nf = l.notFound(err) // user code: after the defer, which covers a Goexit
+	out.nf = l.notFound(out.err) // user code: after the defer, which covers a Goexit
 	for next < len(b.calls) {
 		c := b.calls[next]
 		next++
-		r := loaded[V]{attempts: attempts, took: took}
-		rr, found := remote[c.key]
-		if remote == nil { // LoadMany's own map: as a Remote that loaded each key here
-			rr.Value, found = m[c.key]
-			rr.Loaded = true
-		}
-		switch {
-		case err != nil:
-			r.err, r.nf, r.judged = err, nf, true
-		case !found:
-			r.err, r.nf, r.judged = ErrNotFound, true, true
-		default:
-			r.fromRemote(rr, took)
-		}
-		l.complete(c, &r)
+		l.complete(c, out.of(c.key))
 	}
 }
 
-// reportBatch reports b once it is delivered: Stats and OnLoad. nf: err
-// is a not-found.
-func (l *Loader[K, V]) reportBatch(b *batch[K, V], err error, nf bool, attempts int, took time.Duration) {
+// of is key's own result in out.
+func (out *batchResult[K, V]) of(key K) *loaded[V] {
+	r := &loaded[V]{attempts: out.attempts, took: out.took}
+	rr, found := out.remote[key]
+	if out.remote == nil { // LoadMany's own map: as a Remote that loaded each key here
+		rr.Value, found = out.m[key]
+		rr.Loaded = true
+	}
+	switch {
+	case out.err != nil:
+		r.err, r.nf, r.judged = out.err, out.nf, true
+	case !found:
+		r.err, r.nf, r.judged = ErrNotFound, true, true
+	default:
+		r.fromRemote(rr, out.took)
+	}
+	return r
+}
+
+// reportBatch reports b once it is delivered: Stats and OnLoad.
+func (l *Loader[K, V]) reportBatch(b *batch[K, V], out *batchResult[K, V]) {
 	if b.abandoned.Load() {
 		l.stats.abandoned.Add(1)
 	}
@@ -191,7 +203,7 @@ func (l *Loader[K, V]) reportBatch(b *batch[K, V], err error, nf bool, attempts 
 		return
 	}
 	ev := LoadEvent[K]{
-		Key: b.leader.key, Duration: took, Err: err, NotFound: nf, Attempts: attempts, Background: b.background,
+		Key: b.leader.key, Duration: out.took, Err: out.err, NotFound: out.nf, Attempts: out.attempts, Background: b.background,
 		Callers: b.callers, Abandoned: b.abandoned.Load(), Stored: b.stored, Keys: len(b.calls),
 	}
 	l.guard(func() { l.opts.OnLoad(ev) }, nil)
@@ -259,27 +271,9 @@ func (l *Loader[K, V]) getMany(ctx context.Context, keys []K, withInfo bool) (ma
 	for _, k := range ks {
 		r := &k.r
 		r.ctx, r.cl, r.read, r.s, r.start, r.many = ctx, cl, true, in.s, now, bs
-		r.g = l.flights.glance(r.h, r.key)
-		if src := l.judge(r, r.g.e, now); src != SourceNone {
-			v, info, err := l.serve(r, r.g.e, src)
-			in.answer(src)
-			res.add(r.key, answer[V]{v: v, info: info, nf: r.g.e.isNotFound(), err: err})
-			continue
+		if !l.askOne(&k, &in, &res) {
+			waits = append(waits, k)
 		}
-		bs.open()
-		if k.j = l.ask(r); k.j.e != nil {
-			a := l.late(r, k.j, false)
-			in.answer(a.outcome())
-			res.add(r.key, a)
-			continue
-		}
-		if k.j.c != nil {
-			// The GetMany waits on all of its keys' loads from now on,
-			// though it reads their results in turn.
-			l.stats.waiting.Add(1)
-			k.j.counted = true
-		}
-		waits = append(waits, k)
 	}
 	bs.launch(in.s)
 	for i := range waits {
@@ -288,6 +282,34 @@ func (l *Loader[K, V]) getMany(ctx context.Context, keys []K, withInfo bool) (ma
 		res.add(waits[i].r.key, a)
 	}
 	return res.vals, res.infos, res.err(ctx)
+}
+
+// askOne takes a GetMany's key k as far as a Get would before it waits:
+// answered from the cache, or from a value a write left, it reports true;
+// else k holds the load it joined (or started), for collect.
+func (l *Loader[K, V]) askOne(k *manyKey[K, V], in *gets, res *manyResult[K, V]) (answered bool) {
+	r := &k.r
+	r.g = l.flights.glance(r.h, r.key)
+	if src := l.judge(r, r.g.e, r.start); src != SourceNone {
+		v, info, err := l.serve(r, r.g.e, src)
+		in.answer(src)
+		res.add(r.key, answer[V]{v: v, info: info, nf: r.g.e.isNotFound(), err: err})
+		return true
+	}
+	r.many.open()
+	if k.j = l.ask(r); k.j.e != nil {
+		a := l.late(r, k.j, false)
+		in.answer(a.outcome())
+		res.add(r.key, a)
+		return true
+	}
+	if k.j.c != nil {
+		// The GetMany waits on all of its keys' loads from now on, though
+		// it reads their results in turn.
+		l.stats.waiting.Add(1)
+		k.j.counted = true
+	}
+	return false
 }
 
 // manyKey is one distinct key of a GetMany: its request, and what its

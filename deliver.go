@@ -36,29 +36,7 @@ func (l *Loader[K, V]) complete(c *call[K, V], r *loaded[V]) {
 		r.judged = true
 	}
 	res.notFound = r.nf
-	var e *entry[K, V]
-	cost := int64(1)
-	switch {
-	case r.err == nil:
-		// Freshness and Cost are user code: if one ends the goroutine,
-		// the waiters still get the value, uncached.
-		onGoexit := func() { l.deliver(c, r, res, nil, 0) }
-		life, keep := l.lifeOf(c.key, r.val, onGoexit)
-		e = l.newEntry(c.key, r.val, res.loadedAt, life, r.took, c.gen)
-		if l.opts.Cost != nil {
-			var ok bool
-			cost, ok = l.costOf(r.val, onGoexit)
-			keep = keep && ok && !l.tooBig(cost)
-		}
-		if !keep {
-			// Not to be cached, cannot be costed, or never fits: the
-			// waiters get the value, and the key keeps no older one.
-			e, res.drop = nil, true
-		}
-	case r.nf && l.opts.NotFoundTTL > 0:
-		e = l.newEntry(c.key, r.val, now, lifetime{ttl: l.opts.NotFoundTTL}, 0, c.gen)
-		e.extra = &extra[K, V]{notFound: r.err}
-	}
+	e, cost := l.entryOf(c, r, &res, now)
 	if r.err != nil {
 		var zero V
 		res.val = zero
@@ -71,6 +49,37 @@ func (l *Loader[K, V]) complete(c *call[K, V], r *loaded[V]) {
 		res.fallback = &entry[K, V]{key: c.key, val: fb.Value, loadedAt: at, freshUntil: addSat(at, shortest)}
 	}
 	l.deliver(c, r, res, e, cost)
+}
+
+// entryOf builds the entry c's result leaves in the cache, if any, with
+// its cost: a value's (unless Freshness says not to cache it, or Cost
+// cannot cost it, or it never fits: then res.drop, and the key keeps no
+// older value), or a not-found's under NotFoundTTL. Freshness and Cost are
+// user code: if one ends the goroutine, the waiters still get the value,
+// uncached.
+func (l *Loader[K, V]) entryOf(c *call[K, V], r *loaded[V], res *delivery[K, V], now time.Duration) (e *entry[K, V], cost int64) {
+	switch {
+	case r.err == nil:
+		onGoexit := func() { l.deliver(c, r, *res, nil, 0) }
+		life, keep := l.lifeOf(c.key, r.val, onGoexit)
+		e = l.newEntry(c.key, r.val, life, born{at: res.loadedAt, took: r.took, gen: c.gen})
+		cost = 1
+		if l.opts.Cost != nil {
+			var ok bool
+			cost, ok = l.costOf(r.val, onGoexit)
+			keep = keep && ok && !l.tooBig(cost)
+		}
+		if !keep {
+			res.drop = true
+			return nil, 1
+		}
+		return e, cost
+	case r.nf && l.opts.NotFoundTTL > 0:
+		e = l.newEntry(c.key, r.val, lifetime{ttl: l.opts.NotFoundTTL}, born{at: now, gen: c.gen})
+		e.extra = &extra[K, V]{notFound: r.err}
+		return e, 1
+	}
+	return nil, 1
 }
 
 // deliver hands res to c's waiters, e to the cache, and reports the load.

@@ -88,15 +88,22 @@ func (l *Loader[K, V]) phase(e *entry[K, V], now time.Duration) phase {
 	return l.win.phaseAt(now, e.freshUntil)
 }
 
-// newEntry builds the entry of a value loaded (or Set) at now, fresh for a
-// jittered life.ttl, with life's windows. took is how long the load took (0
-// for Set): it places the entry's early refresh. gen is the fleet
-// generation the value was loaded (or Set) in.
-func (l *Loader[K, V]) newEntry(key K, v V, now time.Duration, life lifetime, took time.Duration, gen uint32) *entry[K, V] {
+// born is when and how a value came to be: loaded (or Set) at, in the
+// fleet generation gen, by a load that took took (0 for Set), which places
+// its early refresh.
+type born struct {
+	at, took time.Duration
+	gen      uint32
+}
+
+// newEntry builds the entry of a value born at b.at, fresh for a jittered
+// life.ttl, with life's windows.
+func (l *Loader[K, V]) newEntry(key K, v V, life lifetime, b born) *entry[K, V] {
+	now, took := b.at, b.took
 	fresh := jitter(life.ttl, l.opts.Jitter, rand.Float64())
 	until := addSat(now, fresh)
 	e := &entry[K, V]{key: key, val: v, loadedAt: now, freshUntil: until}
-	e.mark.Store(gen)
+	e.mark.Store(b.gen)
 	if life.own {
 		e.extra = &extra[K, V]{win: life.win}
 	}

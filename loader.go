@@ -134,9 +134,24 @@ func New[K comparable, V any](load LoadFunc[K, V], opts Options[K, V]) (*Loader[
 	l.writer.init(opts.MaxPendingWrites, opts.MaxCost)
 	l.workers.init()
 	l.timeouts = newTimeouts(opts.LoadTimeout, l.epoch)
+	if err := l.newCache(); err != nil {
+		return nil, err
+	}
+	l.ctx, l.stop = context.WithCancelCause(context.Background())
+	_ = l.ctx.Done() // made here, not by a load goroutine: it may run in a synctest bubble
+	go l.runWriter()
+	if err := l.watch(); err != nil {
+		l.Close()
+		return nil, err
+	}
+	return l, nil
+}
+
+// newCache makes the Loader's ristretto cache.
+func (l *Loader[K, V]) newCache() error {
 	cache, err := ristretto.NewCache(&ristretto.Config[uint64, *entry[K, V]]{
-		NumCounters: opts.NumCounters,
-		MaxCost:     opts.MaxCost,
+		NumCounters: l.opts.NumCounters,
+		MaxCost:     l.opts.MaxCost,
 		BufferItems: 64,
 		// Costs are ours (1 per entry, or Options.Cost): without this,
 		// ristretto adds its own item size and a small MaxCost keeps nothing.
@@ -149,17 +164,10 @@ func New[K comparable, V any](load LoadFunc[K, V], opts Options[K, V]) (*Loader[
 		OnReject: func(*ristretto.Item[*entry[K, V]]) { l.stats.setsRejected.Add(1) },
 	})
 	if err != nil {
-		return nil, optionError("MaxCost", "or NumCounters rejected by ristretto: %v", err)
+		return optionError("MaxCost", "or NumCounters rejected by ristretto: %v", err)
 	}
 	l.cache = cache
-	l.ctx, l.stop = context.WithCancelCause(context.Background())
-	_ = l.ctx.Done() // made here, not by a load goroutine: it may run in a synctest bubble
-	go l.runWriter()
-	if err := l.watch(); err != nil {
-		l.Close()
-		return nil, err
-	}
-	return l, nil
+	return nil
 }
 
 // loadOne is the LoadFunc of a Loader made without one: key's load is a

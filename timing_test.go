@@ -364,7 +364,7 @@ func TestEntryKeepsItsEarlyRefreshLead(t *testing.T) {
 	l := newLoader(t, &downstream{}, Options[string, string]{EarlyRefresh: 1})
 	took := 300 * time.Microsecond
 	for range 1000 {
-		e := l.newEntry("k", "v", time.Hour, lifetime{ttl: time.Minute}, took, 0)
+		e := l.newEntry("k", "v", lifetime{ttl: time.Minute}, born{at: time.Hour, took: took})
 		if lead := e.freshUntil - e.refreshAt(); lead < took || e.refreshAt() < e.loadedAt {
 			t.Fatalf("early refresh %v before expiry (at %v, loaded at %v); want at least the load's %v, after the load",
 				lead, e.refreshAt(), e.loadedAt, took)

@@ -228,11 +228,10 @@ func (wr *writer[K, V]) signal() {
 // runWriter is the writer goroutine. When the Loader has closed and gone
 // idle, it tears the Loader down and returns (lifecycle.go).
 func (l *Loader[K, V]) runWriter() {
-	wr := &l.writer
 	var batch, again []*write[K, V]
 	for {
 		select {
-		case <-wr.wake:
+		case <-l.writer.wake:
 		case <-l.idle:
 			l.teardown()
 			return
@@ -241,47 +240,64 @@ func (l *Loader[K, V]) runWriter() {
 			(*hook)()
 		}
 		batch = l.takeBatch(batch[:0])
-		if n := wr.clears.Load(); n != wr.cleared { // after the batch is taken: see above
-			wr.cleared = n
-			l.clearing.Store(true) // ristretto reports every entry it drops as evicted
-			l.cache.Clear()
-			l.clearing.Store(false)
-		}
-		if hook := testHookIssue.Load(); hook != nil {
-			(*hook)()
-		}
-		for _, w := range batch {
-			l.issue(w)
-		}
-		l.cache.Wait() // everything issued above is applied (or refused) now
-		again = again[:0]
-		// An InvalidateAll since the batch was taken: the next batch
-		// clears, so a value of the batch newer than it stays open and is
-		// issued again after the Clear (see above).
-		keepLive := wr.clears.Load() != wr.cleared
-		var fills, writes int
-		var fillCost, writeCost int64
-		for _, w := range batch {
-			p, closed := l.flights.settle(w, keepLive)
-			switch {
-			case !closed:
-				again = append(again, w)
-			case p.kind == fillPlace:
-				fills, fillCost = fills+1, fillCost+p.cost
-			case p.kind == writePlace:
-				writes, writeCost = writes+1, writeCost+p.cost
-			}
-		}
-		wr.backlog.Add(int64(len(again) - len(batch)))
-		wr.release(fills, fillCost, writes, writeCost)
-		wr.mu.Lock()
-		wr.queue = append(wr.queue, again...)
-		more := len(wr.queue) > wr.head
-		wr.mu.Unlock()
-		if more {
-			wr.signal()
-		}
+		again = l.apply(batch, again[:0])
+		l.requeue(len(batch), again)
 		clear(batch) // drop the references to values
+	}
+}
+
+// apply issues batch to ristretto (after the Clear an InvalidateAll asked
+// for, if any), waits until ristretto has applied it, and settles each
+// write, giving back the places of those it closes. It returns, appended
+// to again, the writes that stay open: overwritten since they were taken,
+// or kept for after the next Clear.
+func (l *Loader[K, V]) apply(batch, again []*write[K, V]) []*write[K, V] {
+	wr := &l.writer
+	if n := wr.clears.Load(); n != wr.cleared { // after the batch is taken: see above
+		wr.cleared = n
+		l.clearing.Store(true) // ristretto reports every entry it drops as evicted
+		l.cache.Clear()
+		l.clearing.Store(false)
+	}
+	if hook := testHookIssue.Load(); hook != nil {
+		(*hook)()
+	}
+	for _, w := range batch {
+		l.issue(w)
+	}
+	l.cache.Wait() // everything issued above is applied (or refused) now
+	// An InvalidateAll since the batch was taken: the next batch clears,
+	// so a value of the batch newer than it stays open and is issued again
+	// after the Clear (see above).
+	keepLive := wr.clears.Load() != wr.cleared
+	var fills, writes int
+	var fillCost, writeCost int64
+	for _, w := range batch {
+		p, closed := l.flights.settle(w, keepLive)
+		switch {
+		case !closed:
+			again = append(again, w)
+		case p.kind == fillPlace:
+			fills, fillCost = fills+1, fillCost+p.cost
+		case p.kind == writePlace:
+			writes, writeCost = writes+1, writeCost+p.cost
+		}
+	}
+	wr.release(fills, fillCost, writes, writeCost)
+	return again
+}
+
+// requeue puts the writes of a batch of n that stayed open back at the end
+// of the queue, and wakes the writer again if the queue is not empty.
+func (l *Loader[K, V]) requeue(n int, again []*write[K, V]) {
+	wr := &l.writer
+	wr.backlog.Add(int64(len(again) - n))
+	wr.mu.Lock()
+	wr.queue = append(wr.queue, again...)
+	more := len(wr.queue) > wr.head
+	wr.mu.Unlock()
+	if more {
+		wr.signal()
 	}
 }
 
@@ -377,7 +393,7 @@ func (l *Loader[K, V]) Set(key K, value V) {
 	life, keep := l.lifeOf(key, value, nil)
 	var mk func() *entry[K, V] // nil: cannot be costed, never fits, or not to be cached: drop the old one
 	if ok && keep && !l.tooBig(cost) {
-		mk = func() *entry[K, V] { return l.newEntry(key, value, l.now(), life, 0, l.generation.Load()) }
+		mk = func() *entry[K, V] { return l.newEntry(key, value, life, born{at: l.now(), gen: l.generation.Load()}) }
 	} else {
 		cost = 0
 	}
