@@ -20,16 +20,18 @@ import (
 //
 // A GetMany, step by step:
 //
-//  1. Each distinct key is hashed; the caller's context is read (callerOf)
-//     and the keys are counted in. Each is looked up in the cache: a fresh
-//     or acceptable stale value answers it at once (a stale one, or one due
-//     an early refresh, joins the GetMany's background batch).
-//  2. Every other key is joined (flights.join) with the GetMany's current
-//     batch as the place for a load it starts; a batch holds MaxBatch keys,
-//     then a new one opens. A key whose load is in flight is joined, not
-//     loaded again; a Reload of a value held goes alone.
+//  1. Each distinct key is hashed (distinct); the caller's context is read
+//     (callerOf) and the keys are counted in (enterGet).
+//  2. Each key is asked as a Get asks (askOne): judge decides from its
+//     cached entry; a value it may return answers it at once (serve: a
+//     stale one, or one due an early refresh, joins the GetMany's
+//     background batch); else it is joined (ask → flights.join) with the
+//     GetMany's open batch as the place for a load it starts (batches); a
+//     batch holds MaxBatch keys, then a new one opens. A key whose load is
+//     in flight is joined, not loaded again; a Reload of a value held goes
+//     alone.
 //  3. The batches are launched, one goroutine each; then the GetMany waits
-//     for each key in turn (await, as a Get does).
+//     for each key in turn (collect, as a Get does).
 //
 // Under CancelAtZero a batch is cancelled when the last of its keys has no
 // caller left (leave → abandon), never before: one key's callers leaving
@@ -424,8 +426,8 @@ func (l *Loader[K, V]) newBatches() *batches[K, V] {
 	return &batches[K, V]{l: l}
 }
 
-// open makes room in the foreground batch for one more call: before a
-// join, which may start a load.
+// open makes room in the foreground batch, fg, for one more call: before
+// a join, which may start a load that joins fg.
 func (bs *batches[K, V]) open() {
 	if bs != nil && (bs.fg == nil || bs.fg.full()) {
 		bs.fg = bs.l.newBatch(false)
@@ -433,18 +435,10 @@ func (bs *batches[K, V]) open() {
 	}
 }
 
-// foreground is the batch a load started now joins; nil: it goes alone.
-func (bs *batches[K, V]) foreground() *batch[K, V] {
-	if bs == nil {
-		return nil
-	}
-	return bs.fg
-}
-
 // background is the batch a refresh started now joins, with room for it;
 // nil: it goes alone.
 func (bs *batches[K, V]) background() *batch[K, V] {
-	if bs == nil || bs.l.opts.Reload != nil {
+	if bs.l.opts.Reload != nil {
 		return nil
 	}
 	if bs.bg == nil || bs.bg.full() {

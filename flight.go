@@ -14,14 +14,16 @@ const flightShards = 64
 
 // flights owns the in-flight state of every key: the load running for it
 // and the write ristretto has not applied yet. Its methods are the only
-// code that reads or edits the shard maps, each under one shard lock, in
-// three steps: work out what to do before locking (the entry a key has in
-// the cache is looked up then, or taken from the look the Get made, or the
-// one its load started with: glance, lockCurrent), commit it under the
-// lock, act (cancel a context, hand a write over) after unlocking. No user
-// code and no ristretto wait ever runs under a shard lock (and a ristretto
-// lookup only when lockCurrent keeps losing a race with the writer): the
-// caller's context is user code too, read before any lock (callerOf).
+// code that reads or edits the shard maps, in three steps, as x/time/rate
+// reserves: work out what to do before locking (the entry a key has in the
+// cache is looked up then, or taken from the look the Get made, or the one
+// its load started with: glance), commit it under the lock (locked, the one
+// function that locks a shard for a key and unlocks it), act (launch a
+// load, cancel a context, hand a write over) after unlocking. No user code,
+// no channel operation and no ristretto wait ever runs under a shard lock
+// (and a ristretto lookup only when locked keeps losing a race with the
+// writer): the caller's context is user code too, read before any lock
+// (request.who).
 type flights[K comparable, V any] struct {
 	l      *Loader[K, V] // the Loader they belong to: its clock, phases, cache lookups and goroutines
 	shards [flightShards]shard[K, V]
@@ -47,7 +49,7 @@ type shard[K comparable, V any] struct {
 	// mu): a key's cached entry changes only by one of those (or by
 	// ristretto evicting it, which is as if the look came just before the
 	// eviction), so an entry looked up earlier, even a whole load earlier,
-	// is still the key's if settles has not moved (lockCurrent).
+	// is still the key's if settles has not moved (locked).
 	settles atomic.Uint64
 	// peakLoads and peakWrites are the most keys loads and writes have held
 	// since they were last made (guarded by mu): see shrink.
@@ -120,7 +122,7 @@ type call[K comparable, V any] struct {
 
 	batch *batch[K, V] // the LoadMany call that loads this key with others, or nil; set before publishing
 
-	seen glance[K, V] // the key's cached entry when the call started: finish's lockCurrent
+	seen glance[K, V] // the key's cached entry when the call started: finish's locked starts from it
 }
 
 func (f *flights[K, V]) init(l *Loader[K, V]) {
@@ -259,9 +261,9 @@ func (f *flights[K, V]) joinLocked(sh *shard[K, V], seen glance[K, V], r *reques
 		sh.detach(r.key)
 		reread = true
 	}
-	n := newLoad[K, V]{seen: seen, from: l.held(cur, r.start), into: r.many.foreground()}
-	if n.from != nil {
-		n.into = nil // a Reload goes alone
+	n := newLoad[K, V]{seen: seen, from: l.held(cur, r.start)}
+	if r.many != nil && n.from == nil { // a Reload goes alone
+		n.into = r.many.fg // open (batches.open)
 	}
 	c, batched := f.start(sh, r, n)
 	if c == nil {

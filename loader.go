@@ -511,7 +511,10 @@ func (l *Loader[K, V]) refresh(r *request[K, V], e *entry[K, V]) {
 	if after > int64(r.start) || !e.refreshAfter.CompareAndSwap(after, refreshing) {
 		return // backing off, or another Get is starting (or ran) one
 	}
-	into := r.many.background()
+	var into *batch[K, V]
+	if r.many != nil {
+		into = r.many.background()
+	}
 	r.who() // before the lock: its context is user code
 	if !l.flights.startRefresh(r, e, into) {
 		e.refreshAfter.Store(after)

@@ -178,7 +178,7 @@ type counters struct {
 	setsDropped, setsRejected, evicted             atomic.Uint64
 	invalidateAlls, fillsDropped                   atomic.Uint64
 	inFlight, waiting                              atomic.Int64
-	misses                                         atomic.Uint64 // the Gets that passed the lookup and waited (or tried to)
+	misses                                         atomic.Uint64 // Gets that waited for a load (or tried to)
 	closedEarly                                    atomic.Uint64 // Gets refused after Close before touching a stripe
 }
 
