@@ -398,8 +398,8 @@ func (l *Loader[K, V]) collect(r *request[K, V], j joined[K, V]) answer[V] {
 		if j.err != nil {
 			return answer[V]{err: j.err}
 		}
-		a, stale := l.await(r, j)
-		if !stale || again {
+		a, stale := l.await(r, j, again)
+		if !stale {
 			return a
 		}
 		r.g, r.many = glance[K, V]{}, nil
@@ -419,8 +419,9 @@ func (l *Loader[K, V]) late(r *request[K, V], j joined[K, V], again bool) answer
 
 // await waits for j's load (or for r's context) and judges its result for
 // r: a stale value covers a failure (staleOnError). stale reports a value
-// too stale for r's caller, which collect loads again.
-func (l *Loader[K, V]) await(r *request[K, V], j joined[K, V]) (a answer[V], stale bool) {
+// too stale for r's caller, which collect loads again, unless this was
+// that second try already.
+func (l *Loader[K, V]) await(r *request[K, V], j joined[K, V], again bool) (a answer[V], stale bool) {
 	c := j.c
 	if !j.counted {
 		l.stats.waiting.Add(1)
@@ -450,7 +451,7 @@ func (l *Loader[K, V]) await(r *request[K, V], j joined[K, V]) (a answer[V], sta
 			l.stats.staleOnError.Add(1)
 			return answer[V]{v: v, info: Info{Source: SourceStaleOnError, Age: age, Waited: a.info.Waited}}, false
 		}
-	case end >= c.freshUntil && !r.cl.acceptsStale(c.freshUntil, end):
+	case !again && end >= c.freshUntil && !r.cl.acceptsStale(c.freshUntil, end):
 		return a, true
 	default:
 		a.info.Age = end - c.loadedAt
