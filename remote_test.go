@@ -140,3 +140,28 @@ func TestJoinerMaxStaleRefusesAStaleRemoteValue(t *testing.T) {
 		}
 	})
 }
+
+// When the second load of a joiner that refused a stale Remote value gets
+// a value just as stale (a Remote that ignores the bound), the joiner takes
+// it as that load's result, with its Age: it does not load a third time.
+func TestJoinerTakesTheSecondStaleRemoteValue(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		r := &fakeRemote{gate: make(chan struct{}), shared: map[string]RemoteValue[string]{}}
+		r.shared["k"] = RemoteValue[string]{Value: "stale", LoadedAt: time.Now().Add(-45 * time.Second)}
+		d := &downstream{}
+		l := newLoader(t, d, Options[string, string]{TTL: 30 * time.Second, StaleWhileRevalidate: time.Hour, Remote: r})
+		starter := getAsync(t.Context(), l, "k")
+		synctest.Wait()
+		joiner := getAsync(WithMaxStale(t.Context(), 0), l, "k")
+		synctest.Wait()
+		close(r.gate)
+		<-starter
+		j := <-joiner
+		if j.err != nil || j.v != "stale" || j.info.Source != SourceLoaded || j.info.Age != 45*time.Second {
+			t.Errorf("joiner = %q, %+v, %v; want the stale value as its own load's result, 45s old", j.v, j.info, j.err)
+		}
+		if s := l.Stats(); s.Loads != 2 || s.Shared != 0 || s.Misses != 2 {
+			t.Errorf("Loads, Shared, Misses = %d, %d, %d; want 2, 0, 2", s.Loads, s.Shared, s.Misses)
+		}
+	})
+}
