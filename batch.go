@@ -172,13 +172,14 @@ func (l *Loader[K, V]) completeBatch(b *batch[K, V], out *batchResult[K, V]) {
 	for next < len(b.calls) {
 		c := b.calls[next]
 		next++
-		l.complete(c, out.of(c.key))
+		r := out.of(c.key)
+		l.complete(c, &r)
 	}
 }
 
 // of is key's own result in out.
-func (out *batchResult[K, V]) of(key K) *loaded[V] {
-	r := &loaded[V]{attempts: out.attempts, took: out.took}
+func (out *batchResult[K, V]) of(key K) loaded[V] {
+	r := loaded[V]{attempts: out.attempts, took: out.took}
 	rr, found := out.remote[key]
 	if out.remote == nil { // LoadMany's own map: as a Remote that loaded each key here
 		rr.Value, found = out.m[key]
@@ -271,54 +272,55 @@ func (l *Loader[K, V]) getMany(ctx context.Context, keys []K, withInfo bool) (ma
 	bs, now := l.newBatches(), l.now()
 	waits := ks[:0]
 	for _, k := range ks {
-		r := &k.r
-		r.ctx, r.cl, r.read, r.s, r.start, r.many = ctx, cl, true, in.s, now, bs
-		if !l.askOne(&k, &in, &res) {
+		r := request[K, V]{key: k.key, h: k.h, ctx: ctx, cl: cl, read: true, s: in.s, start: now, many: bs}
+		var answered bool
+		if k.j, answered = l.askOne(&r, &in, &res); !answered {
 			waits = append(waits, k)
 		}
 	}
 	bs.launch(in.s)
-	for i := range waits {
-		a := l.collect(&waits[i].r, waits[i].j)
+	for _, k := range waits {
+		r := request[K, V]{key: k.key, h: k.h, ctx: ctx, cl: cl, read: true, s: in.s, start: now}
+		a := l.collect(&r, k.j)
 		in.answer(a.outcome())
-		res.add(waits[i].r.key, a)
+		res.add(k.key, a)
 	}
 	return res.vals, res.infos, res.err(ctx)
 }
 
-// askOne takes a GetMany's key k as far as a Get would before it waits:
+// askOne takes r, a GetMany's key, as far as a Get would before it waits:
 // answered from the cache, or from a value a write left, it reports true;
-// else k holds the load it joined (or started), for collect.
-func (l *Loader[K, V]) askOne(k *manyKey[K, V], in *gets, res *manyResult[K, V]) (answered bool) {
-	r := &k.r
+// else it returns the load r joined (or started), for collect.
+func (l *Loader[K, V]) askOne(r *request[K, V], in *gets, res *manyResult[K, V]) (j joined[K, V], answered bool) {
 	r.g = l.flights.glance(r.h, r.key)
 	if src := l.judge(r, r.g.e, r.start); src != SourceNone {
 		v, info, err := l.serve(r, r.g.e, src)
 		in.answer(src)
 		res.add(r.key, answer[V]{v: v, info: info, nf: r.g.e.isNotFound(), err: err})
-		return true
+		return j, true
 	}
 	r.many.open()
-	if k.j = l.ask(r); k.j.e != nil {
-		a := l.late(r, k.j, false)
+	if j = l.ask(r); j.e != nil {
+		a := l.late(r, j, false)
 		in.answer(a.outcome())
 		res.add(r.key, a)
-		return true
+		return j, true
 	}
-	if k.j.c != nil {
+	if j.c != nil {
 		// The GetMany waits on all of its keys' loads from now on, though
 		// it reads their results in turn.
 		l.stats.waiting.Add(1)
-		k.j.counted = true
+		j.counted = true
 	}
-	return false
+	return j, false
 }
 
-// manyKey is one distinct key of a GetMany: its request, and what its
+// manyKey is one distinct key of a GetMany, with its hash and what its
 // join found.
 type manyKey[K comparable, V any] struct {
-	r request[K, V]
-	j joined[K, V]
+	key K
+	h   uint64
+	j   joined[K, V]
 }
 
 // distinct hashes keys and drops their duplicates: up to dedupeOnStack
@@ -349,13 +351,13 @@ next:
 		} else {
 			i := h % uint64(len(table))
 			for ; table[i] != 0; i = (i + 1) % uint64(len(table)) {
-				if k := &ks[table[i]-1]; k.r.h == h && k.r.key == key {
+				if k := &ks[table[i]-1]; k.h == h && k.key == key {
 					continue next
 				}
 			}
 			table[i] = uint16(len(ks) + 1)
 		}
-		ks = append(ks, manyKey[K, V]{r: request[K, V]{key: key, h: h}})
+		ks = append(ks, manyKey[K, V]{key: key, h: h})
 	}
 	return ks, nil
 }

@@ -294,16 +294,19 @@ func (r *request[K, V]) who() *caller {
 // nothing but e, the clock value now and r's caller, so it may run under a
 // shard lock (join), where r's caller is read already.
 func (l *Loader[K, V]) judge(r *request[K, V], e *entry[K, V], now time.Duration) Source {
-	if e == nil || r.cl.revalidate || l.distrusted(e) {
+	switch {
+	case e == nil || r.cl.revalidate || l.distrusted(e):
 		return SourceNone
-	}
-	switch l.phase(e, now) {
-	case phaseFresh:
+	case now < e.freshUntil: // every window starts where freshness ends
 		return SourceHit
-	case phaseStale:
-		if r.who().acceptsStale(e.freshUntil, now) {
-			return SourceStale
-		}
+	}
+	return l.judgeStale(r, e, now)
+}
+
+// judgeStale is judge for a value past its freshness.
+func (l *Loader[K, V]) judgeStale(r *request[K, V], e *entry[K, V], now time.Duration) Source {
+	if l.phase(e, now) == phaseStale && r.who().acceptsStale(e.freshUntil, now) {
+		return SourceStale
 	}
 	return SourceNone
 }
@@ -311,7 +314,7 @@ func (l *Loader[K, V]) judge(r *request[K, V], e *entry[K, V], now time.Duration
 // serve answers r with e, which judge found answers it as src, and starts
 // the refresh e is due: a stale value's, or a fresh one's early refresh.
 func (l *Loader[K, V]) serve(r *request[K, V], e *entry[K, V], src Source) (V, Info, error) {
-	if r.start >= e.refreshAt() && !e.isNotFound() {
+	if r.start >= e.refreshAt() {
 		l.refresh(r, e)
 	}
 	return e.val, Info{Source: src, Age: r.start - e.loadedAt}, e.error()
@@ -508,6 +511,9 @@ func (l *Loader[K, V]) held(cur *entry[K, V], now time.Duration) *entry[K, V] {
 // a batched GetMany the refresh is one of the GetMany's background batch's
 // calls (batches.background), launched and counted with it.
 func (l *Loader[K, V]) refresh(r *request[K, V], e *entry[K, V]) {
+	if e.isNotFound() {
+		return // a cached not-found is never refreshed
+	}
 	after := e.refreshAfter.Load()
 	if after > int64(r.start) || !e.refreshAfter.CompareAndSwap(after, refreshing) {
 		return // backing off, or another Get is starting (or ran) one
