@@ -78,6 +78,36 @@ func TestLimitOptionsDefaults(t *testing.T) {
 	}
 }
 
+// newLimiter gives nil (no limit) for a Limit that bounds nothing, and the
+// bound a Limit asks for otherwise; a LoadTimeout of 0 leaves the wait
+// unbounded but for the load's context.
+func TestNewLimiter(t *testing.T) {
+	now := func() time.Duration { return 0 }
+	if lm := newLimiter(Limit{}, time.Second, now); lm != nil {
+		t.Errorf("newLimiter(zero Limit) = %+v; want nil", lm)
+	}
+	for _, tt := range []struct {
+		limit   Limit
+		bound   int
+		maxWait time.Duration
+	}{
+		{Limit{MaxLoads: 50}, 50, time.Second},
+		{Limit{Adaptive: true}, gradientStart, time.Second},
+		{Limit{Adaptive: true, MaxLoads: 8}, 8, time.Second},
+		{Limit{Adaptive: true, MinLoads: 30, MaxLoads: 40}, 30, time.Second},
+	} {
+		lm := newLimiter(tt.limit, time.Second, now)
+		var s Stats
+		lm.fill(&s)
+		if s.LoadLimit != int64(tt.bound) || lm.maxWait != tt.maxWait {
+			t.Errorf("newLimiter(%+v): bound %d, MaxWait %v; want %d, %v", tt.limit, s.LoadLimit, lm.maxWait, tt.bound, tt.maxWait)
+		}
+	}
+	if lm := newLimiter(Limit{MaxLoads: 1}, 0, now); lm.maxWait != 0 {
+		t.Errorf("newLimiter without a LoadTimeout: MaxWait %v; want 0 (no bound)", lm.maxWait)
+	}
+}
+
 func TestLimitNames(t *testing.T) {
 	if got := SourceStaleLimited.String(); got != "stale-limited" {
 		t.Errorf("SourceStaleLimited.String() = %q; want %q", got, "stale-limited")
