@@ -52,15 +52,19 @@ const DefaultAdaptiveMaxLoads = 200
 // # Adaptive
 //
 // With Adaptive the bound is found from the downstream's latency, between
-// MinLoads and MaxLoads, starting at 20 (or MaxLoads, if lower): it grows
-// while each call's latency stays within 2× the lowest seen, and shrinks as
+// MinLoads and MaxLoads, starting at 20 (within those two): it grows while
+// each call's latency stays within 2× the lowest seen, and shrinks as
 // latency rises past that, with √bound of headroom; a timeout or a failure
-// the breaker counts cuts it at once. It does not grow while less than
-// half of it is in use, so a trickle of misses leaves it where it is. The
-// lowest latency is re-measured when the downstream is slower at no more
-// load than it was measured at, so a downstream that has become slower for
-// good is followed, and a storm's own queueing is not. Stats.LoadLimit
-// reports the bound.
+// the breaker counts cuts it at once. It neither grows nor is cut while
+// less than half of it is in use, so a trickle of misses, or of failing
+// keys, leaves it where it is. The lowest latency is measured again, over
+// windows of 10s, when calls are slower at no more load than it was seen
+// at: a downstream that has become slower for good is followed, a storm's
+// own queueing is not. Stats.LoadLimit reports the bound.
+//
+// NOTE: the bound is per Loader: a fleet of n processes may make n times
+// as many calls at once. An adaptive bound sees the others' calls only as
+// the latency they cause.
 //
 // A Limit is part of [Options]; it is read once, by [New].
 type Limit struct {
