@@ -71,6 +71,14 @@ func (e *breakerOpenError) Error() string {
 // Unwrap returns ErrBreakerOpen and the breaker's refusal.
 func (e *breakerOpenError) Unwrap() []error { return []error{ErrBreakerOpen, e.refusal} }
 
+// ErrLimited is the error of a load that found no free slot under
+// [Options.Limit] and could not wait for one: the queue of loads waiting
+// was full ([Limit.MaxQueue]), or it waited [Limit.MaxWait]. Like
+// [ErrBreakerOpen] it says nothing about the key: it is never cached, never
+// retried, never counted as a breaker failure, and a stale value within
+// [Options.StaleIfError] covers it like any failure.
+var ErrLimited = errors.New("flightcache: downstream load limit reached")
+
 // ErrLoadTimeout matches (with [errors.Is]) the error of a load that ran
 // past [Options.LoadTimeout], retries included. The load's own error (usually
 // [context.DeadlineExceeded]) matches too.

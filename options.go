@@ -94,6 +94,12 @@ type Options[K comparable, V any] struct {
 	// Breaker configures the circuit breaker around the downstream call.
 	Breaker Breaker
 
+	// Limit bounds the downstream calls made at once, for a storm of many
+	// distinct keys (see [Limit]): a load that finds no slot free serves a
+	// stale value if the Get holds one within StaleIfError, or waits its
+	// turn, or fails with [ErrLimited]. The zero value bounds nothing.
+	Limit Limit
+
 	// MaxRefreshes bounds the background refreshes running at once (stale
 	// revalidation and early refresh together). When it is reached the
 	// stale value is served and no refresh starts. 0 means
@@ -358,7 +364,7 @@ func (o *Options[K, V]) validate() error {
 	case o.NotFoundTTL < 0:
 		return optionError("NotFoundTTL", "must be >= 0, got %v", o.NotFoundTTL)
 	}
-	return nil
+	return o.Limit.validate()
 }
 
 // withDefaults returns a copy with every zero field that has a default set.
@@ -404,5 +410,6 @@ func (o Options[K, V]) withDefaults() Options[K, V] {
 	if o.Breaker.HalfOpenRequests == 0 {
 		o.Breaker.HalfOpenRequests = DefaultHalfOpenRequests
 	}
+	o.Limit = o.Limit.withDefaults(o.LoadTimeout)
 	return o
 }

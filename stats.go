@@ -35,10 +35,15 @@ const (
 	// background refresh) started, whether that load succeeded or failed
 	// (Stats.SharedErrors counts the failures).
 	SourceShared
+	// SourceStaleLimited: a stale value inside the StaleIfError window,
+	// returned at once because no downstream slot was free under
+	// [Options.Limit]; no load was started for it. (An [ErrLimited] that a
+	// stale value covers once the load failed is [SourceStaleOnError].)
+	SourceStaleLimited
 )
 
-// String returns "none", "hit", "stale", "stale-on-error", "loaded" or
-// "shared".
+// String returns "none", "hit", "stale", "stale-on-error", "loaded",
+// "shared" or "stale-limited".
 func (s Source) String() string {
 	switch s {
 	case SourceHit:
@@ -51,6 +56,8 @@ func (s Source) String() string {
 		return "loaded"
 	case SourceShared:
 		return "shared"
+	case SourceStaleLimited:
+		return "stale-limited"
 	default:
 		return "none"
 	}
@@ -112,6 +119,11 @@ type LoadEvent[K comparable] struct {
 	// [Options.LoadMany] call (whose Err, Attempts and Duration are the
 	// call's, and whose Callers are summed over its keys).
 	Keys int
+	// Queued is how long the load waited for a downstream slot under
+	// [Options.Limit] before it started (or before it failed with
+	// [ErrLimited]); 0 when it found one free, or without a Limit.
+	// Duration does not include it.
+	Queued time.Duration
 }
 
 // Stats is a snapshot of a Loader's cumulative counters, from [Loader.Stats].
@@ -156,6 +168,11 @@ type Stats struct {
 	WriteWaits        uint64 // Sets, Invalidates and Drops that waited their turn because MaxPendingWrites of them were pending
 	FillsDropped      uint64 // loaded values not cached because MaxPendingWrites fills were pending (their callers got them)
 	Waiting           int64  // Gets waiting on a load now, a GetMany once per key it waits for: the blast radius if they fail
+	LoadLimit         int64  // the bound on downstream calls at once now (Options.Limit; the adaptive bound as it moves); 0 without a Limit
+	QueuedLoads       int64  // loads waiting now for a downstream slot (Options.Limit)
+	Limited           uint64 // loads failed with ErrLimited: the queue was full, or they waited Limit.MaxWait
+	StaleLimited      uint64 // Gets answered at once with a stale value within StaleIfError because no downstream slot was free, no load started (SourceStaleLimited; each also counted in StaleHits)
+	RefreshesLimited  uint64 // background refreshes not started because loads were queued or background work held half the bound (Options.Limit)
 
 	SetsDropped  uint64 // writes ristretto's set buffer refused for want of room; each is handed over again, never lost
 	SetsRejected uint64 // fills ristretto's admission policy refused

@@ -587,12 +587,15 @@ func (t *Tier[K, V]) releaseArgs(ks keys, tok, fail string, want bool) []any {
 
 // failure is what a failed load leaves for the processes that waited on it:
 // "" when the failure says nothing about the downstream (the load was
-// cancelled here, or the breaker refused it), so a waiter loads instead. A
+// cancelled here, or the breaker or the Loader's Limit refused it: the
+// other processes have slots and breakers of their own), so a waiter
+// loads instead. A
 // not-found by the Loader's rule is marked so: the waiters' error matches
 // flightcache.ErrNotFound.
 func (t *Tier[K, V]) failure(ctx context.Context, tok string, err error) string {
 	switch {
 	case errors.Is(err, flightcache.ErrBreakerOpen),
+		errors.Is(err, flightcache.ErrLimited),
 		errors.Is(err, context.Canceled),
 		errors.Is(err, flightcache.ErrClosed),
 		ctx.Err() != nil && !errors.Is(context.Cause(ctx), flightcache.ErrLoadTimeout):

@@ -119,11 +119,13 @@ type Options[K comparable, V any] struct {
 	RetryAfter time.Duration
 
 	// LeaseTTL is how long a lease lives in Redis. It must be longer than
-	// the Loader's LoadTimeout, so a live holder never loses its lease in
-	// mid-load (or, for a LoadTimeout of math.MaxInt64, math.MaxInt64
-	// too), and at least 1ms; it bounds how long a lease can outlive a
-	// holder that could not release it. 0 means LoadTimeout +
-	// max(LoadTimeout/2, 1s), at most math.MaxInt64.
+	// the longest a holder keeps it, the Loader's LoadTimeout (plus its
+	// Limit.MaxWait when the Loader has a flightcache.Limit: the holder may
+	// wait that long for a downstream slot first), so a live holder never
+	// loses its lease in mid-load (or, for a hold of math.MaxInt64,
+	// math.MaxInt64 too), and at least 1ms; it bounds how long a lease can
+	// outlive a holder that could not release it. 0 means that hold +
+	// max(hold/2, 1s), at most math.MaxInt64.
 	LeaseTTL time.Duration
 
 	// HolderTimeout is how long a lease holder may go without proving it is
@@ -223,10 +225,11 @@ func New[K comparable, V any](client redis.UniversalClient, loader flightcache.O
 	if err != nil {
 		return nil, fmt.Errorf("flightredis: the Loader's options: %w", err)
 	}
-	if err := opts.validate(w.LoadTimeout); err != nil {
+	maxWait := limitWait(loader.Limit, w.LoadTimeout)
+	if err := opts.validate(w.LoadTimeout, maxWait); err != nil {
 		return nil, err
 	}
-	opts = opts.withDefaults(w.LoadTimeout)
+	opts = opts.withDefaults(addSat(w.LoadTimeout, maxWait))
 	t := &Tier[K, V]{
 		rdb:        client,
 		opts:       opts,
@@ -281,8 +284,24 @@ func checkClient(c redis.UniversalClient) error {
 	return nil
 }
 
-// validate checks the tier's own options; loadTimeout is the Loader's.
-func (o *Options[K, V]) validate(loadTimeout time.Duration) error {
+// limitWait is how long a load of a Loader with limit may wait for a
+// downstream slot, holding its lease: Limit.MaxWait, by default the
+// LoadTimeout; 0 without a Limit.
+func limitWait(limit flightcache.Limit, loadTimeout time.Duration) time.Duration {
+	switch {
+	case limit.MaxLoads <= 0 && !limit.Adaptive:
+		return 0
+	case limit.MaxWait > 0:
+		return limit.MaxWait
+	}
+	return loadTimeout
+}
+
+// validate checks the tier's own options; loadTimeout is the Loader's,
+// and maxWait how long its loads may wait for a downstream slot
+// (limitWait).
+func (o *Options[K, V]) validate(loadTimeout, maxWait time.Duration) error {
+	hold := addSat(loadTimeout, maxWait)
 	switch {
 	case strings.ContainsAny(o.Prefix, "{}"):
 		return fmt.Errorf("flightredis: Options.Prefix must not contain '{' or '}', got %q", o.Prefix)
@@ -298,8 +317,11 @@ func (o *Options[K, V]) validate(loadTimeout time.Duration) error {
 		return fmt.Errorf("flightredis: Options.LeaseTTL must be >= 0, got %v", o.LeaseTTL)
 	case o.LeaseTTL != 0 && o.LeaseTTL < time.Millisecond:
 		return fmt.Errorf("flightredis: Options.LeaseTTL must be 0 or at least 1ms (Redis takes whole milliseconds), got %v", o.LeaseTTL)
-	case o.LeaseTTL != 0 && o.LeaseTTL <= loadTimeout && o.LeaseTTL != maxDuration:
+	case o.LeaseTTL != 0 && o.LeaseTTL <= hold && o.LeaseTTL != maxDuration && maxWait == 0:
 		return fmt.Errorf("flightredis: Options.LeaseTTL must be longer than the Loader's LoadTimeout (%v), got %v", loadTimeout, o.LeaseTTL)
+	case o.LeaseTTL != 0 && o.LeaseTTL <= hold && o.LeaseTTL != maxDuration:
+		return fmt.Errorf("flightredis: Options.LeaseTTL must be longer than the Loader's LoadTimeout plus its Limit.MaxWait (%v + %v), got %v",
+			loadTimeout, maxWait, o.LeaseTTL)
 	case o.HolderTimeout < 0:
 		return fmt.Errorf("flightredis: Options.HolderTimeout must be >= 0, got %v", o.HolderTimeout)
 	case o.HolderTimeout != 0 && o.HolderTimeout < time.Millisecond:
@@ -320,7 +342,9 @@ func cmp(d, def time.Duration) time.Duration {
 	return d
 }
 
-func (o Options[K, V]) withDefaults(loadTimeout time.Duration) Options[K, V] {
+// withDefaults sets the defaults; hold is the longest a holder keeps its
+// lease, the Loader's LoadTimeout plus limitWait.
+func (o Options[K, V]) withDefaults(hold time.Duration) Options[K, V] {
 	if o.Prefix == "" {
 		o.Prefix = DefaultPrefix
 	}
@@ -328,7 +352,7 @@ func (o Options[K, V]) withDefaults(loadTimeout time.Duration) Options[K, V] {
 	o.RetryAfter = cmp(o.RetryAfter, DefaultRetryAfter)
 	o.HolderTimeout = cmp(o.HolderTimeout, DefaultHolderTimeout)
 	o.PollInterval = cmp(o.PollInterval, DefaultPollInterval)
-	o.LeaseTTL = cmp(o.LeaseTTL, addSat(loadTimeout, max(loadTimeout/2, time.Second)))
+	o.LeaseTTL = cmp(o.LeaseTTL, addSat(hold, max(hold/2, time.Second)))
 	return o
 }
 

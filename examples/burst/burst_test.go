@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/flightcache/flightcache"
 	"go.uber.org/goleak"
 )
 
@@ -148,7 +149,7 @@ func TestWall(t *testing.T) {
 
 func TestRunFlagsAndJSON(t *testing.T) {
 	for _, args := range [][]string{
-		{"-only", "x"}, {"-only", "f"}, {"-only", ""}, {"-duration", "0s"}, {"-readers", "0"}, {"-keys", "0"}, {"extra"},
+		{"-only", "x"}, {"-only", "g"}, {"-only", ""}, {"-duration", "0s"}, {"-readers", "0"}, {"-keys", "0"}, {"extra"},
 	} {
 		if err := run(args, io.Discard, io.Discard); err == nil {
 			t.Errorf("run(%q) = nil; want an error", args)
@@ -264,5 +265,52 @@ func TestNPlusOnePart(t *testing.T) {
 	}
 	if all.A != nil || all.D != nil || all.E == nil || len(all.E.Rows) != 4 {
 		t.Errorf("-only e -json: got %+v", all)
+	}
+}
+
+// Part f: every Get of the storm is answered or failed, and the Loader's
+// Stats reconcile with the downstream's count. Once the Loader applies
+// Options.Limit (it reports a bound), the limited storms never call the
+// downstream past its capacity: MaxLoads answers every Get, Adaptive all
+// but 1%.
+func TestStormPart(t *testing.T) {
+	cfg := quick()
+	res, err := runStorm(cfg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res.Rows) != 3 {
+		t.Fatalf("%d rows; want 3", len(res.Rows))
+	}
+	for _, row := range res.Rows {
+		if row.Gets != cfg.stormKeys || row.Stats.Gets != uint64(cfg.stormKeys) {
+			t.Errorf("%s: %d Gets, Stats.Gets %d; want %d", row.Config, row.Gets, row.Stats.Gets, cfg.stormKeys)
+		}
+		if got := row.madeCalls(); got != uint64(row.Calls) {
+			t.Errorf("%s: Stats say %d downstream calls (%+v), the downstream counted %d", row.Config, got, row.Stats, row.Calls)
+		}
+		if row.Peak < 1 || row.Wall <= 0 || row.P99 <= 0 || len(row.Trace) == 0 {
+			t.Errorf("%s: peak %d, wall %v, p99 %v, %d trace points; want all measured", row.Config, row.Peak, row.Wall, row.P99, len(row.Trace))
+		}
+		if row.Limit == (flightcache.Limit{}) || !row.bounded() {
+			continue // the limit is not applied by this build: nothing more to hold it to
+		}
+		if row.Overloaded != 0 || row.Peak > cfg.stormCapacity {
+			t.Errorf("%s: %d calls past capacity, %d at once; want none past %d", row.Config, row.Overloaded, row.Peak, cfg.stormCapacity)
+		}
+		switch failed := row.Gets - row.Answered; {
+		case !row.Limit.Adaptive && (failed != 0 || row.Peak > row.Limit.MaxLoads):
+			t.Errorf("%s: %d Gets failed, %d calls at once; want 0 and at most %d", row.Config, failed, row.Peak, row.Limit.MaxLoads)
+		case row.Limit.Adaptive && failed*100 > row.Gets:
+			t.Errorf("%s: %d of %d Gets failed; want at most 1%%", row.Config, failed, row.Gets)
+		}
+	}
+
+	var out bytes.Buffer
+	res.print(&out)
+	for _, want := range []string{"f. A storm of many keys", "MaxLoads 50", "Adaptive", "matches the calls the downstream counted"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("output lacks %q:\n%s", want, out.String())
+		}
 	}
 }

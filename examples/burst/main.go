@@ -13,11 +13,16 @@
 //     with ErrNotModified saves over full reloads;
 //   - e. the N+1 problem: a page of 100 ids through Get one by one, through
 //     GetMany without LoadMany, and with LoadMany: downstream calls and wall
-//     time.
+//     time;
+//   - f. a storm of many keys: 2,000 distinct cold keys at once against a
+//     downstream that slows with its concurrency and fails past 100 calls
+//     at once, with no limit, with Options.Limit.MaxLoads 50 and with an
+//     adaptive Limit: Gets answered, calls past capacity, calls at once,
+//     wall time, p99 wait, and the adaptive bound over time.
 //
 // Usage:
 //
-//	go run ./examples/burst [-duration 3s] [-readers 8] [-keys 3] [-only abcde] [-json]
+//	go run ./examples/burst [-duration 3s] [-readers 8] [-keys 3] [-only abcdef] [-json]
 //
 // It needs no server and, with the defaults, takes about 12 seconds. A
 // progress line is drawn on stderr; the tables (or, with -json, one JSON
@@ -41,7 +46,7 @@ type config struct {
 	duration time.Duration // c's runs; b's reader runs last twice as long, its control run a third
 	readers  int           // concurrent readers in b and c
 	keys     int           // hot keys in b
-	only     string        // which parts to run: letters of "abcde"
+	only     string        // which parts to run: letters of "abcdef"
 
 	// Part b: the downstream of the blast-radius experiment.
 	loadMin, loadMax time.Duration // each load takes a duration in [loadMin, loadMax)
@@ -62,6 +67,15 @@ type config struct {
 	roundTrip  time.Duration // each downstream call takes this...
 	perRow     time.Duration // ...plus this per row it reads
 	smallBatch int           // the MaxBatch of the last way
+
+	// Part f: the storm of many keys.
+	stormKeys     int           // distinct cold keys, all asked for at once
+	stormBase     time.Duration // a call alone takes about this...
+	stormKnee     int           // ...× (1 + n/stormKnee)² with n calls in flight
+	stormCapacity int           // past this many calls at once, a call fails at once
+	stormMaxLoads int           // the fixed Limit.MaxLoads
+	stormQueue    int           // Limit.MaxQueue of both limits
+	traceEvery    time.Duration // the bound is read this often during a storm
 }
 
 func defaultConfig() config {
@@ -69,7 +83,7 @@ func defaultConfig() config {
 		duration: 3 * time.Second,
 		readers:  8,
 		keys:     3,
-		only:     "abcde",
+		only:     "abcdef",
 
 		loadMin:     100 * time.Millisecond,
 		loadMax:     120 * time.Millisecond,
@@ -88,6 +102,14 @@ func defaultConfig() config {
 		roundTrip:  5 * time.Millisecond,
 		perRow:     20 * time.Microsecond,
 		smallBatch: 25,
+
+		stormKeys:     2000,
+		stormBase:     2 * time.Millisecond,
+		stormKnee:     50,
+		stormCapacity: 100,
+		stormMaxLoads: 50,
+		stormQueue:    4000,
+		traceEvery:    2 * time.Millisecond,
 	}
 }
 
@@ -98,6 +120,7 @@ type results struct {
 	C *wallResult      `json:"c,omitempty"`
 	D *freshnessResult `json:"d,omitempty"`
 	E *nPlusOneResult  `json:"e,omitempty"`
+	F *stormResult     `json:"f,omitempty"`
 }
 
 func main() {
@@ -116,7 +139,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 	fs.DurationVar(&cfg.duration, "duration", cfg.duration, "length of part c's runs; part b's reader runs last twice as long, its control run a third, part d's runs half")
 	fs.IntVar(&cfg.readers, "readers", cfg.readers, "concurrent readers in parts b and c")
 	fs.IntVar(&cfg.keys, "keys", cfg.keys, "hot keys in part b")
-	fs.StringVar(&cfg.only, "only", cfg.only, "parts to run: any of a, b, c, d, e (e.g. -only b or -only a,c)")
+	fs.StringVar(&cfg.only, "only", cfg.only, "parts to run: any of a, b, c, d, e, f (e.g. -only b or -only a,c)")
 	asJSON := fs.Bool("json", false, "print one JSON document instead of tables")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -130,8 +153,8 @@ func run(args []string, stdout, stderr io.Writer) error {
 		return fmt.Errorf("-readers must be >= 1, got %d", cfg.readers)
 	case cfg.keys < 1:
 		return fmt.Errorf("-keys must be >= 1, got %d", cfg.keys)
-	case strings.Trim(cfg.only, "abcde, ") != "" || strings.Trim(cfg.only, ", ") == "":
-		return fmt.Errorf("-only takes letters of a, b, c, d, e; got %q", cfg.only)
+	case strings.Trim(cfg.only, "abcdef, ") != "" || strings.Trim(cfg.only, ", ") == "":
+		return fmt.Errorf("-only takes letters of a, b, c, d, e, f; got %q", cfg.only)
 	}
 
 	res, err := measure(cfg, newProgress(stderr))
@@ -176,6 +199,11 @@ func measure(cfg config, p *progress) (*results, error) {
 			return nil, err
 		}
 	}
+	if strings.Contains(cfg.only, "f") {
+		if res.F, err = runStorm(cfg, p); err != nil {
+			return nil, err
+		}
+	}
 	return res, nil
 }
 
@@ -203,5 +231,10 @@ func (r *results) print(w io.Writer) {
 	if r.E != nil {
 		fmt.Fprint(w, sep)
 		r.E.print(w)
+		sep = "\n"
+	}
+	if r.F != nil {
+		fmt.Fprint(w, sep)
+		r.F.print(w)
 	}
 }

@@ -1,0 +1,178 @@
+package flightcache
+
+import (
+	"math"
+	"time"
+)
+
+// gradient finds the adaptive bound of [Limit] from the downstream's
+// latency, in the family of Envoy's adaptive concurrency filter and
+// Netflix's Gradient2: the bound grows while each call's latency stays near
+// the lowest latency seen, and shrinks as latency rises above it. It is pure
+// arithmetic: the limiter passes it the time, each attempt's latency and
+// outcome, and how many slots were in use, under the limiter's lock.
+//
+// # The anchor
+//
+// "Near the minimum" is measured against an anchor, the lowest latency of a
+// successful call seen so far, and the most slots in use at which a call
+// was that fast, within gradientFlat (anchorAt: a downstream whose latency
+// is flat up to some load has the anchor's latency up to there). It is not a long-term average: an average follows a
+// downstream that slows from its first call up past its capacity, so the
+// gradient would read every step up as normal. Failures give no latency:
+// an overload error that comes back at once is not a fast answer.
+//
+// A clearly lower latency moves the anchor down at once. To follow a downstream
+// that has become slower for good (a bigger table, a move to another
+// region), the anchor may also move up, but only on evidence taken at no
+// more load than the anchor's: over each window of gradientWindow, the
+// lowest latency of the calls made while at most max(anchorAt, MinLoads)
+// slots were in use (if there were at least gradientEvidence of them)
+// replaces the anchor if it is higher, and no call of the window was as
+// fast as the anchor. A call that is slower at a higher
+// load says that load is too high, which is the gradient's signal, not a
+// new normal. So a storm's own queueing cannot walk the anchor up; once
+// the storm is over, or the bound is down to MinLoads, a downstream that
+// really is slower is re-anchored within two windows. A one-off fast answer
+// (the downstream's own cache) holds the anchor low in the same way, until
+// such a window.
+//
+// The window is long (seconds, not round trips) on purpose. From here, a
+// downstream made slower for good looks the same as one made slower by
+// someone else's load, other processes or other clients of it; a short
+// window would take that load in as the new normal and let the bound grow
+// back into it, a long one only takes in what lasts. Envoy re-measures its
+// minimum once a minute, at a forced low concurrency, for the same reason.
+//
+// # The bound
+//
+// Each successful sample x gives the gradient g = tolerance·anchor/x,
+// clamped to [gradientMinGrad, 1]: 1 while x is within the tolerance of the
+// anchor. The bound L then moves by (g·L + √L − L)/L: a round trip of L
+// samples moves it by about g·L + √L − L, Envoy's update, with √L of
+// headroom so that a bound that is right keeps probing a little above
+// itself. At rest, latency is tolerance·anchor/(1 − 1/√L). The bound only
+// grows while at least half of it is in use: a trickle of misses says
+// nothing about a larger bound and leaves it where it is.
+//
+// A timeout cuts the bound by gradientTimeoutCut, and a failure the breaker
+// counts by gradientFailureCut, at once, while at least half of it is in
+// use (a failing key in a trickle is not overload). One cut per
+// generation, as TCP halves its window once per round trip: a failure of a
+// call that started before the last cut has been answered by that cut.
+type gradient struct {
+	lo, hi float64 // MinLoads and MaxLoads
+	limit  float64 // the bound, in [lo, hi]; int(limit) is the slots
+
+	anchor   time.Duration // lowest successful latency; 0 before the first
+	anchorAt int           // slots in use when it was seen
+	window   time.Duration // when the current re-anchoring window started
+	low      time.Duration // lowest latency of the window's samples taken at no more load than the anchor's
+	lows     int           // how many such samples the window has seen
+	lastCut  time.Duration // when the bound was last cut; calls that started before it cut no more
+	cut      bool          // lastCut is set
+}
+
+// Tuning of the adaptive bound (see gradient).
+const (
+	gradientStart      = 20               // the bound a Loader starts at, within [MinLoads, MaxLoads]
+	gradientTolerance  = 2.0              // a latency within this × the anchor is "near the minimum"
+	gradientFlat       = 1.1              // a latency within this × the anchor is as fast as it
+	gradientMinGrad    = 0.5              // one sample never pulls harder than halving the bound per round trip
+	gradientFailureCut = 0.9              // × the bound on a failure the breaker counts
+	gradientTimeoutCut = 0.5              // × the bound on a timeout
+	gradientWindow     = 10 * time.Second // the re-anchoring window
+	gradientEvidence   = 10               // samples a window needs to re-anchor
+)
+
+// sampleKind is what one downstream attempt says to the adaptive bound.
+type sampleKind uint8
+
+const (
+	// sampleOK: the downstream answered (a value, a not-found, not
+	// modified, or an error the breaker does not count): its latency
+	// counts.
+	sampleOK sampleKind = iota
+	// sampleFailure: a failure the breaker counts, not a timeout.
+	sampleFailure
+	// sampleTimeout: the attempt ran past LoadTimeout.
+	sampleTimeout
+	// sampleIgnored: the attempt was cut short by its callers or Close;
+	// it says nothing and gives no sample.
+	sampleIgnored
+)
+
+// limitSample is the sample of one attempt from the breaker's view of it:
+// its Outcome, and whether the load's context ended with ErrLoadTimeout.
+func limitSample(o Outcome, timedOut bool) sampleKind {
+	switch {
+	case o == OutcomeFailure && timedOut:
+		return sampleTimeout
+	case o == OutcomeFailure:
+		return sampleFailure
+	case o == OutcomeIgnored:
+		return sampleIgnored
+	}
+	return sampleOK
+}
+
+// newGradient returns the adaptive bound between minLoads and maxLoads
+// (1 <= minLoads <= maxLoads), starting at gradientStart.
+func newGradient(minLoads, maxLoads int) gradient {
+	lo, hi := float64(minLoads), float64(maxLoads)
+	return gradient{lo: lo, hi: hi, limit: min(max(gradientStart, lo), hi)}
+}
+
+// bound is the slots the bound allows now.
+func (g *gradient) bound() int { return int(g.limit) }
+
+// observe takes one attempt's sample: at now, an attempt of the given
+// latency ended as k, with inUse slots in use (its own included). It
+// returns the bound.
+func (g *gradient) observe(now, latency time.Duration, k sampleKind, inUse int) int {
+	busy := 2*inUse >= g.bound() // at least half the bound is in use
+	switch k {
+	case sampleIgnored:
+	case sampleFailure, sampleTimeout:
+		if start := now - latency; busy && (!g.cut || start >= g.lastCut) {
+			f := gradientFailureCut
+			if k == sampleTimeout {
+				f = gradientTimeoutCut
+			}
+			g.limit = max(g.limit*f, g.lo)
+			g.lastCut, g.cut = now, true
+		}
+	case sampleOK:
+		g.reanchor(now, max(latency, 1), inUse)
+		grad := min(max(gradientTolerance*float64(g.anchor)/float64(max(latency, 1)), gradientMinGrad), 1)
+		step := grad - 1 + 1/math.Sqrt(g.limit) // (grad·L + √L − L) / L
+		if step < 0 || busy {
+			g.limit = min(max(g.limit+step, g.lo), g.hi)
+		}
+	}
+	return g.bound()
+}
+
+// reanchor moves the anchor for a successful latency x seen at now with
+// inUse slots in use (see gradient).
+func (g *gradient) reanchor(now, x time.Duration, inUse int) {
+	if now-g.window >= gradientWindow {
+		if g.lows >= gradientEvidence && g.low > g.anchor {
+			g.anchor = g.low // slower at no more load: the downstream itself is slower
+		}
+		g.window, g.low, g.lows = now, 0, 0
+	}
+	switch {
+	case g.anchor == 0 || float64(x)*gradientFlat < float64(g.anchor): // clearly faster: a new minimum
+		g.anchor, g.anchorAt = x, inUse
+		g.low, g.lows = 0, 0
+	case float64(x) <= float64(g.anchor)*gradientFlat: // as fast: the anchor holds, up to this load
+		g.anchor, g.anchorAt = min(g.anchor, x), max(g.anchorAt, inUse)
+		g.low, g.lows = 0, 0
+	case inUse <= max(g.anchorAt, int(g.lo)):
+		if g.lows == 0 || x < g.low {
+			g.low = x
+		}
+		g.lows++
+	}
+}

@@ -1,0 +1,124 @@
+package flightcache
+
+import (
+	"context"
+	"errors"
+	"math"
+	"strings"
+	"testing"
+	"time"
+)
+
+// New rejects a bad Limit with an error that names the field.
+func TestLimitOptionsRejected(t *testing.T) {
+	load := func(context.Context, string) (int, error) { return 0, nil }
+	tests := []struct {
+		name  string
+		limit Limit
+		field string
+	}{
+		{"negative MaxLoads", Limit{MaxLoads: -1}, "Limit.MaxLoads"},
+		{"negative MinLoads", Limit{Adaptive: true, MinLoads: -1}, "Limit.MinLoads"},
+		{"negative MaxQueue", Limit{MaxLoads: 5, MaxQueue: -1}, "Limit.MaxQueue"},
+		{"negative MaxWait", Limit{MaxLoads: 5, MaxWait: -time.Second}, "Limit.MaxWait"},
+		{"MinLoads above MaxLoads", Limit{Adaptive: true, MinLoads: 11, MaxLoads: 10}, "Limit.MinLoads"},
+		{"MinLoads above the default ceiling", Limit{Adaptive: true, MinLoads: DefaultAdaptiveMaxLoads + 1}, "Limit.MinLoads"},
+		{"MinLoads without Adaptive", Limit{MaxLoads: 10, MinLoads: 2}, "Limit.MinLoads"},
+		{"MaxQueue bounding nothing", Limit{MaxQueue: 10}, "Limit.MaxQueue"},
+		{"MaxWait bounding nothing", Limit{MaxWait: time.Second}, "Limit.MaxWait"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			l, err := New(load, Options[string, int]{TTL: time.Second, Limit: tt.limit})
+			if err == nil {
+				l.Close()
+				t.Fatalf("New with Limit %+v = nil error; want one naming %s", tt.limit, tt.field)
+			}
+			if want := "flightcache: Options." + tt.field + " "; !strings.HasPrefix(err.Error(), want) {
+				t.Errorf("New with Limit %+v: error %q; want it to start %q", tt.limit, err, want)
+			}
+		})
+	}
+}
+
+// The defaults of a Limit, as New applies them.
+func TestLimitOptionsDefaults(t *testing.T) {
+	load := func(context.Context, string) (int, error) { return 0, nil }
+	tests := []struct {
+		name        string
+		limit       Limit
+		loadTimeout time.Duration
+		want        Limit
+	}{
+		{"zero: no limit", Limit{}, 0, Limit{}},
+		{"fixed", Limit{MaxLoads: 50}, 0,
+			Limit{MaxLoads: 50, MaxQueue: 200, MaxWait: DefaultLoadTimeout}},
+		{"fixed, MaxWait from LoadTimeout", Limit{MaxLoads: 50, MaxQueue: 7}, 3 * time.Second,
+			Limit{MaxLoads: 50, MaxQueue: 7, MaxWait: 3 * time.Second}},
+		{"adaptive", Limit{Adaptive: true}, 0,
+			Limit{Adaptive: true, MaxLoads: DefaultAdaptiveMaxLoads, MinLoads: 1, MaxQueue: 4 * DefaultAdaptiveMaxLoads, MaxWait: DefaultLoadTimeout}},
+		{"adaptive, own ceiling and wait", Limit{Adaptive: true, MaxLoads: 30, MinLoads: 5, MaxWait: time.Second}, 0,
+			Limit{Adaptive: true, MaxLoads: 30, MinLoads: 5, MaxQueue: 120, MaxWait: time.Second}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			l, err := New(load, Options[string, int]{TTL: time.Second, LoadTimeout: tt.loadTimeout, Limit: tt.limit})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer l.Close()
+			if got := l.opts.Limit; got != tt.want {
+				t.Errorf("Limit %+v with defaults = %+v; want %+v", tt.limit, got, tt.want)
+			}
+		})
+	}
+	// MaxQueue's default saturates rather than wrapping around.
+	if got := (Limit{MaxLoads: math.MaxInt}).withDefaults(time.Second).MaxQueue; got != math.MaxInt {
+		t.Errorf("default MaxQueue for MaxLoads %d = %d; want %d", math.MaxInt, got, math.MaxInt)
+	}
+}
+
+// newLimiter gives nil (no limit) for a Limit that bounds nothing, and the
+// bound a Limit asks for otherwise; a LoadTimeout of 0 leaves the wait
+// unbounded but for the load's context.
+func TestNewLimiter(t *testing.T) {
+	now := func() time.Duration { return 0 }
+	if lm := newLimiter(Limit{}, time.Second, now); lm != nil {
+		t.Errorf("newLimiter(zero Limit) = %+v; want nil", lm)
+	}
+	for _, tt := range []struct {
+		limit   Limit
+		bound   int
+		maxWait time.Duration
+	}{
+		{Limit{MaxLoads: 50}, 50, time.Second},
+		{Limit{Adaptive: true}, gradientStart, time.Second},
+		{Limit{Adaptive: true, MaxLoads: 8}, 8, time.Second},
+		{Limit{Adaptive: true, MinLoads: 30, MaxLoads: 40}, 30, time.Second},
+	} {
+		lm := newLimiter(tt.limit, time.Second, now)
+		var s Stats
+		lm.fill(&s)
+		if s.LoadLimit != int64(tt.bound) || lm.maxWait != tt.maxWait {
+			t.Errorf("newLimiter(%+v): bound %d, MaxWait %v; want %d, %v", tt.limit, s.LoadLimit, lm.maxWait, tt.bound, tt.maxWait)
+		}
+	}
+	if lm := newLimiter(Limit{MaxLoads: 1}, 0, now); lm.maxWait != 0 {
+		t.Errorf("newLimiter without a LoadTimeout: MaxWait %v; want 0 (no bound)", lm.maxWait)
+	}
+}
+
+func TestLimitNames(t *testing.T) {
+	if got := SourceStaleLimited.String(); got != "stale-limited" {
+		t.Errorf("SourceStaleLimited.String() = %q; want %q", got, "stale-limited")
+	}
+	if SourceStaleLimited <= SourceShared {
+		t.Errorf("SourceStaleLimited = %d; want it after SourceShared (%d): the Source values before it keep theirs", SourceStaleLimited, SourceShared)
+	}
+	if got, want := ErrLimited.Error(), "flightcache: downstream load limit reached"; got != want {
+		t.Errorf("ErrLimited = %q; want %q", got, want)
+	}
+	if errors.Is(ErrLimited, ErrBreakerOpen) || errors.Is(ErrBreakerOpen, ErrLimited) {
+		t.Error("ErrLimited and ErrBreakerOpen match each other; they are distinct states")
+	}
+}
