@@ -1,0 +1,210 @@
+package main
+
+import (
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"slices"
+	"strings"
+	"time"
+)
+
+// The trace subcommand draws one load's blast radius as a waterfall: the
+// flightcache.load span that the most flightcache.get spans link to, each
+// of those wait spans under the request span it belongs to, and a line
+// from every wait to the load it waited on. The spans are read as the
+// OpenTelemetry stdout exporter prints them (the httpserver example's
+// -trace stdout): one JSON object per span, as lines or pretty-printed.
+//
+//	go run ./cmd/report trace [-o ../docs/img/trace.svg] [-requests 12] spans.jsonl
+
+// traceMain runs the trace subcommand with args (those after "trace").
+func traceMain(args []string) error {
+	fs := flag.NewFlagSet("report trace", flag.ContinueOnError)
+	out := fs.String("o", "../docs/img/trace.svg", "the SVG to write")
+	requests := fs.Int("requests", 12, "at most this many request spans are drawn (the load's starter first)")
+	fs.Usage = func() {
+		fmt.Fprintf(fs.Output(), "usage: report trace [flags] spans.jsonl\n")
+		fs.PrintDefaults()
+	}
+	if err := fs.Parse(args); err != nil {
+		return err
+	}
+	if fs.NArg() != 1 || *requests < 1 {
+		fs.Usage()
+		return errors.New("one spans file and -requests >= 1 are needed")
+	}
+	f, err := os.Open(fs.Arg(0))
+	if err != nil {
+		return err
+	}
+	spans, err := readSpans(f)
+	f.Close()
+	if err != nil {
+		return fmt.Errorf("%s: %w", fs.Arg(0), err)
+	}
+	w := newWaterfall(spans, *requests)
+	if len(w.rows) == 0 {
+		return fmt.Errorf("%s has no spans", fs.Arg(0))
+	}
+	return os.WriteFile(*out, []byte(w.svg()), 0o644)
+}
+
+// spanID names a span: its trace and span IDs, as hex.
+type spanID struct{ trace, span string }
+
+// spanRef is how the exporter prints a span context.
+type spanRef struct{ TraceID, SpanID string }
+
+func (r spanRef) id() spanID { return spanID{r.TraceID, r.SpanID} }
+
+// valid reports whether r names a span (a root's parent is all zeros).
+func (r spanRef) valid() bool { return strings.Trim(r.SpanID, "0") != "" }
+
+// span is the part of an exported span the waterfall draws.
+type span struct {
+	Name        string
+	SpanContext spanRef
+	Parent      spanRef
+	StartTime   time.Time
+	EndTime     time.Time
+	Status      struct{ Code string }
+	Links       []struct{ SpanContext spanRef }
+	Attributes  []struct {
+		Key   string
+		Value struct{ Value any }
+	}
+}
+
+func (s *span) failed() bool { return s.Status.Code == "Error" }
+
+// attr returns the value of the attribute key as text, or "".
+func (s *span) attr(key string) string {
+	for _, a := range s.Attributes {
+		if a.Key == key {
+			return fmt.Sprint(a.Value.Value)
+		}
+	}
+	return ""
+}
+
+// readSpans reads every span in r.
+func readSpans(r io.Reader) ([]*span, error) {
+	dec := json.NewDecoder(r)
+	var spans []*span
+	for {
+		s := new(span)
+		err := dec.Decode(s)
+		if err == io.EOF {
+			return spans, nil
+		}
+		if err != nil {
+			return nil, fmt.Errorf("span %d: %w", len(spans)+1, err)
+		}
+		spans = append(spans, s)
+	}
+}
+
+// row is one bar of the waterfall.
+type row struct {
+	s      *span
+	depth  int
+	inLoad bool // s is under the focal load: the LoadFunc's own spans
+}
+
+// waterfall is what the picture shows.
+type waterfall struct {
+	rows       []row
+	load       *span // the focal load; nil when no span links to a load
+	waits      int   // wait spans linking to load, drawn or not
+	requests   int   // request spans drawn
+	allReqs    int   // request spans with a wait on load
+	start, end time.Time
+}
+
+// newWaterfall picks the load most waits link to, and the requests that
+// waited on it, at most maxReqs of them; with no such load, every span.
+func newWaterfall(spans []*span, maxReqs int) *waterfall {
+	byID := make(map[spanID]*span, len(spans))
+	children := map[spanID][]*span{}
+	for _, s := range spans {
+		byID[s.SpanContext.id()] = s
+	}
+	for _, s := range spans {
+		if p := s.Parent.id(); s.Parent.valid() && byID[p] != nil {
+			children[p] = append(children[p], s)
+		}
+	}
+	for _, c := range children {
+		slices.SortStableFunc(c, func(a, b *span) int { return a.StartTime.Compare(b.StartTime) })
+	}
+	root := func(s *span) *span {
+		for s.Parent.valid() && byID[s.Parent.id()] != nil {
+			s = byID[s.Parent.id()]
+		}
+		return s
+	}
+
+	w := &waterfall{}
+	waitsOn := map[spanID][]*span{}
+	for _, s := range spans {
+		for _, l := range s.Links {
+			if t := byID[l.SpanContext.id()]; t != nil && t.Name == "flightcache.load" && s.Name == "flightcache.get" {
+				waitsOn[t.SpanContext.id()] = append(waitsOn[t.SpanContext.id()], s)
+			}
+		}
+	}
+	for _, s := range spans {
+		if n := len(waitsOn[s.SpanContext.id()]); s.Name == "flightcache.load" &&
+			(n > w.waits || n == w.waits && n > 0 && s.StartTime.Before(w.load.StartTime)) {
+			w.load, w.waits = s, n
+		}
+	}
+
+	var roots []*span
+	seen := map[*span]bool{}
+	if w.load == nil {
+		for _, s := range spans {
+			if r := root(s); !seen[r] {
+				seen[r] = true
+				roots = append(roots, r)
+			}
+		}
+	} else {
+		starter := root(w.load)
+		seen[starter] = true
+		roots = append(roots, starter)
+		for _, g := range waitsOn[w.load.SpanContext.id()] {
+			if r := root(g); !seen[r] {
+				seen[r] = true
+				roots = append(roots, r)
+			}
+		}
+		w.allReqs = len(roots)
+		slices.SortStableFunc(roots[1:], func(a, b *span) int { return a.StartTime.Compare(b.StartTime) })
+		roots = roots[:min(len(roots), maxReqs)]
+		w.requests = len(roots)
+	}
+	var walk func(s *span, depth int, inLoad bool)
+	walk = func(s *span, depth int, inLoad bool) {
+		w.rows = append(w.rows, row{s, depth, inLoad})
+		for _, c := range children[s.SpanContext.id()] {
+			walk(c, depth+1, inLoad || s == w.load)
+		}
+	}
+	for _, r := range roots {
+		walk(r, 0, false)
+	}
+	for i, r := range w.rows {
+		if i == 0 || r.s.StartTime.Before(w.start) {
+			w.start = r.s.StartTime
+		}
+		if r.s.EndTime.After(w.end) {
+			w.end = r.s.EndTime
+		}
+	}
+	return w
+}
