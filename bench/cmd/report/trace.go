@@ -1,6 +1,8 @@
 package main
 
 import (
+	"bufio"
+	"bytes"
 	"encoding/json"
 	"errors"
 	"flag"
@@ -17,7 +19,8 @@ import (
 // of those wait spans under the request span it belongs to, and a line
 // from every wait to the load it waited on. The spans are read as the
 // OpenTelemetry stdout exporter prints them (the httpserver example's
-// -trace stdout): one JSON object per span, as lines or pretty-printed.
+// -trace stdout): one JSON object per span, as lines or pretty-printed,
+// among other lines (the server's log) that are skipped.
 //
 //	go run ./cmd/report trace [-o ../docs/img/trace.svg] [-requests 12] spans.jsonl
 
@@ -91,21 +94,37 @@ func (s *span) attr(key string) string {
 	return ""
 }
 
-// readSpans reads every span in r.
+// readSpans reads every span in r: JSON objects, one a line or
+// pretty-printed over several. Lines outside them (a server's log lines,
+// printed to the same output) are skipped.
 func readSpans(r io.Reader) ([]*span, error) {
-	dec := json.NewDecoder(r)
 	var spans []*span
-	for {
-		s := new(span)
-		err := dec.Decode(s)
-		if err == io.EOF {
-			return spans, nil
+	var obj []byte // the lines of the object being read
+	sc := bufio.NewScanner(r)
+	sc.Buffer(nil, 4<<20)
+	for n := 1; sc.Scan(); n++ {
+		line := sc.Bytes()
+		if len(obj) == 0 && !bytes.HasPrefix(bytes.TrimSpace(line), []byte("{")) {
+			continue
 		}
-		if err != nil {
-			return nil, fmt.Errorf("span %d: %w", len(spans)+1, err)
+		obj = append(append(obj, line...), '\n')
+		if !json.Valid(obj) {
+			continue // more lines to come, or a broken object: see EOF
+		}
+		s := new(span)
+		if err := json.Unmarshal(obj, s); err != nil {
+			return nil, fmt.Errorf("line %d: %w", n, err)
 		}
 		spans = append(spans, s)
+		obj = obj[:0]
 	}
+	if err := sc.Err(); err != nil {
+		return nil, err
+	}
+	if len(bytes.TrimSpace(obj)) > 0 {
+		return nil, fmt.Errorf("a span that is not valid JSON: %.60q", obj)
+	}
+	return spans, nil
 }
 
 // row is one bar of the waterfall.

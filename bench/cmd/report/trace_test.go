@@ -65,9 +65,13 @@ func blastTrace(n int) string {
 }
 
 func TestWaterfallPicksTheLoadAndItsWaiters(t *testing.T) {
-	spans, err := readSpans(strings.NewReader(blastTrace(10)))
+	log := "time=2026-12-01T12:00:00Z level=INFO msg=listening url=http://127.0.0.1:8080\n"
+	spans, err := readSpans(strings.NewReader(log + blastTrace(10) + log))
 	if err != nil {
 		t.Fatal(err)
+	}
+	if len(spans) != 23 {
+		t.Fatalf("read %d spans; want 23", len(spans))
 	}
 	w := newWaterfall(spans, 4)
 	if w.load == nil || w.load.Name != "flightcache.load" || w.waits != 10 {
