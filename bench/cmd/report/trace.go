@@ -76,7 +76,11 @@ type span struct {
 	EndTime     time.Time
 	Status      struct{ Code string }
 	Links       []struct{ SpanContext spanRef }
-	Attributes  []struct {
+	Events      []struct {
+		Name string
+		Time time.Time
+	}
+	Attributes []struct {
 		Key   string
 		Value struct{ Value any }
 	}

@@ -85,6 +85,11 @@ func (w *waterfall) svg() string {
 		}
 		fmt.Fprintf(&b, `<rect x="%.1f" y="%.1f" width="%.1f" height="%d" rx="2" fill="%s"%s><title>%s</title></rect>`+"\n",
 			x0, cy-barH/2, max(x1-x0, 1.5), barH, color(s, r.inLoad), stroke, esc(tooltip(s)))
+		for _, ev := range s.Events { // a retry, a breaker refusal: a tick on the bar
+			ex := x(ev.Time)
+			fmt.Fprintf(&b, `<path d="M%.1f %.1fv%d" stroke="white" stroke-width="2.5"><title>%s</title></path>`+"\n",
+				ex, cy-barH/2, barH, esc(ev.Name))
+		}
 		fmt.Fprintf(&b, `<text x="%.1f" y="%.1f" fill="#555">%s</text>`+"\n", max(x1, x0+1.5)+5, cy+4, fmtMs(s.EndTime.Sub(s.StartTime)))
 	}
 
@@ -114,14 +119,17 @@ func (w *waterfall) svg() string {
 	ly := y(len(w.rows)) + 38
 	lx := 16.0
 	for _, item := range []struct{ color, label string }{
-		{colRequest, "request"}, {colWait, "flightcache.get (a Get's wait)"}, {colLoadErr, "flightcache.load, failed"},
-		{colLoadOK, "flightcache.load, ok"}, {colInner, "inside the load"},
+		{colRequest, "request"}, {colWait, "flightcache.get: a Get's wait"}, {colLoadErr, "flightcache.load, failed"},
+		{colLoadOK, "ok"}, {colInner, "inside the load"},
 	} {
 		fmt.Fprintf(&b, `<rect x="%.1f" y="%.1f" width="12" height="12" fill="%s"/><text x="%.1f" y="%.1f">%s</text>`+"\n",
 			lx, ly-10, item.color, lx+16, ly, esc(item.label))
 		lx += 16 + 6.5*float64(len(item.label)) + 22
 	}
 	fmt.Fprintf(&b, `<path d="M%.1f %.1f h24" stroke="#888" stroke-dasharray="3 3"/><text x="%.1f" y="%.1f">link</text>`+"\n", lx, ly-4, lx+28, ly)
+	lx += 62
+	fmt.Fprintf(&b, `<rect x="%.1f" y="%.1f" width="12" height="12" fill="%s"/><path d="M%.1f %.1fv12" stroke="white" stroke-width="2.5"/><text x="%.1f" y="%.1f">event</text>`+"\n",
+		lx, ly-10, colLoadErr, lx+6, ly-10, lx+16, ly)
 	b.WriteString("</svg>\n")
 	return b.String()
 }

@@ -31,13 +31,22 @@ func spanLine(name, trace, id, parent string, start, end time.Duration, status s
 	}
 	b, err := json.Marshal(map[string]any{
 		"Name": name, "SpanContext": ref(trace, id), "Parent": ref(trace, parent), "SpanKind": 1,
-		"StartTime": t0.Add(start), "EndTime": t0.Add(end), "Attributes": as, "Events": nil, "Links": ls,
+		"StartTime": t0.Add(start), "EndTime": t0.Add(end), "Attributes": as, "Links": ls,
 		"Status": map[string]any{"Code": status, "Description": ""}, "ChildSpanCount": 0,
+		"Events": events(name, t0.Add(start+time.Millisecond)),
 	})
 	if err != nil {
 		panic(err)
 	}
 	return string(b)
+}
+
+// events gives a load span one retry event at t.
+func events(name string, t time.Time) []any {
+	if name != "flightcache.load" {
+		return nil
+	}
+	return []any{map[string]any{"Name": "flightcache.retry", "Attributes": nil, "DroppedAttributeCount": 0, "Time": t}}
 }
 
 // blastTrace is n requests, each waiting on one failed load that the
@@ -105,6 +114,7 @@ func TestWaterfallPicksTheLoadAndItsWaiters(t *testing.T) {
 		"One load, 10 waiting Gets",
 		"flightcache.load: error after 81 ms, callers 10; 10 flightcache.get spans link to it (4 of their 10 requests drawn)",
 		`stroke-dasharray="3 3" fill="none"`,
+		`<title>flightcache.retry</title>`,
 		colLoadErr, colWait, colRequest, colInner,
 	} {
 		if !strings.Contains(svg, want) {
