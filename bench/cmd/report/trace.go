@@ -151,32 +151,13 @@ type waterfall struct {
 // newWaterfall picks the load most waits link to, and the requests that
 // waited on it, at most maxReqs of them; with no such load, every span.
 func newWaterfall(spans []*span, maxReqs int) *waterfall {
-	byID := make(map[spanID]*span, len(spans))
-	children := map[spanID][]*span{}
-	for _, s := range spans {
-		byID[s.SpanContext.id()] = s
-	}
-	for _, s := range spans {
-		if p := s.Parent.id(); s.Parent.valid() && byID[p] != nil {
-			children[p] = append(children[p], s)
-		}
-	}
-	for _, c := range children {
-		slices.SortStableFunc(c, func(a, b *span) int { return a.StartTime.Compare(b.StartTime) })
-	}
-	root := func(s *span) *span {
-		for s.Parent.valid() && byID[s.Parent.id()] != nil {
-			s = byID[s.Parent.id()]
-		}
-		return s
-	}
-
+	t := indexSpans(spans)
 	w := &waterfall{}
-	waitsOn := map[spanID][]*span{}
+	waitsOn := map[spanID][]*span{} // by load
 	for _, s := range spans {
 		for _, l := range s.Links {
-			if t := byID[l.SpanContext.id()]; t != nil && t.Name == "flightcache.load" && s.Name == "flightcache.get" {
-				waitsOn[t.SpanContext.id()] = append(waitsOn[t.SpanContext.id()], s)
+			if d := t.byID[l.SpanContext.id()]; d != nil && d.Name == "flightcache.load" && s.Name == "flightcache.get" {
+				waitsOn[d.SpanContext.id()] = append(waitsOn[d.SpanContext.id()], s)
 			}
 		}
 	}
@@ -186,48 +167,83 @@ func newWaterfall(spans []*span, maxReqs int) *waterfall {
 			w.load, w.waits = s, n
 		}
 	}
-
 	var roots []*span
-	seen := map[*span]bool{}
 	if w.load == nil {
-		for _, s := range spans {
-			if r := root(s); !seen[r] {
-				seen[r] = true
-				roots = append(roots, r)
-			}
-		}
+		roots = t.roots(spans)
 	} else {
-		starter := root(w.load)
-		seen[starter] = true
-		roots = append(roots, starter)
-		for _, g := range waitsOn[w.load.SpanContext.id()] {
-			if r := root(g); !seen[r] {
-				seen[r] = true
-				roots = append(roots, r)
-			}
-		}
-		w.allReqs = len(roots)
+		// The load's starter first, then the others by start.
+		roots = t.roots(append([]*span{w.load}, waitsOn[w.load.SpanContext.id()]...))
 		slices.SortStableFunc(roots[1:], func(a, b *span) int { return a.StartTime.Compare(b.StartTime) })
+		w.allReqs = len(roots)
 		roots = roots[:min(len(roots), maxReqs)]
 		w.requests = len(roots)
 	}
-	var walk func(s *span, depth int, inLoad bool)
-	walk = func(s *span, depth int, inLoad bool) {
-		w.rows = append(w.rows, row{s, depth, inLoad})
-		for _, c := range children[s.SpanContext.id()] {
-			walk(c, depth+1, inLoad || s == w.load)
-		}
-	}
 	for _, r := range roots {
-		walk(r, 0, false)
+		w.walk(t, r, 0, false)
 	}
 	for i, r := range w.rows {
 		if i == 0 || r.s.StartTime.Before(w.start) {
 			w.start = r.s.StartTime
 		}
-		if r.s.EndTime.After(w.end) {
-			w.end = r.s.EndTime
-		}
+		w.end = later(w.end, r.s.EndTime)
 	}
 	return w
+}
+
+// walk adds s and the spans under it, depth first, each level by start.
+func (w *waterfall) walk(t spanTree, s *span, depth int, inLoad bool) {
+	w.rows = append(w.rows, row{s, depth, inLoad})
+	for _, c := range t.children[s.SpanContext.id()] {
+		w.walk(t, c, depth+1, inLoad || s == w.load)
+	}
+}
+
+// spanTree is the spans by ID, and their children by start.
+type spanTree struct {
+	byID     map[spanID]*span
+	children map[spanID][]*span
+}
+
+func indexSpans(spans []*span) spanTree {
+	t := spanTree{byID: make(map[spanID]*span, len(spans)), children: map[spanID][]*span{}}
+	for _, s := range spans {
+		t.byID[s.SpanContext.id()] = s
+	}
+	for _, s := range spans {
+		if p := s.Parent.id(); s.Parent.valid() && t.byID[p] != nil {
+			t.children[p] = append(t.children[p], s)
+		}
+	}
+	for _, c := range t.children {
+		slices.SortStableFunc(c, func(a, b *span) int { return a.StartTime.Compare(b.StartTime) })
+	}
+	return t
+}
+
+// root returns the topmost span above s among those read.
+func (t spanTree) root(s *span) *span {
+	for s.Parent.valid() && t.byID[s.Parent.id()] != nil {
+		s = t.byID[s.Parent.id()]
+	}
+	return s
+}
+
+// roots returns the roots of spans, each once, in the order of spans.
+func (t spanTree) roots(spans []*span) []*span {
+	var roots []*span
+	seen := map[*span]bool{}
+	for _, s := range spans {
+		if r := t.root(s); !seen[r] {
+			seen[r] = true
+			roots = append(roots, r)
+		}
+	}
+	return roots
+}
+
+func later(a, b time.Time) time.Time {
+	if b.After(a) {
+		return b
+	}
+	return a
 }

@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 )
@@ -32,106 +33,117 @@ func color(s *span, inLoad bool) string {
 	return colRequest
 }
 
+// The waterfall's layout, in pixels.
+const (
+	wfWidth  = 960
+	wfLeft   = 300 // the plot's left edge: labels and the arcs' gutter before it
+	wfRight  = 80
+	wfTop    = 64
+	wfRowH   = 20
+	wfBarH   = 12
+	wfLabelN = 36 // characters of a span's name before it is cut
+)
+
+// x is where t falls on the time axis.
+func (w *waterfall) x(t time.Time) float64 {
+	total := max(w.end.Sub(w.start), time.Microsecond)
+	return wfLeft + float64(t.Sub(w.start))/float64(total)*(wfWidth-wfLeft-wfRight)
+}
+
+// y is the middle of row i.
+func (w *waterfall) y(i int) float64 { return float64(wfTop+i*wfRowH) + wfRowH/2 }
+
 // svg draws the waterfall: one row per span, time across, and a dashed
 // arc from every wait that links to the load to the load's row.
 func (w *waterfall) svg() string {
-	const (
-		width  = 960
-		left   = 300
-		right  = 80
-		top    = 64
-		rowH   = 20
-		barH   = 12
-		labelN = 36 // characters of a span's name before it is cut
-	)
-	height := top + len(w.rows)*rowH + 56
-	total := max(w.end.Sub(w.start), time.Microsecond)
-	plotW := float64(width - left - right)
-	x := func(t time.Time) float64 { return float64(left) + float64(t.Sub(w.start))/float64(total)*plotW }
-	y := func(i int) float64 { return float64(top + i*rowH) }
-
+	height := wfTop + len(w.rows)*wfRowH + 56
 	var b strings.Builder
-	fmt.Fprintf(&b, `<svg xmlns="http://www.w3.org/2000/svg" width="%d" height="%d" viewBox="0 0 %d %d" font-family="sans-serif" font-size="12">`+"\n", width, height, width, height)
+	fmt.Fprintf(&b, `<svg xmlns="http://www.w3.org/2000/svg" width="%d" height="%d" viewBox="0 0 %d %d" font-family="sans-serif" font-size="12">`+"\n", wfWidth, height, wfWidth, height)
 	fmt.Fprintf(&b, `<rect width="100%%" height="100%%" fill="white"/>`+"\n")
 	title, sub := w.captions()
 	fmt.Fprintf(&b, `<text x="16" y="22" font-size="15" font-weight="bold">%s</text>`+"\n", esc(title))
 	fmt.Fprintf(&b, `<text x="16" y="40" fill="#555">%s</text>`+"\n", esc(sub))
-
-	// Time grid, in milliseconds from the first span's start.
-	ms := float64(total) / float64(time.Millisecond)
-	step := niceCeil(ms / 6)
-	for v := 0.0; v <= ms+1e-9; v += step {
-		px := float64(left) + v/ms*plotW
-		fmt.Fprintf(&b, `<line x1="%.1f" y1="%d" x2="%.1f" y2="%.1f" stroke="#eee"/>`+"\n", px, top-8, px, y(len(w.rows)))
-		fmt.Fprintf(&b, `<text x="%.1f" y="%.1f" text-anchor="middle" fill="#555">%s ms</text>`+"\n", px, y(len(w.rows))+14, fmtNum(v))
-	}
-
-	loadRow := -1
+	w.grid(&b)
 	for i, r := range w.rows {
-		if r.s == w.load {
-			loadRow = i
-		}
-		s := r.s
-		cy := y(i) + rowH/2
-		name := s.Name
-		if len(name) > labelN {
-			name = name[:labelN-1] + "…"
-		}
-		fmt.Fprintf(&b, `<text x="%d" y="%.1f" fill="#222">%s</text>`+"\n", 16+14*r.depth, cy+4, esc(name))
-		x0, x1 := x(s.StartTime), x(s.EndTime)
-		stroke := ""
-		if s.failed() {
-			stroke = ` stroke="#a00" stroke-width="1.5"`
-		}
-		fmt.Fprintf(&b, `<rect x="%.1f" y="%.1f" width="%.1f" height="%d" rx="2" fill="%s"%s><title>%s</title></rect>`+"\n",
-			x0, cy-barH/2, max(x1-x0, 1.5), barH, color(s, r.inLoad), stroke, esc(tooltip(s)))
-		for _, ev := range s.Events { // a retry, a breaker refusal: a tick on the bar
-			ex := x(ev.Time)
-			fmt.Fprintf(&b, `<path d="M%.1f %.1fv%d" stroke="white" stroke-width="2.5"><title>%s</title></path>`+"\n",
-				ex, cy-barH/2, barH, esc(ev.Name))
-		}
-		fmt.Fprintf(&b, `<text x="%.1f" y="%.1f" fill="#555">%s</text>`+"\n", max(x1, x0+1.5)+5, cy+4, fmtMs(s.EndTime.Sub(s.StartTime)))
+		w.bar(&b, i, r)
 	}
+	w.arcs(&b)
+	w.legend(&b, w.y(len(w.rows))+28)
+	b.WriteString("</svg>\n")
+	return b.String()
+}
 
-	// An arc in the gutter left of the bars from every wait that links to
-	// the load to the load's row, wider the farther apart the rows are, so
-	// that they nest rather than cross.
-	if loadRow >= 0 {
-		gx := float64(left - 6)
-		ly := y(loadRow) + rowH/2
-		far := 1
-		for i := range w.rows {
-			far = max(far, abs(i-loadRow))
-		}
-		for i, r := range w.rows {
-			if !linksTo(r.s, w.load) {
-				continue
-			}
-			gy := y(i) + rowH/2
-			d := 8 + 36*float64(abs(i-loadRow))/float64(far)
-			fmt.Fprintf(&b, `<path d="M%.1f %.1f C%.1f %.1f %.1f %.1f %.1f %.1f" stroke="#888" stroke-dasharray="3 3" fill="none"/>`+"\n",
-				gx, gy, gx-d, gy, gx-d, ly, gx, ly)
-			fmt.Fprintf(&b, `<circle cx="%.1f" cy="%.1f" r="2" fill="#888"/>`+"\n", gx, gy)
-		}
+// grid draws the time axis, in milliseconds from the first span's start.
+func (w *waterfall) grid(b *strings.Builder) {
+	ms := float64(max(w.end.Sub(w.start), time.Microsecond)) / float64(time.Millisecond)
+	bottom := float64(wfTop + len(w.rows)*wfRowH)
+	for v := 0.0; v <= ms+1e-9; v += niceCeil(ms / 6) {
+		px := w.x(w.start.Add(time.Duration(v * float64(time.Millisecond))))
+		fmt.Fprintf(b, `<line x1="%.1f" y1="%d" x2="%.1f" y2="%.1f" stroke="#eee"/>`+"\n", px, wfTop-8, px, bottom)
+		fmt.Fprintf(b, `<text x="%.1f" y="%.1f" text-anchor="middle" fill="#555">%s ms</text>`+"\n", px, bottom+14, fmtNum(v))
 	}
+}
 
-	// Legend.
-	ly := y(len(w.rows)) + 38
-	lx := 16.0
+// bar draws row i: its label, its bar with a tick per event (a retry, a
+// breaker refusal), and its duration.
+func (w *waterfall) bar(b *strings.Builder, i int, r row) {
+	s, cy := r.s, w.y(i)
+	name := s.Name
+	if len(name) > wfLabelN {
+		name = name[:wfLabelN-1] + "…"
+	}
+	fmt.Fprintf(b, `<text x="%d" y="%.1f" fill="#222">%s</text>`+"\n", 16+14*r.depth, cy+4, esc(name))
+	x0, x1 := w.x(s.StartTime), max(w.x(s.EndTime), w.x(s.StartTime)+1.5)
+	stroke := ""
+	if s.failed() {
+		stroke = ` stroke="#a00" stroke-width="1.5"`
+	}
+	fmt.Fprintf(b, `<rect x="%.1f" y="%.1f" width="%.1f" height="%d" rx="2" fill="%s"%s><title>%s</title></rect>`+"\n",
+		x0, cy-wfBarH/2, x1-x0, wfBarH, color(s, r.inLoad), stroke, esc(tooltip(s)))
+	for _, ev := range s.Events {
+		fmt.Fprintf(b, `<path d="M%.1f %.1fv%d" stroke="white" stroke-width="2.5"><title>%s</title></path>`+"\n",
+			w.x(ev.Time), cy-wfBarH/2, wfBarH, esc(ev.Name))
+	}
+	fmt.Fprintf(b, `<text x="%.1f" y="%.1f" fill="#555">%s</text>`+"\n", x1+5, cy+4, fmtMs(s.EndTime.Sub(s.StartTime)))
+}
+
+// arcs draws, in the gutter left of the bars, an arc from every wait that
+// links to the load to the load's row, wider the farther apart the rows
+// are, so that they nest rather than cross.
+func (w *waterfall) arcs(b *strings.Builder) {
+	loadRow := slices.IndexFunc(w.rows, func(r row) bool { return r.s == w.load })
+	if w.load == nil || loadRow < 0 {
+		return
+	}
+	gx, ly := float64(wfLeft-6), w.y(loadRow)
+	far := max(1, loadRow, len(w.rows)-1-loadRow)
+	for i, r := range w.rows {
+		if !linksTo(r.s, w.load) {
+			continue
+		}
+		gy := w.y(i)
+		d := 8 + 36*float64(abs(i-loadRow))/float64(far)
+		fmt.Fprintf(b, `<path d="M%.1f %.1f C%.1f %.1f %.1f %.1f %.1f %.1f" stroke="#888" stroke-dasharray="3 3" fill="none"/>`+"\n",
+			gx, gy, gx-d, gy, gx-d, ly, gx, ly)
+		fmt.Fprintf(b, `<circle cx="%.1f" cy="%.1f" r="2" fill="#888"/>`+"\n", gx, gy)
+	}
+}
+
+// legend draws the colours, the link and the event tick on one line at y.
+func (w *waterfall) legend(b *strings.Builder, y float64) {
+	x := 16.0
 	for _, item := range []struct{ color, label string }{
 		{colRequest, "request"}, {colWait, "flightcache.get: a Get's wait"}, {colLoadErr, "flightcache.load, failed"},
 		{colLoadOK, "ok"}, {colInner, "inside the load"},
 	} {
-		fmt.Fprintf(&b, `<rect x="%.1f" y="%.1f" width="12" height="12" fill="%s"/><text x="%.1f" y="%.1f">%s</text>`+"\n",
-			lx, ly-10, item.color, lx+16, ly, esc(item.label))
-		lx += 16 + 6.5*float64(len(item.label)) + 22
+		fmt.Fprintf(b, `<rect x="%.1f" y="%.1f" width="12" height="12" fill="%s"/><text x="%.1f" y="%.1f">%s</text>`+"\n",
+			x, y-10, item.color, x+16, y, esc(item.label))
+		x += 16 + 6.5*float64(len(item.label)) + 22
 	}
-	fmt.Fprintf(&b, `<path d="M%.1f %.1f h24" stroke="#888" stroke-dasharray="3 3"/><text x="%.1f" y="%.1f">link</text>`+"\n", lx, ly-4, lx+28, ly)
-	lx += 62
-	fmt.Fprintf(&b, `<rect x="%.1f" y="%.1f" width="12" height="12" fill="%s"/><path d="M%.1f %.1fv12" stroke="white" stroke-width="2.5"/><text x="%.1f" y="%.1f">event</text>`+"\n",
-		lx, ly-10, colLoadErr, lx+6, ly-10, lx+16, ly)
-	b.WriteString("</svg>\n")
-	return b.String()
+	fmt.Fprintf(b, `<path d="M%.1f %.1f h24" stroke="#888" stroke-dasharray="3 3"/><text x="%.1f" y="%.1f">link</text>`+"\n", x, y-4, x+28, y)
+	x += 62
+	fmt.Fprintf(b, `<rect x="%.1f" y="%.1f" width="12" height="12" fill="%s"/><path d="M%.1f %.1fv12" stroke="white" stroke-width="2.5"/><text x="%.1f" y="%.1f">event</text>`+"\n",
+		x, y-10, colLoadErr, x+6, y-10, x+16, y)
 }
 
 // captions are the picture's title and the line under it.
