@@ -61,12 +61,6 @@ import (
 	"time"
 
 	"github.com/flightcache/flightcache"
-	"github.com/flightcache/flightcache/otelflightcache"
-	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/collectors"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
-	otelprom "go.opentelemetry.io/otel/exporters/prometheus"
-	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 )
 
 func main() {
@@ -158,37 +152,17 @@ func run(ctx context.Context, args []string, out io.Writer) (err error) {
 	}
 	log := slog.New(slog.NewTextHandler(out, nil))
 
-	// Metrics: on an OpenTelemetry meter provider, exposed in the
-	// Prometheus text format. Nothing here runs until scraped, so an error
-	// below needs no cleanup of it.
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector())
-	exporter, err := otelprom.New(otelprom.WithRegisterer(reg), otelprom.WithoutScopeInfo())
-	if err != nil {
-		return err
-	}
-	provider := sdkmetric.NewMeterProvider(sdkmetric.WithReader(exporter))
-	// Traces: on a tracer provider that exports them (-trace, -otlp), or
-	// on a no-op one. Its exporters are flushed and stopped on the way out.
-	tracing, stopTracing, err := newTracerProvider(ctx, cfg, out)
+	// Metrics and traces, for the Loader in one value and one field. Its
+	// exporters are flushed and stopped on the way out.
+	tel, err := newTelemetry(ctx, cfg, out)
 	if err != nil {
 		return err
 	}
 	defer func() {
 		stopCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 		defer cancel()
-		err = errors.Join(err, stopTracing(stopCtx))
+		err = errors.Join(err, tel.stop(stopCtx))
 	}()
-	tracer := tracing.Tracer("github.com/flightcache/flightcache/examples/httpserver")
-	// Both, for the Loader, in one value and one field.
-	observer, err := otelflightcache.NewObserver[string](
-		otelflightcache.WithName("products"),
-		otelflightcache.WithMeterProvider(provider),
-		otelflightcache.WithTracerProvider(tracing),
-	)
-	if err != nil {
-		return err
-	}
 
 	// The downstream: the pricing service, on its own loopback server.
 	pricing := &pricingService{
@@ -211,9 +185,9 @@ func run(ctx context.Context, args []string, out io.Writer) (err error) {
 	// The repository: the plain HTTP one, behind a cached one.
 	transport := http.DefaultTransport.(*http.Transport).Clone()
 	transport.MaxIdleConnsPerHost = 64
-	plain := &HTTPRepository{Client: &http.Client{Transport: tracedTransport{transport, tracer}}, BaseURL: pricingURL}
+	plain := &HTTPRepository{Client: &http.Client{Transport: tracedTransport{transport, tel.tracer}}, BaseURL: pricingURL}
 	opts := cacheOptions(cfg)
-	opts.Observer = observer
+	opts.Observer = tel.observer
 	products, err := NewCachedRepository(plain, opts)
 	if err != nil {
 		return errors.Join(err, pricingSrv.Close())
@@ -222,10 +196,10 @@ func run(ctx context.Context, args []string, out io.Writer) (err error) {
 	a := &api{
 		repo:       products,
 		stats:      products.Stats,
-		metrics:    promhttp.HandlerFor(reg, promhttp.HandlerOpts{}),
+		metrics:    tel.metrics,
 		retryAfter: opts.Breaker.OpenTimeout,
 		log:        log,
-		tracer:     tracer,
+		tracer:     tel.tracer,
 	}
 	ln, err := net.Listen("tcp", cfg.addr)
 	if err != nil {
@@ -253,7 +227,7 @@ func run(ctx context.Context, args []string, out io.Writer) (err error) {
 	err = srv.Shutdown(shutdownCtx)
 	err = errors.Join(err, products.Close())
 	transport.CloseIdleConnections()
-	err = errors.Join(err, pricingSrv.Shutdown(shutdownCtx), provider.Shutdown(shutdownCtx))
+	err = errors.Join(err, pricingSrv.Shutdown(shutdownCtx))
 	if err != nil {
 		return err
 	}

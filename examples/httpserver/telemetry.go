@@ -2,20 +2,68 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
 	"strings"
 
+	"github.com/flightcache/flightcache/otelflightcache"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/exporters/otlp/otlptrace/otlptracehttp"
+	otelprom "go.opentelemetry.io/otel/exporters/prometheus"
 	"go.opentelemetry.io/otel/exporters/stdout/stdouttrace"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"go.opentelemetry.io/otel/sdk/resource"
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 	"go.opentelemetry.io/otel/trace"
 	"go.opentelemetry.io/otel/trace/noop"
 )
+
+// telemetry is where the server's metrics and traces go.
+type telemetry struct {
+	metrics  http.Handler                      // GET /metrics, in the Prometheus format
+	observer *otelflightcache.Observer[string] // the Loader's Options.Observer: both
+	tracer   trace.Tracer                      // the server's own spans
+	stop     func(context.Context) error       // flushes and stops the exporters
+}
+
+// newTelemetry sets up the metrics (an OpenTelemetry meter provider read
+// by the Prometheus exporter, so nothing runs until /metrics is scraped),
+// the traces (newTracerProvider) and the Observer that reports both for
+// the Loader.
+func newTelemetry(ctx context.Context, cfg config, out io.Writer) (*telemetry, error) {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector())
+	exporter, err := otelprom.New(otelprom.WithRegisterer(reg), otelprom.WithoutScopeInfo())
+	if err != nil {
+		return nil, err
+	}
+	meters := sdkmetric.NewMeterProvider(sdkmetric.WithReader(exporter))
+	tracing, stopTracing, err := newTracerProvider(ctx, cfg, out)
+	if err != nil {
+		return nil, errors.Join(err, meters.Shutdown(ctx))
+	}
+	stop := func(ctx context.Context) error { return errors.Join(meters.Shutdown(ctx), stopTracing(ctx)) }
+	observer, err := otelflightcache.NewObserver[string](
+		otelflightcache.WithName("products"),
+		otelflightcache.WithMeterProvider(meters),
+		otelflightcache.WithTracerProvider(tracing),
+	)
+	if err != nil {
+		return nil, errors.Join(err, stop(ctx))
+	}
+	return &telemetry{
+		metrics:  promhttp.HandlerFor(reg, promhttp.HandlerOpts{}),
+		observer: observer,
+		tracer:   tracing.Tracer("github.com/flightcache/flightcache/examples/httpserver"),
+		stop:     stop,
+	}, nil
+}
 
 // newTracerProvider returns where the server's spans go: to out as JSON
 // lines with -trace stdout, to an OTLP/HTTP collector with -otlp, to both,
