@@ -174,13 +174,15 @@ const (
 	// EvictionPolicy: the cache's policy evicted the entry to make room
 	// (counted in Stats.Evicted).
 	EvictionPolicy EvictionCause = iota + 1
-	// EvictionExpired: the entry outlived its freshness and stale windows.
+	// EvictionExpired: the entry had outlived its freshness and stale
+	// windows when it left, whether a new value took its place or room was
+	// made: the cache keeps an expired entry until then.
 	EvictionExpired
 	// EvictionRejected: the cache's admission policy refused the entry; it
 	// was never stored (counted in Stats.SetsRejected).
 	EvictionRejected
 	// EvictionReplaced: a newer value of the key (a load, a reload, a Set)
-	// took the entry's place.
+	// took the place of the entry while it was still fresh or stale.
 	EvictionReplaced
 	// EvictionInvalidated: [Loader.Invalidate], [Loader.InvalidateAll] or
 	// a watching Remote dropped it.
