@@ -113,6 +113,17 @@ type Options[K comparable, V any] struct {
 	// Stats.Panics.
 	OnLoad func(LoadEvent[K])
 
+	// Observer, if set, sees every load, from its start to its end, and
+	// every Get that waited on one, for metrics and traces (the
+	// otelflightcache module has one for OpenTelemetry): see [Observer].
+	// The context its LoadStart returns is the load's context, which the
+	// LoadFunc receives. It is never called on a hit or a stale hit. Its
+	// calls go through the guard, as OnLoad's do: a panic is counted in
+	// Stats.Panics and loses no result. OnLoad is called as well. To set
+	// several, combine them with [Observers]. nil means nothing is
+	// observed.
+	Observer Observer[K]
+
 	// Freshness, if set, gives each value its own lifetime: it is called for
 	// every value loaded, reloaded or Set, on the goroutine that stores it,
 	// outside every lock and through the guard that every callback goes

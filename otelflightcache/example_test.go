@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"time"
 
@@ -15,12 +16,60 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	otelprom "go.opentelemetry.io/otel/exporters/prometheus"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 )
 
-// The whole wiring, exposed for Prometheus: the Metrics first, then the
-// Loader with its OnLoad, then Observe. A handler would call RecordWait
-// after each GetInfo and serve promhttp.HandlerFor(reg, ...) on /metrics.
+// The whole wiring: an Observer on the application's providers, set in the
+// Loader's one field. A Get that waits on a load makes a flightcache.get
+// span under its own span, linked to the load's flightcache.load span; a
+// hit makes none.
 func Example() {
+	spans := tracetest.NewInMemoryExporter() // an OTLP or stdout exporter in a service
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(spans))
+	defer tp.Shutdown(context.Background())
+	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(sdkmetric.NewManualReader()))
+	defer mp.Shutdown(context.Background())
+
+	obs, err := otelflightcache.NewObserver[string](
+		otelflightcache.WithName("prices"),
+		otelflightcache.WithMeterProvider(mp),
+		otelflightcache.WithTracerProvider(tp),
+	)
+	if err != nil {
+		log.Fatal(err)
+	}
+	prices, err := flightcache.New(func(ctx context.Context, sku string) (int, error) {
+		return 1999, nil // the downstream call, under the load's span
+	}, flightcache.Options[string, int]{TTL: time.Minute, Observer: obs})
+	if err != nil {
+		log.Fatal(err)
+	}
+
+	ctx, request := tp.Tracer("app").Start(context.Background(), "GET /prices/sku-1")
+	prices.Get(ctx, "sku-1") // a miss: a load span and a get span
+	prices.Get(ctx, "sku-1") // a hit: no span
+	request.End()
+	prices.Close() // waits for the load's LoadEnd
+
+	var names []string
+	for _, s := range spans.GetSpans() {
+		names = append(names, s.Name)
+	}
+	slices.Sort(names)
+	fmt.Println(strings.Join(names, "\n"))
+	// Once the Loader calls its Observer, this prints:
+	//
+	//	GET /prices/sku-1
+	//	flightcache.get
+	//	flightcache.load
+}
+
+// The deprecated Metrics, exposed for Prometheus: the Metrics first, then
+// the Loader with its OnLoad, then Observe. A handler would call
+// RecordWait after each GetInfo and serve promhttp.HandlerFor(reg, ...) on
+// /metrics.
+func ExampleNew() {
 	reg := prometheus.NewRegistry()
 	exporter, err := otelprom.New(otelprom.WithRegisterer(reg), otelprom.WithoutScopeInfo(), otelprom.WithoutTargetInfo())
 	if err != nil {

@@ -1,47 +1,101 @@
 // Package otelflightcache reports what a [flightcache.Loader] does as
-// OpenTelemetry metrics, so that any OpenTelemetry exporter (Prometheus,
-// OTLP, ...) can show them.
+// OpenTelemetry traces and metrics, so that any OpenTelemetry exporter
+// (OTLP, Prometheus, stdout...) shows them where the rest of a service's
+// telemetry already is.
 //
 // It lives in its own module: the flightcache core does not depend on
 // OpenTelemetry.
 //
 // # Wiring
 //
-// A [Metrics] has three inputs, one per kind of measurement:
+// One value in one field: an [Observer], set as
+// [flightcache.Options.Observer].
 //
-//   - [Metrics.OnLoad], set as (or called from) [flightcache.Options.OnLoad],
-//     feeds the per-load histograms;
-//   - [Metrics.RecordWait], called with the [flightcache.Info] that
-//     [flightcache.Loader.GetInfo] returned, feeds the wait-time histogram;
-//   - [Metrics.Observe] reads [flightcache.Loader.Stats] at every collection
-//     for the counters and gauges.
+//	obs, err := otelflightcache.NewObserver[string](
+//		otelflightcache.WithName("prices"),
+//		otelflightcache.WithMeterProvider(mp),  // default: otel.GetMeterProvider()
+//		otelflightcache.WithTracerProvider(tp), // default: otel.GetTracerProvider()
+//	)
+//	prices, err := flightcache.New(load, flightcache.Options[string, Price]{TTL: time.Minute, Observer: obs})
 //
-// Create the Metrics first, then the Loader with its OnLoad, then call
-// Observe with the Loader; see the package example.
+// The Loader calls it for every load and every Get that waited on one,
+// never for a hit, and hands it its Stats for the counters.
 //
-// # Instruments
+// # Spans
 //
-// Every measurement carries the attribute cache, whose value is
-// [Options.Name]. Names are OpenTelemetry's; the Prometheus exporter turns
-// dots into underscores and adds _seconds to durations and _total to
-// counters.
+// The instrumentation scope of spans and metrics is [ScopeName]. Spans:
 //
-// Histograms, from OnLoad and RecordWait:
+//   - flightcache.load, one per load (one per LoadMany call): a child of
+//     the span of the Get that started it; for a background refresh, a
+//     root span linked to the span of the Get (or Refresh) that triggered
+//     it. The LoadFunc receives the load's context, so its own spans nest
+//     under it. Attributes: flightcache.name, flightcache.load.keys,
+//     flightcache.load.background, flightcache.load.reload, and, set at
+//     the end, flightcache.load.callers (the blast radius),
+//     flightcache.load.attempts, flightcache.load.not_modified,
+//     flightcache.load.outcome. A failed load has status Error and
+//     error.type, its outcome. An event per retry (flightcache.retry:
+//     flightcache.load.attempt, flightcache.retry.delay in seconds,
+//     error.type, exception.message) and per breaker refusal
+//     (flightcache.breaker.rejected: flightcache.load.attempt).
+//   - flightcache.get, one per Get that waited on a load: a child of that
+//     Get's own span, from when it began to wait to when it had its
+//     answer, linked to the load's span (the link is given at creation,
+//     where samplers see it). Attributes: flightcache.name,
+//     flightcache.get.source; a Get that returned an error has status
+//     Error and error.type. A hit makes no span.
 //
-//	flightcache.load.duration  s         one load, retries included       outcome, background
-//	flightcache.load.callers   {caller}  Gets that received one load's    outcome
-//	                                     result: a failure's blast radius
-//	flightcache.wait.duration  s         one Get's wait for a load        source
+// An outcome is one of ok, not_found, timeout, breaker_open, canceled,
+// panic, error.
 //
-// outcome is one of ok, not_found, timeout, breaker_open, canceled, error
-// (not_found: a load error the Loader judged a not-found, LoadEvent.NotFound);
-// source is the [flightcache.Source] of the Get (loaded, shared,
-// stale-on-error; none for a Get whose context ended first).
+// # Metrics
 //
-// Counters, from Stats (one per field, named after it). Each is reported
-// as at least its last reported value, so that none ever goes down (see
-// [Metrics.Observe]):
+// Names are OpenTelemetry's (the Prometheus exporter turns dots into
+// underscores and adds _seconds and _total). Every measurement has the
+// attribute flightcache.name.
 //
+// Histograms, as loads end and Gets finish waiting:
+//
+//	flightcache.load.duration      s      one load, retries included      flightcache.load.outcome, flightcache.load.background
+//	flightcache.load.callers       {get}  Gets one load's result reached  flightcache.load.outcome
+//	flightcache.get.wait.duration  s      one Get's wait on a load        flightcache.get.source
+//
+// Read at collection time, from the Loader's Stats (counters never go
+// down, see [Metrics.Observe]) and, for evictions, from the Loader's
+// eviction events:
+//
+//	flightcache.gets               counter         {get}    flightcache.get.result: hit, stale, miss, closed
+//	flightcache.loads              counter         {load}   downstream loads
+//	flightcache.load.errors        counter         {load}   loads that failed
+//	flightcache.shared             counter         {get}    Gets served by a load they did not start
+//	flightcache.shared.errors      counter         {get}    of those, the ones that got its error
+//	flightcache.refreshes          counter         {load}   background loads started
+//	flightcache.evictions          counter         {entry}  flightcache.eviction.cause: policy, expired, rejected, replaced, invalidated
+//	flightcache.breaker.rejected   counter         {call}   calls the breaker refused
+//	flightcache.panics             counter         {panic}  panics recovered in user code
+//	flightcache.load.active        up-down counter {load}   loads running now
+//	flightcache.get.active         up-down counter {get}    Gets waiting on a load now
+//	flightcache.breaker.state      gauge                    1 for the current flightcache.breaker.state (closed, half-open, open), 0 for the others
+//
+// After the Loader's Close the counters keep their last values.
+//
+// # The Metrics API (deprecated)
+//
+// [New] and [Metrics], the metrics-only API that came first, keep
+// working, but are deprecated: wire an Observer instead. Their attribute
+// is cache rather than flightcache.name, their wait histogram is
+// flightcache.wait.duration, and several of their instruments differ
+// (flightcache.loads.in_flight, flightcache.waiting,
+// flightcache.cache.evictions...). Do not wire both for one Loader: the
+// counters they share, flightcache.gets among them, would be reported
+// twice. A Metrics has three inputs: [Metrics.OnLoad], set as (or called
+// from) [flightcache.Options.OnLoad]; [Metrics.RecordWait], called with
+// the [flightcache.Info] of every GetInfo; and [Metrics.Observe], which
+// reads [flightcache.Loader.Stats] at every collection. Its instruments:
+//
+//	flightcache.load.duration  s         histogram  outcome, background
+//	flightcache.load.callers   {caller}  histogram  outcome
+//	flightcache.wait.duration  s         histogram  source
 //	flightcache.gets                {get}    result=hit|stale|miss|closed
 //	flightcache.shared              {get}    misses served by a load they did not start
 //	flightcache.shared.errors       {get}    of those, the ones that received an error
@@ -57,14 +111,13 @@
 //	flightcache.cache.sets.dropped  {set}    fills the cache's set buffer dropped
 //	flightcache.cache.sets.rejected {set}    fills the cache's admission policy refused
 //	flightcache.cache.evictions     {entry}  entries evicted to make room
+//	flightcache.loads.in_flight     {load}    gauge: loads running now
+//	flightcache.waiting             {get}     gauge: Gets waiting on a load now
+//	flightcache.load.max_callers    {caller}  gauge: the most Gets one load reached
+//	flightcache.breaker.state                 gauge: 1 for the current state, 0 for the others; state=closed|half-open|open
 //
-// Gauges, from Stats:
-//
-//	flightcache.loads.in_flight     {load}    loads running now
-//	flightcache.waiting             {get}     Gets waiting on a load now
-//	flightcache.load.max_callers    {caller}  the most Gets one load reached
-//	flightcache.breaker.state                 1 for the current state, 0 for
-//	                                          the others; state=closed|half-open|open
+// outcome is one of ok, not_found, timeout, breaker_open, canceled, error
+// ([Outcome]); source is the [flightcache.Source] of the Get.
 package otelflightcache
 
 import (
@@ -80,7 +133,8 @@ import (
 	"go.opentelemetry.io/otel/metric"
 )
 
-// ScopeName is the instrumentation scope of the meter Metrics creates.
+// ScopeName is the instrumentation scope of the tracer and the meter an
+// Observer (or a Metrics) creates: this module's import path.
 const ScopeName = "github.com/flightcache/flightcache/otelflightcache"
 
 // DefaultDurationBuckets are the bucket boundaries, in seconds, of the
@@ -95,6 +149,8 @@ var DefaultDurationBuckets = []float64{
 var DefaultCallerBuckets = []float64{0, 1, 2, 3, 5, 10, 20, 50, 100, 200, 500, 1000}
 
 // Options configures [New]. Its zero value is valid.
+//
+// Deprecated: Options belongs to [Metrics]; see [NewObserver].
 type Options struct {
 	// Name is the value of the cache attribute on every measurement, to
 	// tell several Loaders apart. "" means "default".
@@ -114,6 +170,12 @@ type Options struct {
 // Metrics records the behaviour of one [flightcache.Loader] with keys of
 // type K. Create it with [New]. It is safe for concurrent use; its methods
 // never block on the Loader.
+//
+// Deprecated: use an [Observer], set as [flightcache.Options.Observer]:
+// metrics and traces in one field. Its attribute cache and its
+// flightcache.wait.duration differ from the Observer's flightcache.name
+// and flightcache.get.wait.duration, so wiring both for one Loader would
+// report flightcache.gets (and the other counters they share) twice.
 type Metrics[K comparable] struct {
 	meter   metric.Meter
 	cache   attribute.KeyValue
@@ -149,6 +211,11 @@ var sources = []flightcache.Source{
 // [ScopeName]. It returns an error naming the field if opts is invalid, or
 // the meter's error if an instrument cannot be created. Nothing is
 // reported until the Metrics is wired in: see the package documentation.
+//
+// Deprecated: use [NewObserver], whose Observer is wired with one field
+// and reports traces too. Wiring both for one Loader would report
+// flightcache.gets (and the other counters they share) twice, under the
+// attribute cache and under flightcache.name.
 func New[K comparable](mp metric.MeterProvider, opts Options) (*Metrics[K], error) {
 	if mp == nil {
 		return nil, errors.New("otelflightcache: nil MeterProvider")

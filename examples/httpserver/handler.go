@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/flightcache/flightcache"
+	"go.opentelemetry.io/otel/trace"
 )
 
 // infoGetter is what a repository implements, beside ProductRepository, to
@@ -33,6 +34,8 @@ type api struct {
 	// open: the breaker's OpenTimeout (0 means its default).
 	retryAfter time.Duration
 	log        *slog.Logger
+	// tracer, if set, starts a server span for every request.
+	tracer trace.Tracer
 }
 
 // routes returns the API's handler.
@@ -46,6 +49,9 @@ func (a *api) routes() http.Handler {
 	}
 	if a.metrics != nil {
 		mux.Handle("GET /metrics", a.metrics)
+	}
+	if a.tracer != nil {
+		return traced(a.tracer, mux)
 	}
 	return mux
 }

@@ -15,11 +15,6 @@ import (
 	"time"
 
 	"github.com/flightcache/flightcache"
-	"github.com/flightcache/flightcache/otelflightcache"
-	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
-	otelprom "go.opentelemetry.io/otel/exporters/prometheus"
-	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"go.uber.org/goleak"
 )
 
@@ -91,7 +86,7 @@ func newFixtureWith(t *testing.T, svc *pricingService, opts flightcache.Options[
 	if opts.TTL == 0 {
 		opts.TTL = 10 * time.Second
 	}
-	repo, err := NewCachedRepository(plain, opts, nil)
+	repo, err := NewCachedRepository(plain, opts)
 	if err != nil {
 		t.Fatalf("NewCachedRepository: %v", err)
 	}
@@ -320,7 +315,7 @@ func TestClientDisconnect(t *testing.T) {
 	transport := &http.Transport{}
 	defer transport.CloseIdleConnections()
 	repo, err := NewCachedRepository(&HTTPRepository{Client: &http.Client{Transport: transport}, BaseURL: pricing.URL},
-		flightcache.Options[string, Product]{TTL: time.Minute}, nil)
+		flightcache.Options[string, Product]{TTL: time.Minute})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -387,34 +382,14 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 	}
 }
 
-func TestDebugAndMetrics(t *testing.T) {
+func TestDebugStats(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		reg := prometheus.NewRegistry()
-		exporter, err := otelprom.New(otelprom.WithRegisterer(reg), otelprom.WithoutScopeInfo(), otelprom.WithoutTargetInfo())
-		if err != nil {
-			t.Fatal(err)
-		}
-		provider := sdkmetric.NewMeterProvider(sdkmetric.WithReader(exporter))
-		defer provider.Shutdown(context.Background())
-		metrics, err := otelflightcache.New[string](provider, otelflightcache.Options{Name: "products"})
-		if err != nil {
-			t.Fatal(err)
-		}
-		down := &faults{next: (&pricingService{Latency: 100 * time.Millisecond}).Handler()}
-		repo, err := NewCachedRepository(&HTTPRepository{Client: &http.Client{Transport: inProcess{down}}, BaseURL: "http://pricing.test"},
-			flightcache.Options[string, Product]{TTL: time.Minute}, metrics)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer repo.Close()
-		h := (&api{repo: repo, stats: repo.Stats, metrics: promhttp.HandlerFor(reg, promhttp.HandlerOpts{}),
-			log: slog.New(slog.DiscardHandler)}).routes()
+		f := newFixture(t, flightcache.Options[string, Product]{TTL: time.Minute})
+		want(t, "GET", get(f.h, "/products/9"), http.StatusOK, "X-Cache", "loaded")
+		want(t, "GET", get(f.h, "/products/9"), http.StatusOK, "X-Cache", "hit")
+		synctest.Wait() // the load has been counted
 
-		want(t, "GET", get(h, "/products/9"), http.StatusOK, "X-Cache", "loaded")
-		want(t, "GET", get(h, "/products/9"), http.StatusOK, "X-Cache", "hit")
-		synctest.Wait() // the load has been counted and reported
-
-		rec := get(h, "/debug/flightcache")
+		rec := get(f.h, "/debug/flightcache")
 		want(t, "/debug/flightcache", rec, http.StatusOK, "Content-Type", "application/json")
 		var stats map[string]any
 		if err := json.Unmarshal(rec.Body.Bytes(), &stats); err != nil {
@@ -425,27 +400,13 @@ func TestDebugAndMetrics(t *testing.T) {
 				t.Errorf("/debug/flightcache %s = %v; want %v", k, stats[k], v)
 			}
 		}
-
-		rec = get(h, "/metrics")
-		want(t, "/metrics", rec, http.StatusOK)
-		for _, line := range []string{
-			`flightcache_gets_total{cache="products",result="hit"} 1`,
-			`flightcache_loads_total{cache="products"} 1`,
-			`flightcache_load_duration_seconds_count{background="false",cache="products",outcome="ok"} 1`,
-			`flightcache_load_callers_count{cache="products",outcome="ok"} 1`,
-			`flightcache_wait_duration_seconds_sum{cache="products",source="loaded"} 0.1`,
-			`flightcache_breaker_state{cache="products",state="closed"} 1`,
-		} {
-			if !strings.Contains(rec.Body.String(), line+"\n") {
-				t.Errorf("/metrics lacks %s", line)
-			}
-		}
 	})
 }
 
 func TestParseFlags(t *testing.T) {
 	for _, args := range [][]string{
 		{"-fail", "2"}, {"-latency", "-1s"}, {"-ttl", "0s"}, {"extra"}, {"-nope"},
+		{"-trace", "jaeger"}, {"-otlp", "collector"},
 	} {
 		if _, err := parseFlags(args, io.Discard); err == nil {
 			t.Errorf("parseFlags(%q) = nil error", args)

@@ -17,6 +17,15 @@
 //	GET /debug/flightcache  the Loader's Stats, as JSON
 //	GET /metrics            Prometheus metrics, from otelflightcache
 //
+// The Loader reports its metrics and traces through one
+// otelflightcache.Observer, set as Options.Observer. Every request is a
+// server span; a request that waits on a load has a flightcache.get span
+// under it, linked to the load's flightcache.load span, under which the
+// pricing call is a client span. -trace stdout prints the spans as JSON
+// lines (the bench module's report tool draws them: report trace);
+// -otlp host:port sends them to an OpenTelemetry collector over OTLP/HTTP
+// (port 4318 by default).
+//
 // The API reads products through a ProductRepository: HTTPRepository calls
 // the pricing service on every Get; CachedRepository, a drop-in with the
 // same interface, puts a Loader in front of it. Both are ManyGetters too,
@@ -32,7 +41,7 @@
 //
 // Usage:
 //
-//	go run ./examples/httpserver [-addr 127.0.0.1:8080] [-latency 80ms] [-fail 0.05]
+//	go run ./examples/httpserver [-addr 127.0.0.1:8080] [-latency 80ms] [-fail 0.05] [-trace stdout] [-otlp host:port]
 //	curl -i localhost:8080/products/42
 //	curl -i 'localhost:8080/products?ids=1,2,3'
 package main
@@ -52,12 +61,6 @@ import (
 	"time"
 
 	"github.com/flightcache/flightcache"
-	"github.com/flightcache/flightcache/otelflightcache"
-	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/collectors"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
-	otelprom "go.opentelemetry.io/otel/exporters/prometheus"
-	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 )
 
 func main() {
@@ -78,6 +81,8 @@ type config struct {
 	failRate          float64
 	ttl               time.Duration
 	loadTimeout       time.Duration
+	trace             string // "" or "stdout"
+	otlp              string // host:port of an OTLP/HTTP collector, or ""
 }
 
 func parseFlags(args []string, out io.Writer) (config, error) {
@@ -90,6 +95,8 @@ func parseFlags(args []string, out io.Writer) (config, error) {
 	fs.Float64Var(&cfg.failRate, "fail", 0.05, "share of pricing requests that fail, in [0, 1]")
 	fs.DurationVar(&cfg.ttl, "ttl", 10*time.Second, "how long a price is fresh; it is then served stale for as long again while it refreshes")
 	fs.DurationVar(&cfg.loadTimeout, "load-timeout", time.Second, "bound on one load of a price, retries included")
+	fs.StringVar(&cfg.trace, "trace", "", "where spans are printed: stdout (as JSON lines), or nowhere")
+	fs.StringVar(&cfg.otlp, "otlp", "", "host:port of an OpenTelemetry collector to send spans to over OTLP/HTTP")
 	if err := fs.Parse(args); err != nil {
 		return cfg, err
 	}
@@ -102,6 +109,13 @@ func parseFlags(args []string, out io.Writer) (config, error) {
 		return cfg, fmt.Errorf("-latency must be >= 0, got %v", cfg.latency)
 	case cfg.ttl <= 0 || cfg.loadTimeout <= 0:
 		return cfg, errors.New("-ttl and -load-timeout must be > 0")
+	case cfg.trace != "" && cfg.trace != "stdout":
+		return cfg, fmt.Errorf("-trace must be stdout, got %q", cfg.trace)
+	}
+	if cfg.otlp != "" {
+		if _, _, err := net.SplitHostPort(cfg.otlp); err != nil {
+			return cfg, fmt.Errorf("-otlp must be host:port: %w", err)
+		}
 	}
 	return cfg, nil
 }
@@ -129,28 +143,26 @@ func cacheOptions(cfg config) flightcache.Options[string, Product] {
 	}
 }
 
-// run serves until ctx ends, then shuts down gracefully. It logs to out.
-func run(ctx context.Context, args []string, out io.Writer) error {
+// run serves until ctx ends, then shuts down gracefully. It logs to out,
+// and prints spans there with -trace stdout.
+func run(ctx context.Context, args []string, out io.Writer) (err error) {
 	cfg, err := parseFlags(args, out)
 	if err != nil {
 		return err
 	}
 	log := slog.New(slog.NewTextHandler(out, nil))
 
-	// Metrics: otelflightcache on an OpenTelemetry meter provider, exposed
-	// in the Prometheus text format. Nothing here runs until scraped, so
-	// an error below needs no cleanup of it.
-	reg := prometheus.NewRegistry()
-	reg.MustRegister(collectors.NewGoCollector())
-	exporter, err := otelprom.New(otelprom.WithRegisterer(reg), otelprom.WithoutScopeInfo())
+	// Metrics and traces, for the Loader in one value and one field. Its
+	// exporters are flushed and stopped on the way out.
+	tel, err := newTelemetry(ctx, cfg, out)
 	if err != nil {
 		return err
 	}
-	provider := sdkmetric.NewMeterProvider(sdkmetric.WithReader(exporter))
-	metrics, err := otelflightcache.New[string](provider, otelflightcache.Options{Name: "products"})
-	if err != nil {
-		return err
-	}
+	defer func() {
+		stopCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		defer cancel()
+		err = errors.Join(err, tel.stop(stopCtx))
+	}()
 
 	// The downstream: the pricing service, on its own loopback server.
 	pricing := &pricingService{
@@ -173,9 +185,10 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 	// The repository: the plain HTTP one, behind a cached one.
 	transport := http.DefaultTransport.(*http.Transport).Clone()
 	transport.MaxIdleConnsPerHost = 64
-	plain := &HTTPRepository{Client: &http.Client{Transport: transport}, BaseURL: pricingURL}
+	plain := &HTTPRepository{Client: &http.Client{Transport: tracedTransport{transport, tel.tracer}}, BaseURL: pricingURL}
 	opts := cacheOptions(cfg)
-	products, err := NewCachedRepository(plain, opts, metrics)
+	opts.Observer = tel.observer
+	products, err := NewCachedRepository(plain, opts)
 	if err != nil {
 		return errors.Join(err, pricingSrv.Close())
 	}
@@ -183,9 +196,10 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 	a := &api{
 		repo:       products,
 		stats:      products.Stats,
-		metrics:    promhttp.HandlerFor(reg, promhttp.HandlerOpts{}),
+		metrics:    tel.metrics,
 		retryAfter: opts.Breaker.OpenTimeout,
 		log:        log,
+		tracer:     tel.tracer,
 	}
 	ln, err := net.Listen("tcp", cfg.addr)
 	if err != nil {
@@ -213,7 +227,7 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 	err = srv.Shutdown(shutdownCtx)
 	err = errors.Join(err, products.Close())
 	transport.CloseIdleConnections()
-	err = errors.Join(err, pricingSrv.Shutdown(shutdownCtx), provider.Shutdown(shutdownCtx))
+	err = errors.Join(err, pricingSrv.Shutdown(shutdownCtx))
 	if err != nil {
 		return err
 	}

@@ -14,7 +14,6 @@ import (
 	"time"
 
 	"github.com/flightcache/flightcache"
-	"github.com/flightcache/flightcache/otelflightcache"
 )
 
 // Product is what the repository returns: a product with its current price.
@@ -231,8 +230,7 @@ func productFreshness(_ string, p Product) flightcache.Freshness {
 // Options.NotFoundTTL. Create it with NewCachedRepository and Close it when
 // done.
 type CachedRepository struct {
-	loader  *flightcache.Loader[string, Product]
-	metrics *otelflightcache.Metrics[string] // nil: no metrics
+	loader *flightcache.Loader[string, Product]
 }
 
 // NewCachedRepository returns a CachedRepository that loads from next with
@@ -241,10 +239,11 @@ type CachedRepository struct {
 // Revalidator a product held is revalidated rather than fetched again
 // (Options.Reload: If-None-Match, and a 304 renews it); and when next is a
 // ManyGetter, the products a GetMany misses are loaded through next's
-// GetMany, in batches of at most Options.MaxBatch (Options.LoadMany). If
-// metrics is not nil, the Loader reports to it: its OnLoad is chained
-// before opts.OnLoad, and it observes the Loader's Stats.
-func NewCachedRepository(next ProductRepository, opts flightcache.Options[string, Product], metrics *otelflightcache.Metrics[string]) (*CachedRepository, error) {
+// GetMany, in batches of at most Options.MaxBatch (Options.LoadMany).
+// Metrics and traces come from opts.Observer (an otelflightcache.Observer
+// in main), which the Loader calls for every load and every Get that
+// waited on one.
+func NewCachedRepository(next ProductRepository, opts flightcache.Options[string, Product]) (*CachedRepository, error) {
 	load := func(ctx context.Context, id string) (Product, error) {
 		p, err := next.Get(ctx, id)
 		if errors.Is(err, ErrNotFound) {
@@ -274,26 +273,11 @@ func NewCachedRepository(next ProductRepository, opts flightcache.Options[string
 		// it as a load that returned flightcache.ErrNotFound.
 		opts.LoadMany = mg.GetMany
 	}
-	if metrics != nil {
-		userOnLoad := opts.OnLoad
-		opts.OnLoad = func(ev flightcache.LoadEvent[string]) {
-			metrics.OnLoad(ev)
-			if userOnLoad != nil {
-				userOnLoad(ev)
-			}
-		}
-	}
 	l, err := flightcache.New(load, opts)
 	if err != nil {
 		return nil, err
 	}
-	if metrics != nil {
-		if err := metrics.Observe(l); err != nil {
-			l.Close()
-			return nil, err
-		}
-	}
-	return &CachedRepository{loader: l, metrics: metrics}, nil
+	return &CachedRepository{loader: l}, nil
 }
 
 // Get returns the product with id, from the cache or from one load shared
@@ -306,11 +290,7 @@ func (c *CachedRepository) Get(ctx context.Context, id string) (Product, error) 
 // GetInfo is Get that also says where the product came from: the HTTP
 // handler turns the Info into its X-Cache and Age headers.
 func (c *CachedRepository) GetInfo(ctx context.Context, id string) (Product, flightcache.Info, error) {
-	p, info, err := c.loader.GetInfo(ctx, id)
-	if c.metrics != nil {
-		c.metrics.RecordWait(ctx, info)
-	}
-	return p, info, err
+	return c.loader.GetInfo(ctx, id)
 }
 
 // GetMany returns the products with ids, by id, as ManyGetter says: each
@@ -332,12 +312,6 @@ func (c *CachedRepository) Refresh(ctx context.Context, id string) { c.loader.Re
 // Stats returns the Loader's counters.
 func (c *CachedRepository) Stats() flightcache.Stats { return c.loader.Stats() }
 
-// Close stops the Loader (loads in flight are cancelled and waited for) and
-// its metrics. Gets after Close fail with flightcache.ErrClosed.
-func (c *CachedRepository) Close() error {
-	err := c.loader.Close()
-	if c.metrics != nil {
-		err = errors.Join(err, c.metrics.Close())
-	}
-	return err
-}
+// Close stops the Loader (loads in flight are cancelled and waited for).
+// Gets after Close fail with flightcache.ErrClosed.
+func (c *CachedRepository) Close() error { return c.loader.Close() }

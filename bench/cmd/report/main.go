@@ -14,6 +14,12 @@
 // golang.org/x/perf/benchmath, as benchstat computes them, so a 95% interval
 // needs at least 6 runs (-count 6). The charts are written next to the
 // report, in a directory named after it (docs/benchmarks/).
+//
+// The trace subcommand draws spans recorded in a real run (the httpserver
+// example's -trace stdout) as a waterfall SVG: one load, the requests that
+// waited on it and their wait spans, linked to it (see trace.go):
+//
+//	go run ./cmd/report trace [-o ../docs/img/trace.svg] [-requests 12] spans.jsonl
 package main
 
 import (
@@ -28,6 +34,12 @@ import (
 func main() {
 	log.SetFlags(0)
 	log.SetPrefix("report: ")
+	if len(os.Args) > 1 && os.Args[1] == "trace" {
+		if err := traceMain(os.Args[2:]); err != nil {
+			log.Fatal(err)
+		}
+		return
+	}
 	out := flag.String("o", "../docs/benchmarks.md", "the Markdown report to write; charts go to a directory of the same name without .md")
 	wallDir := flag.String("wall", "results/wall", "directory of the expiry-wall traces written by -walltrace")
 	notes := flag.String("notes", "findings.md", "Markdown appended to the report as the findings section (skipped if missing)")

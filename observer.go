@@ -1,0 +1,410 @@
+package flightcache
+
+import (
+	"context"
+	"reflect"
+	"time"
+)
+
+// Observer sees a Loader's loads and the Gets that waited on them, for
+// metrics and traces: set it as [Options.Observer] (the otelflightcache
+// module has one for OpenTelemetry). It is never called on a hit or a
+// stale hit, so the hit path costs the same with an Observer as without.
+//
+// Every call goes through the guard that every callback goes through: a
+// panic is recovered, counted in Stats.Panics, and changes nothing else
+// (the load goes on, its waiters get its result). Calls are made outside
+// every lock of the Loader; an Observer must be safe for concurrent use,
+// and must not block for long: a load's waiters are not held up by
+// LoadEnd, but [Loader.Close] waits for it, and a Get returns only once
+// its Waited has.
+//
+// A Loader also looks, once at [New], for the optional capabilities
+// [StatsObserver], [AttemptObserver] and [EvictionObserver], by type
+// assertion: an Observer written before a capability existed keeps
+// working when one is added. [Observers] combines several into one.
+type Observer[K comparable] interface {
+	// LoadStart is called on the load's goroutine before its first
+	// downstream call (the Remote's included). ctx is the load's own
+	// context: it has the values of the Get (or Refresh, or GetMany) that
+	// started the load, never its cancellation, and ends when the load
+	// times out ([Options.LoadTimeout]), is abandoned ([CancelAtZero]) or
+	// the Loader closes.
+	//
+	// The context LoadStart returns is the load's context from then on:
+	// the LoadFunc, ReloadFunc, LoadManyFunc and the Remote receive it,
+	// LoadEnd receives it, and so does every [WaitEvent] of the load (its
+	// Load field), so that a tracer can put a span in it, have the
+	// LoadFunc's own spans nest under it and link the waiting Gets' spans
+	// to it. It must derive from ctx (context.WithValue,
+	// trace.ContextWithSpan, context.WithTimeout...), because the load's
+	// deadline, its cancellation by Close and CancelAtZero, and the marker
+	// that makes a Get from inside the load fail with [ErrRecursiveLoad]
+	// instead of waiting on itself all ride on ctx. A returned context that
+	// visibly does not derive from ctx (one without ctx's deadline or with
+	// a later one, or without the load's marker, as context.Background()
+	// and context.WithoutCancel(ctx) are) is not used: the load goes on
+	// with ctx, as it does when LoadStart returns nil or panics.
+	LoadStart(ctx context.Context, ev LoadStartEvent[K]) context.Context
+
+	// LoadEnd is called once per LoadStart, on the load's goroutine, once
+	// the load's waiters have its result, with the context LoadStart
+	// returned (ctx if it returned none) and the event [Options.OnLoad]
+	// receives. The context has ended by then.
+	LoadEnd(ctx context.Context, ev LoadEvent[K])
+
+	// Waited is called for every Get (and every key of a GetMany) that
+	// waited on a load, on that caller's goroutine, once it has its
+	// answer and before the Get returns; ctx is the one the caller passed
+	// to Get. A caller that left before the load ended is one too, with
+	// its ctx.Err().
+	Waited(ctx context.Context, ev WaitEvent[K])
+}
+
+// LoadStartEvent describes a load that is about to make its first
+// downstream call: what its [LoadEvent] will say, before the fact. One
+// [Options.LoadMany] call is one load, with one LoadStart and one LoadEnd.
+type LoadStartEvent[K comparable] struct {
+	// Key is the key to load; for a LoadMany call, its first key, as
+	// [LoadEvent].Key.
+	Key K
+	// Keys is the number of keys the load is for: 1, or the keys of one
+	// LoadMany call.
+	Keys int
+	// Background is true for a refresh nobody waits on as it starts
+	// (stale-while-revalidate, early refresh, [Loader.Refresh]).
+	Background bool
+	// Reload is true when the load calls [Options.Reload] with the value
+	// held for the key.
+	Reload bool
+	// Trigger is the context of the Get (or GetMany, or Refresh) that
+	// started a background load, for its values (a tracer links the
+	// load's span to the span in it); nil for a load callers wait on, whose
+	// context has the starting caller's values already. It may have ended:
+	// read its values only.
+	Trigger context.Context
+}
+
+// WaitEvent describes one Get that waited on a load, for [Observer.Waited].
+type WaitEvent[K comparable] struct {
+	// Key is the key the caller asked for.
+	Key K
+	// Info is what [Loader.GetInfo] returns to the caller.
+	Info Info
+	// Err is the Get's error: the load's, or ctx.Err() for a caller that
+	// left before the load ended; nil on success.
+	Err error
+	// Start is when the caller began to wait.
+	Start time.Time
+	// Load is the load's context, the one [Observer.LoadStart] returned,
+	// so that a tracer can link the Get's span to the load's; nil for a
+	// caller that left before the load started. A Get of a key that a
+	// LoadMany call is loading gets that call's context. It may have
+	// ended: read its values only.
+	Load context.Context
+}
+
+// StatsObserver is an optional capability of an [Observer]: one that
+// reports [Stats] (a metrics exporter's counters, read at collection time)
+// is handed, once, at [New], the function that reads them. stats is safe
+// for concurrent use and cheap enough to call at every collection. At
+// [Loader.Close], once every counter is final, it freezes: from then on it
+// returns the final Stats, and no longer refers to the Loader, so that a
+// metrics flush after Close still reports the last counters while the
+// closed Loader can be collected.
+type StatsObserver interface {
+	ObserveStats(stats func() Stats)
+}
+
+// AttemptObserver is an optional capability of an [Observer]: it sees the
+// attempts inside a load. Attempt is called on the load's goroutine, with
+// the load's context (the one LoadStart returned), after every downstream
+// call that failed and will be retried (before the wait), and for every
+// call the breaker refused.
+type AttemptObserver[K comparable] interface {
+	Attempt(ctx context.Context, ev AttemptEvent[K])
+}
+
+// AttemptEvent describes one attempt inside a load, for
+// [AttemptObserver]: a failed downstream call that will be retried, or a
+// call the breaker refused.
+type AttemptEvent[K comparable] struct {
+	// Key and Keys are the load's, as in its [LoadStartEvent].
+	Key  K
+	Keys int
+	// Attempt is the attempt's number in the load, from 1. A refused call
+	// is numbered as the call it would have been.
+	Attempt int
+	// Err is the attempt's error; for a refusal, it matches
+	// [ErrBreakerOpen].
+	Err error
+	// Delay is how long the load waits before its next attempt; 0 for a
+	// refusal, which is never retried.
+	Delay time.Duration
+	// Rejected is true when the breaker refused the call: nothing reached
+	// the downstream.
+	Rejected bool
+}
+
+// EvictionObserver is an optional capability of an [Observer]: it sees
+// every entry that leaves the cache, or is refused by it, with the cause.
+// Evicted is called on whichever goroutine makes the entry leave, the
+// cache's own included, and must not block. Entries dropped by
+// [Loader.Close] are not reported.
+type EvictionObserver[K comparable] interface {
+	Evicted(ev EvictionEvent[K])
+}
+
+// EvictionEvent describes one entry that left the cache, or was refused by
+// it, for [EvictionObserver].
+type EvictionEvent[K comparable] struct {
+	// Key is the entry's key.
+	Key K
+	// Cause is why it left.
+	Cause EvictionCause
+	// Cost is its cost ([Options.Cost]; 1 without it).
+	Cost int64
+}
+
+// EvictionCause says why an entry left the cache. The zero EvictionCause
+// is no cause; its String is "unknown".
+type EvictionCause uint8
+
+const (
+	// EvictionPolicy: the cache's policy evicted the entry to make room
+	// (counted in Stats.Evicted).
+	EvictionPolicy EvictionCause = iota + 1
+	// EvictionExpired: the entry had outlived its freshness and stale
+	// windows when it left, whether a new value took its place or room was
+	// made: the cache keeps an expired entry until then.
+	EvictionExpired
+	// EvictionRejected: the cache's admission policy refused the entry; it
+	// was never stored (counted in Stats.SetsRejected).
+	EvictionRejected
+	// EvictionReplaced: a newer value of the key (a load, a reload, a Set)
+	// took the place of the entry while it was still fresh or stale.
+	EvictionReplaced
+	// EvictionInvalidated: [Loader.Invalidate], [Loader.InvalidateAll] or
+	// a watching Remote dropped it.
+	EvictionInvalidated
+)
+
+// String returns "policy", "expired", "rejected", "replaced",
+// "invalidated", or "unknown".
+func (c EvictionCause) String() string {
+	switch c {
+	case EvictionPolicy:
+		return "policy"
+	case EvictionExpired:
+		return "expired"
+	case EvictionRejected:
+		return "rejected"
+	case EvictionReplaced:
+		return "replaced"
+	case EvictionInvalidated:
+		return "invalidated"
+	default:
+		return "unknown"
+	}
+}
+
+// Observers returns one Observer that calls each of obs in turn, or nil if
+// obs holds none (so a Loader given Observers() observes nothing, at no
+// cost). A nil Observer, or a nil pointer of a type that implements one,
+// is skipped; an Observers given to Observers is flattened into its
+// members; a single Observer left is returned as it is.
+//
+// LoadStart is chained: each member receives the context the one before
+// it returned, so the load's context holds all their values; but each
+// member's LoadEnd, Attempt and WaitEvent.Load get the context that member
+// itself returned, so that two tracers never see each other's spans as
+// their own. A member that panics does not keep the others from being
+// called: a Loader guards each member apart. The combined Observer
+// forwards the optional capabilities ([StatsObserver], [AttemptObserver],
+// [EvictionObserver]) to the members that have them. It is safe for
+// concurrent use if its members are.
+func Observers[K comparable](obs ...Observer[K]) Observer[K] {
+	var flat []member[K]
+	for _, o := range obs {
+		switch o := o.(type) {
+		case nil:
+		case *fanout[K]:
+			if o != nil {
+				flat = append(flat, o.members...)
+			}
+		default:
+			if v := reflect.ValueOf(o); v.Kind() == reflect.Pointer && v.IsNil() {
+				continue
+			}
+			flat = append(flat, newMember(o))
+		}
+	}
+	switch len(flat) {
+	case 0:
+		return nil
+	case 1:
+		return flat[0].o
+	}
+	return &fanout[K]{members: flat}
+}
+
+// member is one Observer of a fanout, with its capabilities found once.
+type member[K comparable] struct {
+	o       Observer[K]
+	stats   StatsObserver       // o, if it is one
+	attempt AttemptObserver[K]  // o, if it is one
+	evict   EvictionObserver[K] // o, if it is one
+}
+
+func newMember[K comparable](o Observer[K]) member[K] {
+	m := member[K]{o: o}
+	m.stats, _ = o.(StatsObserver)
+	m.attempt, _ = o.(AttemptObserver[K])
+	m.evict, _ = o.(EvictionObserver[K])
+	return m
+}
+
+// fanout is what Observers returns for two members or more; a Loader's
+// observing uses one for a single Observer too. Its methods call the
+// members through a guard (see observing); the exported ones, for a caller
+// holding it as an Observer, through none: a panic reaches that caller.
+type fanout[K comparable] struct {
+	members []member[K] // at least one; never changed
+}
+
+// fanKey is the key under which the load's context holds, for a fanout of
+// several members, the context each member returned (own). It names its
+// fanout, so that a load inside a load of another fanout finds its own.
+type fanKey[K comparable] struct{ f *fanout[K] }
+
+// guardFunc is how a fanout calls user code: [Loader.guard] has this
+// type. It returns a non-nil error if f panicked.
+type guardFunc = func(f func(), onGoexit func()) error
+
+// unguarded calls f as it is.
+func unguarded(f func(), _ func()) error { f(); return nil }
+
+// start calls every member's LoadStart, chained, through g; see Observers
+// and observing.loadStart.
+func (f *fanout[K]) start(g guardFunc, in context.Context, ev LoadStartEvent[K]) context.Context {
+	if len(f.members) == 1 {
+		return startOne(f.members[0].o, g, in, ev)
+	}
+	own := make([]context.Context, len(f.members))
+	ctx := in
+	for i, m := range f.members {
+		ctx = startOne(m.o, g, ctx, ev)
+		own[i] = ctx
+	}
+	return context.WithValue(ctx, fanKey[K]{f}, own)
+}
+
+// startOne calls o.LoadStart through g, and returns the context it gave
+// if that derives from in, and in otherwise (nil, a panic, a context of
+// its own).
+func startOne[K comparable](o Observer[K], g guardFunc, in context.Context, ev LoadStartEvent[K]) context.Context {
+	var out context.Context
+	if g(func() { out = o.LoadStart(in, ev) }, nil) != nil || !derives(out, in) {
+		return in
+	}
+	return out
+}
+
+// derives reports whether out may derive from in, as far as can be seen
+// without making in's Done channel: it carries in's load marker (the
+// marker of the load in is the context of, or none) and ends no later
+// than in's deadline. context.Background() and context.WithoutCancel(in)
+// fail on a load's context, which always has a deadline.
+func derives(out, in context.Context) bool {
+	switch {
+	case out == nil:
+		return false
+	case out == in:
+		return true
+	case out.Value(loadKey{}) != in.Value(loadKey{}):
+		return false
+	}
+	if d, ok := in.Deadline(); ok {
+		if e, ok := out.Deadline(); !ok || e.After(d) {
+			return false
+		}
+	}
+	return true
+}
+
+// own returns the context member i returned from LoadStart, found in ctx
+// (the load's context, or one derived from it), or ctx itself for a
+// single member or a context that holds none.
+func (f *fanout[K]) own(ctx context.Context, i int) context.Context {
+	if len(f.members) == 1 || ctx == nil {
+		return ctx
+	}
+	if own, ok := ctx.Value(fanKey[K]{f}).([]context.Context); ok && i < len(own) {
+		return own[i]
+	}
+	return ctx
+}
+
+func (f *fanout[K]) end(g guardFunc, ctx context.Context, ev LoadEvent[K]) {
+	for i, m := range f.members {
+		c := f.own(ctx, i)
+		g(func() { m.o.LoadEnd(c, ev) }, nil)
+	}
+}
+
+func (f *fanout[K]) waited(g guardFunc, ctx context.Context, ev WaitEvent[K]) {
+	load := ev.Load
+	for i, m := range f.members {
+		ev.Load = f.own(load, i)
+		g(func() { m.o.Waited(ctx, ev) }, nil)
+	}
+}
+
+func (f *fanout[K]) attempt(g guardFunc, ctx context.Context, ev AttemptEvent[K]) {
+	for i, m := range f.members {
+		if m.attempt != nil {
+			c := f.own(ctx, i)
+			g(func() { m.attempt.Attempt(c, ev) }, nil)
+		}
+	}
+}
+
+func (f *fanout[K]) evicted(g guardFunc, ev EvictionEvent[K]) {
+	for _, m := range f.members {
+		if m.evict != nil {
+			g(func() { m.evict.Evicted(ev) }, nil)
+		}
+	}
+}
+
+func (f *fanout[K]) observeStats(g guardFunc, stats func() Stats) {
+	for _, m := range f.members {
+		if m.stats != nil {
+			g(func() { m.stats.ObserveStats(stats) }, nil)
+		}
+	}
+}
+
+// LoadStart calls each member's LoadStart in turn, each with the context
+// the one before returned; see [Observers].
+func (f *fanout[K]) LoadStart(ctx context.Context, ev LoadStartEvent[K]) context.Context {
+	return f.start(unguarded, ctx, ev)
+}
+
+// LoadEnd calls each member's LoadEnd with the context it returned.
+func (f *fanout[K]) LoadEnd(ctx context.Context, ev LoadEvent[K]) { f.end(unguarded, ctx, ev) }
+
+// Waited calls each member's Waited, with the load's context it returned.
+func (f *fanout[K]) Waited(ctx context.Context, ev WaitEvent[K]) { f.waited(unguarded, ctx, ev) }
+
+// Attempt calls the Attempt of each member that is an AttemptObserver.
+func (f *fanout[K]) Attempt(ctx context.Context, ev AttemptEvent[K]) {
+	f.attempt(unguarded, ctx, ev)
+}
+
+// Evicted calls the Evicted of each member that is an EvictionObserver.
+func (f *fanout[K]) Evicted(ev EvictionEvent[K]) { f.evicted(unguarded, ev) }
+
+// ObserveStats calls the ObserveStats of each member that is a
+// StatsObserver.
+func (f *fanout[K]) ObserveStats(stats func() Stats) { f.observeStats(unguarded, stats) }

@@ -1,0 +1,162 @@
+package flightcache
+
+import (
+	"context"
+	"sync"
+)
+
+// observing is how a Loader calls its Observer: every call through the
+// Loader's guard, one member of an Observers at a time, with the rules of
+// LoadStart's context applied (observer.go). A Loader holds one, made at
+// New, or nil when nothing is observed; every method is a no-op on a nil
+// *observing, so a caller needs no check of its own, and the hit path,
+// which calls none of them, costs nothing.
+//
+// Where the Loader calls each:
+//
+//   - newObserving, once in New, when Stats can be read (the stats
+//     function is handed to the StatsObserver members at once).
+//   - loadStart, on the load's goroutine, once its context has its
+//     deadline and the delivery of the load's result is deferred (a
+//     Goexit in an Observer then ends the load as one in the LoadFunc
+//     does), before the first downstream call, the Remote's included.
+//     Its result is the load's context from then on: the LoadFunc,
+//     ReloadFunc, LoadManyFunc and the Remote receive it, and it is kept
+//     with the load for loadEnd, attempt and the waiters' WaitEvent.Load,
+//     published so that a waiter leaving early reads it safely (nil
+//     before loadStart has returned). One LoadMany call is one load.
+//   - loadEnd, on the load's goroutine, after its waiters were woken,
+//     with the event OnLoad gets.
+//   - waited, on a Get's goroutine (once per key of a GetMany), for
+//     every Get that waited on a load, before it returns; never on a hit
+//     or a stale hit.
+//   - attempt, if observesAttempts, on the load's goroutine after each
+//     failed downstream call that will be retried (before its wait), and
+//     for each call the breaker refused.
+//   - evicted, if observesEvictions, from the cache's OnEvict and
+//     OnReject and from the write path (replaced, invalidated), except
+//     while the cache is torn down at Close.
+//   - close, in Close, once every counter is final: the stats function
+//     handed out at New freezes.
+type observing[K comparable] struct {
+	f         *fanout[K] // the members; never nil
+	guard     guardFunc  // the Loader's guard
+	stats     *statsSource
+	attempts  bool // some member is an AttemptObserver
+	evictions bool // some member is an EvictionObserver
+}
+
+// newObserving returns how a Loader calls o, or nil when o observes
+// nothing (nil, or an Observers of none). guard is the Loader's guard;
+// stats reads the Loader's Stats, and is handed to the members that are
+// StatsObservers, behind a statsSource, before newObserving returns.
+func newObserving[K comparable](o Observer[K], guard guardFunc, stats func() Stats) *observing[K] {
+	o = Observers(o) // drops a nil pointer, flattens
+	if o == nil {
+		return nil
+	}
+	f, ok := o.(*fanout[K])
+	if !ok {
+		f = &fanout[K]{members: []member[K]{newMember(o)}}
+	}
+	ob := &observing[K]{f: f, guard: guard}
+	for _, m := range f.members {
+		ob.attempts = ob.attempts || m.attempt != nil
+		ob.evictions = ob.evictions || m.evict != nil
+		if m.stats != nil && ob.stats == nil {
+			ob.stats = &statsSource{live: stats}
+		}
+	}
+	if ob.stats != nil {
+		f.observeStats(guard, ob.stats.read)
+	}
+	return ob
+}
+
+// loadStart calls LoadStart and returns the load's context: the one the
+// Observer returned if it derives from ctx, ctx otherwise.
+func (ob *observing[K]) loadStart(ctx context.Context, ev LoadStartEvent[K]) context.Context {
+	if ob == nil {
+		return ctx
+	}
+	return ob.f.start(ob.guard, ctx, ev)
+}
+
+// loadEnd calls LoadEnd with the context loadStart returned.
+func (ob *observing[K]) loadEnd(ctx context.Context, ev LoadEvent[K]) {
+	if ob != nil {
+		ob.f.end(ob.guard, ctx, ev)
+	}
+}
+
+// waited calls Waited with the Get's own context.
+func (ob *observing[K]) waited(ctx context.Context, ev WaitEvent[K]) {
+	if ob != nil {
+		ob.f.waited(ob.guard, ctx, ev)
+	}
+}
+
+// observesAttempts reports whether attempt would call anyone: the load
+// path builds no AttemptEvent otherwise.
+func (ob *observing[K]) observesAttempts() bool { return ob != nil && ob.attempts }
+
+// attempt calls the AttemptObservers with the load's context.
+func (ob *observing[K]) attempt(ctx context.Context, ev AttemptEvent[K]) {
+	if ob.observesAttempts() {
+		ob.f.attempt(ob.guard, ctx, ev)
+	}
+}
+
+// observesEvictions reports whether evicted would call anyone.
+func (ob *observing[K]) observesEvictions() bool { return ob != nil && ob.evictions }
+
+// evicted calls the EvictionObservers.
+func (ob *observing[K]) evicted(ev EvictionEvent[K]) {
+	if ob.observesEvictions() {
+		ob.f.evicted(ob.guard, ev)
+	}
+}
+
+// close freezes the stats function handed out at New at the Stats it
+// reads now; call it once the Loader's counters are final.
+func (ob *observing[K]) close() {
+	if ob != nil && ob.stats != nil {
+		ob.stats.freeze()
+	}
+}
+
+// statsSource is the stats function a StatsObserver is handed: the
+// Loader's Stats until freeze, the final Stats after. Frozen, it no
+// longer refers to the Loader, which a meter provider holding the
+// Observer then does not keep alive.
+type statsSource struct {
+	mu    sync.Mutex   // guards live and final
+	live  func() Stats // nil once frozen
+	final Stats
+}
+
+// read returns the Stats now, or the final ones.
+func (s *statsSource) read() Stats {
+	s.mu.Lock()
+	live, final := s.live, s.final
+	s.mu.Unlock()
+	if live == nil {
+		return final
+	}
+	return live()
+}
+
+// freeze reads the Stats once more and keeps them; later calls do
+// nothing.
+func (s *statsSource) freeze() {
+	s.mu.Lock()
+	live := s.live
+	s.mu.Unlock()
+	if live == nil {
+		return
+	}
+	final := live() // outside mu: a read meanwhile calls live too
+	s.mu.Lock()
+	s.live, s.final = nil, final
+	s.mu.Unlock()
+}

@@ -1,0 +1,131 @@
+package otelflightcache
+
+import (
+	"context"
+	"errors"
+
+	"github.com/flightcache/flightcache"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
+)
+
+// The instruments an Observer reports at collection time: counters,
+// up-down counters and a gauge read from the Loader's Stats, and the
+// eviction counts by cause.
+
+// observeFunc returns what the collection callback reports: the Stats (ok
+// is false before the Loader handed any) and the eviction counts by cause.
+type observeFunc func() (st flightcache.Stats, ok bool, evictions [numCauses]int64)
+
+// numCauses is the number of eviction counts: one per
+// flightcache.EvictionCause, the zero one ("unknown") included.
+const numCauses = int(flightcache.EvictionInvalidated) + 1
+
+// statCounters are the counters read from Stats, besides flightcache.gets
+// (by result) and flightcache.evictions (by cause, from the events).
+var statCounters = []counter{
+	{"flightcache.loads", "{load}", "Downstream loads, foreground and background.", func(s flightcache.Stats) uint64 { return s.Loads }},
+	{"flightcache.load.errors", "{load}", "Loads that ended in an error, not-found and abandoned ones included.", func(s flightcache.Stats) uint64 { return s.LoadErrors }},
+	{"flightcache.shared", "{get}", "Gets served by a load they did not start.", func(s flightcache.Stats) uint64 { return s.Shared }},
+	{"flightcache.shared.errors", "{get}", "Gets served by a load they did not start that received its error: the summed blast radius.", func(s flightcache.Stats) uint64 { return s.SharedErrors }},
+	{"flightcache.refreshes", "{load}", "Background loads started: refreshes, early refreshes and Refresh calls.", func(s flightcache.Stats) uint64 { return s.Refreshes }},
+	{"flightcache.breaker.rejected", "{call}", "Downstream calls the circuit breaker refused.", func(s flightcache.Stats) uint64 { return s.BreakerRejected }},
+	{"flightcache.panics", "{panic}", "Panics recovered in user code: the load function, callbacks, the Observer.", func(s flightcache.Stats) uint64 { return s.Panics }},
+}
+
+// collected are the instruments read at collection time, with their
+// attribute sets.
+type collected struct {
+	stats                 []metric.Int64ObservableCounter // statCounters'
+	gets, evictions       metric.Int64ObservableCounter
+	loadActive, getActive metric.Int64ObservableUpDownCounter
+	breaker               metric.Int64ObservableGauge
+
+	base                    metric.ObserveOption   // flightcache.name alone
+	results, causes, states []metric.ObserveOption // by getResults, cause, breakerStates
+	mono                    *monotonic
+}
+
+// registerCollected creates the collected instruments on m and registers
+// the callback that reads observe.
+func registerCollected(m metric.Meter, name attribute.KeyValue, observe observeFunc) error {
+	c := &collected{mono: &monotonic{last: make([]uint64, len(statCounters)+len(getResults))}}
+	var errs []error
+	var all []metric.Observable
+	counter := func(name, unit, desc string) metric.Int64ObservableCounter {
+		o, err := m.Int64ObservableCounter(name, metric.WithUnit(unit), metric.WithDescription(desc))
+		errs, all = append(errs, err), append(all, o)
+		return o
+	}
+	upDown := func(name, unit, desc string) metric.Int64ObservableUpDownCounter {
+		o, err := m.Int64ObservableUpDownCounter(name, metric.WithUnit(unit), metric.WithDescription(desc))
+		errs, all = append(errs, err), append(all, o)
+		return o
+	}
+	for _, s := range statCounters {
+		c.stats = append(c.stats, counter(s.name, s.unit, s.desc))
+	}
+	c.gets = counter("flightcache.gets", "{get}",
+		"Gets, by how they were answered: hit (fresh), stale (served at once), miss (waited on a load), closed.")
+	c.evictions = counter("flightcache.evictions", "{entry}", "Entries that left the cache or were refused by it, by cause.")
+	c.loadActive = upDown("flightcache.load.active", "{load}", "Loads running now.")
+	c.getActive = upDown("flightcache.get.active", "{get}", "Gets waiting on a load now: the blast radius if the loads running now fail.")
+	var err error
+	c.breaker, err = m.Int64ObservableGauge("flightcache.breaker.state",
+		metric.WithDescription("1 for the circuit breaker's current state, 0 for the others."))
+	errs, all = append(errs, err), append(all, c.breaker)
+	if err := errors.Join(errs...); err != nil {
+		return err
+	}
+	c.attrs(name)
+	_, err = m.RegisterCallback(func(_ context.Context, o metric.Observer) error {
+		c.observe(o, observe)
+		return nil
+	}, all...)
+	return err
+}
+
+// attrs builds c's attribute sets.
+func (c *collected) attrs(name attribute.KeyValue) {
+	set := func(k, v string) metric.ObserveOption {
+		return metric.WithAttributeSet(attribute.NewSet(name, attribute.String(k, v)))
+	}
+	c.base = metric.WithAttributeSet(attribute.NewSet(name))
+	for _, r := range getResults {
+		c.results = append(c.results, set(keyGetResult, r.name))
+	}
+	for i := range numCauses {
+		c.causes = append(c.causes, set(keyEvictionCause, flightcache.EvictionCause(i).String()))
+	}
+	for _, st := range breakerStates {
+		c.states = append(c.states, set(keyBreakerState, st.String()))
+	}
+}
+
+// observe reports one collection.
+func (c *collected) observe(o metric.Observer, observe observeFunc) {
+	st, ok, evicted := observe()
+	for i, n := range evicted {
+		if i > 0 || n > 0 { // an unknown cause only once seen
+			o.ObserveInt64(c.evictions, n, c.causes[i])
+		}
+	}
+	if !ok {
+		return
+	}
+	for i, s := range statCounters {
+		o.ObserveInt64(c.stats[i], c.mono.report(i, s.read(st)), c.base)
+	}
+	for i, r := range getResults {
+		o.ObserveInt64(c.gets, c.mono.report(len(statCounters)+i, r.read(st)), c.results[i])
+	}
+	o.ObserveInt64(c.loadActive, st.InFlight, c.base)
+	o.ObserveInt64(c.getActive, st.Waiting, c.base)
+	for i, state := range breakerStates {
+		v := int64(0)
+		if st.Breaker == state {
+			v = 1
+		}
+		o.ObserveInt64(c.breaker, v, c.states[i])
+	}
+}
