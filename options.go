@@ -280,6 +280,25 @@ type Breaker struct {
 	Custom CircuitBreaker
 }
 
+// WithDefaults returns b with the default of every zero threshold set:
+// ConsecutiveFailures DefaultConsecutiveFailures, OpenTimeout
+// DefaultOpenTimeout, HalfOpenRequests DefaultHalfOpenRequests; the other
+// fields as they are. These are the settings the Loader's own breaker
+// runs with, for a [CircuitBreaker] of another kind (the shared breaker of
+// the flightredis module) to trip, wait and probe as it would.
+func (b Breaker) WithDefaults() Breaker {
+	if b.ConsecutiveFailures == 0 {
+		b.ConsecutiveFailures = DefaultConsecutiveFailures
+	}
+	if b.OpenTimeout == 0 {
+		b.OpenTimeout = DefaultOpenTimeout
+	}
+	if b.HalfOpenRequests == 0 {
+		b.HalfOpenRequests = DefaultHalfOpenRequests
+	}
+	return b
+}
+
 // NotFound reports whether err means that the key does not exist, by o's
 // rule (see [Options.IsNotFound]): err matches [ErrNotFound], or
 // IsNotFound reports true; nil, a [*PanicError] and [ErrGoexit] never do.
@@ -395,14 +414,6 @@ func (o Options[K, V]) withDefaults() Options[K, V] {
 		o.Retry.MaxInterval = max(DefaultRetryMax, o.Retry.InitialInterval)
 	}
 	o.Retry.MaxInterval = max(o.Retry.MaxInterval, o.Retry.InitialInterval)
-	if o.Breaker.ConsecutiveFailures == 0 {
-		o.Breaker.ConsecutiveFailures = DefaultConsecutiveFailures
-	}
-	if o.Breaker.OpenTimeout == 0 {
-		o.Breaker.OpenTimeout = DefaultOpenTimeout
-	}
-	if o.Breaker.HalfOpenRequests == 0 {
-		o.Breaker.HalfOpenRequests = DefaultHalfOpenRequests
-	}
+	o.Breaker = o.Breaker.WithDefaults()
 	return o
 }

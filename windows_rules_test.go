@@ -183,3 +183,22 @@ func TestStaleMayCover(t *testing.T) {
 		}
 	}
 }
+
+// Breaker.WithDefaults gives the settings the Loader's own breaker runs
+// with: New's defaults for zero thresholds, the rest as set.
+func TestBreakerWithDefaults(t *testing.T) {
+	want := Breaker{ConsecutiveFailures: DefaultConsecutiveFailures, OpenTimeout: DefaultOpenTimeout, HalfOpenRequests: DefaultHalfOpenRequests}
+	if got := (Breaker{}).WithDefaults(); fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Errorf("Breaker{}.WithDefaults() = %+v; want %+v", got, want)
+	}
+	set := Breaker{Disabled: true, ConsecutiveFailures: 2, OpenTimeout: time.Minute, HalfOpenRequests: 3}
+	if got := set.WithDefaults(); fmt.Sprint(got) != fmt.Sprint(set) {
+		t.Errorf("WithDefaults() of %+v = %+v; want it unchanged", set, got)
+	}
+	for _, b := range []Breaker{{}, set, {OpenTimeout: time.Second}} {
+		o := Options[string, string]{TTL: time.Second, Breaker: b}.withDefaults()
+		if got := b.WithDefaults(); fmt.Sprint(got) != fmt.Sprint(o.Breaker) {
+			t.Errorf("WithDefaults() of %+v = %+v; want the Loader's %+v", b, got, o.Breaker)
+		}
+	}
+}
