@@ -230,6 +230,10 @@ func New[K comparable, V any](load LoadFunc[K, V], opts Options[K, V]) (*Loader[
 		l.Close()
 		return nil, err
 	}
+	if err := l.attachRemote(); err != nil {
+		l.Close()
+		return nil, err
+	}
 	return l, nil
 }
 

@@ -194,7 +194,9 @@ type Options[K comparable, V any] struct {
 	// Remote, if set, is a second tier shared between processes (see
 	// [Remote]): a local miss asks it before the downstream, so a fleet
 	// makes one downstream call per key instead of one per process. Set and
-	// Invalidate are passed on to it. nil = local only.
+	// Invalidate are passed on to it. A Remote that implements
+	// [RemoteAttacher] is handed the Loader's [Rules] by New, so it needs
+	// no copy of these Options. nil = local only.
 	Remote Remote[K, V]
 
 	// Hash, if set, replaces the default hash of keys (hash/maphash's
