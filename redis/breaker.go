@@ -111,13 +111,10 @@ var (
 	errStale   = errors.New("flightredis: outcome of an earlier breaker generation")
 )
 
-// NewBreaker returns a Breaker on client. Like [New], it requires a client
+// NewBreaker returns a Breaker on client. Like [NewTier], it requires a client
 // created with ContextTimeoutEnabled, and does not contact Redis: the
 // shared state is created on first use.
 func NewBreaker(client redis.UniversalClient, opts BreakerOptions) (*Breaker, error) {
-	if client == nil {
-		return nil, errors.New("flightredis: nil client")
-	}
 	if err := checkClient(client); err != nil {
 		return nil, err
 	}
