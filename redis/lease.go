@@ -675,8 +675,10 @@ func (t *Tier[K, V]) local(ctx context.Context, load func(context.Context) (V, e
 // and has every other process of the fleet drop its local copy of key
 // (invalidate.go). A value the Loader would not cache (or the
 // tier cannot write: the Codec fails or panics, or Options.Freshness
-// panics) is not shared: key's shared entry is deleted instead. A Set
-// that cannot reach Redis is replayed as an invalidation once it can.
+// panics; or any value, before the tier is attached to a Loader, when it
+// has no windows to write it with) is not shared: key's shared entry is
+// deleted instead. A Set that cannot reach Redis is replayed as an
+// invalidation once it can.
 func (t *Tier[K, V]) Set(ctx context.Context, key K, v flightcache.RemoteValue[V]) {
 	t.used.Store(true)
 	name := t.key(key)
