@@ -506,7 +506,11 @@ func closeRacingRound(t *testing.T, round int, policy Policy, workers, keys int)
 					get(rng, k)
 				}
 			}
-			for !closeReturned.Load() {
+			for deadline := time.Now().Add(time.Minute); !closeReturned.Load(); {
+				if time.Now().After(deadline) {
+					report("Close had not returned a minute after the workers were told to stop")
+					return
+				}
 				time.Sleep(time.Millisecond)
 			}
 			// Close has returned: Gets are refused, Set and Invalidate do nothing.

@@ -259,9 +259,8 @@ func TestGetManyWithoutLoadMany(t *testing.T) {
 		_, err := l.GetMany(context.Background(), keyRange("k", 8))
 		done <- err
 	}()
-	for d.inside.Load() != 8 {
-		time.Sleep(time.Millisecond) // all 8 loads must run at once
-	}
+	// All 8 loads must run at once.
+	waitFor(t, "8 loads running at once", 10*time.Second, func() bool { return d.inside.Load() == 8 })
 	close(d.gate)
 	if err := <-done; err != nil {
 		t.Fatal(err)
@@ -477,9 +476,7 @@ func TestGetManyCancelAtZero(t *testing.T) {
 	getCtx, getCancel := context.WithCancel(context.Background())
 	defer getCancel()
 	joinB := getAsync(getCtx, l, "b")
-	for l.Stats().Waiting != 3 {
-		time.Sleep(time.Millisecond)
-	}
+	waitFor(t, "3 waiters (the GetMany's 2 keys, the Get of b)", 10*time.Second, func() bool { return l.Stats().Waiting == 3 })
 	cancel()
 	if err := <-done; !errors.Is(err, context.Canceled) {
 		t.Fatalf("GetMany after its ctx ended: %v; want context.Canceled", err)
@@ -501,9 +498,7 @@ func TestGetManyCancelAtZero(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("the batch was not cancelled once nobody waited on any of its keys")
 	}
-	for len(events.all()) == 0 {
-		time.Sleep(time.Millisecond)
-	}
+	waitFor(t, "the abandoned batch's LoadEvent", 10*time.Second, func() bool { return len(events.all()) != 0 })
 	if ev := events.all()[0]; !ev.Abandoned || ev.Keys != 2 || ev.Callers != 0 {
 		t.Fatalf("LoadEvent %+v; want abandoned, 2 keys, no callers", ev)
 	}

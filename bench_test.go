@@ -157,9 +157,7 @@ func BenchmarkGetStale(b *testing.B) {
 			for _, k := range benchNames {
 				l.Get(ctx, k)
 			}
-			for l.Stats().InFlight > 0 {
-				time.Sleep(time.Millisecond)
-			}
+			waitFor(b, "the round's refreshes to end", 10*time.Second, func() bool { return l.Stats().InFlight == 0 })
 		}
 		b.ReportAllocs()
 		i := 0

@@ -59,12 +59,19 @@ func ExampleLoader_GetInfo() {
 	ctx := context.Background()
 	first := make(chan flightcache.Info)
 	go func() { _, info, _ := l.GetInfo(ctx, "k"); first <- info }()
+	deadline := time.Now().Add(10 * time.Second)
 	for l.Stats().Waiting == 0 { // wait until the first Get has started the load
+		if time.Now().After(deadline) {
+			panic("the first Get did not start the load within 10s")
+		}
 		time.Sleep(time.Millisecond)
 	}
 	second := make(chan flightcache.Info)
 	go func() { _, info, _ := l.GetInfo(ctx, "k"); second <- info }()
 	for l.Stats().Waiting < 2 {
+		if time.Now().After(deadline) {
+			panic("the second Get did not join the load within 10s")
+		}
 		time.Sleep(time.Millisecond)
 	}
 	close(release)
@@ -165,7 +172,10 @@ func ExampleOptions_onLoad() {
 	for range 7 {
 		wg.Go(func() { l.Get(context.Background(), "user:1") })
 	}
-	for l.Stats().Waiting < 7 { // every caller is queued behind the one load
+	for deadline := time.Now().Add(10 * time.Second); l.Stats().Waiting < 7; { // every caller is queued behind the one load
+		if time.Now().After(deadline) {
+			panic("7 callers were not waiting for the load within 10s")
+		}
 		time.Sleep(time.Millisecond)
 	}
 	close(release)
@@ -313,7 +323,10 @@ func ExampleLoader_Refresh() {
 	fmt.Println(v)
 	price = 120
 	l.Refresh(ctx, "p1") // nobody waits for it
-	for v == 100 {
+	for deadline := time.Now().Add(10 * time.Second); v == 100; {
+		if time.Now().After(deadline) {
+			panic("the refresh did not store the new price within 10s")
+		}
 		time.Sleep(time.Millisecond)
 		v, _ = l.Get(ctx, "p1")
 	}

@@ -91,6 +91,22 @@ func newLoader(t testing.TB, d *downstream, opts Options[string, string]) *Loade
 
 var errBoom = errors.New("boom")
 
+// waitFor polls cond every millisecond until it holds, and fails the test
+// if it does not within d, saying what it waited for: a polling loop that
+// never ends would otherwise become the whole run's timeout. Call it from
+// the test's (or benchmark's) own goroutine. In a synctest bubble d is
+// virtual time.
+func waitFor(t testing.TB, what string, d time.Duration, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("waited %v for %s: it did not happen", d, what)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
 // result is one Get's outcome, gathered from goroutines.
 type result struct {
 	v    string

@@ -131,14 +131,10 @@ func TestLoadGoroutinesAreReused(t *testing.T) {
 		wg.Add(1)
 		go func() { defer wg.Done(); l.Get(t.Context(), fmt.Sprint("burst", i)) }()
 	}
-	for d.inside.Load() < 200 {
-		time.Sleep(time.Millisecond)
-	}
+	waitFor(t, "200 loads running at once", 10*time.Second, func() bool { return d.inside.Load() >= 200 })
 	close(d.gate)
 	wg.Wait()
-	for l.Stats().InFlight != 0 {
-		time.Sleep(time.Millisecond)
-	}
+	waitFor(t, "no load in flight after the burst", 10*time.Second, func() bool { return l.Stats().InFlight == 0 })
 	time.Sleep(10 * time.Millisecond) // the workers go back to waiting, or leave
 	if n := int(l.workers.idle.Load()); n > int(l.workers.maxIdle) {
 		t.Fatalf("%d idle workers after a burst; want at most %d", n, l.workers.maxIdle)

@@ -144,6 +144,10 @@ func New[K comparable, V any](load LoadFunc[K, V], opts Options[K, V]) (*Loader[
 		l.Close()
 		return nil, err
 	}
+	if err := l.attachRemote(); err != nil {
+		l.Close()
+		return nil, err
+	}
 	return l, nil
 }
 
@@ -474,7 +478,7 @@ func (l *Loader[K, V]) await(r *request[K, V], j joined[K, V], again bool) (a an
 // offered with the error. It looks afresh, so an Invalidate during the wait
 // leaves nothing local to fall back on.
 func (l *Loader[K, V]) staleOnError(r *request[K, V], c *call[K, V], now time.Duration) (v V, age time.Duration, ok bool) {
-	if l.opts.StaleIfError == 0 || c.notFound || errors.Is(c.err, ErrClosed) {
+	if l.opts.StaleIfError == 0 || !StaleMayCover(c.err, c.notFound) {
 		return v, 0, false
 	}
 	e := l.flights.latest(r.key, r.h)

@@ -211,7 +211,9 @@ type Options[K comparable, V any] struct {
 	// Remote, if set, is a second tier shared between processes (see
 	// [Remote]): a local miss asks it before the downstream, so a fleet
 	// makes one downstream call per key instead of one per process. Set and
-	// Invalidate are passed on to it. nil = local only.
+	// Invalidate are passed on to it. A Remote that implements
+	// [RemoteAttacher] is handed the Loader's [Rules] by New, so it needs
+	// no copy of these Options. nil = local only.
 	Remote Remote[K, V]
 
 	// Hash, if set, replaces the default hash of keys (hash/maphash's
@@ -295,6 +297,25 @@ type Breaker struct {
 	// above but IsFailure are ignored: for example a breaker whose state is
 	// shared by processes (the flightredis module has one).
 	Custom CircuitBreaker
+}
+
+// WithDefaults returns b with the default of every zero threshold set:
+// ConsecutiveFailures DefaultConsecutiveFailures, OpenTimeout
+// DefaultOpenTimeout, HalfOpenRequests DefaultHalfOpenRequests; the other
+// fields as they are. These are the settings the Loader's own breaker
+// runs with, for a [CircuitBreaker] of another kind (the shared breaker of
+// the flightredis module) to trip, wait and probe as it would.
+func (b Breaker) WithDefaults() Breaker {
+	if b.ConsecutiveFailures == 0 {
+		b.ConsecutiveFailures = DefaultConsecutiveFailures
+	}
+	if b.OpenTimeout == 0 {
+		b.OpenTimeout = DefaultOpenTimeout
+	}
+	if b.HalfOpenRequests == 0 {
+		b.HalfOpenRequests = DefaultHalfOpenRequests
+	}
+	return b
 }
 
 // NotFound reports whether err means that the key does not exist, by o's
@@ -412,15 +433,7 @@ func (o Options[K, V]) withDefaults() Options[K, V] {
 		o.Retry.MaxInterval = max(DefaultRetryMax, o.Retry.InitialInterval)
 	}
 	o.Retry.MaxInterval = max(o.Retry.MaxInterval, o.Retry.InitialInterval)
-	if o.Breaker.ConsecutiveFailures == 0 {
-		o.Breaker.ConsecutiveFailures = DefaultConsecutiveFailures
-	}
-	if o.Breaker.OpenTimeout == 0 {
-		o.Breaker.OpenTimeout = DefaultOpenTimeout
-	}
-	if o.Breaker.HalfOpenRequests == 0 {
-		o.Breaker.HalfOpenRequests = DefaultHalfOpenRequests
-	}
+	o.Breaker = o.Breaker.WithDefaults()
 	o.Limit = o.Limit.withDefaults(o.LoadTimeout)
 	return o
 }

@@ -169,9 +169,7 @@ func TestInvalidateAfterReplacingCallFailed(t *testing.T) {
 		if _, _, err := l.GetInfo(context.Background(), k); err == nil {
 			continue // c1's write was applied meanwhile and served stale
 		}
-		for inFlightMap(l, k) {
-			runtime.Gosched()
-		}
+		writesApplied(t, l, k) // c2 has finished and left the map
 		l.Invalidate(k)
 		writesApplied(t, l, k)
 		if v, info, err := l.GetInfo(context.Background(), k); err == nil && v == "old" {

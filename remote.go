@@ -116,3 +116,87 @@ func (l *Loader[K, V]) remoteInvalidateAll() {
 		l.guard(func() { r.InvalidateAll(l.ctx) }, nil)
 	}
 }
+
+// RemoteAttacher is what a [Remote] implements, besides Remote, to be
+// given the rules of the Loader it serves, rather than the Loader's
+// Options a second time: [New] calls Attach once, before it returns
+// (after [RemoteWatcher.Watch], if the Remote watches too), with the rules
+// of the Options it has validated. An error from Attach fails New, which
+// returns it; so does a panic, as a [*PanicError]. Attach is called on the
+// goroutine that calls New, before the Loader calls any other method of
+// the Remote.
+//
+// A Remote serves one Loader: an implementation should refuse a second
+// Attach with an error rather than judge one Loader's values by another's
+// rules.
+type RemoteAttacher[K comparable, V any] interface {
+	Attach(rules Rules[K, V]) error
+}
+
+// Rules are how a Loader judges its values, as a [Remote] needs them to
+// judge the values it shares exactly as the Loader will: windows, each
+// value's own windows, and what a not-found is. A [RemoteAttacher] is
+// given them by [New]; [Options.Rules] makes them from Options. A Rules
+// value is read-only and its functions are safe for concurrent use if the
+// Options' callbacks are.
+type Rules[K comparable, V any] struct {
+	// Windows are the Loader's windows, as [Options.Windows] gives them.
+	Windows Windows
+	// WindowsOf returns the windows of one value v of key, as
+	// [Options.WindowsOf] does (cache false: a value not to be cached);
+	// it calls [Options.Freshness] on the caller's goroutine, and a panic
+	// there is the caller's to recover. nil when the Loader has no
+	// Freshness: every value has Windows.
+	WindowsOf func(key K, v V) (w Windows, cache bool)
+	// NotFound reports whether a load's error means that the key does not
+	// exist, by the Loader's rule ([Options.NotFound]; a panic of
+	// IsNotFound means no). Never nil in Rules a Loader gives.
+	NotFound func(err error) bool
+	// NotFoundTTL is [Options.NotFoundTTL]: how long the Loader caches a
+	// not-found; 0: not cached.
+	NotFoundTTL time.Duration
+	// MaxWait is how long a load may wait for a downstream slot
+	// ([Options.Limit]'s MaxWait, its default applied) before its
+	// LoadTimeout starts: a Remote that holds a lease for a load holds it
+	// up to LoadTimeout + MaxWait. 0 without a Limit.
+	MaxWait time.Duration
+}
+
+// Rules validates o as [New] does (the error names the bad field) and
+// returns the rules of a Loader made with o: what New hands a
+// [RemoteAttacher].
+func (o Options[K, V]) Rules() (Rules[K, V], error) {
+	if err := o.validate(); err != nil {
+		return Rules[K, V]{}, err
+	}
+	return o.withDefaults().rules(), nil
+}
+
+// rules are the Rules of o, already validated.
+func (o Options[K, V]) rules() Rules[K, V] {
+	r := Rules[K, V]{NotFound: o.NotFound, NotFoundTTL: o.NotFoundTTL}
+	if o.Limit.enabled() {
+		r.MaxWait = o.Limit.MaxWait
+	}
+	if o.Freshness != nil {
+		r.WindowsOf = o.WindowsOf
+	}
+	o.Freshness = nil
+	r.Windows, _ = o.WindowsOf(*new(K), *new(V))
+	return r
+}
+
+// attachRemote hands the Loader's rules to its Remote, if the Remote takes
+// them (RemoteAttacher). An error, or a panic, of Attach fails New.
+func (l *Loader[K, V]) attachRemote() error {
+	a, ok := l.opts.Remote.(RemoteAttacher[K, V])
+	if !ok {
+		return nil
+	}
+	r := l.opts.rules()
+	var err error
+	if perr := l.guard(func() { err = a.Attach(r) }, nil); perr != nil {
+		return perr
+	}
+	return err
+}

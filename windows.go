@@ -2,6 +2,8 @@ package flightcache
 
 import (
 	"context"
+	"errors"
+	"math"
 	"time"
 )
 
@@ -79,4 +81,130 @@ func AcceptsStale(ctx context.Context, d time.Duration) bool {
 // (MaxStale): no bound accepts any staleness, a bound of 0 none.
 func withinMaxStale(max time.Duration, bounded bool, d time.Duration) bool {
 	return !bounded || (max > 0 && d <= max)
+}
+
+// Phase is where a value is in its life at a given moment, by the
+// Loader's rule: fresh, then stale (served at once while a background
+// refresh runs), then stale-if-error (a caller loads; the value covers a
+// failure), then expired. [Bounds.PhaseAt] gives it.
+type Phase uint8
+
+// The phases of a value, in the order it goes through them. They mirror
+// the Loader's own (freshness.go), value for value.
+const (
+	// PhaseFresh: before FreshUntil, served as a hit.
+	PhaseFresh Phase = iota
+	// PhaseStale: in [Windows.StaleWhileRevalidate], served at once, and
+	// refreshed in the background.
+	PhaseStale
+	// PhaseStaleIfError: in [Windows.StaleIfError]: a caller waits for a
+	// load, and the value is served only if that load fails with an error
+	// it may cover ([StaleMayCover]).
+	PhaseStaleIfError
+	// PhaseExpired: of no use left; a miss.
+	PhaseExpired
+)
+
+// String returns "fresh", "stale", "stale-if-error" or "expired".
+func (p Phase) String() string {
+	switch p {
+	case PhaseFresh:
+		return "fresh"
+	case PhaseStale:
+		return "stale"
+	case PhaseStaleIfError:
+		return "stale-if-error"
+	default:
+		return "expired"
+	}
+}
+
+// Bounds are the ends of one value's windows, as times: what a [Remote]
+// stores with a value it shares, so that every process places it in the
+// same [Phase] at the same moment. Get them from [Windows.Bounds]; a
+// Remote that reads them back (from another process, say) judges the
+// value with [Bounds.PhaseAt]. The zero Bounds are of a value expired
+// long ago.
+type Bounds struct {
+	// RefreshFrom is the earliest moment at which a Loader may refresh the
+	// value early ([Options.EarlyRefresh]), before FreshUntil: halfway
+	// through its freshness. It is FreshUntil without EarlyRefresh.
+	RefreshFrom time.Time
+	// FreshUntil ends [PhaseFresh], StaleUntil [PhaseStale] and UsableUntil
+	// [PhaseStaleIfError]; from UsableUntil on the value is expired.
+	FreshUntil, StaleUntil, UsableUntil time.Time
+}
+
+// Bounds returns the ends of the windows of a value loaded at loadedAt:
+// fresh for w.Fresh, then stale for w.StaleWhileRevalidate, then usable
+// to cover an error for w.StaleIfError (a negative window counts as
+// none). The sums saturate at the latest time a time.Time holds, so a
+// window of math.MaxInt64 ("never") gives a bound far in the future,
+// never one that wrapped into the past; short of that limit, which no
+// clock comes near, they are exact. A cached not-found has no stale
+// windows: its bounds are those of Windows{Fresh: its time to live}.
+func (w Windows) Bounds(loadedAt time.Time) Bounds {
+	fresh := after(loadedAt, w.Fresh)
+	stale := after(fresh, w.StaleWhileRevalidate)
+	b := Bounds{RefreshFrom: fresh, FreshUntil: fresh, StaleUntil: stale, UsableUntil: after(stale, w.StaleIfError)}
+	if w.EarlyRefresh {
+		// The earliest early refresh of a value fresh for w.Fresh: the
+		// Loader's own rule, with the longest lead it allows.
+		b.RefreshFrom = after(loadedAt, earlyRefreshAt(0, w.Fresh, 1, 1, 0))
+	}
+	return b
+}
+
+// latest is the latest time a time.Time holds: the largest count of
+// seconds since year 1 (62135596800 before the Unix epoch), and the last
+// nanosecond of it.
+var latest = time.Unix(math.MaxInt64-62135596800, 999_999_999)
+
+// after returns t+d (t for d <= 0), saturated at latest: time.Time.Add
+// saturates whole seconds, but the nanoseconds it adds on top may then
+// land before t.
+func after(t time.Time, d time.Duration) time.Time {
+	if d <= 0 {
+		return t
+	}
+	if u := t.Add(d); !u.Before(t) {
+		return u
+	}
+	return latest
+}
+
+// PhaseAt returns the phase at now of the value whose windows end at b:
+// fresh before FreshUntil, stale before StaleUntil, stale-if-error before
+// UsableUntil, expired from then on. It is the Loader's own rule (the one
+// it applies to the values it holds), placed on times: a value of windows
+// w loaded at t is, at t.Add(age), in w.Bounds(t).PhaseAt(t.Add(age)), the
+// phase the Loader gives it at that age (for every age short of the
+// largest Duration, where the Loader's sums of windows saturate).
+func (b Bounds) PhaseAt(now time.Time) Phase {
+	// The Loader's rule works on offsets from an epoch: now is the epoch
+	// here. Each bound's offset is clamped to ±2⁶¹ns (about 73 years),
+	// which keeps its sign and the order of the three, so the rule's sums
+	// of them are exact whatever the bounds (even centuries apart).
+	fresh, stale, usable := offset(b.FreshUntil, now), offset(b.StaleUntil, now), offset(b.UsableUntil, now)
+	w := windows{staleWhileRevalidate: stale - fresh, staleIfError: usable - stale}
+	return Phase(w.phaseAt(0, fresh))
+}
+
+// offset returns t−now, clamped to ±2⁶¹ns (time.Time.Sub saturates
+// first, at the bounds of a Duration).
+func offset(t, now time.Time) time.Duration {
+	const limit = time.Duration(1) << 61
+	return min(max(t.Sub(now), -limit), limit)
+}
+
+// StaleMayCover reports whether a stale value may be served in place of
+// the error err of a failed load, within its [Options.StaleIfError]
+// window: for any error but a not-found (the key is gone, not the
+// downstream: notFound is err judged by the Loader's rule,
+// [Options.NotFound], which the caller has already applied) and
+// [ErrClosed] (the Loader is shutting down). A nil err has nothing to
+// cover. It is the rule the Loader applies, for a [Remote] to decide what
+// to offer with an error as the Loader would serve it.
+func StaleMayCover(err error, notFound bool) bool {
+	return err != nil && !notFound && !errors.Is(err, ErrClosed)
 }

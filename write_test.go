@@ -2,6 +2,7 @@ package flightcache
 
 import (
 	"context"
+	"fmt"
 	"sync"
 	"testing"
 	"testing/synctest"
@@ -196,9 +197,7 @@ func TestShardMapsShrink(t *testing.T) {
 	for k := range n {
 		wg.Go(func() { l.Get(context.Background(), k) })
 	}
-	for l.Stats().InFlight != n {
-		time.Sleep(time.Millisecond)
-	}
+	waitFor(t, fmt.Sprintf("%d loads in flight", n), 10*time.Second, func() bool { return l.Stats().InFlight == n })
 	if pl, _, nl, _ := peaks(); pl != n || nl != n {
 		t.Fatalf("with %d loads in flight: %d in the map, peak %d", n, nl, pl)
 	}

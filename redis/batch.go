@@ -76,7 +76,8 @@ type batchRun[K comparable, V any] struct {
 }
 
 // LoadMany implements [flightcache.RemoteMany]: it answers each of keys as
-// [Tier.Load] would (a usable shared entry, the value of the process that
+// [Tier.Load] would ([ErrNotAttached] for each before the tier is
+// attached; otherwise a usable shared entry, the value of the process that
 // was loading it, or a load under the key's lease), with one Redis round
 // trip per step for the whole batch rather than per key, and one call of
 // load for all the keys it leases. A batch of N keys nobody has costs 3
@@ -110,6 +111,13 @@ type batchRun[K comparable, V any] struct {
 // runtime.Goexit, the leases are released on the way out and the panic
 // goes on.
 func (t *Tier[K, V]) LoadMany(ctx context.Context, keys []K, load func(context.Context, []K) (map[K]V, error)) map[K]flightcache.RemoteResult[V] {
+	if t.attached() == nil {
+		out := make(map[K]flightcache.RemoteResult[V], len(keys))
+		for _, k := range keys {
+			out[k] = flightcache.RemoteResult[V]{Err: ErrNotAttached}
+		}
+		return out
+	}
 	t.stats.batches.Add(1)
 	t.used.Store(true)
 	b := &batchRun[K, V]{t: t, ctx: ctx, load: load, out: make(map[K]flightcache.RemoteResult[V], len(keys))}
@@ -323,7 +331,7 @@ func (b *batchRun[K, V]) acquire(open, leased, local, waiting []*slot[K]) (again
 	for i, s := range open {
 		s.tok = token(16)
 		calls[i] = evalCall{acquireScript, []string{s.ks.entry, s.ks.lease, s.ks.alive, s.ks.fail},
-			[]any{s.e.id, s.tok, t.leaseMS, t.aliveMS, s.waited}}
+			[]any{s.e.id, s.tok, t.attached().leaseMS, t.aliveMS, s.waited}}
 	}
 	cmds := t.evalAll(b.ctx, calls, &t.stats.batchRoundTrips)
 	if t.gen.Load() != b.gen {
@@ -481,7 +489,7 @@ func (b *batchRun[K, V]) loadAndStore(leased, local []*slot[K]) {
 			fail := ""
 			if !errors.Is(err, flightcache.ErrNotModified) { // a batch revalidates nothing: nothing to share
 				fail = t.failure(b.ctx, s.tok, err)
-				want = (t.sie > 0 || t.perValue) && t.coverable(err)
+				want = t.mayCover(err)
 			}
 			release(fail, want)
 			then[i] = func(cmd *redis.Cmd) bool {

@@ -46,9 +46,10 @@ type BreakerOptions struct {
 	Name string
 
 	// Breaker gives the thresholds, as for the Loader's own breaker:
-	// ConsecutiveFailures, OpenTimeout and HalfOpenRequests (with the same
-	// defaults). IsFailure stays with the Loader, which applies it before
-	// reporting an outcome; Disabled and Custom are ignored.
+	// ConsecutiveFailures, OpenTimeout and HalfOpenRequests, with the same
+	// defaults ([flightcache.Breaker.WithDefaults]). IsFailure stays with
+	// the Loader, which applies it before reporting an outcome; Disabled
+	// and Custom are ignored.
 	Breaker flightcache.Breaker
 
 	// ProbeTimeout is how long a half-open probe may hold the shared mutex;
@@ -110,13 +111,10 @@ var (
 	errStale   = errors.New("flightredis: outcome of an earlier breaker generation")
 )
 
-// NewBreaker returns a Breaker on client. Like [New], it requires a client
+// NewBreaker returns a Breaker on client. Like [NewTier], it requires a client
 // created with ContextTimeoutEnabled, and does not contact Redis: the
 // shared state is created on first use.
 func NewBreaker(client redis.UniversalClient, opts BreakerOptions) (*Breaker, error) {
-	if client == nil {
-		return nil, errors.New("flightredis: nil client")
-	}
 	if err := checkClient(client); err != nil {
 		return nil, err
 	}
@@ -130,14 +128,8 @@ func NewBreaker(client redis.UniversalClient, opts BreakerOptions) (*Breaker, er
 	opts.Timeout = cmp(opts.Timeout, DefaultTimeout)
 	opts.RetryAfter = cmp(opts.RetryAfter, DefaultRetryAfter)
 	opts.LockWait = cmp(opts.LockWait, 100*time.Millisecond)
-	bo := &opts.Breaker
-	if bo.ConsecutiveFailures == 0 {
-		bo.ConsecutiveFailures = flightcache.DefaultConsecutiveFailures
-	}
-	bo.OpenTimeout = cmp(bo.OpenTimeout, flightcache.DefaultOpenTimeout)
-	if bo.HalfOpenRequests == 0 {
-		bo.HalfOpenRequests = flightcache.DefaultHalfOpenRequests
-	}
+	opts.Breaker = opts.Breaker.WithDefaults() // the Loader's own breaker's settings
+	bo := opts.Breaker
 	n := bo.ConsecutiveFailures
 	settings := gobreaker.Settings{
 		Name:        opts.Name,

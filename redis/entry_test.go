@@ -86,7 +86,7 @@ func TestNewRejectsBadOptions(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer tier.Close()
-	if got, want := tier.opts.LeaseTTL, 3*time.Second; got != want {
+	if got, want := tier.attached().leaseTTL, 3*time.Second; got != want {
 		t.Errorf("default LeaseTTL = %v; want %v (LoadTimeout + max(LoadTimeout/2, 1s))", got, want)
 	}
 }
@@ -130,8 +130,8 @@ func TestNewRejectsOptionsItCannotHonour(t *testing.T) {
 			t.Errorf("%s: New = %v; want a tier", tc.name, err)
 			continue
 		}
-		if tier.leaseMS < 1 || tier.aliveMS < 1 || tier.failMS < 1 {
-			t.Errorf("%s: PX arguments lease %d, alive %d, fail %d; want all >= 1", tc.name, tier.leaseMS, tier.aliveMS, tier.failMS)
+		if tier.attached().leaseMS < 1 || tier.aliveMS < 1 || tier.failMS < 1 {
+			t.Errorf("%s: PX arguments lease %d, alive %d, fail %d; want all >= 1", tc.name, tier.attached().leaseMS, tier.aliveMS, tier.failMS)
 		}
 		_ = tier.Close()
 	}

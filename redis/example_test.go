@@ -32,21 +32,21 @@ func Example() {
 	})
 	defer rdb.Close()
 
-	opts := flightcache.Options[string, Price]{
+	tier, err := flightredis.NewTier(rdb, flightredis.Options[string, Price]{Prefix: "prices:"})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer tier.Close() // after the Loader (deferred calls run last first)
+
+	// flightcache.New hands the tier the Loader's rules (Tier.Attach).
+	loader, err := flightcache.New(fetchPrice, flightcache.Options[string, Price]{
 		TTL:                  time.Minute,
 		Jitter:               0.1,
 		StaleWhileRevalidate: 30 * time.Second,
 		EarlyRefresh:         1,
 		LoadTimeout:          5 * time.Second,
-	}
-	tier, err := flightredis.New(rdb, opts, flightredis.Options[string, Price]{Prefix: "prices:"})
-	if err != nil {
-		log.Fatal(err)
-	}
-	defer tier.Close() // after the Loader (deferred calls run last first)
-	opts.Remote = tier
-
-	loader, err := flightcache.New(fetchPrice, opts)
+		Remote:               tier,
+	})
 	if err != nil {
 		log.Fatal(err)
 	}
@@ -55,6 +55,29 @@ func Example() {
 	p, err := loader.Get(context.Background(), "sku-42")
 	fmt.Println(p, err)
 	fmt.Printf("%+v\n", tier.Stats())
+}
+
+// New, the constructor that predates NewTier, takes the Loader's Options
+// as well; it makes the same tier.
+func ExampleNew() {
+	rdb := redis.NewClient(&redis.Options{Addr: os.Getenv("REDIS_ADDR"), ContextTimeoutEnabled: true})
+	defer rdb.Close()
+
+	opts := flightcache.Options[string, Price]{TTL: time.Minute, StaleWhileRevalidate: 30 * time.Second}
+	tier, err := flightredis.New(rdb, opts, flightredis.Options[string, Price]{Prefix: "prices:"})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer tier.Close()
+	opts.Remote = tier
+
+	loader, err := flightcache.New(fetchPrice, opts)
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer loader.Close()
+	p, err := loader.Get(context.Background(), "sku-42")
+	fmt.Println(p, err)
 }
 
 // A breaker whose state the fleet shares: after 5 failures seen by any

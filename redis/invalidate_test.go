@@ -417,7 +417,11 @@ func readerChild() int {
 	defer l.Close()
 	stop := make(chan struct{})
 	go func() { _, _ = io.Copy(io.Discard, os.Stdin); close(stop) }()
-	for !tier.Stats().Listening {
+	for deadline := time.Now().Add(10 * time.Second); !tier.Stats().Listening; {
+		if time.Now().After(deadline) {
+			fmt.Fprintln(os.Stderr, "reader: the tier was not listening after 10s")
+			return 1
+		}
 		time.Sleep(time.Millisecond)
 	}
 	out := bufio.NewWriter(os.Stdout)

@@ -126,7 +126,8 @@ var ErrSharedNotFound = fmt.Errorf("flightredis: not found (shared by the fleet)
 // matches [flightcache.ErrNotFound] here.
 var ErrPeerFailed = errors.New("flightredis: the load failed in another process")
 
-// Load implements [flightcache.Remote]: it returns key's shared entry when
+// Load implements [flightcache.Remote]: before the tier is attached to a
+// Loader it returns [ErrNotAttached], without loading. Then it returns key's shared entry when
 // it is usable under the Loader's freshness rules and the caller's
 // [flightcache.MaxStale], waits for the process that is loading key, or
 // takes the lease and calls load itself. When Redis fails or is slow, it
@@ -153,6 +154,9 @@ var ErrPeerFailed = errors.New("flightredis: the load failed in another process"
 // the value (a Freshness that panics: served, not cached). Whatever ends
 // Load's goroutine once it holds the lease, the lease is released.
 func (t *Tier[K, V]) Load(ctx context.Context, key K, load func(context.Context) (V, error)) (flightcache.RemoteValue[V], error) {
+	if t.attached() == nil {
+		return flightcache.RemoteValue[V]{}, ErrNotAttached
+	}
 	t.used.Store(true)
 	if t.closed.Load() || t.down() || !t.ready(ctx) {
 		t.listening()
@@ -214,7 +218,7 @@ func (t *Tier[K, V]) loadAt(ctx context.Context, key K, name string, gen int64, 
 		tok := token(16)
 		c, cancel := t.op(ctx)
 		res, err := acquireScript.Run(c, t.rdb, []string{ks.entry, ks.lease, ks.alive, ks.fail},
-			e.id, tok, t.leaseMS, t.aliveMS, waited).Slice()
+			e.id, tok, t.attached().leaseMS, t.aliveMS, waited).Slice()
 		cancel()
 		if err != nil {
 			rv, err := t.fallback(ctx, err, load)
@@ -275,11 +279,7 @@ func (t *Tier[K, V]) loadAt(ctx context.Context, key K, name string, gen int64, 
 // a Loader with Options.Reload revalidates the fleet's value rather than
 // its own (flightcache.WithReloadValue). It returns that value too, or nil.
 func (t *Tier[K, V]) withFleetValue(ctx context.Context, e entry) (context.Context, *V) {
-	until := e.until
-	if until < 0 {
-		until = addSat(e.stale, t.sie.Microseconds())
-	}
-	if !e.ok || micros(time.Now()) >= until {
+	if !e.ok || e.nf || t.attached().phase(e, now()) == flightcache.PhaseExpired {
 		return ctx, nil
 	}
 	v, err := t.decode(e.val)
@@ -295,7 +295,7 @@ func (t *Tier[K, V]) hand(ks keys, e entry, v V, waited bool) flightcache.Remote
 	switch {
 	case waited:
 		t.stats.shared.Add(1)
-	case micros(time.Now()) < e.fresh:
+	case t.attached().phase(e, now()) == flightcache.PhaseFresh:
 		t.stats.hits.Add(1)
 	default:
 		t.stats.staleHits.Add(1)
@@ -347,8 +347,7 @@ func (t *Tier[K, V]) hold(ctx context.Context, ks keys, key K, tok string, load 
 			settled = true
 			return flightcache.RemoteValue[V]{}, err
 		}
-		want := (t.sie > 0 || t.perValue) && t.coverable(err)
-		e := t.release(bg, ks, tok, t.failure(ctx, tok, err), want)
+		e := t.release(bg, ks, tok, t.failure(ctx, tok, err), t.mayCover(err))
 		settled = true
 		if t.dead(ks) { // an InvalidateAll ended the entry's generation: it covers nothing
 			e = entry{}
@@ -364,28 +363,31 @@ func (t *Tier[K, V]) hold(ctx context.Context, ks keys, key K, tok string, load 
 // sharesNotFound reports whether a load's error err is a not-found to store
 // for the fleet: the Loader caches not-founds (NotFoundTTL > 0).
 func (t *Tier[K, V]) sharesNotFound(err error) bool {
-	return t.loader.NotFoundTTL > 0 && t.notFound(err)
+	return t.attached().rules.NotFoundTTL > 0 && t.notFound(err)
 }
 
 // notFound reports whether err is a not-found by the Loader's rule
-// (flightcache.Options.NotFound: ErrNotFound, or the Loader's IsNotFound,
+// (flightcache.Rules.NotFound: ErrNotFound, or the Loader's IsNotFound,
 // whose panic means no).
-func (t *Tier[K, V]) notFound(err error) bool { return t.loader.NotFound(err) }
+func (t *Tier[K, V]) notFound(err error) bool { return t.attached().rules.NotFound(err) }
 
 // sharedNotFound reports whether e is a not-found marker still inside its
 // NotFoundTTL: a Load answers it with ErrSharedNotFound, without loading.
 // An older marker (the writer's clock, or a shorter NotFoundTTL here) is
 // replaced under the lease, as a stale entry is.
 func (t *Tier[K, V]) sharedNotFound(e entry) bool {
-	return e.ok && e.nf && micros(time.Now()) < e.fresh
+	return e.ok && e.nf && t.attached().phase(e, now()) == flightcache.PhaseFresh
 }
 
 // notFoundCall is the notFoundScript call that stores a not-found marker as
 // the entry of ks, under the lease tok, for the Loader's NotFoundTTL.
 func (t *Tier[K, V]) notFoundCall(ks keys, tok string) evalCall {
-	at := micros(time.Now())
-	ttl := t.loader.NotFoundTTL
-	return evalCall{notFoundScript, writeKeys(ks), []any{tok, token(8), at, addSat(at, ttl.Microseconds()),
+	at := now()
+	ttl := t.attached().rules.NotFoundTTL
+	// A not-found is fresh for NotFoundTTL and has no stale windows, as
+	// the Loader caches it.
+	b := flightcache.Windows{Fresh: ttl.Truncate(time.Microsecond)}.Bounds(at)
+	return evalCall{notFoundScript, writeKeys(ks), []any{tok, token(8), micros(at), micros(b.FreshUntil),
 		px(ttl), t.channel, ks.base}}
 }
 
@@ -485,27 +487,30 @@ type encoded struct {
 	life                          time.Duration
 }
 
-// encode prepares the write of rv as the entry of key. ok is false for a
-// value not to share: one the Loader would not cache, or one the tier
-// cannot write, counted in EncodeErrors (the Codec failed or panicked, or
+// encode prepares the write of rv as the entry of key, its windows'
+// bounds by the Loader's rule (flightcache.Windows.Bounds). ok is false
+// for a value not to share: one the Loader would not cache, any value
+// before the tier is attached, or one the tier cannot write, counted in
+// EncodeErrors (the Codec failed or panicked, or
 // Options.Freshness panicked). It calls user code (Options.Freshness, the
 // Codec) on the caller's goroutine, and recovers their panics: the value
 // still reaches the Loader, which asks Freshness again, recovers that
 // panic too and serves the value uncached, as it does without the tier.
 func (t *Tier[K, V]) encode(key K, rv flightcache.RemoteValue[V]) (enc encoded, ok bool) {
+	if t.attached() == nil { // no rules to write it by: not shared
+		return encoded{}, false
+	}
 	w, data, ok := t.prepare(key, rv.Value)
 	if !ok {
 		return encoded{}, false
 	}
-	at := micros(rv.LoadedAt)
-	w.Fresh = max(w.Fresh, time.Millisecond)
-	fresh := addSat(at, w.Fresh.Microseconds())
-	stale := addSat(fresh, w.StaleWhileRevalidate.Microseconds())
-	until := addSat(stale, w.StaleIfError.Microseconds())
+	at := fromMicros(micros(rv.LoadedAt))
+	b := stored(w).Bounds(at)
 	// Redis frees the entry when no process can use it; "never" (a TTL of
 	// math.MaxInt64) stays about 292 years.
-	life := addSat(addSat(w.Fresh, w.StaleWhileRevalidate), w.StaleIfError)
-	return encoded{data: data, at: at, took: rv.Took.Microseconds(), fresh: fresh, stale: stale, until: until, life: life}, true
+	life := b.UsableUntil.Sub(at)
+	return encoded{data: data, at: micros(at), took: rv.Took.Microseconds(),
+		fresh: micros(b.FreshUntil), stale: micros(b.StaleUntil), until: micros(b.UsableUntil), life: life}, true
 }
 
 // writeArgs are writeScript's arguments after the token, to write enc as
@@ -527,7 +532,7 @@ func (t *Tier[K, V]) prepare(key K, v V) (w flightcache.Windows, data []byte, ok
 			w, data, ok = flightcache.Windows{}, nil, false
 		}
 	}()
-	w, keep := t.loader.WindowsOf(key, v)
+	w, keep := t.attached().windowsOf(key, v)
 	if !keep {
 		return w, nil, false
 	}
@@ -673,8 +678,10 @@ func (t *Tier[K, V]) local(ctx context.Context, load func(context.Context) (V, e
 // and has every other process of the fleet drop its local copy of key
 // (invalidate.go). A value the Loader would not cache (or the
 // tier cannot write: the Codec fails or panics, or Options.Freshness
-// panics) is not shared: key's shared entry is deleted instead. A Set
-// that cannot reach Redis is replayed as an invalidation once it can.
+// panics; or any value, before the tier is attached to a Loader, when it
+// has no windows to write it with) is not shared: key's shared entry is
+// deleted instead. A Set that cannot reach Redis is replayed as an
+// invalidation once it can.
 func (t *Tier[K, V]) Set(ctx context.Context, key K, v flightcache.RemoteValue[V]) {
 	t.used.Store(true)
 	name := t.key(key)

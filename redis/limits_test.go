@@ -64,7 +64,7 @@ func TestHugeLoadTimeoutLeases(t *testing.T) {
 			lo := flightcache.Options[string, string]{TTL: time.Minute, LoadTimeout: lt}
 			a := newProc(t, addr, p, lo, Options[string, string]{}, d)
 			b := newProc(t, addr, p, lo, Options[string, string]{}, d)
-			if got := a.t.opts.LeaseTTL; got < lt {
+			if got := a.t.attached().leaseTTL; got < lt {
 				t.Errorf("default LeaseTTL = %v; want at least LoadTimeout (%v)", got, lt)
 			}
 
@@ -126,8 +126,8 @@ func TestTierSaturatesAtTheExtremes(t *testing.T) {
 	}
 	defer tier.Close()
 	maxMS := math.MaxInt64 / int64(time.Millisecond)
-	if tier.opts.LeaseTTL != forever || tier.leaseMS != maxMS || tier.aliveMS != maxMS || tier.failMS != maxMS {
-		t.Errorf("LeaseTTL %v, PX lease %d, alive %d, fail %d; want the largest", tier.opts.LeaseTTL, tier.leaseMS, tier.aliveMS, tier.failMS)
+	if tier.attached().leaseTTL != forever || tier.attached().leaseMS != maxMS || tier.aliveMS != maxMS || tier.failMS != maxMS {
+		t.Errorf("LeaseTTL %v, PX lease %d, alive %d, fail %d; want the largest", tier.attached().leaseTTL, tier.attached().leaseMS, tier.aliveMS, tier.failMS)
 	}
 	ks := keysFor("p:", "k")
 	now := time.Now()

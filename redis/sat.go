@@ -5,19 +5,22 @@ import (
 	"time"
 )
 
-// Saturating arithmetic. The Loader's options take a TTL or a LoadTimeout
-// of math.MaxInt64 to mean "never"; sums and products of such durations
-// (an entry's lifetime, a default LeaseTTL, a deadline) must stay at the
-// largest value instead of wrapping around to a short or negative one,
-// which Redis would take as "expire now" or refuse. Every duration and
-// microsecond time the tier adds or multiplies goes through these.
+// Saturating arithmetic for the tier's own durations (its Options',
+// the lease's). The windows of shared values are not added up here: their
+// bounds are the Loader's rule, flightcache.Windows.Bounds, and an entry's
+// age is placed with flightcache.Bounds.PhaseAt. A Timeout, RetryAfter or
+// PollInterval of math.MaxInt64 still means "never": the sums and
+// multiples the tier makes of them (a default LeaseTTL, a lock's
+// lifetime, a deadline) must stay at the largest value instead of
+// wrapping around to a short or negative one, which Redis would take as
+// "expire now" or refuse. Every such duration goes through these.
 
 // maxDuration is the largest time.Duration, about 292 years: "never".
 const maxDuration = time.Duration(math.MaxInt64)
 
-// addSat returns a+b, saturated at the bounds of int64 instead of
+// addSat returns a+b, saturated at the bounds of a Duration instead of
 // overflowing.
-func addSat[T ~int64](a, b T) T {
+func addSat(a, b time.Duration) time.Duration {
 	s := a + b
 	switch {
 	case b > 0 && s < a:
@@ -28,30 +31,18 @@ func addSat[T ~int64](a, b T) T {
 	return s
 }
 
-// subSat returns a-b, saturated at the bounds of int64 instead of
+// mulSat returns d·n, saturated at the bounds of a Duration instead of
 // overflowing.
-func subSat[T ~int64](a, b T) T {
-	s := a - b
-	switch {
-	case b < 0 && s < a:
-		return math.MaxInt64
-	case b > 0 && s > a:
-		return math.MinInt64
-	}
-	return s
-}
-
-// mulSat returns a*b, saturated at the bounds of int64 instead of
-// overflowing.
-func mulSat[T ~int64](a, b T) T {
-	if a == 0 || b == 0 {
+func mulSat(d time.Duration, n int64) time.Duration {
+	m := time.Duration(n)
+	if d == 0 || m == 0 {
 		return 0
 	}
-	p := a * b
-	if p/b == a && !(a == -1 && b == math.MinInt64) && !(b == -1 && a == math.MinInt64) {
+	p := d * m
+	if p/m == d && !(d == -1 && m == math.MinInt64) && !(m == -1 && d == math.MinInt64) {
 		return p
 	}
-	if (a > 0) == (b > 0) {
+	if (d > 0) == (m > 0) {
 		return math.MaxInt64
 	}
 	return math.MinInt64
@@ -68,12 +59,12 @@ func px(d time.Duration) int64 {
 
 // fromMS and fromUS turn a count of milliseconds (a PTTL) or of
 // microseconds (an entry's times) into a duration, saturated.
-func fromMS(ms int64) time.Duration { return mulSat(time.Duration(ms), time.Millisecond) }
+func fromMS(ms int64) time.Duration { return mulSat(time.Millisecond, ms) }
 
-func fromUS(us int64) time.Duration { return mulSat(time.Duration(us), time.Microsecond) }
+func fromUS(us int64) time.Duration { return mulSat(time.Microsecond, us) }
 
 // unixNanoAfter returns the Unix nanoseconds of now+d, saturated: a
 // deadline past 2262 (which time.Time.UnixNano cannot give) is "never".
 func unixNanoAfter(now time.Time, d time.Duration) int64 {
-	return addSat(now.UnixNano(), int64(d))
+	return int64(addSat(time.Duration(now.UnixNano()), d))
 }

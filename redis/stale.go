@@ -2,7 +2,6 @@ package flightredis
 
 import (
 	"context"
-	"errors"
 	"time"
 
 	"github.com/flightcache/flightcache"
@@ -11,7 +10,34 @@ import (
 // This file holds what the tier decides about a shared entry's age: whether
 // a Load may hand it to the Loader (the Loader's windows, the caller's
 // max-stale, what this process already holds), and whether it may cover a
-// failed load (StaleIfError).
+// failed load (StaleIfError). The rules are the Loader's own: an entry's
+// bounds are placed with flightcache.Bounds.PhaseAt, and what a stale
+// value may cover is flightcache.StaleMayCover.
+
+// now is the moment against which the tier judges entries: the wall clock
+// (entries hold the times of other processes' clocks), in whole
+// microseconds, as entries hold them.
+func now() time.Time { return fromMicros(micros(time.Now())) }
+
+// bounds returns the ends of e's windows, as its writer stored them
+// (RefreshFrom is not stored: see usable). A not-found marker has no
+// stale windows. An entry written by an older version has no "until": its
+// StaleIfError window is the Loader's, after its stale one.
+func (a *attachment[K, V]) bounds(e entry) flightcache.Bounds {
+	b := flightcache.Bounds{FreshUntil: fromMicros(e.fresh), StaleUntil: fromMicros(e.stale), UsableUntil: fromMicros(e.until)}
+	switch {
+	case e.nf:
+		b.StaleUntil, b.UsableUntil = b.FreshUntil, b.FreshUntil
+	case e.until < 0:
+		b.UsableUntil = flightcache.Windows{StaleIfError: a.win.StaleIfError}.Bounds(b.StaleUntil).UsableUntil
+	}
+	return b
+}
+
+// phase places entry e at now by the Loader's rule.
+func (a *attachment[K, V]) phase(e entry, now time.Time) flightcache.Phase {
+	return a.bounds(e).PhaseAt(now)
+}
 
 // usable reports whether entry e may be handed to the Loader now, for a
 // load whose context is ctx.
@@ -19,35 +45,32 @@ func (t *Tier[K, V]) usable(ctx context.Context, ks keys, e entry) bool {
 	if e.nf { // a not-found marker is never a value
 		return false
 	}
-	now := micros(time.Now())
+	a, now := t.attached(), now()
 	held := t.served.get(ks.base) == e.id
-	switch {
-	case now < e.fresh:
+	switch b := a.bounds(e); b.PhaseAt(now) {
+	case flightcache.PhaseFresh:
 		// The Loader asks again for a fresh entry it already holds either
-		// to refresh it early (possible only in the second half of its
-		// life) or because it evicted it.
-		return !held || !t.early || now < addSat(e.at, t.fresh.Microseconds()/2)
-	case now < e.stale:
+		// to refresh it early (possible only from RefreshFrom on, by the
+		// Loader's windows) or because it evicted it.
+		return !held || !a.win.EarlyRefresh || now.Before(a.win.Bounds(fromMicros(e.at)).RefreshFrom)
+	case flightcache.PhaseStale:
 		// A stale entry once; then a refresh reloads it. The Loader hands
 		// a load's value to its callers as loaded, without judging its
 		// age: a stale entry the caller's max-stale refuses is reloaded.
-		return !held && flightcache.AcceptsStale(ctx, fromUS(subSat(now, e.fresh)))
+		return !held && flightcache.AcceptsStale(ctx, now.Sub(b.FreshUntil))
 	}
 	return false
 }
 
 // cover returns err with, when it may cover the failure, the older value
 // of entry e (see [flightcache.Remote]): e must be inside its StaleIfError
-// window (its own, with per-value Freshness) and decode, and err must not be a not-found (the
-// Loader never covers one) nor mean the Loader closed. Whether the value is
-// served is the Loader's call: its window and each caller's max-stale.
+// window (its own, with per-value Freshness) and decode, and err must be
+// one a stale value may cover by the Loader's rule (not a not-found, nor
+// the Loader closing). Whether the value is served is the Loader's call:
+// its window and each caller's max-stale.
 func (t *Tier[K, V]) cover(e entry, err error) (flightcache.RemoteValue[V], error) {
-	until := e.until
-	if until < 0 { // written by an older version: the Options' window
-		until = addSat(e.stale, t.sie.Microseconds())
-	}
 	switch {
-	case !t.coverable(err), !e.ok, e.nf, micros(time.Now()) >= until:
+	case !t.coverable(err), !e.ok, e.nf, t.attached().phase(e, now()) == flightcache.PhaseExpired:
 		return flightcache.RemoteValue[V]{}, err
 	}
 	v, derr := t.decode(e.val)
@@ -64,8 +87,16 @@ func (t *Tier[K, V]) cover(e entry, err error) (flightcache.RemoteValue[V], erro
 }
 
 // coverable reports whether a failed load's error may be covered with an
-// older value: the Loader serves none for a not-found (by its rule:
-// notFound) or after Close.
+// older value, by the Loader's rule (flightcache.StaleMayCover, with its
+// not-found rule).
 func (t *Tier[K, V]) coverable(err error) bool {
-	return !t.notFound(err) && !errors.Is(err, flightcache.ErrClosed)
+	return flightcache.StaleMayCover(err, t.notFound(err))
+}
+
+// mayCover reports whether a failed load should ask Redis for the entry
+// that may cover it: the Loader has a StaleIfError window (its own, or
+// per-value ones) and err is one a stale value may cover.
+func (t *Tier[K, V]) mayCover(err error) bool {
+	a := t.attached()
+	return (a.rules.Windows.StaleIfError > 0 || a.perValue()) && t.coverable(err)
 }

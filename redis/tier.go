@@ -5,13 +5,15 @@
 //
 // # Tier
 //
-// A [Tier] is a [flightcache.Remote]: set it as [flightcache.Options.Remote]
-// and a Loader that misses locally asks it before calling its LoadFunc.
-// The tier keeps, per key:
+// A [Tier] is a [flightcache.Remote]: make it with [NewTier], set it as
+// [flightcache.Options.Remote], and a Loader that misses locally asks it
+// before calling its LoadFunc. [flightcache.New] hands the tier the
+// Loader's rules ([Tier.Attach]): one Tier serves one Loader. The tier
+// keeps, per key:
 //
 //   - a shared entry: the value (encoded by a [Codec], JSON by default) with
 //     when it was loaded, how long the load took, and until when it is fresh
-//     and usable stale, computed from the Loader's own Options;
+//     and usable stale, by the Loader's own rules ([flightcache.Bounds]);
 //   - a lease: the process that holds it loads the key for the fleet, writes
 //     the entry and publishes; the others wait for the publish (pub/sub) or
 //     poll, and take the lease over if its holder stops proving it is alive.
@@ -85,7 +87,9 @@ const (
 
 // Options configures a [Tier]. Its zero value is a sensible configuration;
 // every zero field means the default its comment gives. The freshness
-// windows are not here: [New] reads them from the Loader's Options.
+// windows are not here: the tier is given the Loader's when it is
+// attached ([Tier.Attach]), or reads them from the Loader's Options given
+// to [New].
 type Options[K comparable, V any] struct {
 	// Prefix starts the name of every Redis key and of the pub/sub channel
 	// the tier uses, so several tiers (or programs) can share one Redis.
@@ -119,13 +123,11 @@ type Options[K comparable, V any] struct {
 	RetryAfter time.Duration
 
 	// LeaseTTL is how long a lease lives in Redis. It must be longer than
-	// the longest a holder keeps it, the Loader's LoadTimeout (plus its
-	// Limit.MaxWait when the Loader has a flightcache.Limit: the holder may
-	// wait that long for a downstream slot first), so a live holder never
-	// loses its lease in mid-load (or, for a hold of math.MaxInt64,
-	// math.MaxInt64 too), and at least 1ms; it bounds how long a lease can
-	// outlive a holder that could not release it. 0 means that hold +
-	// max(hold/2, 1s), at most math.MaxInt64.
+	// the Loader's LoadTimeout, so a live holder never loses its lease in
+	// mid-load (or, for a LoadTimeout of math.MaxInt64, math.MaxInt64
+	// too), and at least 1ms; it bounds how long a lease can outlive a
+	// holder that could not release it. 0 means LoadTimeout +
+	// max(LoadTimeout/2, 1s), at most math.MaxInt64.
 	LeaseTTL time.Duration
 
 	// HolderTimeout is how long a lease holder may go without proving it is
@@ -145,29 +147,26 @@ type Options[K comparable, V any] struct {
 
 // Tier is the Redis tier of a [flightcache.Loader]: a [flightcache.Remote]
 // shared by every process that uses the same Redis and Prefix. Create it
-// with [New] and set it as [flightcache.Options.Remote]. It is safe for
-// concurrent use. Close it after the Loader: Close stops its pub/sub
-// subscription; the Redis client stays the caller's to close.
+// with [NewTier] (or [New]) and set it as [flightcache.Options.Remote]; it
+// serves the one Loader it is attached to. It is safe for concurrent use.
+// Close it after the Loader: Close stops its pub/sub subscription; the
+// Redis client stays the caller's to close.
 type Tier[K comparable, V any] struct {
 	rdb   redis.UniversalClient
-	opts  Options[K, V] // defaults applied
+	opts  Options[K, V] // defaults applied, but LeaseTTL's (it needs the Loader's LoadTimeout: see attachment)
 	key   func(K) string
 	codec Codec[V]
 
-	// The Loader's options and windows (flightcache.Options.Windows); a
-	// value's own are flightcache.Options.WindowsOf.
-	loader   flightcache.Options[K, V]
-	perValue bool          // the Loader has per-value Freshness
-	fresh    time.Duration // the shortest freshness any process draws, at least 1ms
-	swr      time.Duration // StaleWhileRevalidate
-	sie      time.Duration // StaleIfError
-	early    bool          // EarlyRefresh > 0
+	// What the tier knows of its Loader (attach.go): nil until the tier
+	// is attached, then set once and never changed.
+	att     atomic.Pointer[attachment[K, V]]
+	claimed atomic.Bool // a Loader has attached the tier: another may not
 
-	leaseMS, aliveMS, failMS int64  // PX arguments
-	channel                  string // wake-ups: the name of a key whose load ended
-	invChannel               string // fleet-wide invalidation (invalidate.go)
-	origin                   string // this tier's name in its invalidations
-	fleet                    fleetState[K]
+	aliveMS, failMS int64  // PX arguments (a lease's is the attachment's)
+	channel         string // wake-ups: the name of a key whose load ended
+	invChannel      string // fleet-wide invalidation (invalidate.go)
+	origin          string // this tier's name in its invalidations
+	fleet           fleetState[K]
 
 	// The generation of the shared tier (generation.go).
 	genKey   string       // the counter in Redis
@@ -196,52 +195,76 @@ var (
 	_ flightcache.RemoteWatcher[string]   = (*Tier[string, int])(nil)
 )
 
-// New returns a Tier on client for a Loader configured with loader (the
-// same Options value that is then given to [flightcache.New], with Remote
-// set to the Tier): the tier reads TTL, Jitter, StaleWhileRevalidate,
-// StaleIfError, EarlyRefresh and LoadTimeout from it, so every process
-// applies the same freshness rules to a shared entry. Lifetimes saturate:
-// a TTL or LoadTimeout of math.MaxInt64 ("never") gives a shared entry or
-// a lease of the largest lifetime, about 292 years, never a wrapped-around
-// short one. An option the tier cannot honour (see each field of
-// [Options]) makes New return an error naming it.
+// NewTier returns a Tier on client, to be set as the
+// [flightcache.Options.Remote] of one Loader: [flightcache.New] then
+// hands the tier the Loader's rules ([Tier.Attach]), the freshness
+// windows, each value's own (Options.Freshness), the not-found rule and
+// NotFoundTTL, so every process applies the same rules to a shared entry
+// and the Loader's Options are given once. Lifetimes saturate: a TTL or
+// LoadTimeout of math.MaxInt64 ("never") gives a shared entry or a lease
+// of the largest lifetime, about 292 years, never a wrapped-around short
+// one. An option the tier cannot honour (see each field of [Options])
+// makes NewTier return an error naming it; one that depends on the Loader
+// (LeaseTTL, against its LoadTimeout) makes flightcache.New return it.
+//
+// A Tier not attached yet refuses to load ([ErrNotAttached]); a Set
+// before then drops the key's shared entry instead of writing it.
 //
 // client may be a single node, a Sentinel failover client or a Cluster
 // client (give a Cluster client MaxRedirects and MaxRetryBackoff as
 // docs/distributed.md says, so slot migrations do not step the tier
 // aside; after a failure the tier has a Cluster client reload its slot
-// map, so a failover is found at once). It must have been created with ContextTimeoutEnabled, or a slow
-// Redis would hold loads past Timeout; New returns an error otherwise.
-// New does not contact Redis: a tier created while Redis is down starts
-// working when Redis is back.
-func New[K comparable, V any](client redis.UniversalClient, loader flightcache.Options[K, V], opts Options[K, V]) (*Tier[K, V], error) {
-	if client == nil {
-		return nil, errors.New("flightredis: nil client")
-	}
+// map, so a failover is found at once). It must have been created with
+// ContextTimeoutEnabled, or a slow Redis would hold loads past Timeout;
+// NewTier returns an error otherwise. NewTier does not contact Redis: a
+// tier created while Redis is down starts working when Redis is back.
+func NewTier[K comparable, V any](client redis.UniversalClient, opts Options[K, V]) (*Tier[K, V], error) {
 	if err := checkClient(client); err != nil {
 		return nil, err
 	}
-	w, err := loader.Windows() // the Loader's own validation and rules
+	if err := opts.validate(0, 0); err != nil { // the lease is checked at Attach
+		return nil, err
+	}
+	return newTier(client, opts.withDefaults()), nil
+}
+
+// New returns a Tier on client for a Loader configured with loader (the
+// same Options value that is then given to [flightcache.New], with Remote
+// set to the Tier): it is [NewTier] attached at once to the rules of
+// loader ([flightcache.Options.Rules]), so it validates them as
+// flightcache.New does, and an error names the bad option, the Loader's
+// or the tier's. The Loader's own Attach then only claims the tier: the
+// rules stay those of loader.
+//
+// New predates [Tier.Attach], and takes the Loader's Options a second
+// time; prefer NewTier, which gets them from the Loader itself. Both make
+// the same Tier, and NewTier's documentation applies to New too.
+func New[K comparable, V any](client redis.UniversalClient, loader flightcache.Options[K, V], opts Options[K, V]) (*Tier[K, V], error) {
+	if err := checkClient(client); err != nil {
+		return nil, err
+	}
+	rules, err := loader.Rules() // the Loader's own validation and rules
 	if err != nil {
 		return nil, fmt.Errorf("flightredis: the Loader's options: %w", err)
 	}
-	maxWait := limitWait(loader.Limit, w.LoadTimeout)
-	if err := opts.validate(w.LoadTimeout, maxWait); err != nil {
+	opts = opts.withDefaults()
+	a, err := opts.attachment(rules)
+	if err != nil {
 		return nil, err
 	}
-	opts = opts.withDefaults(addSat(w.LoadTimeout, maxWait))
+	t := newTier(client, opts)
+	t.att.Store(a)
+	return t, nil
+}
+
+// newTier makes a Tier of valid opts, defaults applied, not attached, and
+// starts its pub/sub subscription.
+func newTier[K comparable, V any](client redis.UniversalClient, opts Options[K, V]) *Tier[K, V] {
 	t := &Tier[K, V]{
 		rdb:        client,
 		opts:       opts,
 		key:        opts.Key,
 		codec:      opts.Codec,
-		loader:     loader,
-		perValue:   loader.Freshness != nil,
-		fresh:      w.Fresh,
-		swr:        w.StaleWhileRevalidate,
-		sie:        w.StaleIfError,
-		early:      w.EarlyRefresh,
-		leaseMS:    px(opts.LeaseTTL),
 		aliveMS:    px(opts.HolderTimeout),
 		failMS:     px(max(mulSat(opts.PollInterval, 4), time.Second)),
 		channel:    opts.Prefix + "loaded",
@@ -249,7 +272,6 @@ func New[K comparable, V any](client redis.UniversalClient, loader flightcache.O
 		origin:     token(8),
 		genKey:     opts.Prefix + "generation",
 	}
-	t.fresh = max(t.fresh, time.Millisecond)
 	if t.key == nil {
 		t.key = keyString[K]
 	}
@@ -264,11 +286,15 @@ func New[K comparable, V any](client redis.UniversalClient, loader flightcache.O
 		onDrop: t.onInvalidated, onUp: t.onUp, onDown: t.onDown, onRetry: t.onRetry,
 		onTick: t.replay,
 	}, opts.Timeout)
-	return t, nil
+	return t
 }
 
-// checkClient rejects a client whose commands ignore context deadlines.
+// checkClient rejects a nil client, and one whose commands ignore context
+// deadlines.
 func checkClient(c redis.UniversalClient) error {
+	if c == nil {
+		return errors.New("flightredis: nil client")
+	}
 	enabled := true
 	switch c := c.(type) {
 	case *redis.Client:
@@ -284,22 +310,10 @@ func checkClient(c redis.UniversalClient) error {
 	return nil
 }
 
-// limitWait is how long a load of a Loader with limit may wait for a
-// downstream slot, holding its lease: Limit.MaxWait, by default the
-// LoadTimeout; 0 without a Limit.
-func limitWait(limit flightcache.Limit, loadTimeout time.Duration) time.Duration {
-	switch {
-	case limit.MaxLoads <= 0 && !limit.Adaptive:
-		return 0
-	case limit.MaxWait > 0:
-		return limit.MaxWait
-	}
-	return loadTimeout
-}
-
-// validate checks the tier's own options; loadTimeout is the Loader's,
-// and maxWait how long its loads may wait for a downstream slot
-// (limitWait).
+// validate checks the tier's own options; loadTimeout is the Loader's, or
+// 0 before the tier knows it (which leaves LeaseTTL unchecked against it),
+// and maxWait how long its loads may wait for a downstream slot, holding
+// their lease (Limit.MaxWait; 0 without a Limit).
 func (o *Options[K, V]) validate(loadTimeout, maxWait time.Duration) error {
 	hold := addSat(loadTimeout, maxWait)
 	switch {
@@ -342,9 +356,9 @@ func cmp(d, def time.Duration) time.Duration {
 	return d
 }
 
-// withDefaults sets the defaults; hold is the longest a holder keeps its
-// lease, the Loader's LoadTimeout plus limitWait.
-func (o Options[K, V]) withDefaults(hold time.Duration) Options[K, V] {
+// withDefaults applies the defaults of every field but LeaseTTL, whose
+// default depends on the Loader (see leaseTTL).
+func (o Options[K, V]) withDefaults() Options[K, V] {
 	if o.Prefix == "" {
 		o.Prefix = DefaultPrefix
 	}
@@ -352,8 +366,14 @@ func (o Options[K, V]) withDefaults(hold time.Duration) Options[K, V] {
 	o.RetryAfter = cmp(o.RetryAfter, DefaultRetryAfter)
 	o.HolderTimeout = cmp(o.HolderTimeout, DefaultHolderTimeout)
 	o.PollInterval = cmp(o.PollInterval, DefaultPollInterval)
-	o.LeaseTTL = cmp(o.LeaseTTL, addSat(hold, max(hold/2, time.Second)))
 	return o
+}
+
+// leaseTTL is LeaseTTL with its default applied, for a Loader whose loads
+// hold their lease for at most hold: LoadTimeout, plus Limit.MaxWait with
+// a Limit.
+func (o Options[K, V]) leaseTTL(hold time.Duration) time.Duration {
+	return cmp(o.LeaseTTL, addSat(hold, max(hold/2, time.Second)))
 }
 
 // Close stops the tier's pub/sub subscription and its background work.

@@ -67,22 +67,15 @@ type proc struct {
 	t *Tier[string, string]
 }
 
+// newProc starts a simulated process on prefix: a Loader whose Remote is a
+// tier on a client of its own, both closed when the test ends. The tier
+// is made by NewTier and attached by flightcache.New; the other
+// helpers that build a tier (batch_test.go, invalidate_test.go,
+// outage_test.go, cluster_test.go, fleet_test.go) make it with New, so the
+// suite runs on both.
 func newProc(t *testing.T, addr, prefix string, lo flightcache.Options[string, string], to Options[string, string], d *downstream) proc {
 	t.Helper()
-	c := newClient(t, addr)
-	to.Prefix = prefix
-	tier, err := New(c, lo, to)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = tier.Close() })
-	lo.Remote = tier
-	l, err := flightcache.New(d.load, lo)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = l.Close() })
-	return proc{l: l, t: tier}
+	return newTierProc(t, addr, prefix, lo, to, d)
 }
 
 func eventually(t *testing.T, d time.Duration, what string, cond func() bool) {

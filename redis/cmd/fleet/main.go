@@ -325,7 +325,7 @@ func runWorker(tgt target, url, prefix string, tier bool, gets int) error {
 	var t *flightredis.Tier[string, string]
 	if tier {
 		var err error
-		if t, err = flightredis.New(rdb, opts, flightredis.Options[string, string]{Prefix: prefix}); err != nil {
+		if t, err = flightredis.NewTier(rdb, flightredis.Options[string, string]{Prefix: prefix}); err != nil {
 			return err
 		}
 		defer t.Close()
