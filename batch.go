@@ -51,6 +51,7 @@ type batch[K comparable, V any] struct {
 
 	abandoned atomic.Bool
 	slotted   bool // a background batch holds a MaxRefreshes slot, taken by its first call (flights.start)
+	limSlot   slot // and its Limit slot, taken with it
 	// Written by the batch's goroutine as it delivers each call.
 	callers int
 	stored  bool
@@ -117,7 +118,7 @@ func (l *Loader[K, V]) runBatch(b *batch[K, V]) {
 	for i, c := range b.calls {
 		keys[i] = c.key
 	}
-	out := batchResult[K, V]{err: ErrGoexit} // err stays if LoadMany (or the Remote) ends the goroutine
+	out := batchResult[K, V]{err: ErrGoexit, down: tally{lctx: &b.leader.lctx, background: b.background}} // err stays if LoadMany (or the Remote) ends the goroutine
 	defer func() {
 		out.took = l.now() - start
 		l.completeBatch(b, &out)
@@ -126,13 +127,13 @@ func (l *Loader[K, V]) runBatch(b *batch[K, V]) {
 	ctx := &b.leader.lctx
 	rm, ok := l.opts.Remote.(RemoteMany[K, V])
 	if !ok {
-		out.m, out.err = l.loadMany(ctx, keys, &out.attempts)
+		out.m, out.err = l.loadMany(ctx, keys, &out.down)
 		return
 	}
 	var res map[K]RemoteResult[V]
 	if perr := l.guard(func() {
 		res = rm.LoadMany(ctx, keys, func(ctx context.Context, keys []K) (map[K]V, error) {
-			return l.loadMany(ctx, keys, &out.attempts)
+			return l.loadMany(ctx, keys, &out.down)
 		})
 	}, nil); perr != nil {
 		out.err = perr
@@ -143,18 +144,18 @@ func (l *Loader[K, V]) runBatch(b *batch[K, V]) {
 
 // batchResult is what one LoadMany call (or RemoteMany call) produced.
 type batchResult[K comparable, V any] struct {
-	m        map[K]V               // LoadMany's values
-	remote   map[K]RemoteResult[V] // or the RemoteMany's results
-	err      error                 // or an error for every key
-	nf       bool                  // err is a not-found (judged once, by completeBatch)
-	attempts int                   // LoadMany calls made
-	took     time.Duration         // how long the call took
+	m      map[K]V               // LoadMany's values
+	remote map[K]RemoteResult[V] // or the RemoteMany's results
+	err    error                 // or an error for every key
+	nf     bool                  // err is a not-found (judged once, by completeBatch)
+	down   tally                 // what its LoadMany calls did
+	took   time.Duration         // how long the call took
 }
 
 // completeBatch delivers each of b's calls its key's result (complete, as
 // for a single load) and reports the batch once.
 func (l *Loader[K, V]) completeBatch(b *batch[K, V], out *batchResult[K, V]) {
-	l.loadEnded(out.err, b.background) // before any waiter wakes, as deliver does for a single load
+	l.loadEnded(out.err, b.background, b.limSlot) // before any waiter wakes, as deliver does for a single load
 	l.stats.batchLoads.Add(1)
 	l.stats.batchKeys.Add(uint64(len(b.calls)))
 	next := 0
@@ -162,7 +163,7 @@ func (l *Loader[K, V]) completeBatch(b *batch[K, V], out *batchResult[K, V]) {
 		// A Freshness or Cost that called Goexit stops the loop below:
 		// its own call got its value (uncached); the rest get ErrGoexit.
 		for _, c := range b.calls[next:] {
-			l.complete(c, &loaded[V]{err: ErrGoexit, attempts: out.attempts, took: out.took})
+			l.complete(c, &loaded[V]{err: ErrGoexit, down: out.down, took: out.took})
 		}
 		l.handAll(b.writes) // one handover for the batch, not one per key
 		b.writes = nil
@@ -179,7 +180,7 @@ func (l *Loader[K, V]) completeBatch(b *batch[K, V], out *batchResult[K, V]) {
 
 // of is key's own result in out.
 func (out *batchResult[K, V]) of(key K) loaded[V] {
-	r := loaded[V]{attempts: out.attempts, took: out.took}
+	r := loaded[V]{down: out.down, took: out.took}
 	rr, found := out.remote[key]
 	if out.remote == nil { // LoadMany's own map: as a Remote that loaded each key here
 		rr.Value, found = out.m[key]
@@ -206,8 +207,8 @@ func (l *Loader[K, V]) reportBatch(b *batch[K, V], out *batchResult[K, V]) {
 		return
 	}
 	ev := LoadEvent[K]{
-		Key: b.leader.key, Duration: out.took, Err: out.err, NotFound: out.nf, Attempts: out.attempts, Background: b.background,
-		Callers: b.callers, Abandoned: b.abandoned.Load(), Stored: b.stored, Keys: len(b.calls),
+		Key: b.leader.key, Duration: out.took, Err: out.err, NotFound: out.nf, Attempts: out.down.calls, Background: b.background,
+		Callers: b.callers, Abandoned: b.abandoned.Load(), Stored: b.stored, Keys: len(b.calls), Queued: out.down.queued,
 	}
 	l.guard(func() { l.opts.OnLoad(ev) }, nil)
 }

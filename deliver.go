@@ -86,7 +86,7 @@ func (l *Loader[K, V]) entryOf(c *call[K, V], r *loaded[V], res *delivery[K, V],
 func (l *Loader[K, V]) deliver(c *call[K, V], r *loaded[V], res delivery[K, V], e *entry[K, V], cost int64) {
 	c.release()
 	if c.batch == nil { // a batch counts itself once (completeBatch)
-		l.loadEnded(res.err, c.background)
+		l.loadEnded(res.err, c.background, c.limSlot)
 	}
 	if r.reload {
 		l.stats.reloads.Add(1)
@@ -125,9 +125,9 @@ func (l *Loader[K, V]) deliver(c *call[K, V], r *loaded[V], res delivery[K, V], 
 	close(c.done) // the waiters wake; this goroutine has little left to do
 	if l.opts.OnLoad != nil {
 		ev := LoadEvent[K]{
-			Key: c.key, Duration: r.took, Err: res.err, NotFound: res.notFound, Attempts: r.attempts, Background: c.background,
+			Key: c.key, Duration: r.took, Err: res.err, NotFound: res.notFound, Attempts: r.down.calls, Background: c.background,
 			Callers: callers, Abandoned: c.abandoned, Stored: stored, Remote: r.remote,
-			Reload: r.reload, NotModified: r.notMod, Keys: 1,
+			Reload: r.reload, NotModified: r.notMod, Keys: 1, Queued: r.down.queued,
 		}
 		l.guard(func() { l.opts.OnLoad(ev) }, nil)
 	}

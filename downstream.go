@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/cenkalti/backoff/v4"
+	"github.com/sony/gobreaker/v2"
 )
 
 // The downstream path of one load, outside in:
@@ -27,7 +28,7 @@ type loaded[V any] struct {
 	reload   bool            // Options.Reload was called with the value held
 	notMod   bool            // and said ErrNotModified
 	old      V               // the value it was given
-	attempts int             // LoadFunc calls made here
+	down     tally           // what its downstream calls did
 	end      time.Duration   // when the LoadFunc path returned, if fetch read the clock then (0: complete reads it)
 	took     time.Duration   // how long the value took to load, wherever it was
 	age      time.Duration   // how old the value already is (from a Remote)
@@ -48,7 +49,7 @@ func (l *Loader[K, V]) fetch(ctx context.Context, key K, old *entry[K, V], start
 	}
 	defer func() { r.notMod = r.reload && errors.Is(r.err, ErrNotModified) }()
 	if l.opts.Remote == nil {
-		v, err := l.load(ctx, key, old, &r.attempts)
+		v, err := l.load(ctx, key, old, &r.down)
 		r.end = l.now()
 		r.val, r.err, r.took = v, err, r.end-start
 		return
@@ -62,10 +63,10 @@ func (l *Loader[K, V]) fetch(ctx context.Context, key K, old *entry[K, V], start
 				o = &entry[K, V]{key: key, val: fleet.v} // the tier's value: revalidate that one
 				r.reload, r.old = true, fleet.v
 			}
-			return l.load(ctx, key, o, &r.attempts)
+			return l.load(ctx, key, o, &r.down)
 		})
 	}, nil); perr != nil {
-		*r = loaded[V]{err: perr, attempts: r.attempts}
+		*r = loaded[V]{err: perr, down: r.down}
 		return
 	}
 	r.fromRemote(RemoteResult[V]{RemoteValue: rv, Err: err}, l.now()-start)
@@ -94,28 +95,43 @@ func (r *loaded[V]) fromRemote(rr RemoteResult[V], here time.Duration) {
 	}
 }
 
+// tally is what one load's downstream calls did, kept as they happen, so
+// that a call that ends the goroutine leaves it as it was.
+type tally struct {
+	lctx       *loadCtx      // the load's own context: its LoadTimeout starts again when a queued load gets its slot
+	background bool          // a refresh, which holds its Limit slot since it was published (flights.start)
+	calls      int           // LoadFunc (or Reload, or LoadMany) calls made
+	queued     time.Duration // how long the load waited for a slot of Options.Limit
+}
+
 // load runs the LoadFunc for key with retries and the breaker, under ctx.
-// It counts the LoadFunc calls it makes in *calls as they start, so that the
+// It counts the LoadFunc calls it makes in t as they start, so that the
 // count survives a call that ends the goroutine.
-func (l *Loader[K, V]) load(ctx context.Context, key K, old *entry[K, V], calls *int) (V, error) {
+func (l *Loader[K, V]) load(ctx context.Context, key K, old *entry[K, V], t *tally) (V, error) {
 	call := func() (v V, err error) { v, err = l.loadFn(ctx, key); return }
 	if old != nil {
 		call = func() (v V, err error) { v, err = l.opts.Reload(ctx, key, old.val); return }
 	}
-	return callDownstream(l, ctx, call, old != nil, calls)
+	return callDownstream(l, ctx, call, old != nil, t)
 }
 
 // loadMany is load for a LoadMany call of keys.
-func (l *Loader[K, V]) loadMany(ctx context.Context, keys []K, calls *int) (map[K]V, error) {
+func (l *Loader[K, V]) loadMany(ctx context.Context, keys []K, t *tally) (map[K]V, error) {
 	call := func() (m map[K]V, err error) { m, err = l.opts.LoadMany(ctx, keys); return }
-	return callDownstream(l, ctx, call, false, calls)
+	return callDownstream(l, ctx, call, false, t)
 }
 
 // callDownstream makes one downstream call (a LoadFunc's, a Reload's or a
-// LoadMany's) with retries and the breaker, under ctx.
-func callDownstream[T any, K comparable, V any](l *Loader[K, V], ctx context.Context, call func() (T, error), reload bool, calls *int) (v T, err error) {
+// LoadMany's) with retries and the breaker, under ctx, holding a slot of
+// Options.Limit for all its attempts (admit).
+func callDownstream[T any, K comparable, V any](l *Loader[K, V], ctx context.Context, call func() (T, error), reload bool, t *tally) (v T, err error) {
+	s, err := l.admit(ctx, t)
+	if err != nil {
+		return v, err
+	}
+	defer s.release()
 	if l.opts.Retry.MaxAttempts <= 1 {
-		v, _, err = attempt(l, ctx, call, reload, calls)
+		v, _, err = attempt(l, ctx, call, reload, t)
 		return v, l.stopped(ctx, err, err)
 	}
 	bo := backoff.NewExponentialBackOff(
@@ -126,7 +142,7 @@ func callDownstream[T any, K comparable, V any](l *Loader[K, V], ctx context.Con
 	policy := backoff.WithContext(backoff.WithMaxRetries(bo, uint64(l.opts.Retry.MaxAttempts-1)), ctx)
 	var last error
 	v, err = backoff.RetryWithData(func() (T, error) {
-		v, nf, err := attempt(l, ctx, call, reload, calls)
+		v, nf, err := attempt(l, ctx, call, reload, t)
 		if err != nil {
 			last = err
 			if nf || !l.retryable(ctx, err) {
@@ -136,6 +152,40 @@ func callDownstream[T any, K comparable, V any](l *Loader[K, V], ctx context.Con
 		return v, err
 	}, policy)
 	return v, l.stopped(ctx, err, last)
+}
+
+// admit takes the slot of Options.Limit that a foreground load's
+// downstream calls hold (a background load holds one since it was
+// published). An open breaker fails the load at once: it never queues for
+// a downstream that would refuse it. A load that may have to wait has its
+// LoadTimeout started again once it has its slot (the wait itself is
+// bounded by MaxWait); while it waits, its context has the deadline it
+// had. ErrLimited is never retried and never reaches the breaker.
+func (l *Loader[K, V]) admit(ctx context.Context, t *tally) (slot, error) {
+	if l.lim == nil || t.background {
+		return slot{}, nil
+	}
+	if l.breakerOpen() {
+		l.stats.breakerRejected.Add(1)
+		return slot{}, breakerOpen(gobreaker.ErrOpenState)
+	}
+	queue := l.lim.full() && t.lctx != nil
+	if queue {
+		l.timeouts.remove(t.lctx)
+	}
+	s, queued, err := l.lim.acquire(ctx)
+	t.queued = queued
+	if queue && err == nil {
+		l.timeouts.add(t.lctx, l.now())
+	}
+	return s, err
+}
+
+// breakerOpen reports whether the breaker is open now (State is user code
+// for a custom breaker: a panic says no).
+func (l *Loader[K, V]) breakerOpen() (open bool) {
+	l.guard(func() { open = l.breaker.State() == BreakerOpen }, nil)
+	return open
 }
 
 // maxBackoff caps the intervals handed to backoff/v4, which spreads an
@@ -166,17 +216,23 @@ func (l *Loader[K, V]) stopped(ctx context.Context, err, last error) error {
 // once per attempt). A panic in the LoadFunc becomes a *PanicError; a
 // runtime.Goexit is reported to the breaker as a failure on its way out
 // (the load goroutine's deferred complete gives the waiters ErrGoexit).
-func attempt[T any, K comparable, V any](l *Loader[K, V], ctx context.Context, call func() (T, error), reload bool, calls *int) (v T, nf bool, err error) {
+func attempt[T any, K comparable, V any](l *Loader[K, V], ctx context.Context, call func() (T, error), reload bool, t *tally) (v T, nf bool, err error) {
 	done, err := l.allow()
 	if err != nil {
 		l.stats.breakerRejected.Add(1)
 		return v, false, err
 	}
-	if *calls++; *calls > 1 {
+	if t.calls++; t.calls > 1 {
 		l.stats.retries.Add(1)
 	}
 	outcome := OutcomeFailure // a panic or a Goexit
-	defer func() { l.guard(func() { done(outcome) }, nil) }()
+	begun := l.lim.begin()
+	defer func() {
+		l.guard(func() { done(outcome) }, nil)
+		if l.lim != nil { // the attempt's latency and outcome, for an adaptive bound
+			l.lim.sample(begun, limitSample(outcome, timedOut(ctx)))
+		}
+	}()
 	if perr := l.guard(func() { v, err = call() }, nil); perr != nil {
 		var zero T
 		return zero, false, perr
@@ -211,16 +267,20 @@ func (l *Loader[K, V]) allow() (done func(Outcome), err error) {
 func (l *Loader[K, V]) verdict(ctx context.Context, err error, nf bool) Outcome {
 	// A load past LoadTimeout is the downstream's fault, whatever error the
 	// LoadFunc made of it.
-	timedOut := ctx.Err() != nil && errors.Is(context.Cause(ctx), ErrLoadTimeout)
 	switch {
 	case err == nil, nf:
 		return OutcomeSuccess
-	case !timedOut && (ctx.Err() != nil || errors.Is(err, context.Canceled)):
+	case !timedOut(ctx) && (ctx.Err() != nil || errors.Is(err, context.Canceled)):
 		return OutcomeIgnored
 	case l.opts.Breaker.IsFailure != nil && !l.userBool(l.opts.Breaker.IsFailure, err, true):
 		return OutcomeSuccess
 	}
 	return OutcomeFailure
+}
+
+// timedOut reports whether ctx, a load's context, ended at LoadTimeout.
+func timedOut(ctx context.Context) bool {
+	return ctx.Err() != nil && errors.Is(context.Cause(ctx), ErrLoadTimeout)
 }
 
 // retryable reports whether a failed attempt that is not a not-found (the
@@ -273,7 +333,7 @@ func (l *Loader[K, V]) userBool(f func(error) bool, err error, onPanic bool) (ok
 func (l *Loader[K, V]) run(c *call[K, V]) {
 	start := l.now()
 	c.buildContext(start)
-	r := loaded[V]{err: ErrGoexit} // stays if fetch ends the goroutine
+	r := loaded[V]{err: ErrGoexit, down: tally{lctx: &c.lctx, background: c.background}} // err stays if fetch ends the goroutine
 	defer l.complete(c, &r)
 	l.takeLabels(c.lctx.caller)
 	old := c.from // the value a Reload revalidates

@@ -101,6 +101,7 @@ type call[K comparable, V any] struct {
 	gen        uint32       // the fleet generation when it started: its entry's (fleet.go)
 	from       *entry[K, V] // the value held for the key when the load started (a refresh's, a Reload's old value), or nil
 	slot       *stripe      // the stripe the load goroutine is counted on (lifecycle)
+	limSlot    slot         // a background load's Limit slot (takeBackground), given back when it ends
 
 	// Guarded by the shard's mu.
 	ready     bool  // the load goroutine has built lctx: it can be cancelled
@@ -331,8 +332,12 @@ func (f *flights[K, V]) start(sh *shard[K, V], r *request[K, V], n newLoad[K, V]
 		return nil, false
 	}
 	batched = n.into != nil && !n.into.full()
-	if n.background && !(batched && n.into.slotted) && !l.refreshSlots.take(&l.stats.refreshesDropped) {
-		return nil, false
+	var held slot // a background load's Limit slot
+	if n.background && !(batched && n.into.slotted) {
+		var ok bool
+		if held, ok = l.takeBackground(); !ok {
+			return nil, false
+		}
 	}
 	c = &call[K, V]{l: l, key: r.key, h: r.h, done: make(chan struct{}), background: n.background, from: n.from, gen: l.generation.Load(), seen: n.seen}
 	ctx, marker := r.cl.ctx, r.cl.marker
@@ -351,10 +356,15 @@ func (f *flights[K, V]) start(sh *shard[K, V], r *request[K, V], n newLoad[K, V]
 	c.lctx.caller, c.lctx.marker = ctx, loadMarker{call: c, parent: marker}
 	sh.loads[r.key] = c
 	grew(&sh.peakLoads, len(sh.loads))
-	if batched {
-		n.into.add(c)
+	if !batched {
+		c.limSlot = held
+		return c, false
 	}
-	return c, batched
+	if n.background && !n.into.slotted {
+		n.into.limSlot = held
+	}
+	n.into.add(c)
+	return c, true
 }
 
 // leave withdraws a waiter whose context ended. It returns false if the

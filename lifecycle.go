@@ -85,6 +85,7 @@ func (l *Loader[K, V]) shutdown() {
 	}
 	l.stop(ErrClosed)      // the context Remote.Set and Remote.Invalidate run under
 	l.writer.turns.close() // Sets and Invalidates waiting their turn do nothing
+	l.lim.close()          // loads waiting for a downstream slot get ErrClosed
 	l.flights.cancelAll(ErrClosed)
 	l.checkIdle()
 }
@@ -108,7 +109,7 @@ func (g *gets) answer(src Source) {
 	switch src {
 	case SourceHit:
 		g.hits++
-	case SourceStale:
+	case SourceStale, SourceStaleLimited:
 		g.stale++
 	default:
 		g.passed++

@@ -33,8 +33,8 @@ import (
 type loadCtx struct {
 	caller context.Context // values only
 	marker loadMarker
-	tm     *timeouts     // the Loader's: its epoch gives Deadline
-	due    time.Duration // the deadline, as an offset from tm.epoch; set by timeouts.add, before user code runs
+	tm     *timeouts    // the Loader's: its epoch gives Deadline
+	due    atomic.Int64 // the deadline, as an offset from tm.epoch; set by timeouts.add, before user code runs (and again when a queued load gets its slot)
 	// Guarded by the Loader's timeouts.mu: the list of running loads.
 	prev, next *loadCtx
 	listed     bool
@@ -55,7 +55,7 @@ func (c *loadCtx) Deadline() (time.Time, bool) {
 	if c.tm == nil { // not listed yet: no user code sees such a context
 		return time.Time{}, false
 	}
-	return c.tm.epoch.Add(c.due), true
+	return c.tm.epoch.Add(time.Duration(c.due.Load())), true
 }
 
 func (c *loadCtx) Done() <-chan struct{} {
@@ -222,9 +222,10 @@ func (t *timeouts) add(c *loadCtx, start time.Duration) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.tail != nil {
-		due = max(due, t.tail.due)
+		due = max(due, time.Duration(t.tail.due.Load()))
 	}
-	c.tm, c.due = t, due
+	c.tm = t
+	c.due.Store(int64(due))
 	c.listed = true
 	if t.tail == nil {
 		t.head, t.tail = c, c
@@ -266,13 +267,13 @@ func (t *timeouts) fire() {
 	var due []*loadCtx
 	t.mu.Lock()
 	now := time.Since(t.epoch)
-	for t.head != nil && t.head.due <= now {
+	for t.head != nil && time.Duration(t.head.due.Load()) <= now {
 		c := t.head
 		t.unlink(c)
 		due = append(due, c)
 	}
 	if t.head != nil {
-		t.timer.Reset(t.head.due - now)
+		t.timer.Reset(time.Duration(t.head.due.Load()) - now)
 	}
 	t.mu.Unlock()
 	for _, c := range due {

@@ -70,6 +70,7 @@ type Loader[K comparable, V any] struct {
 	stats    counters
 	// refreshSlots bounds the background loads (MaxRefreshes, workers.go).
 	refreshSlots refreshSlots
+	lim          *limiter // Options.Limit's slots for downstream calls; nil: no limit
 	seed         maphash.Seed
 	// hashMayPanic: a custom Hash, or keys whose dynamic type may not be
 	// comparable (an interface inside K): hashing goes through the guard.
@@ -130,6 +131,7 @@ func New[K comparable, V any](load LoadFunc[K, V], opts Options[K, V]) (*Loader[
 	l.nanKeys = mayHoldFloat(reflect.TypeFor[K]())
 	l.stats.init()
 	l.refreshSlots.max = int64(opts.MaxRefreshes)
+	l.lim = newLimiter(opts.Limit, opts.LoadTimeout, l.now)
 	l.flights.init(l)
 	l.writer.init(opts.MaxPendingWrites, opts.MaxCost)
 	l.workers.init()
@@ -308,9 +310,18 @@ func (l *Loader[K, V]) judge(r *request[K, V], e *entry[K, V], now time.Duration
 }
 
 // judgeStale is judge for a value past its freshness.
+// Within StaleIfError, while Options.Limit has no slot free, the value
+// answers at once (SourceStaleLimited, rule 22) rather than queue a load.
 func (l *Loader[K, V]) judgeStale(r *request[K, V], e *entry[K, V], now time.Duration) Source {
-	if l.phase(e, now) == phaseStale && r.who().acceptsStale(e.freshUntil, now) {
-		return SourceStale
+	switch l.phase(e, now) {
+	case phaseStale:
+		if r.who().acceptsStale(e.freshUntil, now) {
+			return SourceStale
+		}
+	case phaseStaleIfError:
+		if l.lim.full() && r.who().acceptsStale(e.freshUntil, now) {
+			return SourceStaleLimited
+		}
 	}
 	return SourceNone
 }
@@ -319,7 +330,11 @@ func (l *Loader[K, V]) judgeStale(r *request[K, V], e *entry[K, V], now time.Dur
 // the refresh e is due: a stale value's, or a fresh one's early refresh.
 func (l *Loader[K, V]) serve(r *request[K, V], e *entry[K, V], src Source) (V, Info, error) {
 	if r.start >= e.refreshAt() {
-		l.refresh(r, e)
+		if src == SourceStaleLimited {
+			l.lim.countStale() // no load: the downstream is at its limit
+		} else {
+			l.refresh(r, e)
+		}
 	}
 	return e.val, Info{Source: src, Age: r.start - e.loadedAt}, e.error()
 }
@@ -600,6 +615,7 @@ func (l *Loader[K, V]) Stats() Stats {
 	s := l.stats.snapshot()
 	s.PendingWrites = l.writer.backlog.Load()
 	s.WriteWaits = l.writer.turns.waited()
+	l.lim.fill(&s)
 	l.guard(func() { s.Breaker = l.breaker.State() }, nil)
 	return s
 }

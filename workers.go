@@ -178,11 +178,26 @@ func (s *refreshSlots) take(dropped *atomic.Uint64) bool {
 // give gives a slot back.
 func (s *refreshSlots) give() { s.used.Add(-1) }
 
+// takeBackground takes what a background load holds while it runs, when
+// it is published (flights.start): a MaxRefreshes slot and, with a Limit,
+// a downstream slot, which a refresh never queues for (tryBackground). ok
+// false drops the refresh (counted in RefreshesDropped or
+// RefreshesLimited); the stale value keeps serving.
+func (l *Loader[K, V]) takeBackground() (s slot, ok bool) {
+	if !l.refreshSlots.take(&l.stats.refreshesDropped) {
+		return slot{}, false
+	}
+	if s, ok = l.lim.tryBackground(); !ok {
+		l.refreshSlots.give()
+	}
+	return s, ok
+}
+
 // loadEnded counts a load (a single key's, or a batch's LoadMany call) as
 // ended, before any of its waiters wakes, so that Stats read after a Get
-// returns include the load that answered it; a background load gives its
-// refresh slot back.
-func (l *Loader[K, V]) loadEnded(err error, background bool) {
+// returns include the load that answered it; a background load gives back
+// what takeBackground took, s its Limit slot.
+func (l *Loader[K, V]) loadEnded(err error, background bool, s slot) {
 	l.stats.inFlight.Add(-1)
 	l.stats.loads.Add(1)
 	if err != nil {
@@ -190,5 +205,6 @@ func (l *Loader[K, V]) loadEnded(err error, background bool) {
 	}
 	if background {
 		l.refreshSlots.give()
+		s.release()
 	}
 }

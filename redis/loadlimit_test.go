@@ -45,7 +45,7 @@ func TestLeaseCoversTheLimitsWait(t *testing.T) {
 			t.Errorf("%s: New = %v", tc.name, err)
 			continue
 		}
-		if got := tier.opts.LeaseTTL; got != tc.want {
+		if got := tier.attached().leaseTTL; got != tc.want {
 			t.Errorf("%s: LeaseTTL = %v; want %v", tc.name, got, tc.want)
 		}
 		tier.Close()
@@ -56,7 +56,13 @@ func TestLeaseCoversTheLimitsWait(t *testing.T) {
 // downstream, like one its breaker refused: it is not shared with the
 // processes waiting on the lease, which load for themselves.
 func TestLimitedLoadIsNotShared(t *testing.T) {
-	var tier Tier[string, int]
+	client := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", ContextTimeoutEnabled: true})
+	defer client.Close()
+	tier, err := New(client, flightcache.Options[string, int]{TTL: time.Second}, Options[string, int]{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tier.Close()
 	for _, err := range []error{
 		flightcache.ErrLimited,
 		fmt.Errorf("wrapped: %w", flightcache.ErrLimited),
@@ -68,5 +74,36 @@ func TestLimitedLoadIsNotShared(t *testing.T) {
 	}
 	if got := tier.failure(context.Background(), "token", fmt.Errorf("downstream down")); got == "" {
 		t.Error("failure(downstream down) = \"\"; want it shared")
+	}
+}
+
+// A tier made with NewTier learns the Limit's wait when its Loader
+// attaches it, and flightcache.New refuses a lease too short for it.
+func TestAttachedLeaseCoversTheLimitsWait(t *testing.T) {
+	client := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", ContextTimeoutEnabled: true})
+	defer client.Close()
+	load := func(context.Context, string) (int, error) { return 1, nil }
+	limit := flightcache.Limit{MaxLoads: 5, MaxWait: time.Second}
+	short, err := NewTier(client, Options[string, int]{LeaseTTL: 2500 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer short.Close()
+	_, err = flightcache.New(load, flightcache.Options[string, int]{TTL: time.Second, LoadTimeout: 2 * time.Second, Limit: limit, Remote: short})
+	if err == nil || !strings.Contains(err.Error(), "Limit.MaxWait") {
+		t.Errorf("flightcache.New with a lease shorter than LoadTimeout + MaxWait = %v; want an error naming Limit.MaxWait", err)
+	}
+	tier, err := NewTier(client, Options[string, int]{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tier.Close()
+	l, err := flightcache.New(load, flightcache.Options[string, int]{TTL: time.Second, LoadTimeout: 2 * time.Second, Limit: limit, Remote: tier})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	if got := tier.attached().leaseTTL; got != 4500*time.Millisecond {
+		t.Errorf("attached LeaseTTL = %v; want 4.5s, LoadTimeout + MaxWait and half again", got)
 	}
 }
