@@ -207,7 +207,7 @@ func (l *Loader[K, V]) reportBatch(b *batch[K, V], out *batchResult[K, V]) {
 		return
 	}
 	ev := LoadEvent[K]{
-		Key: b.leader.key, Duration: out.took, Err: out.err, NotFound: out.nf, Attempts: out.down.calls, Background: b.background,
+		Key: b.leader.key, Duration: out.took, Err: out.err, NotFound: out.nf, Attempts: int(out.down.calls), Background: b.background,
 		Callers: b.callers, Abandoned: b.abandoned.Load(), Stored: b.stored, Keys: len(b.calls), Queued: out.down.queued,
 	}
 	l.guard(func() { l.opts.OnLoad(ev) }, nil)

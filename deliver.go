@@ -125,7 +125,7 @@ func (l *Loader[K, V]) deliver(c *call[K, V], r *loaded[V], res delivery[K, V], 
 	close(c.done) // the waiters wake; this goroutine has little left to do
 	if l.opts.OnLoad != nil {
 		ev := LoadEvent[K]{
-			Key: c.key, Duration: r.took, Err: res.err, NotFound: res.notFound, Attempts: r.down.calls, Background: c.background,
+			Key: c.key, Duration: r.took, Err: res.err, NotFound: res.notFound, Attempts: int(r.down.calls), Background: c.background,
 			Callers: callers, Abandoned: c.abandoned, Stored: stored, Remote: r.remote,
 			Reload: r.reload, NotModified: r.notMod, Keys: 1, Queued: r.down.queued,
 		}

@@ -81,7 +81,8 @@ func (r *loaded[V]) fromRemote(rr RemoteResult[V], here time.Duration) {
 	r.val, r.err = rr.Value, rr.Err
 	if rr.Err != nil {
 		if !rr.LoadedAt.IsZero() {
-			r.fallback = &rr.RemoteValue
+			fb := rr.RemoteValue // a copy: rr itself stays off the heap
+			r.fallback = &fb
 		}
 		return
 	}
@@ -99,9 +100,9 @@ func (r *loaded[V]) fromRemote(rr RemoteResult[V], here time.Duration) {
 // that a call that ends the goroutine leaves it as it was.
 type tally struct {
 	lctx       *loadCtx      // the load's own context: its LoadTimeout starts again when a queued load gets its slot
-	background bool          // a refresh, which holds its Limit slot since it was published (flights.start)
-	calls      int           // LoadFunc (or Reload, or LoadMany) calls made
 	queued     time.Duration // how long the load waited for a slot of Options.Limit
+	calls      int32         // LoadFunc (or Reload, or LoadMany) calls made, saturating at MaxInt32
+	background bool          // a refresh, which holds its Limit slot since it was published (flights.start)
 }
 
 // load runs the LoadFunc for key with retries and the breaker, under ctx.
@@ -222,7 +223,7 @@ func attempt[T any, K comparable, V any](l *Loader[K, V], ctx context.Context, c
 		l.stats.breakerRejected.Add(1)
 		return v, false, err
 	}
-	if t.calls++; t.calls > 1 {
+	if t.calls = min(t.calls, math.MaxInt32-1) + 1; t.calls > 1 {
 		l.stats.retries.Add(1)
 	}
 	outcome := OutcomeFailure // a panic or a Goexit
