@@ -1,6 +1,7 @@
 package flightcache
 
 import (
+	"context"
 	"math"
 	"math/rand/v2"
 	"time"
@@ -123,12 +124,23 @@ func (l *Loader[K, V]) deliver(c *call[K, V], r *loaded[V], res delivery[K, V], 
 	}
 	l.stats.noteCallers(callers)
 	close(c.done) // the waiters wake; this goroutine has little left to do
-	if l.opts.OnLoad != nil {
-		ev := LoadEvent[K]{
+	if l.opts.OnLoad != nil || l.obs != nil {
+		l.report(c.observed(), LoadEvent[K]{
 			Key: c.key, Duration: r.took, Err: res.err, NotFound: res.notFound, Attempts: r.attempts, Background: c.background,
 			Callers: callers, Abandoned: c.abandoned, Stored: stored, Remote: r.remote,
 			Reload: r.reload, NotModified: r.notMod, Keys: 1,
-		}
+		})
+	}
+}
+
+// report hands ev, a load's event, to OnLoad and to the Observer's
+// LoadEnd, with ctx, the load's context as the Observer made it (nil: its
+// LoadStart never returned, and it gets no LoadEnd either).
+func (l *Loader[K, V]) report(ctx context.Context, ev LoadEvent[K]) {
+	if l.opts.OnLoad != nil {
 		l.guard(func() { l.opts.OnLoad(ev) }, nil)
+	}
+	if ctx != nil {
+		l.obs.loadEnd(ctx, ev)
 	}
 }

@@ -280,5 +280,6 @@ func (l *Loader[K, V]) run(c *call[K, V]) {
 	if l.opts.Reload == nil {
 		old = nil
 	}
-	l.fetch(&c.lctx, c.key, old, start, &r)
+	ctx := l.observeStart(&c.lctx, &c.octx, LoadStartEvent[K]{Key: c.key, Keys: 1, Background: c.background, Reload: old != nil})
+	l.fetch(ctx, c.key, old, start, &r)
 }

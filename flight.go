@@ -122,6 +122,12 @@ type call[K comparable, V any] struct {
 
 	batch *batch[K, V] // the LoadMany call that loads this key with others, or nil; set before publishing
 
+	// octx is the load's context as the Observer made it (LoadStart), set
+	// once by the load goroutine before its first downstream call, and
+	// read by a waiter that leaves meanwhile; nil before, and without an
+	// Observer. A batch's calls use the batch's (observed).
+	octx atomic.Pointer[context.Context]
+
 	seen glance[K, V] // the key's cached entry when the call started: finish's locked starts from it
 }
 

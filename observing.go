@@ -3,6 +3,8 @@ package flightcache
 import (
 	"context"
 	"sync"
+	"sync/atomic"
+	"time"
 )
 
 // observing is how a Loader calls its Observer: every call through the
@@ -159,4 +161,52 @@ func (s *statsSource) freeze() {
 	s.mu.Lock()
 	s.live, s.final = nil, final
 	s.mu.Unlock()
+}
+
+// The Loader's side: the few places of the core that call observing, in
+// the order a load meets them. Each does nothing without an Observer, and
+// none is on the hit path.
+
+// observeStart calls LoadStart for a load about to make its first
+// downstream call under lctx, and publishes the context it returns in
+// *at, where the load's waiters find it (call.observed), a waiter that
+// leaves meanwhile included. It returns the load's context from then on:
+// lctx itself without an Observer. A background load's Trigger is the
+// context of the Get, GetMany or Refresh that started it (its values
+// only).
+func (l *Loader[K, V]) observeStart(lctx *loadCtx, at *atomic.Pointer[context.Context], ev LoadStartEvent[K]) context.Context {
+	if l.obs == nil {
+		return lctx
+	}
+	if ev.Background {
+		ev.Trigger = lctx.caller
+	}
+	ctx := l.obs.loadStart(lctx, ev)
+	at.Store(&ctx)
+	return ctx
+}
+
+// observed returns c's load context as the Observer made it: its batch's
+// for a key of a LoadMany call; nil before LoadStart has returned, and
+// without an Observer.
+func (c *call[K, V]) observed() context.Context {
+	at := &c.octx
+	if c.batch != nil {
+		at = &c.batch.octx
+	}
+	if ctx := at.Load(); ctx != nil {
+		return *ctx
+	}
+	return nil
+}
+
+// waited calls Waited for a Get of key that waited on a load (a.waited;
+// not a hit, a stale hit, nor a late one), on the Get's goroutine with
+// its context, once its answer is final: a.err is ctx.Err() for a caller
+// that left. start is when the Get began to wait.
+func (l *Loader[K, V]) waited(ctx context.Context, key K, start time.Duration, a *answer[V]) {
+	if l.obs == nil || !a.waited {
+		return
+	}
+	l.obs.waited(ctx, WaitEvent[K]{Key: key, Info: a.info, Err: a.err, Start: l.epoch.Add(start), Load: a.load})
 }
