@@ -125,7 +125,7 @@ func callDownstream[T any, K comparable, V any](l *Loader[K, V], ctx context.Con
 	)
 	policy := backoff.WithContext(backoff.WithMaxRetries(bo, uint64(l.opts.Retry.MaxAttempts-1)), ctx)
 	var last error
-	v, err = backoff.RetryWithData(func() (T, error) {
+	v, err = backoff.RetryNotifyWithData(func() (T, error) {
 		v, nf, err := attempt(l, ctx, call, reload, calls)
 		if err != nil {
 			last = err
@@ -134,7 +134,7 @@ func callDownstream[T any, K comparable, V any](l *Loader[K, V], ctx context.Con
 			}
 		}
 		return v, err
-	}, policy)
+	}, policy, l.retried(ctx, calls))
 	return v, l.stopped(ctx, err, last)
 }
 
@@ -170,6 +170,7 @@ func attempt[T any, K comparable, V any](l *Loader[K, V], ctx context.Context, c
 	done, err := l.allow()
 	if err != nil {
 		l.stats.breakerRejected.Add(1)
+		l.attempted(ctx, AttemptEvent[K]{Attempt: *calls + 1, Err: err, Rejected: true})
 		return v, false, err
 	}
 	if *calls++; *calls > 1 {

@@ -210,3 +210,41 @@ func (l *Loader[K, V]) waited(ctx context.Context, key K, start time.Duration, a
 	}
 	l.obs.waited(ctx, WaitEvent[K]{Key: key, Info: a.info, Err: a.err, Start: l.epoch.Add(start), Load: a.load})
 }
+
+// attempted calls Attempt for an attempt of the load whose context is
+// ctx (the one fetch passes down, or one a Remote derived from it): ev
+// gets the load's Key and Keys, and the Observer the load's own context,
+// both found through the load's marker in ctx. A context without the
+// marker (a Remote that made its own) reports nothing.
+func (l *Loader[K, V]) attempted(ctx context.Context, ev AttemptEvent[K]) {
+	if !l.obs.observesAttempts() {
+		return
+	}
+	var m *loadMarker
+	if l.guard(func() { m = markerOf(ctx) }, nil) != nil || m == nil {
+		return // ctx.Value is a Remote's code here
+	}
+	var own context.Context
+	switch c := m.call.(type) {
+	case *call[K, V]:
+		ev.Key, ev.Keys, own = c.key, 1, c.observed()
+	case *batch[K, V]:
+		ev.Key, ev.Keys, own = c.leader.key, len(c.calls), c.leader.observed()
+	}
+	if own != nil {
+		l.obs.attempt(own, ev)
+	}
+}
+
+// retried returns the notify function of a retried downstream call
+// (backoff's, the one place the delay before the next attempt is known),
+// which reports each failed attempt that will be retried, numbered
+// *calls; nil when no Observer sees attempts.
+func (l *Loader[K, V]) retried(ctx context.Context, calls *int) func(error, time.Duration) {
+	if !l.obs.observesAttempts() {
+		return nil
+	}
+	return func(err error, delay time.Duration) {
+		l.attempted(ctx, AttemptEvent[K]{Attempt: *calls, Err: err, Delay: delay})
+	}
+}
