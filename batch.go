@@ -55,7 +55,8 @@ type batch[K comparable, V any] struct {
 	// Written by the batch's goroutine as it delivers each call.
 	callers int
 	stored  bool
-	writes  []*write[K, V] // the writes its calls opened: handed to the writer together (completeBatch)
+	writes  []*write[K, V]    // the writes its calls opened: handed to the writer together (completeBatch)
+	left    []departure[K, V] // what its calls made leave the cache, reported with the batch (EvictionObserver)
 }
 
 func (l *Loader[K, V]) newBatch(background bool) *batch[K, V] {
@@ -211,6 +212,11 @@ func (l *Loader[K, V]) reportBatch(b *batch[K, V], out *batchResult[K, V]) {
 		Key: b.leader.key, Duration: out.took, Err: out.err, NotFound: out.nf, Attempts: out.attempts, Background: b.background,
 		Callers: b.callers, Abandoned: b.abandoned.Load(), Stored: b.stored, Keys: len(b.calls),
 	})
+	left := b.left
+	b.left = nil
+	for _, d := range left {
+		l.depart(d)
+	}
 }
 
 // dedupeOnStack is how many keys (duplicates included) GetMany dedupes

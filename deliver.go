@@ -68,7 +68,10 @@ func (l *Loader[K, V]) entryOf(c *call[K, V], r *loaded[V], res *delivery[K, V],
 		if l.opts.Cost != nil {
 			var ok bool
 			cost, ok = l.costOf(r.val, onGoexit)
-			keep = keep && ok && !l.tooBig(cost)
+			if keep && ok && l.tooBig(cost) {
+				ok, res.big = false, cost
+			}
+			keep = keep && ok
 		}
 		if !keep {
 			res.drop = true
@@ -103,8 +106,15 @@ func (l *Loader[K, V]) deliver(c *call[K, V], r *loaded[V], res delivery[K, V], 
 		d := refreshDelay(n, l.opts.Retry.InitialInterval, l.opts.Retry.MaxInterval, rand.Float64())
 		c.from.refreshAfter.Store(int64(addSat(l.now(), d)))
 	}
-	callers, stored, w, back := l.flights.finish(c, res, e, cost)
+	callers, stored, w, back, gone := l.flights.finish(c, res, e, cost)
 	l.writer.giveBack(back)
+	var left departure[K, V] // reported last: the Observer is user code
+	if l.obs.observesEvictions() {
+		left = departure[K, V]{key: c.key, big: res.big}
+		if !r.notMod { // a value ErrNotModified kept is renewed, not replaced
+			left.gone = gone
+		}
+	}
 	switch {
 	case w == nil:
 	case c.batch != nil:
@@ -116,6 +126,9 @@ func (l *Loader[K, V]) deliver(c *call[K, V], r *loaded[V], res delivery[K, V], 
 		// The batch's goroutine reports the batch once (completeBatch).
 		b.callers += callers
 		b.stored = b.stored || stored
+		if left.gone != nil || left.big > 0 {
+			b.left = append(b.left, left)
+		}
 		close(c.done)
 		return
 	}
@@ -130,6 +143,25 @@ func (l *Loader[K, V]) deliver(c *call[K, V], r *loaded[V], res delivery[K, V], 
 			Callers: callers, Abandoned: c.abandoned, Stored: stored, Remote: r.remote,
 			Reload: r.reload, NotModified: r.notMod, Keys: 1,
 		})
+	}
+	l.depart(left)
+}
+
+// departure is what a load made leave the cache, for an EvictionObserver:
+// the entry its value replaced (put marked it gone), and its own value if
+// it is too big for the cache. It is reported once the load is reported,
+// last of all (a batch's, once the batch is: completeBatch).
+type departure[K comparable, V any] struct {
+	key  K
+	gone *entry[K, V] // replaced; nil: none
+	big  int64        // the value's cost, too big to be cached (tooBig); 0: not
+}
+
+// depart reports d.
+func (l *Loader[K, V]) depart(d departure[K, V]) {
+	l.replaced(d.gone, EvictionReplaced)
+	if d.big > 0 {
+		l.tooBigFor(d.key, d.big)
 	}
 }
 

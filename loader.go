@@ -160,12 +160,20 @@ func (l *Loader[K, V]) newCache() error {
 		// Costs are ours (1 per entry, or Options.Cost): without this,
 		// ristretto adds its own item size and a small MaxCost keeps nothing.
 		IgnoreInternalCost: true,
-		OnEvict: func(*ristretto.Item[*entry[K, V]]) {
-			if !l.tearingDown.Load() && !l.clearing.Load() {
+		OnEvict: func(item *ristretto.Item[*entry[K, V]]) {
+			if l.tearingDown.Load() {
+				return
+			}
+			clearing := l.clearing.Load()
+			if !clearing {
 				l.stats.evicted.Add(1)
 			}
+			l.leftCache(item.Value, item.Cost, clearing)
 		},
-		OnReject: func(*ristretto.Item[*entry[K, V]]) { l.stats.setsRejected.Add(1) },
+		OnReject: func(item *ristretto.Item[*entry[K, V]]) {
+			l.stats.setsRejected.Add(1)
+			l.refused(item.Value, item.Cost)
+		},
 	})
 	if err != nil {
 		return optionError("MaxCost", "or NumCounters rejected by ristretto: %v", err)
