@@ -50,12 +50,14 @@ type batch[K comparable, V any] struct {
 	slot   *stripe // the stripe the goroutine is counted on (lifecycle)
 
 	abandoned atomic.Bool
-	slotted   bool // a background batch holds a MaxRefreshes slot, taken by its first call (flights.start)
-	limSlot   slot // and its Limit slot, taken with it
+	slotted   bool                            // a background batch holds a MaxRefreshes slot, taken by its first call (flights.start)
+	limSlot   slot                            // and its Limit slot, taken with it
+	octx      atomic.Pointer[context.Context] // the LoadMany call's context as the Observer made it (call.octx)
 	// Written by the batch's goroutine as it delivers each call.
 	callers int
 	stored  bool
-	writes  []*write[K, V] // the writes its calls opened: handed to the writer together (completeBatch)
+	writes  []*write[K, V]    // the writes its calls opened: handed to the writer together (completeBatch)
+	left    []departure[K, V] // what its calls made leave the cache, reported with the batch (EvictionObserver)
 }
 
 func (l *Loader[K, V]) newBatch(background bool) *batch[K, V] {
@@ -124,7 +126,7 @@ func (l *Loader[K, V]) runBatch(b *batch[K, V]) {
 		l.completeBatch(b, &out)
 	}()
 	l.takeLabels(b.leader.lctx.caller)
-	ctx := &b.leader.lctx
+	ctx := l.observeStart(&b.leader.lctx, &b.octx, LoadStartEvent[K]{Key: b.leader.key, Keys: len(keys), Background: b.background})
 	rm, ok := l.opts.Remote.(RemoteMany[K, V])
 	if !ok {
 		out.m, out.err = l.loadMany(ctx, keys, &out.down)
@@ -197,20 +199,25 @@ func (out *batchResult[K, V]) of(key K) loaded[V] {
 	return r
 }
 
-// reportBatch reports b once it is delivered: Stats and OnLoad.
+// reportBatch reports b once it is delivered: Stats, OnLoad and the
+// Observer's LoadEnd.
 func (l *Loader[K, V]) reportBatch(b *batch[K, V], out *batchResult[K, V]) {
 	if b.abandoned.Load() {
 		l.stats.abandoned.Add(1)
 	}
 	l.stats.noteCallers(b.callers)
-	if l.opts.OnLoad == nil {
+	if l.opts.OnLoad == nil && l.obs == nil {
 		return
 	}
-	ev := LoadEvent[K]{
+	l.report(b.leader.observed(), LoadEvent[K]{
 		Key: b.leader.key, Duration: out.took, Err: out.err, NotFound: out.nf, Attempts: int(out.down.calls), Background: b.background,
 		Callers: b.callers, Abandoned: b.abandoned.Load(), Stored: b.stored, Keys: len(b.calls), Queued: out.down.queued,
+	})
+	left := b.left
+	b.left = nil
+	for _, d := range left {
+		l.depart(d)
 	}
-	l.guard(func() { l.opts.OnLoad(ev) }, nil)
 }
 
 // dedupeOnStack is how many keys (duplicates included) GetMany dedupes
@@ -280,13 +287,33 @@ func (l *Loader[K, V]) getMany(ctx context.Context, keys []K, withInfo bool) (ma
 		}
 	}
 	bs.launch(in.s)
+	var left []manyLeft[K, V] // the waits ctx ended, for the Observer once ctx.Err() is read
 	for _, k := range waits {
 		r := request[K, V]{key: k.key, h: k.h, ctx: ctx, cl: cl, read: true, s: in.s, start: now}
 		a := l.collect(&r, k.j)
 		in.answer(a.outcome())
 		res.add(k.key, a)
+		switch {
+		case l.obs == nil || !a.waited:
+		case a.err == errLeft:
+			left = append(left, manyLeft[K, V]{k.key, a})
+		default:
+			l.waited(ctx, k.key, now, &a)
+		}
 	}
-	return res.vals, res.infos, res.err(ctx)
+	err = res.err(ctx)
+	for _, w := range left {
+		w.a.err = err // ctx.Err(), read once (res.err)
+		l.waited(ctx, w.key, now, &w.a)
+	}
+	return res.vals, res.infos, err
+}
+
+// manyLeft is a key of a GetMany whose wait its context ended, with its
+// answer.
+type manyLeft[K comparable, V any] struct {
+	key K
+	a   answer[V]
 }
 
 // askOne takes r, a GetMany's key, as far as a Get would before it waits:

@@ -1,6 +1,7 @@
 package flightcache
 
 import (
+	"context"
 	"math"
 	"math/rand/v2"
 	"time"
@@ -67,7 +68,10 @@ func (l *Loader[K, V]) entryOf(c *call[K, V], r *loaded[V], res *delivery[K, V],
 		if l.opts.Cost != nil {
 			var ok bool
 			cost, ok = l.costOf(r.val, onGoexit)
-			keep = keep && ok && !l.tooBig(cost)
+			if keep && ok && l.tooBig(cost) {
+				ok, res.big = false, cost
+			}
+			keep = keep && ok
 		}
 		if !keep {
 			res.drop = true
@@ -88,22 +92,19 @@ func (l *Loader[K, V]) deliver(c *call[K, V], r *loaded[V], res delivery[K, V], 
 	if c.batch == nil { // a batch counts itself once (completeBatch)
 		l.loadEnded(res.err, c.background, c.limSlot)
 	}
-	if r.reload {
-		l.stats.reloads.Add(1)
-		if r.notMod {
-			l.stats.notModified.Add(1)
-		}
-	}
+	l.countReload(r)
 	if c.background && res.err != nil && c.from != nil {
-		n := c.from.failedRefresh()
-		if n == maxRefreshFails {
-			n = math.MaxInt // the count saturated: the backoff is at its limit
-		}
-		d := refreshDelay(n, l.opts.Retry.InitialInterval, l.opts.Retry.MaxInterval, rand.Float64())
-		c.from.refreshAfter.Store(int64(addSat(l.now(), d)))
+		l.backOff(c.from)
 	}
-	callers, stored, w, back := l.flights.finish(c, res, e, cost)
+	callers, stored, w, back, gone := l.flights.finish(c, res, e, cost)
 	l.writer.giveBack(back)
+	var left departure[K, V] // reported last: the Observer is user code
+	if l.obs.observesEvictions() {
+		left = departure[K, V]{key: c.key, big: res.big}
+		if !r.notMod { // a value ErrNotModified kept is renewed, not replaced
+			left.gone = gone
+		}
+	}
 	switch {
 	case w == nil:
 	case c.batch != nil:
@@ -115,6 +116,9 @@ func (l *Loader[K, V]) deliver(c *call[K, V], r *loaded[V], res delivery[K, V], 
 		// The batch's goroutine reports the batch once (completeBatch).
 		b.callers += callers
 		b.stored = b.stored || stored
+		if left.gone != nil || left.big > 0 {
+			b.left = append(b.left, left)
+		}
 		close(c.done)
 		return
 	}
@@ -123,12 +127,64 @@ func (l *Loader[K, V]) deliver(c *call[K, V], r *loaded[V], res delivery[K, V], 
 	}
 	l.stats.noteCallers(callers)
 	close(c.done) // the waiters wake; this goroutine has little left to do
-	if l.opts.OnLoad != nil {
-		ev := LoadEvent[K]{
+	if l.opts.OnLoad != nil || l.obs != nil {
+		l.report(c.observed(), LoadEvent[K]{
 			Key: c.key, Duration: r.took, Err: res.err, NotFound: res.notFound, Attempts: int(r.down.calls), Background: c.background,
 			Callers: callers, Abandoned: c.abandoned, Stored: stored, Remote: r.remote,
 			Reload: r.reload, NotModified: r.notMod, Keys: 1, Queued: r.down.queued,
+		})
+	}
+	l.depart(left)
+}
+
+// countReload counts a load that called Options.Reload, and its
+// ErrNotModified.
+func (l *Loader[K, V]) countReload(r *loaded[V]) {
+	if r.reload {
+		l.stats.reloads.Add(1)
+		if r.notMod {
+			l.stats.notModified.Add(1)
 		}
+	}
+}
+
+// backOff puts off the next background refresh of from, whose refresh
+// just failed: the more refreshes of it failed in a row, the longer.
+func (l *Loader[K, V]) backOff(from *entry[K, V]) {
+	n := from.failedRefresh()
+	if n == maxRefreshFails {
+		n = math.MaxInt // the count saturated: the backoff is at its limit
+	}
+	d := refreshDelay(n, l.opts.Retry.InitialInterval, l.opts.Retry.MaxInterval, rand.Float64())
+	from.refreshAfter.Store(int64(addSat(l.now(), d)))
+}
+
+// departure is what a load made leave the cache, for an EvictionObserver:
+// the entry its value replaced (put marked it gone), and its own value if
+// it is too big for the cache. It is reported once the load is reported,
+// last of all (a batch's, once the batch is: completeBatch).
+type departure[K comparable, V any] struct {
+	key  K
+	gone *entry[K, V] // replaced; nil: none
+	big  int64        // the value's cost, too big to be cached (tooBig); 0: not
+}
+
+// depart reports d.
+func (l *Loader[K, V]) depart(d departure[K, V]) {
+	l.replaced(d.gone, EvictionReplaced)
+	if d.big > 0 {
+		l.tooBigFor(d.key, d.big)
+	}
+}
+
+// report hands ev, a load's event, to OnLoad and to the Observer's
+// LoadEnd, with ctx, the load's context as the Observer made it (nil: its
+// LoadStart never returned, and it gets no LoadEnd either).
+func (l *Loader[K, V]) report(ctx context.Context, ev LoadEvent[K]) {
+	if l.opts.OnLoad != nil {
 		l.guard(func() { l.opts.OnLoad(ev) }, nil)
+	}
+	if ctx != nil {
+		l.obs.loadEnd(ctx, ev)
 	}
 }

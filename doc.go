@@ -20,7 +20,11 @@
 // [Loader.GetInfo] says where one value came from ([Info]); [Options.OnLoad]
 // reports every load, with how many callers its result reached
 // ([LoadEvent.Callers]: the blast radius of a failure); [Loader.Stats] gives
-// cumulative counters.
+// cumulative counters. [Options.Observer] sees every load from its start to
+// its end and every Get that waited on one, never a hit, and puts what it
+// likes in the load's context ([Observer]): the otelflightcache module's
+// makes OpenTelemetry metrics and traces in which every waiting Get is
+// linked to its load.
 //
 // # Errors and shutdown
 //

@@ -142,7 +142,7 @@ func callDownstream[T any, K comparable, V any](l *Loader[K, V], ctx context.Con
 	)
 	policy := backoff.WithContext(backoff.WithMaxRetries(bo, uint64(l.opts.Retry.MaxAttempts-1)), ctx)
 	var last error
-	v, err = backoff.RetryWithData(func() (T, error) {
+	v, err = backoff.RetryNotifyWithData(func() (T, error) {
 		v, nf, err := attempt(l, ctx, call, reload, t)
 		if err != nil {
 			last = err
@@ -151,7 +151,7 @@ func callDownstream[T any, K comparable, V any](l *Loader[K, V], ctx context.Con
 			}
 		}
 		return v, err
-	}, policy)
+	}, policy, l.retried(ctx, t))
 	return v, l.stopped(ctx, err, last)
 }
 
@@ -221,6 +221,7 @@ func attempt[T any, K comparable, V any](l *Loader[K, V], ctx context.Context, c
 	done, err := l.allow()
 	if err != nil {
 		l.stats.breakerRejected.Add(1)
+		l.attempted(ctx, AttemptEvent[K]{Attempt: int(t.calls) + 1, Err: err, Rejected: true})
 		return v, false, err
 	}
 	if t.calls = min(t.calls, math.MaxInt32-1) + 1; t.calls > 1 {
@@ -341,5 +342,6 @@ func (l *Loader[K, V]) run(c *call[K, V]) {
 	if l.opts.Reload == nil {
 		old = nil
 	}
-	l.fetch(&c.lctx, c.key, old, start, &r)
+	ctx := l.observeStart(&c.lctx, &c.octx, LoadStartEvent[K]{Key: c.key, Keys: 1, Background: c.background, Reload: old != nil})
+	l.fetch(ctx, c.key, old, start, &r)
 }

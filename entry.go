@@ -48,6 +48,16 @@ func (e *entry[K, V]) isGone() bool { return e.mark.Load()&goneBit != 0 }
 // setGone marks e replaced or invalidated.
 func (e *entry[K, V]) setGone() { e.mark.Or(goneBit) }
 
+// markGone marks e gone and returns e if this call did (nil if it was
+// gone already): the one that marks it reports it to an EvictionObserver,
+// once, whichever way it left.
+func (e *entry[K, V]) markGone() *entry[K, V] {
+	if e.mark.Or(goneBit)&goneBit != 0 {
+		return nil
+	}
+	return e
+}
+
 // failedRefresh counts one more failed background refresh of e and
 // returns the count (at most 15, where the backoff is long reached its
 // limit).

@@ -61,10 +61,9 @@ func ExampleObserver() {
 	obs.mu.Lock()
 	fmt.Println(len(obs.waited["sku-1"]), "Gets waited")
 	obs.mu.Unlock()
-	// Once the Loader calls its Observer, this prints:
-	//
-	//	load of sku-1 failed 10 callers: pricing service down
-	//	10 Gets waited
+	// Output:
+	// load of sku-1 failed 10 callers: pricing service down
+	// 10 Gets waited
 }
 
 // tagger is an Observer that puts its name in the load's context, so the

@@ -123,6 +123,12 @@ type call[K comparable, V any] struct {
 
 	batch *batch[K, V] // the LoadMany call that loads this key with others, or nil; set before publishing
 
+	// octx is the load's context as the Observer made it (LoadStart), set
+	// once by the load goroutine before its first downstream call, and
+	// read by a waiter that leaves meanwhile; nil before, and without an
+	// Observer. A batch's calls use the batch's (observed).
+	octx atomic.Pointer[context.Context]
+
 	seen glance[K, V] // the key's cached entry when the call started: finish's locked starts from it
 }
 
@@ -459,14 +465,15 @@ type delivery[K comparable, V any] struct {
 	ended      time.Duration // when the load ended: a waiter's wait ends there
 	notFound   bool          // err is a not-found (Loader.notFound)
 	drop       bool          // the value is not to be cached: the key keeps no older one either
+	big        int64         // with drop: the value's cost, too big for the cache (tooBig); 0: not that
 }
 
 // finish sets c's result: it takes c out of the map and leaves e (if not
 // nil and c still owns its key) as the key's value. It returns how many
 // Gets receive the result, whether e was stored, the write to hand to the
-// writer, if a new one was opened, and a place to give back. The caller
-// then closes c.done.
-func (f *flights[K, V]) finish(c *call[K, V], r delivery[K, V], e *entry[K, V], cost int64) (callers int, stored bool, opened *write[K, V], back place) {
+// writer, if a new one was opened, a place to give back, and the entry
+// it replaced, if it marked one gone (put). The caller then closes c.done.
+func (f *flights[K, V]) finish(c *call[K, V], r delivery[K, V], e *entry[K, V], cost int64) (callers int, stored bool, opened *write[K, V], back place, gone *entry[K, V]) {
 	l := f.l
 	f.locked(c.h, c.key, c.seen, func(sh *shard[K, V], seen glance[K, V]) {
 		owned := sh.loads[c.key] == c
@@ -475,28 +482,28 @@ func (f *flights[K, V]) finish(c *call[K, V], r delivery[K, V], e *entry[K, V], 
 		switch {
 		case !owned || l.closed.Load() || l.olderThanFloor(c.gen): // detached, closed, or from before an InvalidateAll
 		case e != nil:
-			opened, back, stored = f.put(sh, seen.e, fill, &c.w)
+			opened, back, stored, gone = f.put(sh, seen.e, fill, &c.w)
 		case r.drop:
 			fill.cost, fill.place.cost = 0, 0
-			opened, back, _ = f.put(sh, seen.e, fill, &c.w)
+			opened, back, _, gone = f.put(sh, seen.e, fill, &c.w)
 		}
 		c.val, c.err, c.loadedAt, c.freshUntil, c.fallback, c.notFound = r.val, r.err, r.loadedAt, r.freshUntil, r.fallback, r.notFound
 		c.ended = r.ended
 		c.finished = true // from here a leaving waiter takes the result: done is closed soon
 		callers = c.waiters
 	})
-	return callers, stored, opened, back
+	return callers, stored, opened, back, gone
 }
 
 // overwrite makes e (nil: nothing) key's value for Set and Invalidate,
 // which hold place p: the load in flight, if any, is detached, and the
 // write wins over it. It returns what put does.
-func (f *flights[K, V]) overwrite(key K, h uint64, e *entry[K, V], cost int64, p place) (opened *write[K, V], back place) {
+func (f *flights[K, V]) overwrite(key K, h uint64, e *entry[K, V], cost int64, p place) (opened *write[K, V], back place, gone *entry[K, V]) {
 	f.locked(h, key, glance[K, V]{}, func(sh *shard[K, V], seen glance[K, V]) {
 		sh.detach(key)
-		opened, back, _ = f.put(sh, seen.e, write[K, V]{key: key, h: h, entry: e, cost: cost, place: p}, nil)
+		opened, back, _, gone = f.put(sh, seen.e, write[K, V]{key: key, h: h, entry: e, cost: cost, place: p}, nil)
 	})
-	return opened, back
+	return opened, back, gone
 }
 
 // latest returns key's current entry: the one a pending write leaves, or
@@ -564,13 +571,18 @@ func (f *flights[K, V]) pending(key K) bool {
 // but the key keeps no older value either (an open write is made a delete,
 // a cached entry is marked gone), so no Get serves a value older than the
 // load's.
-func (f *flights[K, V]) put(sh *shard[K, V], cur *entry[K, V], next write[K, V], rec *write[K, V]) (opened *write[K, V], back place, ok bool) {
+//
+// gone is the entry put marked gone, if it was the one to (an entry the
+// EvictionObserver was told of already is gone before), for the caller to
+// report after unlocking: that is where a replaced or invalidated value
+// leaves.
+func (f *flights[K, V]) put(sh *shard[K, V], cur *entry[K, V], next write[K, V], rec *write[K, V]) (opened *write[K, V], back place, ok bool, gone *entry[K, V]) {
 	w := sh.writes[next.key]
 	if w == nil && cur == nil && next.entry == nil {
 		if next.place.kind == fillPlace {
 			next.place = place{} // never taken
 		}
-		return nil, next.place, true
+		return nil, next.place, true, nil
 	}
 	ok = next.place.kind != fillPlace || f.l.writer.takeFill(next.place.cost)
 	if !ok {
@@ -578,26 +590,26 @@ func (f *flights[K, V]) put(sh *shard[K, V], cur *entry[K, V], next write[K, V],
 		next.entry, next.cost = nil, 0
 		if w == nil {
 			if cur != nil {
-				cur.setGone()
+				gone = cur.markGone()
 				sh.settles.Add(1) // the key's cached entry changed: glances taken before are stale
 			}
-			return nil, place{}, false
+			return nil, place{}, false, gone
 		}
 		next.place = w.place // the open write keeps its own, and becomes a delete
 	}
 	if w != nil {
 		if w.entry != nil {
-			w.entry.setGone()
+			gone = w.entry.markGone()
 		}
 		back = w.place
 		if !ok {
 			back = place{}
 		}
 		w.entry, w.cost, w.place = next.entry, next.cost, next.place
-		return nil, back, ok
+		return nil, back, ok, gone
 	}
 	if cur != nil {
-		cur.setGone()
+		gone = cur.markGone()
 	}
 	if rec == nil {
 		rec = new(write[K, V])
@@ -605,7 +617,7 @@ func (f *flights[K, V]) put(sh *shard[K, V], cur *entry[K, V], next write[K, V],
 	*rec = next
 	sh.writes[next.key] = rec
 	grew(&sh.peakWrites, len(sh.writes))
-	return rec, place{}, true
+	return rec, place{}, true, gone
 }
 
 // settle closes w if what the writer issued last is still the key's value,

@@ -212,6 +212,7 @@ func (l *Loader[K, V]) teardown() {
 	l.timeouts.stop()
 	l.cache.Close()
 	l.workers.running.Wait() // idle ones leave at ctx's end; busy ones are done
+	l.obs.close()            // every counter is final: a StatsObserver's stats freeze
 	close(l.closeDone)
 }
 

@@ -68,6 +68,7 @@ type Loader[K comparable, V any] struct {
 	timeouts *timeouts     // ends loads at LoadTimeout (loadctx.go); apart from the Loader (newTimeouts)
 	breaker  CircuitBreaker
 	stats    counters
+	obs      *observing[K] // calls Options.Observer (observing.go); nil when nothing is observed
 	// refreshSlots bounds the background loads (MaxRefreshes, workers.go).
 	refreshSlots refreshSlots
 	lim          *limiter // Options.Limit's slots for downstream calls; nil: no limit
@@ -125,10 +126,7 @@ func New[K comparable, V any](load LoadFunc[K, V], opts Options[K, V]) (*Loader[
 	if load == nil {
 		l.loadFn = l.loadOne
 	}
-	l.checkKeys = mayHoldInterface(reflect.TypeFor[K]())
-	l.hashMayPanic = opts.Hash != nil || l.checkKeys
-	l.checkKeys = l.checkKeys && opts.Hash != nil
-	l.nanKeys = mayHoldFloat(reflect.TypeFor[K]())
+	l.checkKeys, l.hashMayPanic, l.nanKeys = keyChecks[K](opts.Hash != nil)
 	l.stats.init()
 	l.refreshSlots.max = int64(opts.MaxRefreshes)
 	l.lim = newLimiter(opts.Limit, opts.LoadTimeout, l.now)
@@ -141,6 +139,9 @@ func New[K comparable, V any](load LoadFunc[K, V], opts Options[K, V]) (*Loader[
 	}
 	l.ctx, l.stop = context.WithCancelCause(context.Background())
 	_ = l.ctx.Done() // made here, not by a load goroutine: it may run in a synctest bubble
+	// Last, once Stats reads everything it reports; before anything can
+	// load, write or evict (the writer, a watching Remote).
+	l.obs = newObserving(opts.Observer, l.guard, l.Stats)
 	go l.runWriter()
 	if err := l.watch(); err != nil {
 		l.Close()
@@ -153,6 +154,16 @@ func New[K comparable, V any](load LoadFunc[K, V], opts Options[K, V]) (*Loader[
 	return l, nil
 }
 
+// keyChecks says what hashing keys of type K takes: whether a key may
+// have a dynamic type that is not comparable (an interface inside K), so
+// that a custom Hash's keys are checked as a map would (checkKeys) and
+// hashing goes through the guard (mayPanic, also for any custom Hash);
+// and whether a key may hold a float, which may be a NaN (nanKeys).
+func keyChecks[K comparable](customHash bool) (checkKeys, mayPanic, nanKeys bool) {
+	iface := mayHoldInterface(reflect.TypeFor[K]())
+	return iface && customHash, customHash || iface, mayHoldFloat(reflect.TypeFor[K]())
+}
+
 // newCache makes the Loader's ristretto cache.
 func (l *Loader[K, V]) newCache() error {
 	cache, err := ristretto.NewCache(&ristretto.Config[uint64, *entry[K, V]]{
@@ -162,12 +173,20 @@ func (l *Loader[K, V]) newCache() error {
 		// Costs are ours (1 per entry, or Options.Cost): without this,
 		// ristretto adds its own item size and a small MaxCost keeps nothing.
 		IgnoreInternalCost: true,
-		OnEvict: func(*ristretto.Item[*entry[K, V]]) {
-			if !l.tearingDown.Load() && !l.clearing.Load() {
+		OnEvict: func(item *ristretto.Item[*entry[K, V]]) {
+			if l.tearingDown.Load() {
+				return
+			}
+			clearing := l.clearing.Load()
+			if !clearing {
 				l.stats.evicted.Add(1)
 			}
+			l.leftCache(item.Value, item.Cost, clearing)
 		},
-		OnReject: func(*ristretto.Item[*entry[K, V]]) { l.stats.setsRejected.Add(1) },
+		OnReject: func(item *ristretto.Item[*entry[K, V]]) {
+			l.stats.setsRejected.Add(1)
+			l.refused(item.Value, item.Cost)
+		},
 	})
 	if err != nil {
 		return optionError("MaxCost", "or NumCounters rejected by ristretto: %v", err)
@@ -257,10 +276,14 @@ func (l *Loader[K, V]) GetInfo(ctx context.Context, key K) (v V, info Info, err 
 		in.answer(src)
 		return l.serve(&r, r.g.e, src)
 	}
+	start := r.start // a late answer moves r.start; the wait began here
 	a := l.wait(&r)
 	in.answer(a.outcome())
 	if a.err == errLeft {
 		a.err = ctx.Err()
+	}
+	if l.obs != nil {
+		l.waited(ctx, key, start, &a)
 	}
 	return a.v, a.info, a.err
 }
@@ -348,6 +371,11 @@ type answer[V any] struct {
 	nf     bool
 	err    error
 	served bool // answered at once from a value a write left (late): a hit or a stale hit, not a miss
+	// waited: the Get waited on a load (the Observer's Waited is called);
+	// load is that load's context, as the Observer made it (the last
+	// load's, after collect's second try), read only when observed.
+	waited bool
+	load   context.Context
 }
 
 // outcome is the Source a's Get is counted out by (gets.answer): its own
@@ -407,9 +435,10 @@ func (l *Loader[K, V]) selfUnequal(key K) bool { return l.nanKeys && key != key 
 // gave it, and the load carried only its starter's max-stale) is loaded
 // once more, with r's bound.
 func (l *Loader[K, V]) collect(r *request[K, V], j joined[K, V]) answer[V] {
+	var waited *call[K, V] // the load the first try waited on
 	for again := false; ; again = true {
 		if j.e != nil { // a load (or Set) finished as r looked: no need to wait
-			return l.late(r, j, again)
+			return l.waitedOn(l.late(r, j, again), waited)
 		}
 		if !again {
 			l.stats.misses.Add(1)
@@ -418,15 +447,28 @@ func (l *Loader[K, V]) collect(r *request[K, V], j joined[K, V]) answer[V] {
 			}
 		}
 		if j.err != nil {
-			return answer[V]{err: j.err}
+			return l.waitedOn(answer[V]{err: j.err}, waited)
 		}
 		a, stale := l.await(r, j, again)
 		if !stale {
-			return a
+			return l.waitedOn(a, j.c)
 		}
+		waited = j.c
 		r.g, r.many = glance[K, V]{}, nil
 		j = l.join(r)
 	}
+}
+
+// waitedOn marks a as the answer of a Get that waited on c (nil: on no
+// load), with c's context as the Observer made it, for Observer.Waited.
+func (l *Loader[K, V]) waitedOn(a answer[V], c *call[K, V]) answer[V] {
+	if c != nil {
+		a.waited = true
+		if l.obs != nil {
+			a.load = c.observed()
+		}
+	}
+	return a
 }
 
 // late answers r with the value a write left for its key, not yet in the

@@ -147,10 +147,18 @@ type AttemptEvent[K comparable] struct {
 }
 
 // EvictionObserver is an optional capability of an [Observer]: it sees
-// every entry that leaves the cache, or is refused by it, with the cause.
-// Evicted is called on whichever goroutine makes the entry leave, the
-// cache's own included, and must not block. Entries dropped by
-// [Loader.Close] are not reported.
+// every entry that leaves the cache, or is refused by it, with the cause,
+// once. Evicted is called on whichever goroutine makes the entry leave:
+// the caller of Set or Invalidate, a load's, the Loader's writer, the
+// cache's own. Entries dropped by [Loader.Close] are not reported. The
+// entries an [Loader.InvalidateAll] drops are reported as they leave the
+// cache, soon after the call (the call itself is O(1)): as
+// EvictionInvalidated, also those that a newer value or the cache's
+// policy makes leave first.
+//
+// WARNING: Evicted must not block, nor end its goroutine
+// (runtime.Goexit): the writer and the cache's goroutines it may run on
+// do not survive that, as they survive a panic.
 type EvictionObserver[K comparable] interface {
 	Evicted(ev EvictionEvent[K])
 }
@@ -162,7 +170,10 @@ type EvictionEvent[K comparable] struct {
 	Key K
 	// Cause is why it left.
 	Cause EvictionCause
-	// Cost is its cost ([Options.Cost]; 1 without it).
+	// Cost is its cost ([Options.Cost]; 1 without it). The Loader keeps
+	// no cost per entry, and does not ask Cost again: with Options.Cost
+	// set, an entry that a newer value replaced, or that an Invalidate or
+	// an InvalidateAll dropped from the cache, has Cost 0 (unknown).
 	Cost int64
 }
 

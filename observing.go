@@ -3,6 +3,8 @@ package flightcache
 import (
 	"context"
 	"sync"
+	"sync/atomic"
+	"time"
 )
 
 // observing is how a Loader calls its Observer: every call through the
@@ -159,4 +161,200 @@ func (s *statsSource) freeze() {
 	s.mu.Lock()
 	s.live, s.final = nil, final
 	s.mu.Unlock()
+}
+
+// The Loader's side: the few places of the core that call observing, in
+// the order a load meets them. Each does nothing without an Observer, and
+// none is on the hit path.
+
+// observeStart calls LoadStart for a load about to make its first
+// downstream call under lctx, and publishes the context it returns in
+// *at, where the load's waiters find it (call.observed), a waiter that
+// leaves meanwhile included. It returns the load's context from then on:
+// lctx itself without an Observer. A background load's Trigger is the
+// context of the Get, GetMany or Refresh that started it (its values
+// only).
+func (l *Loader[K, V]) observeStart(lctx *loadCtx, at *atomic.Pointer[context.Context], ev LoadStartEvent[K]) context.Context {
+	if l.obs == nil {
+		return lctx
+	}
+	if ev.Background {
+		ev.Trigger = lctx.caller
+	}
+	ctx := l.obs.loadStart(lctx, ev)
+	at.Store(&ctx)
+	return ctx
+}
+
+// observed returns c's load context as the Observer made it: its batch's
+// for a key of a LoadMany call; nil before LoadStart has returned, and
+// without an Observer.
+func (c *call[K, V]) observed() context.Context {
+	at := &c.octx
+	if c.batch != nil {
+		at = &c.batch.octx
+	}
+	if ctx := at.Load(); ctx != nil {
+		return *ctx
+	}
+	return nil
+}
+
+// waited calls Waited for a Get of key that waited on a load (a.waited;
+// not a hit, a stale hit, nor a late one), on the Get's goroutine with
+// its context, once its answer is final: a.err is ctx.Err() for a caller
+// that left. start is when the Get began to wait.
+func (l *Loader[K, V]) waited(ctx context.Context, key K, start time.Duration, a *answer[V]) {
+	if l.obs == nil || !a.waited {
+		return
+	}
+	l.obs.waited(ctx, WaitEvent[K]{Key: key, Info: a.info, Err: a.err, Start: l.epoch.Add(start), Load: a.load})
+}
+
+// attempted calls Attempt for an attempt of the load whose context is
+// ctx (the one fetch passes down, or one a Remote derived from it): ev
+// gets the load's Key and Keys, and the Observer the load's own context,
+// both found through the load's marker in ctx. A context without the
+// marker (a Remote that made its own) reports nothing.
+func (l *Loader[K, V]) attempted(ctx context.Context, ev AttemptEvent[K]) {
+	if !l.obs.observesAttempts() {
+		return
+	}
+	var m *loadMarker
+	if l.guard(func() { m = markerOf(ctx) }, nil) != nil || m == nil {
+		return // ctx.Value is a Remote's code here
+	}
+	var own context.Context
+	switch c := m.call.(type) {
+	case *call[K, V]:
+		ev.Key, ev.Keys, own = c.key, 1, c.observed()
+	case *batch[K, V]:
+		ev.Key, ev.Keys, own = c.leader.key, len(c.calls), c.leader.observed()
+	}
+	if own != nil {
+		l.obs.attempt(own, ev)
+	}
+}
+
+// retried returns the notify function of a retried downstream call
+// (backoff's, the one place the delay before the next attempt is known),
+// which reports each failed attempt that will be retried, numbered
+// *calls; nil when no Observer sees attempts.
+func (l *Loader[K, V]) retried(ctx context.Context, t *tally) func(error, time.Duration) {
+	if !l.obs.observesAttempts() {
+		return nil
+	}
+	return func(err error, delay time.Duration) {
+		l.attempted(ctx, AttemptEvent[K]{Attempt: int(t.calls), Err: err, Delay: delay})
+	}
+}
+
+// How an entry that leaves is reported, once: whoever marks it gone
+// reports it (entry.markGone). The write path marks an entry gone as it
+// always did, when a newer value takes its place (put); with an
+// EvictionObserver, the cache's callbacks and the writer mark the entries
+// they see leave too. Without one, nothing is marked that was not before.
+//
+//   - put (a fill, Set, Invalidate, a Remote's Drop) reports the entry it
+//     replaced, after unlocking (replaced): EvictionReplaced, or
+//     EvictionInvalidated for Invalidate and Drop. A value whose load said
+//     ErrNotModified is renewed, not replaced: not reported.
+//   - ristretto's OnEvict (leftCache) is EvictionPolicy, its OnReject
+//     (refused) EvictionRejected; so is a value too big for the cache
+//     (tooBig), which never reaches it.
+//   - An entry past its windows when a newer value or the policy makes it
+//     leave is EvictionExpired (leftBy).
+//   - InvalidateAll is O(1): an entry from before it is reported as
+//     EvictionInvalidated when it leaves, not at the call: at the Clear
+//     the writer runs soon after (whose OnEvict runs under ristretto's
+//     locks: the writer reports them once the Clear is done, cleared),
+//     when the writer deletes it from a pending write (issue), or before
+//     either if a newer value or the policy makes it leave first. A value
+//     written since, which the Clear drops and the writer issues again,
+//     has not left.
+//   - Nothing while the cache is torn down at Close.
+//
+// The Loader keeps no cost per entry (an entry fits a cache line): the
+// cost reported is ristretto's for an eviction or a refusal, the write's
+// for an entry a pending write held, and for an entry replaced or cleared
+// in the cache 1 without Options.Cost, 0 (unknown) with it: Cost is not
+// asked again.
+
+// replaced reports e (nil: none), an entry put marked gone, as having
+// left by cause: EvictionReplaced or EvictionInvalidated, refined by
+// leftBy.
+func (l *Loader[K, V]) replaced(e *entry[K, V], cause EvictionCause) {
+	if e != nil && l.obs.observesEvictions() {
+		l.obs.evicted(EvictionEvent[K]{Key: e.key, Cause: l.leftBy(e, cause), Cost: l.unknownCost()})
+	}
+}
+
+// unknownCost is the cost reported for an entry whose cost only the cache
+// knew: every entry costs 1 without Options.Cost.
+func (l *Loader[K, V]) unknownCost() int64 {
+	if l.opts.Cost == nil {
+		return 1
+	}
+	return 0
+}
+
+// leftBy refines cause for an entry that leaves now: one from before an
+// InvalidateAll left by it; one a newer value replaced or the policy
+// evicted past its windows had expired.
+func (l *Loader[K, V]) leftBy(e *entry[K, V], cause EvictionCause) EvictionCause {
+	switch {
+	case l.cleared(e):
+		return EvictionInvalidated
+	case (cause == EvictionReplaced || cause == EvictionPolicy) && l.phase(e, l.now()) == phaseExpired:
+		return EvictionExpired
+	}
+	return cause
+}
+
+// leftCache reports an entry ristretto's OnEvict hands over, with its
+// cost. While the writer clears the cache for an InvalidateAll
+// (clearing, on the writer goroutine, under ristretto's locks), the
+// entries from before it are kept for cleared, and the others have not
+// left: they are issued again.
+func (l *Loader[K, V]) leftCache(e *entry[K, V], cost int64, clearing bool) {
+	switch {
+	case e == nil || !l.obs.observesEvictions():
+	case clearing:
+		if l.cleared(e) {
+			l.writer.dropped = append(l.writer.dropped, e)
+		}
+	default:
+		l.left(e, EvictionPolicy, cost)
+	}
+}
+
+// reportCleared reports the entries an InvalidateAll's Clear dropped (leftCache),
+// on the writer goroutine once the Clear is done.
+func (l *Loader[K, V]) reportCleared() {
+	dropped := l.writer.dropped
+	l.writer.dropped = nil // a whole cache's worth: not kept for the next Clear
+	for _, e := range dropped {
+		l.left(e, EvictionInvalidated, l.unknownCost())
+	}
+}
+
+// refused reports an entry ristretto's admission policy refused.
+func (l *Loader[K, V]) refused(e *entry[K, V], cost int64) {
+	if e != nil && !l.tearingDown.Load() {
+		l.left(e, EvictionRejected, cost)
+	}
+}
+
+// left marks e gone and reports it as having left by cause (leftBy), if
+// an EvictionObserver is set and e was not reported already.
+func (l *Loader[K, V]) left(e *entry[K, V], cause EvictionCause, cost int64) {
+	if l.obs.observesEvictions() && e.markGone() != nil {
+		l.obs.evicted(EvictionEvent[K]{Key: e.key, Cause: l.leftBy(e, cause), Cost: cost})
+	}
+}
+
+// tooBigFor reports a value of key too big for the cache, which never
+// reaches it, as rejected.
+func (l *Loader[K, V]) tooBigFor(key K, cost int64) {
+	l.obs.evicted(EvictionEvent[K]{Key: key, Cause: EvictionRejected, Cost: cost})
 }

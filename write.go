@@ -154,8 +154,9 @@ type writer[K comparable, V any] struct {
 	fillCost atomic.Int64 // and their cost
 	maxFills int64
 	maxCost  int64
-	clears   atomic.Uint64 // InvalidateAll calls; the writer clears ristretto when it moves
-	cleared  uint64        // the clears the writer has acted on (its own)
+	clears   atomic.Uint64  // InvalidateAll calls; the writer clears ristretto when it moves
+	cleared  uint64         // the clears the writer has acted on (its own)
+	dropped  []*entry[K, V] // the entries from before an InvalidateAll its last Clear dropped, to report (its own; EvictionObserver)
 }
 
 func (wr *writer[K, V]) init(places int, cost int64) {
@@ -258,6 +259,7 @@ func (l *Loader[K, V]) apply(batch, again []*write[K, V]) []*write[K, V] {
 		l.clearing.Store(true) // ristretto reports every entry it drops as evicted
 		l.cache.Clear()
 		l.clearing.Store(false)
+		l.reportCleared()
 	}
 	if hook := testHookIssue.Load(); hook != nil {
 		(*hook)()
@@ -345,6 +347,7 @@ func (l *Loader[K, V]) issue(w *write[K, V]) {
 	w.issued = e
 	sh.mu.Unlock()
 	if e != nil && l.cleared(e) {
+		l.left(e, EvictionInvalidated, cost)
 		e = nil // written before an InvalidateAll: dead, only to be removed
 	}
 	if e == nil || l.opts.Cost != nil {
@@ -392,12 +395,16 @@ func (l *Loader[K, V]) Set(key K, value V) {
 	cost, ok := l.costOf(value, nil)
 	life, keep := l.lifeOf(key, value, nil)
 	var mk func() *entry[K, V] // nil: cannot be costed, never fits, or not to be cached: drop the old one
-	if ok && keep && !l.tooBig(cost) {
+	big := ok && keep && l.tooBig(cost)
+	if big {
+		l.tooBigFor(key, cost) // refused at once, as Stats.SetsRejected counts it
+	}
+	if ok && keep && !big {
 		mk = func() *entry[K, V] { return l.newEntry(key, value, life, born{at: l.now(), gen: l.generation.Load()}) }
 	} else {
 		cost = 0
 	}
-	if l.write(key, h, mk, cost) {
+	if l.write(key, h, mk, cost, EvictionReplaced) {
 		l.remoteSet(key, value)
 	}
 }
@@ -420,14 +427,16 @@ func (l *Loader[K, V]) drop(key K) bool {
 	if err != nil {
 		return false
 	}
-	return l.write(key, h, nil, 0)
+	return l.write(key, h, nil, 0, EvictionInvalidated)
 }
 
 // write makes the entry mk builds (mk nil: none) key's value for Set and
 // Invalidate, once it has a place among the pending writes (write.go). The
 // entry is built then, so that a Set that waited is as new, and of the
-// generation, of the moment it takes effect. It reports false after Close.
-func (l *Loader[K, V]) write(key K, h uint64, mk func() *entry[K, V], cost int64) bool {
+// generation, of the moment it takes effect. The value it drops leaves by
+// cause (EvictionReplaced for Set, EvictionInvalidated for Invalidate),
+// for an EvictionObserver. It reports false after Close.
+func (l *Loader[K, V]) write(key K, h uint64, mk func() *entry[K, V], cost int64, cause EvictionCause) bool {
 	s, open := l.enterOp()
 	if !open {
 		return false
@@ -441,11 +450,12 @@ func (l *Loader[K, V]) write(key K, h uint64, mk func() *entry[K, V], cost int64
 	if mk != nil {
 		e = mk()
 	}
-	w, back := l.flights.overwrite(key, h, e, cost, p)
+	w, back, gone := l.flights.overwrite(key, h, e, cost, p)
 	if w != nil {
 		l.hand(w)
 	}
 	l.writer.giveBack(back) // the open write's old place, or p if there was nothing to drop
+	l.replaced(gone, cause)
 	return true
 }
 

@@ -58,11 +58,10 @@ func Example() {
 	}
 	slices.Sort(names)
 	fmt.Println(strings.Join(names, "\n"))
-	// Once the Loader calls its Observer, this prints:
-	//
-	//	GET /prices/sku-1
-	//	flightcache.get
-	//	flightcache.load
+	// Output:
+	// GET /prices/sku-1
+	// flightcache.get
+	// flightcache.load
 }
 
 // The deprecated Metrics, exposed for Prometheus: the Metrics first, then

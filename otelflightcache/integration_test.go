@@ -1,8 +1,4 @@
-//go:build flightcache_wired
-
-// These tests run a real Loader with an Observer. They need the Loader to
-// call its Observer, and are built with -tags flightcache_wired until it
-// does; then the tag goes.
+// These tests run a real Loader with an Observer.
 
 package otelflightcache
 

@@ -18,8 +18,10 @@ import (
 // keys; every read waits on a load (TTL 1ns: nothing stays fresh, as behind
 // a bare singleflight), and every tenth load hangs until LoadTimeout. One
 // failed load hands its error to every reader queued behind it; LoadEvent
-// counts them. The last run keeps each key's last good value as a fallback
-// (StaleIfError) and counts the readers that still saw an error.
+// counts them, and so does each run's Observer, which links every waiting
+// Get to its load (observed.go). The last run keeps each key's last good
+// value as a fallback (StaleIfError) and counts the readers that still
+// saw an error.
 
 // callersRow is one line of the callers-per-load table.
 type callersRow struct {
@@ -56,6 +58,9 @@ type blastRun struct {
 	// From the readers: what Get returned.
 	ReaderErrors    int `json:"reader_errors"`
 	ErrorsWithStale int `json:"errors_with_stale"` // errors for a key that had already returned a good value
+
+	// From the Loader's Observer.
+	Observed *observedBlast `json:"observed"`
 }
 
 // blastResult is part b.
@@ -120,6 +125,7 @@ type blastPhase struct {
 
 	mu     sync.Mutex // guards events
 	events []flightcache.LoadEvent[string]
+	obs    *blastObserver // the Loader's Observer
 }
 
 func newBlastPhase(cfg config, name string, readers int, staleIfError time.Duration) (*blastPhase, error) {
@@ -132,6 +138,7 @@ func newBlastPhase(cfg config, name string, readers int, staleIfError time.Durat
 		stopReaders: make(chan struct{}),
 		minLoads:    cfg.minLoads,
 		enough:      make(chan struct{}),
+		obs:         &blastObserver{},
 	}
 	if ph.minLoads <= 0 {
 		close(ph.enough)
@@ -145,6 +152,7 @@ func newBlastPhase(cfg config, name string, readers int, staleIfError time.Durat
 		StaleIfError: staleIfError,
 		LoadTimeout:  cfg.loadTimeout,
 		Breaker:      flightcache.Breaker{Disabled: true},
+		Observer:     ph.obs,
 		OnLoad: func(ev flightcache.LoadEvent[string]) {
 			ph.mu.Lock()
 			ph.events = append(ph.events, ev)
@@ -188,6 +196,7 @@ func (ph *blastPhase) result() blastRun {
 	}
 	run.addEvents(ph.events)
 	run.addTallies(ph.tallies)
+	run.Observed = ph.obs.summary()
 	return run
 }
 
@@ -286,6 +295,8 @@ func (r *blastResult) print(w io.Writer) {
 	r.printCallers(w)
 	fmt.Fprintln(w)
 	r.printSummary(w)
+	fmt.Fprintln(w)
+	r.printObserved(w)
 	fmt.Fprintln(w)
 	fmt.Fprintln(w, "  "+r.check())
 }
@@ -392,8 +403,12 @@ func (r *blastResult) check() string {
 		if uint64(run.ServiceCalls) != run.Loads {
 			return fmt.Sprintf("MISMATCH (%s): the downstream counted %d calls, Stats.Loads %d", run.Name, run.ServiceCalls, run.Loads)
 		}
+		if msg := run.checkObserved(); msg != "" {
+			return msg
+		}
 	}
 	return "Reconciled in every run: callers of failed loads = readers that got an error + Stats.StaleOnError;\n" +
 		"  without StaleIfError, readers that got an error = Stats.LoadErrors + Stats.SharedErrors;\n" +
-		"  Stats.Loads = the calls the downstream itself counted."
+		"  Stats.Loads = the calls the downstream itself counted = the loads the Observer saw, and the Gets\n" +
+		"  it linked to failed loads (WaitEvent.Load) = callers of failed loads."
 }

@@ -108,10 +108,21 @@ func TestBlast(t *testing.T) {
 	if stale.StaleOnError == 0 {
 		t.Errorf("%s: no reader was served a stale value for %d failed loads", stale.Name, stale.LoadErrors)
 	}
+	// The Observer links every Get that waited to its load (check: as many
+	// to the failed loads as LoadEvent counted callers); its largest failed
+	// load's Gets got its error, or, under StaleIfError, the stale value.
+	for _, run := range res.Runs {
+		if l := run.Observed.Largest; l == nil || l.Linked != l.Callers || l.Linked == 0 {
+			t.Errorf("%s: the Observer's largest failed load %+v; want its Gets linked, as many as its callers", run.Name, l)
+		}
+	}
+	if l := readers.Observed.Largest; l != nil && l.LinkedErrors != l.Linked {
+		t.Errorf("%s: %d of the %d Gets linked to the largest failed load got its error; want all", readers.Name, l.LinkedErrors, l.Linked)
+	}
 
 	var out bytes.Buffer
 	res.print(&out)
-	for _, want := range []string{"callers per load", "while a stale value existed (goal 0)", "Reconciled in every run"} {
+	for _, want := range []string{"callers per load", "while a stale value existed (goal 0)", "WaitEvent.Load", "Reconciled in every run"} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("output lacks %q:\n%s", want, out.String())
 		}

@@ -5,6 +5,8 @@
 //     coordination, through a Loader, and with a TTL behind it;
 //   - b. the blast radius of one failed load: how many readers queued
 //     behind it got its error, and how StaleIfError brings that to zero;
+//     counted from LoadEvent, and again by an Observer that links every
+//     waiting Get to its load (WaitEvent.Load);
 //   - c. the expiry wall of a hot key: how long readers wait when it
 //     expires, with a TTL only, with stale-while-revalidate and with early
 //     refresh;

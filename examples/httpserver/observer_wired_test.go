@@ -1,8 +1,3 @@
-//go:build flightcache_wired
-
-// This test needs the Loader to call its Observer; it is built with -tags
-// flightcache_wired until it does, then the tag goes.
-
 package main
 
 import (
