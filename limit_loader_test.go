@@ -154,6 +154,24 @@ func TestLimitServesHeldStaleValueInsteadOfQueueing(t *testing.T) {
 	})
 }
 
+// Peek loads nothing, so it has no load to answer stale-limited instead
+// of: past StaleWhileRevalidate it finds nothing, slot or no slot (rule 16).
+func TestLimitPeekIsNeverStaleLimited(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		d := &downstream{gate: make(chan struct{})}
+		l := newLoader(t, d, Options[string, string]{TTL: time.Minute, StaleIfError: time.Hour, Limit: Limit{MaxLoads: 1}})
+		l.Set("k", "old")
+		waitFor(t, "the Set to land", time.Minute, func() bool { _, _, ok := l.Peek("k"); return ok })
+		time.Sleep(2 * time.Minute) // past its freshness, within StaleIfError
+		held := holdSlot(t, l, "x")
+		if v, info, ok := l.Peek("k"); ok {
+			t.Errorf(`Peek("k") within StaleIfError with no slot free = %q, %v, true; want nothing`, v, info.Source)
+		}
+		close(d.gate)
+		<-held
+	})
+}
+
 func TestLimitCallersLeavingAQueuedLoad(t *testing.T) {
 	for _, p := range []Policy{CancelAtZero, FinishAndFill} {
 		t.Run(p.String(), func(t *testing.T) {
