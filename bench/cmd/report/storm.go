@@ -185,18 +185,19 @@ func spreadOf(vs []float64) spread {
 	return spread{med, s[0], s[n-1]}
 }
 
-// cell prints the median, and the range in parentheses when the runs
-// differ, each with f.
-func (s spread) cell(f func(float64) string) string {
+// cell prints the median with suffix (a unit, or "of 2,000"), and the
+// range in parentheses when the runs differ, each number with f.
+func (s spread) cell(f func(float64) string, suffix string) string {
 	if s.lo == s.hi {
-		return f(s.med)
+		return f(s.med) + suffix
 	}
-	return fmt.Sprintf("%s (%s–%s)", f(s.med), f(s.lo), f(s.hi))
+	return fmt.Sprintf("%s%s (%s–%s)", f(s.med), suffix, f(s.lo), f(s.hi))
 }
 
 func count(v float64) string { return fmtNum(v) }
-func msec(v float64) string  { return fmtNum(v/float64(time.Millisecond)) + " ms" }
-func times(v float64) string { return fmt.Sprintf("%.2f×", v) }
+func ms(v float64) string    { return fmtNum(v / float64(time.Millisecond)) }
+func times(v float64) string { return fmt.Sprintf("%.2f", v) }
+func msec(v float64) string  { return ms(v) + " ms" }
 
 // over is the spread of f over the runs' rows of one configuration (by
 // its index among each run's rows).
@@ -210,37 +211,42 @@ func over(runs []*stormResult, i int, f func(r *stormRow, run *stormResult) floa
 	return spreadOf(vs)
 }
 
+// wallRatio is the wall time of each run's i-th storm over its fixed
+// bound's, over the runs.
+func wallRatio(runs []*stormResult, i int) spread {
+	return over(runs, i, func(r *stormRow, run *stormResult) float64 {
+		if f := run.row("fixed"); f != nil && f.Wall > 0 {
+			return float64(r.Wall) / float64(f.Wall)
+		}
+		return 0
+	})
+}
+
 // stormTable is the Markdown table of the runs, one line per
 // configuration, and a line on the adaptive bound.
 func stormTable(runs []*stormResult) string {
 	var b strings.Builder
-	b.WriteString("| limit | Gets answered | ErrBreakerOpen | ErrLimited | downstream calls | past capacity | calls at once | wall time | × MaxLoads's wall | p99 wait |\n")
+	b.WriteString("| limit | Gets answered | ErrBreakerOpen | ErrLimited | downstream calls | past capacity | calls at once | wall time | × MaxLoads wall | p99 wait |\n")
 	b.WriteString("|---|---|---|---|---|---|---|---|---|---|\n")
 	for i, row := range runs[0].Rows {
 		ratio := "—"
 		if row.kind() != "none" {
-			ratio = over(runs, i, func(r *stormRow, run *stormResult) float64 {
-				if f := run.row("fixed"); f != nil && f.Wall > 0 {
-					return float64(r.Wall) / float64(f.Wall)
-				}
-				return 0
-			}).cell(times)
+			ratio = wallRatio(runs, i).cell(times, "×")
 		}
 		name := row.Config
 		if row.kind() != "none" {
 			name = "**" + name + "**"
 		}
-		fmt.Fprintf(&b, "| %s | %s of %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", name,
-			over(runs, i, func(r *stormRow, _ *stormResult) float64 { return float64(r.Answered) }).cell(count),
-			fmtNum(float64(row.Gets)),
-			over(runs, i, func(r *stormRow, _ *stormResult) float64 { return float64(r.BreakerOpen) }).cell(count),
-			over(runs, i, func(r *stormRow, _ *stormResult) float64 { return float64(r.Limited) }).cell(count),
-			over(runs, i, func(r *stormRow, _ *stormResult) float64 { return float64(r.Calls) }).cell(count),
-			over(runs, i, func(r *stormRow, _ *stormResult) float64 { return float64(r.Overloaded) }).cell(count),
-			over(runs, i, func(r *stormRow, _ *stormResult) float64 { return float64(r.Peak) }).cell(count),
-			over(runs, i, func(r *stormRow, _ *stormResult) float64 { return float64(r.Wall) }).cell(msec),
+		fmt.Fprintf(&b, "| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |\n", name,
+			over(runs, i, func(r *stormRow, _ *stormResult) float64 { return float64(r.Answered) }).cell(count, " of "+fmtNum(float64(row.Gets))),
+			over(runs, i, func(r *stormRow, _ *stormResult) float64 { return float64(r.BreakerOpen) }).cell(count, ""),
+			over(runs, i, func(r *stormRow, _ *stormResult) float64 { return float64(r.Limited) }).cell(count, ""),
+			over(runs, i, func(r *stormRow, _ *stormResult) float64 { return float64(r.Calls) }).cell(count, ""),
+			over(runs, i, func(r *stormRow, _ *stormResult) float64 { return float64(r.Overloaded) }).cell(count, ""),
+			over(runs, i, func(r *stormRow, _ *stormResult) float64 { return float64(r.Peak) }).cell(count, ""),
+			over(runs, i, func(r *stormRow, _ *stormResult) float64 { return float64(r.Wall) }).cell(ms, " ms"),
 			ratio,
-			over(runs, i, func(r *stormRow, _ *stormResult) float64 { return float64(r.P99) }).cell(msec))
+			over(runs, i, func(r *stormRow, _ *stormResult) float64 { return float64(r.P99) }).cell(ms, " ms"))
 	}
 	if line := boundLine(runs); line != "" {
 		fmt.Fprintf(&b, "\n%s\n", line)
@@ -346,9 +352,9 @@ func (r *report) stormSection(charts map[string]string) {
 	f := runs[0]
 	r.printf("## A storm of many keys\n\n")
 	r.printf("Part f of `examples/burst` ([docs/examples.md](examples.md)), run %d times one after the other: %s distinct cold keys asked for at once, which single-flight cannot collapse, ", len(runs), fmtNum(float64(f.Keys)))
-	r.printf("from a downstream whose calls take %v × (1 + n/%d)² with n calls in flight and fail at once past %d (a database out of connections). ", f.Base, f.Knee, f.Capacity)
+	r.printf("from a downstream whose calls take %s × (1 + n/%d)² with n calls in flight and fail at once past %d (a database out of connections). ", fmtMs(f.Base), f.Knee, f.Capacity)
 	r.printf("Each way starts cold, with a Loader and a downstream of its own and default options but for `Options.Limit`: none, `Limit{MaxLoads: 50}` and `Limit{Adaptive: true}` (both with `MaxQueue` 4,000, so that every Get may wait its turn). ")
-	r.printf("Each cell is the median over the runs, with their range in parentheses when they differ; × MaxLoads's wall divides each run's wall time by the fixed bound's in the same run. ")
+	r.printf("Each cell is the median over the runs, with their range in parentheses when they differ; × MaxLoads wall divides each run's wall time by the fixed bound's in the same run. ")
 	r.printf("ErrBreakerOpen and ErrLimited count the Gets that failed so; past capacity and calls at once are the downstream's own counts.\n\n")
 	r.printf("Commands, from the repository root and then in `bench/` (the report reads `%s` itself):\n\n", filepath.ToSlash(r.stormDir))
 	r.printf("```sh\nfor i in 1 2 3; do go run ./examples/burst -only f -json > bench/%s/run$i.json; done\n", filepath.ToSlash(r.stormDir))
@@ -361,8 +367,12 @@ func (r *report) stormSection(charts map[string]string) {
 	r.printf("Without a limit the downstream is past its capacity within milliseconds, the breaker opens after five failures in a row, and nearly every Get fails with ErrBreakerOpen. ")
 	if fixed := f.row("fixed"); fixed != nil {
 		n := float64(fixed.Limit.MaxLoads)
-		r.printf("With a limit %s: the fixed bound keeps %d calls in flight, each taking %v; ", limitedOutcome(runs),
-			fixed.Limit.MaxLoads, time.Duration(float64(f.Base)*(1+n/float64(f.Knee))*(1+n/float64(f.Knee))))
+		r.printf("With a limit %s: the fixed bound keeps %d calls in flight, each taking %s; ", limitedOutcome(runs),
+			fixed.Limit.MaxLoads, fmtMs(time.Duration(float64(f.Base)*(1+n/float64(f.Knee))*(1+n/float64(f.Knee)))))
 	}
-	r.printf("the adaptive bound grows from 20 while the latency stays within twice the lowest seen, and settles where the downstream's own slowdown stops it: fewer calls at once, each faster, for about the same wall time.\n\n")
+	if i := slices.IndexFunc(f.Rows, func(r stormRow) bool { return r.kind() == "adaptive" }); i >= 0 {
+		r.printf("the adaptive bound grows from 20 while the latency stays within twice the lowest seen, and settles where the downstream's own slowdown stops it: fewer calls at once, each faster, for %s the fixed bound's wall time.",
+			wallRatio(runs, i).cell(times, "×"))
+	}
+	r.printf("\n\n")
 }

@@ -18,7 +18,7 @@ const (
 	stWidth  = 760
 	stLeft   = 64
 	stRight  = 24
-	stTop    = 58
+	stTop    = 74
 	stPanelH = 200 // the calls panel
 	stQueueH = 110 // the queue panel
 	stGap    = 40  // between the panels: the time labels of the first
@@ -79,7 +79,9 @@ func stormSVG(runs []*stormResult) string {
 	fmt.Fprintf(&b, `<svg xmlns="http://www.w3.org/2000/svg" width="%d" height="%d" viewBox="0 0 %d %d" font-family="sans-serif" font-size="12">`+"\n", stWidth, height, stWidth, height)
 	fmt.Fprintf(&b, `<rect width="100%%" height="100%%" fill="white"/>`+"\n")
 	fmt.Fprintf(&b, `<text x="%d" y="22" font-size="15" font-weight="bold">%s</text>`+"\n", stLeft, esc(fmt.Sprintf("A storm of %s cold keys: the adaptive bound and the calls at once", fmtNum(float64(run.Keys)))))
-	fmt.Fprintf(&b, `<text x="%d" y="40" fill="#555">%s</text>`+"\n", stLeft, esc(stormCaption(run, idx, len(runs))))
+	which, down := stormCaption(run, idx, len(runs))
+	fmt.Fprintf(&b, `<text x="%d" y="40" fill="#555">%s</text>`+"\n", stLeft, esc(which))
+	fmt.Fprintf(&b, `<text x="%d" y="56" fill="#555">%s</text>`+"\n", stLeft, esc(down))
 	xTop, xStep := axis(xMax, 8)
 	for i, p := range panels {
 		p.draw(&b, xTop, xStep, i == len(panels)-1)
@@ -104,14 +106,15 @@ func (r *stormRow) series() (inFlight, queued, bound [][2]float64) {
 	return inFlight, queued, bound
 }
 
-// stormCaption is the line under the title: which run, and the downstream.
-func stormCaption(run *stormResult, idx, n int) string {
-	which := "one run"
+// stormCaption is the two lines under the title: which run, and the
+// downstream.
+func stormCaption(run *stormResult, idx, n int) (which, down string) {
+	which = "examples/burst part f, one run"
 	if n > 1 {
-		which = fmt.Sprintf("run %d of %d (%s), the median by the adaptive storm's wall time", idx+1, n, run.name)
+		which = fmt.Sprintf("examples/burst part f, run %d of %d (%s), the median by the adaptive storm's wall time", idx+1, n, run.name)
 	}
-	return fmt.Sprintf("examples/burst part f, %s; a call takes %v × (1 + n/%d)² with n in flight, and fails past %d at once",
-		which, run.Base, run.Knee, run.Capacity)
+	return which, fmt.Sprintf("%s keys at once; a downstream call takes %v × (1 + n/%d)² with n in flight, and fails past %d at once",
+		fmtNum(float64(run.Keys)), run.Base, run.Knee, run.Capacity)
 }
 
 // draw draws p: its grid, its lines and its references; the time axis's

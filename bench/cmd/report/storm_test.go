@@ -94,9 +94,9 @@ func TestStormTable(t *testing.T) {
 	}
 	table := stormTable(runs)
 	for _, want := range []string{
-		"| no limit | 10 of 100 | 90 | 0 | 15 | 0 | 41 | 25 ms (20 ms–30 ms) | — |",
-		"| **MaxLoads 10** | 100 of 100 | 0 | 0 | 105 | 0 | 10 | 100 ms (100 ms–200 ms) | 1.00× |",
-		"| **Adaptive** | 100 of 100 | 0 | 0 | 105 | 0 | 30 | 120 ms (110 ms–200 ms) | 1.10× (1.00×–1.20×) | 108 ms (99 ms–180 ms) |",
+		"| no limit | 10 of 100 | 90 | 0 | 15 | 0 | 41 | 25 ms (20–30) | — |",
+		"| **MaxLoads 10** | 100 of 100 | 0 | 0 | 105 | 0 | 10 | 100 ms (100–200) | 1.00× |",
+		"| **Adaptive** | 100 of 100 | 0 | 0 | 105 | 0 | 30 | 120 ms (110–200) | 1.10× (1.00–1.20) | 108 ms (99–180) |",
 		"started at 20 and, past the first tenth of the storm, stayed within 24–30, 24–30, 24–30 (run by run)",
 	} {
 		if !strings.Contains(table, want) {
@@ -151,7 +151,7 @@ func TestStormSVG(t *testing.T) {
 		}
 	}
 	// One run alone: no "run i of n".
-	if one := stormSVG(runs[:1]); !strings.Contains(one, "part f, one run;") {
+	if one := stormSVG(runs[:1]); !strings.Contains(one, "part f, one run<") {
 		t.Errorf("the chart of one run does not say so")
 	}
 }
