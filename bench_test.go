@@ -83,18 +83,8 @@ func ristrettoGets(b *testing.B, trace []int) {
 
 func BenchmarkGetHit(b *testing.B) {
 	trace := zipfTrace(1 << 16)
-	ctx := context.Background()
 	b.Run("impl=ristretto/mode=serial", func(b *testing.B) { ristrettoGets(b, trace) })
-	b.Run("impl=flightcache/mode=serial", func(b *testing.B) {
-		l := newBenchLoader(b, Options[string, string]{})
-		b.ReportAllocs()
-		i := 0
-		for b.Loop() {
-			l.Get(ctx, benchNames[trace[i&(len(trace)-1)]])
-			i++
-		}
-		reportHitRatio(b, l)
-	})
+	b.Run("impl=flightcache/mode=serial", func(b *testing.B) { loaderHits(b, Options[string, string]{}, trace, false) })
 	b.Run("impl=ristretto/mode=parallel", func(b *testing.B) {
 		c := newBenchRistretto(b)
 		b.ReportAllocs()
@@ -106,9 +96,31 @@ func BenchmarkGetHit(b *testing.B) {
 			}
 		})
 	})
-	b.Run("impl=flightcache/mode=parallel", func(b *testing.B) {
-		l := newBenchLoader(b, Options[string, string]{})
-		b.ReportAllocs()
+	b.Run("impl=flightcache/mode=parallel", func(b *testing.B) { loaderHits(b, Options[string, string]{}, trace, true) })
+	// With Options.Limit (rule 22): the hit path never reaches the
+	// limiter, so these must stay at 0 allocs/op and within noise of the
+	// rows without one.
+	for _, lim := range []Limit{{MaxLoads: 50}, {Adaptive: true}} {
+		for _, parallel := range []bool{false, true} {
+			mode := "serial"
+			if parallel {
+				mode = "parallel"
+			}
+			b.Run("impl=flightcache-"+limitName(lim)+"/mode="+mode, func(b *testing.B) {
+				loaderHits(b, Options[string, string]{Limit: lim}, trace, parallel)
+			})
+		}
+	}
+}
+
+// loaderHits is BenchmarkGetHit's flightcache case: Gets of the keys in
+// trace on a Loader made with opts, every key cached, serially or from
+// b.RunParallel's goroutines.
+func loaderHits(b *testing.B, opts Options[string, string], trace []int, parallel bool) {
+	l := newBenchLoader(b, opts)
+	ctx := context.Background()
+	b.ReportAllocs()
+	if parallel {
 		b.RunParallel(func(pb *testing.PB) {
 			i := rand.IntN(len(trace))
 			for pb.Next() {
@@ -116,8 +128,14 @@ func BenchmarkGetHit(b *testing.B) {
 				i++
 			}
 		})
-		reportHitRatio(b, l)
-	})
+	} else {
+		i := 0
+		for b.Loop() {
+			l.Get(ctx, benchNames[trace[i&(len(trace)-1)]])
+			i++
+		}
+	}
+	reportHitRatio(b, l)
 }
 
 // reportHitRatio reports the share of hits among the timed Gets (the

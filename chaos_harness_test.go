@@ -96,6 +96,7 @@ const (
 	vLate
 	vNoDeadlineTooLong
 	vOverlap
+	vOverLimit
 	vErrorCached
 	vUnexpected
 	vAfterClose
@@ -109,8 +110,9 @@ var chaosViolationNames = [numViolations]string{
 	vAgeDishonest:      "Info.Age above the bound or the true age",
 	vErrorDespiteStale: "an error while a stale value within SIE existed",
 	vLate:              "returned after deadline+50ms (no stall)",
-	vNoDeadlineTooLong: "no deadline: waited > LoadTimeout+hang+1s",
+	vNoDeadlineTooLong: "no deadline: waited > LoadTimeout+hang+1s(+MaxWait)",
 	vOverlap:           "two downstream calls of a key at once",
+	vOverLimit:         "more downstream calls at once than MaxLoads",
 	vErrorCached:       "an error or panic cached (NotFound aside)",
 	vUnexpected:        "an unexpected error, Source or event",
 	vAfterClose:        "after Close: a value, or work still running",
@@ -120,7 +122,7 @@ var chaosViolationNames = [numViolations]string{
 // chaosCounts are the harness's own counters for one run.
 type chaosCounts struct {
 	gets, sets, invalidates                  atomic.Int64
-	sources                                  [SourceShared + 1]atomic.Int64 // every Get, by Info.Source
+	sources                                  [SourceStaleLimited + 1]atomic.Int64 // every Get, by Info.Source
 	values, ctxErrs, closedErrs, notFound    atomic.Int64
 	loadErrs, sharedErrs, breakerErrs        atomic.Int64
 	calls, errs, panics, goexits, hangs      atomic.Int64
@@ -130,6 +132,8 @@ type chaosCounts struct {
 	staleChecked, staleDuringClose           atomic.Int64
 	lateStalled, deadlines, cancels          atomic.Int64
 	opened, reclosed                         atomic.Int64
+	limitedErrs, limitedLoads, queued        atomic.Int64 // Gets and loads that ended in ErrLimited; loads that queued
+	refreshesLimited, peakCalls              atomic.Int64 // Stats.RefreshesLimited at the end; most downstream calls at once
 	maxAge, maxLate, maxNoDeadline, maxWrite atomic.Int64 // nanoseconds
 }
 
@@ -177,6 +181,9 @@ type chaosDownstream struct {
 	outage atomic.Bool
 	inside atomic.Int64 // calls running now
 	seq    atomic.Uint64
+	// maxCalls is Options.Limit.MaxLoads (the adaptive bound's ceiling), or
+	// 0: no calls at once beyond it, retries and refreshes included.
+	maxCalls int64
 }
 
 // abandoned reports whether the load running under ctx was abandoned by
@@ -228,7 +235,13 @@ func (d *chaosDownstream) load(ctx context.Context, key int) (chaosVal, error) {
 	k.inflight = append(k.inflight, me)
 	k.mu.Unlock()
 	d.n.calls.Add(1)
-	d.inside.Add(1)
+	// The count goes down in the defer below, before the Loader gives the
+	// call's slot back: a call that starts after that holds another slot.
+	n := d.inside.Add(1)
+	storeMax(&d.n.peakCalls, n)
+	if d.maxCalls > 0 && n > d.maxCalls {
+		d.v.add(vOverLimit, "key %d: %d downstream calls at once; Limit.MaxLoads is %d", key, n, d.maxCalls)
+	}
 	defer func() { // also on panic and runtime.Goexit
 		k.mu.Lock()
 		for i, o := range k.inflight {

@@ -11,7 +11,7 @@ import (
 
 // chaosReport is one run's column of the table, and what it found.
 type chaosReport struct {
-	policy Policy
+	config chaosConfig
 	rows   [][2]string
 	v      *violations
 	n      *chaosCounts
@@ -39,11 +39,22 @@ func (r *chaosReport) unexercised() []string {
 		{"a not-found was cached", n.notFound.Load()},
 		{"a background refresh ran", n.background.Load()},
 	}
-	if r.policy == CancelAtZero {
+	if r.config.policy == CancelAtZero {
 		musts = append(musts, struct {
 			what string
 			got  int64
 		}{"a load was abandoned", n.abandoned.Load()})
+	}
+	if r.config.limit.enabled() {
+		musts = append(musts, []struct {
+			what string
+			got  int64
+		}{
+			{"a load queued for a slot", n.queued.Load()},
+			{"a Get failed with ErrLimited", n.limitedErrs.Load()},
+			{"a value was served stale-limited", n.sources[SourceStaleLimited].Load()},
+			{"a refresh was dropped at the limit", n.refreshesLimited.Load()},
+		}...)
 	}
 	var missing []string
 	for _, m := range musts {
@@ -74,6 +85,11 @@ func (r *chaosRun) judgeValue(k *chaosKey, tok *chaosToken, key int, v chaosVal,
 		r.v.add(vAgeDishonest, "Get(%d): Info.Age %v, true age %v, bound %v (%v)", key, info.Age, age, chaosMaxAge, info.Source)
 	}
 	switch info.Source {
+	case SourceStaleLimited:
+		if !r.config.limit.enabled() {
+			r.v.add(vUnexpected, "Get(%d) = a value stale-limited without a Limit", key)
+		}
+		k.observe(tok, v.stamp)
 	case SourceHit, SourceStale, SourceStaleOnError:
 		k.observe(tok, v.stamp)
 	case SourceNone:
@@ -89,12 +105,16 @@ func (r *chaosRun) judgeLoadError(k *chaosKey, tok *chaosToken, key int, info In
 	switch {
 	case errors.Is(err, ErrBreakerOpen):
 		r.n.breakerErrs.Add(1)
+	case errors.Is(err, ErrLimited) && r.config.limit.enabled():
+		// Rule 22: the load found no slot, or waited past MaxWait. Like any
+		// failure, a stale value within StaleIfError covers it (below).
+		r.n.limitedErrs.Add(1)
 	case errors.Is(err, errChaos), errors.Is(err, errChaosOutage), errors.As(err, &pe),
 		errors.Is(err, ErrGoexit), errors.Is(err, ErrLoadTimeout):
 	default:
 		r.v.add(vUnexpected, "Get(%d) = %v (%v)", key, err, info.Source)
 	}
-	if info.Source == SourceHit || info.Source == SourceStale {
+	if info.Source == SourceHit || info.Source == SourceStale || info.Source == SourceStaleLimited {
 		r.v.add(vErrorCached, "Get(%d) = %v served from the cache (%v)", key, err, info.Source)
 	}
 	if chaosMissing(key) {
@@ -156,7 +176,11 @@ func (r *chaosRun) reconcile() {
 		{"Gets vs the harness's Gets", s.Gets, u(&r.n.gets)},
 		{"Gets vs Hits+StaleHits+Misses+Closed", s.Gets, s.Hits + s.StaleHits + s.Misses + s.Closed},
 		{"Hits vs Gets answered hit", s.Hits, src(SourceHit)},
-		{"StaleHits vs Gets answered stale", s.StaleHits, src(SourceStale)},
+		{"StaleHits vs Gets answered stale or stale-limited", s.StaleHits, src(SourceStale) + src(SourceStaleLimited)},
+		{"StaleLimited vs Gets answered stale-limited", s.StaleLimited, src(SourceStaleLimited)},
+		{"Limited vs OnLoad ErrLimited", s.Limited, u(&r.n.limitedLoads)},
+		{"LoadLimit within the Limit", uint64(s.LoadLimit), r.loadLimit(s.LoadLimit)},
+		{"QueuedLoads after Close", uint64(s.QueuedLoads), 0},
 		{"StaleOnError vs Gets answered stale-on-error", s.StaleOnError, src(SourceStaleOnError)},
 		{"Shared vs Gets answered shared", s.Shared, src(SourceShared)},
 		{"SharedErrors vs shared Gets with an error", s.SharedErrors, u(&r.n.sharedErrs)},
@@ -180,6 +204,17 @@ func (r *chaosRun) reconcile() {
 			r.v.add(vStats, "%s: %d, want %d", c.what, c.got, c.want)
 		}
 	}
+	r.n.refreshesLimited.Store(int64(s.RefreshesLimited))
+}
+
+// loadLimit is the Stats.LoadLimit the run's Limit allows, given the one
+// reported (got): MaxLoads (0 without a Limit), or for an adaptive bound
+// got itself if it lies between 1 and the ceiling.
+func (r *chaosRun) loadLimit(got int64) uint64 {
+	if l := r.config.limit; l.Adaptive && got >= 1 && got <= int64(l.MaxLoads) {
+		return uint64(got)
+	}
+	return uint64(r.config.limit.MaxLoads)
 }
 
 func (r *chaosRun) report(closeTook time.Duration) *chaosReport {
@@ -194,19 +229,22 @@ func (r *chaosRun) report(closeTook time.Duration) *chaosReport {
 		{"  loaded / shared", src(SourceLoaded) + " / " + src(SourceShared)},
 		{"  own ctx ended / ErrClosed / not found", i(&n.ctxErrs) + " / " + i(&n.closedErrs) + " / " + i(&n.notFound)},
 		{"  load errors (breaker open)", i(&n.loadErrs) + " (" + i(&n.breakerErrs) + ")"},
+		{"  stale-limited / ErrLimited", src(SourceStaleLimited) + " / " + i(&n.limitedErrs)},
 		{"  with a deadline / cancelled at random", i(&n.deadlines) + " / " + i(&n.cancels)},
 		{"Sets / Invalidates", i(&n.sets) + " / " + i(&n.invalidates)},
 		{"downstream calls", i(&n.calls)},
 		{"  errors / panics / Goexits / 2s hangs", i(&n.errs) + " / " + i(&n.panics) + " / " + i(&n.goexits) + " / " + i(&n.hangs)},
 		{"  outage errors / not found", i(&n.outageErrs) + " / " + i(&n.notFoundCalls)},
 		{"loads / background / abandoned", i(&n.loads) + " / " + i(&n.background) + " / " + i(&n.abandoned)},
+		{"  queued / limited / refreshes dropped at the limit", i(&n.queued) + " / " + i(&n.limitedLoads) + " / " + i(&n.refreshesLimited)},
+		{"most downstream calls at once", i(&n.peakCalls)},
 		{"breaker opened / closed again", i(&n.opened) + " / " + i(&n.reclosed)},
 		{"overlapping calls, detached / abandoned", i(&n.overlapDetached) + " / " + i(&n.overlapAbandoned)},
 		{"errors with a cached value on record", i(&n.staleChecked)},
 		{"  within SIE, during Close (allowed)", i(&n.staleDuringClose)},
 		{"max value age (bound " + chaosMaxAge.String() + ")", d(&n.maxAge)},
 		{"max lateness past ctx end (bound 50ms)", d(&n.maxLate)},
-		{"max wait without deadline (bound " + chaosMaxWait.String() + ")", d(&n.maxNoDeadline)},
+		{"max wait without deadline (bound " + chaosMaxWait.String() + " + Limit.MaxWait)", d(&n.maxNoDeadline)},
 		{"overdue during a stall (excused)", i(&n.lateStalled)},
 		{"stalls > 20ms / longest", fmt.Sprintf("%d / %v", stalls, longest.Round(time.Millisecond))},
 		{"longest Set or Invalidate", d(&n.maxWrite)},
@@ -216,5 +254,5 @@ func (r *chaosRun) report(closeTook time.Duration) *chaosReport {
 	for kind := range numViolations {
 		rows = append(rows, [2]string{"  " + chaosViolationNames[kind], i(&r.v.n[kind])})
 	}
-	return &chaosReport{policy: r.policy, rows: rows, v: &r.v, n: &r.n}
+	return &chaosReport{config: r.config, rows: rows, v: &r.v, n: &r.n}
 }

@@ -19,8 +19,52 @@ import (
 // chaosDuration is how long TestChaos runs. For a long run:
 //
 //	go test -race -run '^TestChaos$' -v -chaos.duration=10m -timeout 30m .
-var chaosDuration = flag.Duration("chaos.duration", 10*time.Second,
-	"how long TestChaos runs: half under FinishAndFill, half under CancelAtZero")
+var chaosDuration = flag.Duration("chaos.duration", 16*time.Second,
+	"how long TestChaos runs: a quarter in each of chaosConfigs (each Policy, without and with a Limit)")
+
+// chaosConfig is one run of TestChaos: a Policy, and an Options.Limit.
+type chaosConfig struct {
+	policy Policy
+	limit  Limit
+}
+
+// chaosConfigs are TestChaos's runs. With a Limit (docs/design.md rule
+// 22), the Gets outrun the slots at their peaks (about 100 calls at once
+// without one): loads queue, fail with ErrLimited (a short queue, and
+// under CancelAtZero, where callers who leave take their loads out of it,
+// a short MaxWait too), and values within StaleIfError are served
+// stale-limited. The downstream's latency does not follow its load, so the
+// adaptive bound mostly sits at its floor, which is high enough for the
+// downstream to see every kind of fault in a few seconds.
+var chaosConfigs = []chaosConfig{
+	{policy: FinishAndFill},
+	{policy: CancelAtZero},
+	{policy: FinishAndFill, limit: Limit{MaxLoads: 32, MaxQueue: 32}},
+	{policy: CancelAtZero, limit: Limit{Adaptive: true, MinLoads: 32, MaxLoads: 64, MaxQueue: 16, MaxWait: 250 * time.Millisecond}},
+}
+
+func (c chaosConfig) String() string {
+	switch {
+	case c.limit.Adaptive:
+		return fmt.Sprintf("%v, Adaptive ≤ %d", c.policy, c.limit.MaxLoads)
+	case c.limit.MaxLoads > 0:
+		return fmt.Sprintf("%v, MaxLoads %d", c.policy, c.limit.MaxLoads)
+	}
+	return c.policy.String()
+}
+
+// maxWait bounds a Get without a deadline under c: one load, which may
+// first wait MaxWait for a slot (its default: LoadTimeout), and then ends
+// at LoadTimeout unless its LoadFunc ignores its context and hangs.
+func (c chaosConfig) maxWait() time.Duration {
+	switch {
+	case c.limit.MaxWait > 0:
+		return chaosMaxWait + c.limit.MaxWait
+	case c.limit.enabled():
+		return chaosMaxWait + chaosLoadTimeout
+	}
+	return chaosMaxWait
+}
 
 const (
 	chaosWorkers     = 64
@@ -46,7 +90,7 @@ const (
 )
 
 // TestChaos runs a Loader against a faulty downstream under load, in real
-// time, half the time under each Policy: 64 goroutines Get 1,000 keys with
+// time, under each Policy, without and with a Limit: 64 goroutines Get 1,000 keys with
 // a Zipf mix, under random deadlines and cancellations, and interleave Set
 // and Invalidate; the downstream takes 1-200ms and injects errors, panics,
 // runtime.Goexit, hangs that ignore their context, and outages that open
@@ -61,40 +105,55 @@ func TestChaos(t *testing.T) {
 	if testing.Short() && !set {
 		t.Skip("-short without -chaos.duration")
 	}
-	half := *chaosDuration / 2
-	var reports [2]*chaosReport
-	for i, p := range []Policy{FinishAndFill, CancelAtZero} {
-		reports[i] = runChaos(t, p, half)
+	each := *chaosDuration / time.Duration(len(chaosConfigs))
+	var reports []*chaosReport
+	for _, c := range chaosConfigs {
+		reports = append(reports, runChaos(t, c, each))
 	}
 	var b strings.Builder
-	fmt.Fprintf(&b, "chaos: %v per policy, %d goroutines, %d keys (Zipf s=1.1), TTL %v ±%.0f%%, SWR %v, SIE %v, LoadTimeout %v, hangs %v, GOMAXPROCS %d\n",
-		half, chaosWorkers, chaosKeys, chaosTTL, 100*chaosJitter, chaosSWR, chaosSIE, chaosLoadTimeout, chaosHang, runtime.GOMAXPROCS(0))
-	w := [3]int{0, len(FinishAndFill.String()), len(CancelAtZero.String())}
-	for i, row := range reports[0].rows {
-		w[0] = max(w[0], len(row[0]))
-		w[1] = max(w[1], len(row[1]))
-		w[2] = max(w[2], len(reports[1].rows[i][1]))
-	}
-	fmt.Fprintf(&b, "%-*s  %*s  %*s\n", w[0], "", w[1], FinishAndFill, w[2], CancelAtZero)
-	for i, row := range reports[0].rows {
-		fmt.Fprintf(&b, "%-*s  %*s  %*s\n", w[0], row[0], w[1], row[1], w[2], reports[1].rows[i][1])
-	}
+	fmt.Fprintf(&b, "chaos: %v per run, %d goroutines, %d keys (Zipf s=1.1), TTL %v ±%.0f%%, SWR %v, SIE %v, LoadTimeout %v, hangs %v, GOMAXPROCS %d\n",
+		each, chaosWorkers, chaosKeys, chaosTTL, 100*chaosJitter, chaosSWR, chaosSIE, chaosLoadTimeout, chaosHang, runtime.GOMAXPROCS(0))
+	chaosTable(&b, reports)
 	t.Log("\n" + b.String())
 	for _, r := range reports {
 		for kind := range numViolations {
 			if n := r.v.n[kind].Load(); n > 0 {
-				t.Errorf("%v: %d × %s, e.g.\n\t%s", r.policy, n, chaosViolationNames[kind], strings.Join(r.v.examples[kind], "\n\t"))
+				t.Errorf("%v: %d × %s, e.g.\n\t%s", r.config, n, chaosViolationNames[kind], strings.Join(r.v.examples[kind], "\n\t"))
 			}
 		}
-		if missing := r.unexercised(); half >= 4*time.Second && len(missing) > 0 {
-			t.Errorf("%v: the chaos never got to: %s", r.policy, strings.Join(missing, "; "))
+		if missing := r.unexercised(); each >= 4*time.Second && len(missing) > 0 {
+			t.Errorf("%v: the chaos never got to: %s", r.config, strings.Join(missing, "; "))
 		}
 	}
 	goleak.VerifyNone(t)
 }
 
-// chaosRun is one half of TestChaos: one Loader, one Policy.
+// chaosTable prints the reports side by side, a column each.
+func chaosTable(b *strings.Builder, reports []*chaosReport) {
+	w := make([]int, len(reports)+1)
+	for j, r := range reports {
+		w[j+1] = len(r.config.String())
+		for _, row := range r.rows {
+			w[0] = max(w[0], len(row[0]))
+			w[j+1] = max(w[j+1], len(row[1]))
+		}
+	}
+	line := func(label string, cell func(j int) string) {
+		fmt.Fprintf(b, "%-*s", w[0], label)
+		for j := range reports {
+			fmt.Fprintf(b, "  %*s", w[j+1], cell(j))
+		}
+		b.WriteString("\n")
+	}
+	line("", func(j int) string { return reports[j].config.String() })
+	for i, row := range reports[0].rows {
+		line(row[0], func(j int) string { return reports[j].rows[i][1] })
+	}
+}
+
+// chaosRun is one run of TestChaos: one Loader, one chaosConfig.
 type chaosRun struct {
+	config     chaosConfig
 	policy     Policy
 	l          *Loader[int, chaosVal]
 	d          *chaosDownstream
@@ -117,9 +176,10 @@ type chaosOverdue struct {
 	msg      string
 }
 
-func runChaos(t *testing.T, policy Policy, dur time.Duration) *chaosReport {
-	r := &chaosRun{policy: policy, t0: time.Now()}
-	r.d = &chaosDownstream{policy: policy, keys: make([]chaosKey, chaosKeys), n: &r.n, v: &r.v}
+func runChaos(t *testing.T, config chaosConfig, dur time.Duration) *chaosReport {
+	policy := config.policy
+	r := &chaosRun{config: config, policy: policy, t0: time.Now()}
+	r.d = &chaosDownstream{policy: policy, keys: make([]chaosKey, chaosKeys), n: &r.n, v: &r.v, maxCalls: int64(config.limit.MaxLoads)}
 	l, err := New(r.d.load, Options[int, chaosVal]{
 		TTL: chaosTTL, Jitter: chaosJitter, StaleWhileRevalidate: chaosSWR, StaleIfError: chaosSIE,
 		EarlyRefresh: 1,
@@ -130,6 +190,7 @@ func runChaos(t *testing.T, policy Policy, dur time.Duration) *chaosReport {
 		Breaker:      Breaker{ConsecutiveFailures: 5, OpenTimeout: 100 * time.Millisecond},
 		NotFoundTTL:  chaosNotFoundTTL,
 		OnLoad:       r.onLoad,
+		Limit:        config.limit,
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -282,6 +343,17 @@ func (r *chaosRun) onLoad(ev LoadEvent[int]) {
 	if ev.Background {
 		r.n.background.Add(1)
 	}
+	if ev.Queued > 0 {
+		r.n.queued.Add(1)
+	}
+	if errors.Is(ev.Err, ErrLimited) {
+		// Rule 22: no downstream call, so no attempt to retry or to count
+		// for the breaker; and never cached (checked above for any error).
+		r.n.limitedLoads.Add(1)
+		if !r.config.limit.enabled() || ev.Attempts != 0 || ev.Background {
+			r.v.add(vUnexpected, "OnLoad: key %d: ErrLimited after %d attempts (background %v) with Limit %+v; want none without a Limit, and no attempt", ev.Key, ev.Attempts, ev.Background, r.config.limit)
+		}
+	}
 }
 
 // get makes one Get with a random deadline or cancellation, and judges it.
@@ -357,8 +429,8 @@ func (r *chaosRun) get(rng *rand.Rand, key int) {
 	case canceledAt.Load() == 0 && deadline.IsZero():
 		wait := ret.Sub(tok.begin)
 		storeMax(&r.n.maxNoDeadline, int64(wait))
-		if wait > chaosMaxWait {
-			r.noteOverdue(vNoDeadlineTooLong, tok.begin.Add(chaosMaxWait), ret, "Get(%d) without a deadline took %v (%v, %v)", key, wait, info.Source, err)
+		if bound := r.config.maxWait(); wait > bound {
+			r.noteOverdue(vNoDeadlineTooLong, tok.begin.Add(bound), ret, "Get(%d) without a deadline took %v (%v, %v)", key, wait, info.Source, err)
 		}
 	}
 }

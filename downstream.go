@@ -158,10 +158,11 @@ func callDownstream[T any, K comparable, V any](l *Loader[K, V], ctx context.Con
 // admit takes the slot of Options.Limit that a foreground load's
 // downstream calls hold (a background load holds one since it was
 // published). An open breaker fails the load at once: it never queues for
-// a downstream that would refuse it. A load that may have to wait has its
-// LoadTimeout started again once it has its slot (the wait itself is
-// bounded by MaxWait); while it waits, its context has the deadline it
-// had. ErrLimited is never retried and never reaches the breaker.
+// a downstream that would refuse it. A load that waits for its slot is
+// taken off the LoadTimeout list when the limiter says it waits (the wait
+// is bounded by MaxWait, and its context keeps the deadline it had), and
+// has its LoadTimeout started again once it has its slot. ErrLimited is
+// never retried and never reaches the breaker.
 func (l *Loader[K, V]) admit(ctx context.Context, t *tally) (slot, error) {
 	if l.lim == nil || t.background {
 		return slot{}, nil
@@ -170,13 +171,14 @@ func (l *Loader[K, V]) admit(ctx context.Context, t *tally) (slot, error) {
 		l.stats.breakerRejected.Add(1)
 		return slot{}, breakerOpen(gobreaker.ErrOpenState)
 	}
-	queue := l.lim.full() && t.lctx != nil
-	if queue {
-		l.timeouts.remove(t.lctx)
-	}
-	s, queued, err := l.lim.acquire(ctx)
+	waited := false
+	s, queued, err := l.lim.acquire(ctx, func() {
+		if waited = t.lctx != nil; waited {
+			l.timeouts.remove(t.lctx)
+		}
+	})
 	t.queued = queued
-	if queue && err == nil {
+	if waited && err == nil {
 		l.timeouts.add(t.lctx, l.now())
 	}
 	return s, err

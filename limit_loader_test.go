@@ -3,6 +3,7 @@ package flightcache
 import (
 	"context"
 	"errors"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -150,6 +151,24 @@ func TestLimitServesHeldStaleValueInsteadOfQueueing(t *testing.T) {
 		if r := <-fresh; r.err != nil || r.v == "old" {
 			t.Errorf("fresh Get = %q, %v; want a loaded value", r.v, r.err)
 		}
+	})
+}
+
+// Peek loads nothing, so it has no load to answer stale-limited instead
+// of: past StaleWhileRevalidate it finds nothing, slot or no slot (rule 16).
+func TestLimitPeekIsNeverStaleLimited(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		d := &downstream{gate: make(chan struct{})}
+		l := newLoader(t, d, Options[string, string]{TTL: time.Minute, StaleIfError: time.Hour, Limit: Limit{MaxLoads: 1}})
+		l.Set("k", "old")
+		waitFor(t, "the Set to land", time.Minute, func() bool { _, _, ok := l.Peek("k"); return ok })
+		time.Sleep(2 * time.Minute) // past its freshness, within StaleIfError
+		held := holdSlot(t, l, "x")
+		if v, info, ok := l.Peek("k"); ok {
+			t.Errorf(`Peek("k") within StaleIfError with no slot free = %q, %v, true; want nothing`, v, info.Source)
+		}
+		close(d.gate)
+		<-held
 	})
 }
 
@@ -312,4 +331,54 @@ func TestLimitCloseFailsTheQueue(t *testing.T) {
 			t.Errorf("queued Get at Close = %v; want ErrClosed", r.err)
 		}
 	})
+}
+
+// A hit costs the same with a Limit as without: the hit path never touches
+// the limiter, so it allocates nothing; nor does a stale value answered at
+// once because no slot is free (a Get that starts no load). Outside a
+// bubble: AllocsPerRun reads the real allocator.
+func TestLimitHitAllocatesNothing(t *testing.T) {
+	for _, lim := range []Limit{{MaxLoads: 50}, {Adaptive: true}} {
+		t.Run(limitName(lim), func(t *testing.T) {
+			d := &downstream{}
+			l := newLoader(t, d, Options[string, string]{TTL: time.Hour, Limit: lim})
+			ctx := context.Background()
+			if _, err := l.Get(ctx, "k"); err != nil {
+				t.Fatal(err)
+			}
+			if _, info, err := l.GetInfo(ctx, "k"); err != nil || info.Source != SourceHit {
+				t.Fatalf(`GetInfo("k") = %v, %v; want a hit`, info.Source, err)
+			}
+			if n := testing.AllocsPerRun(1000, func() { l.Get(ctx, "k") }); n != 0 {
+				t.Errorf("a hit with Limit %+v allocates %v times; want 0", lim, n)
+			}
+		})
+	}
+	t.Run("stale-limited", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			d := &downstream{gate: make(chan struct{})}
+			l := newLoader(t, d, Options[string, string]{TTL: time.Minute, StaleIfError: time.Hour, Limit: Limit{MaxLoads: 1}})
+			l.Set("k", "old")
+			waitFor(t, "the Set to land", time.Minute, func() bool { _, _, ok := l.Peek("k"); return ok })
+			time.Sleep(2 * time.Minute)
+			held := holdSlot(t, l, "x")
+			ctx := context.Background()
+			if _, info, _ := l.GetInfo(ctx, "k"); info.Source != SourceStaleLimited {
+				t.Fatalf(`GetInfo("k") with no slot free: %v; want stale-limited`, info.Source)
+			}
+			if n := testing.AllocsPerRun(1000, func() { l.Get(ctx, "k") }); n != 0 {
+				t.Errorf("a stale-limited answer allocates %v times; want 0", n)
+			}
+			close(d.gate)
+			<-held
+		})
+	})
+}
+
+// limitName names a Limit for a subtest or a benchmark.
+func limitName(l Limit) string {
+	if l.Adaptive {
+		return "adaptive"
+	}
+	return "maxloads" + strconv.Itoa(l.MaxLoads)
 }

@@ -25,7 +25,7 @@ func testLimiter(t *testing.T, l Limit) *limiter {
 // mustAcquire takes a slot that must be free.
 func mustAcquire(t *testing.T, lm *limiter) slot {
 	t.Helper()
-	s, queued, err := lm.acquire(context.Background())
+	s, queued, err := lm.acquire(context.Background(), nil)
 	if err != nil || queued != 0 {
 		t.Fatalf("acquire = %v after %v; want a free slot at once", err, queued)
 	}
@@ -44,7 +44,7 @@ type acquired struct {
 func acquireAsync(ctx context.Context, lm *limiter) <-chan acquired {
 	ch := make(chan acquired, 1)
 	go func() {
-		s, q, err := lm.acquire(ctx)
+		s, q, err := lm.acquire(ctx, nil)
 		ch <- acquired{s, q, err}
 	}()
 	return ch
@@ -67,7 +67,7 @@ func TestLimiterBoundNeverExceeded(t *testing.T) {
 			var wg sync.WaitGroup
 			for i := range 200 {
 				wg.Go(func() {
-					s, _, err := lm.acquire(context.Background())
+					s, _, err := lm.acquire(context.Background(), nil)
 					if err != nil {
 						t.Errorf("load %d: acquire = %v", i, err)
 						return
@@ -106,7 +106,7 @@ func TestLimiterFIFO(t *testing.T) {
 		var wg sync.WaitGroup
 		for i := range 5 {
 			wg.Go(func() {
-				s, q, err := lm.acquire(context.Background())
+				s, q, err := lm.acquire(context.Background(), nil)
 				if err != nil {
 					t.Errorf("waiter %d: %v", i, err)
 					return
@@ -139,6 +139,46 @@ func TestLimiterFIFO(t *testing.T) {
 	})
 }
 
+// acquire calls waiting exactly when the load waits, once it is queued and
+// before the wait, with no lock held: not for a free slot, not for a full
+// queue. It is the sign the load path stops the LoadTimeout on, since full
+// may be out of date by the time acquire runs.
+func TestLimiterWaitingIsCalledOnlyToWait(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		lm := testLimiter(t, Limit{MaxLoads: 1, MaxQueue: 1})
+		calls := 0
+		count := func() { calls++ }
+		held, _, err := lm.acquire(context.Background(), count)
+		if err != nil || calls != 0 {
+			t.Fatalf("acquire of a free slot = %v, waiting called %d times; want a slot, 0", err, calls)
+		}
+		full := lm.full() // no slot free now
+		var waited atomic.Int64
+		got := make(chan acquired, 1)
+		go func() {
+			s, q, err := lm.acquire(context.Background(), func() {
+				if _, _, _, w := limitState(lm); w != 1 { // and no lock held: limitState takes it
+					t.Errorf("waiting called with %d loads queued; want 1, itself", w)
+				}
+				waited.Add(1)
+			})
+			got <- acquired{s, q, err}
+		}()
+		synctest.Wait()
+		if waited.Load() != 1 || !full {
+			t.Fatalf("waiting called %d times for a load that waits (full %v); want 1", waited.Load(), full)
+		}
+		if _, _, err := lm.acquire(context.Background(), count); !errors.Is(err, ErrLimited) || calls != 0 {
+			t.Errorf("acquire past MaxQueue = %v, waiting called %d times; want ErrLimited, 0", err, calls)
+		}
+		time.Sleep(time.Millisecond)
+		held.release()
+		if a := <-got; a.err != nil || a.queued != time.Millisecond || waited.Load() != 1 {
+			t.Errorf("the queued load = %v after %v, waiting called %d times; want its slot after 1ms, once", a.err, a.queued, waited.Load())
+		}
+	})
+}
+
 // A full queue fails a load at once with ErrLimited; waiting MaxWait
 // fails it then. Neither leaks a slot or a place.
 func TestLimiterMaxQueueAndMaxWait(t *testing.T) {
@@ -147,7 +187,7 @@ func TestLimiterMaxQueueAndMaxWait(t *testing.T) {
 		held := mustAcquire(t, lm)
 		first, second := acquireAsync(context.Background(), lm), acquireAsync(context.Background(), lm)
 		synctest.Wait()
-		if _, q, err := lm.acquire(context.Background()); !errors.Is(err, ErrLimited) || q != 0 {
+		if _, q, err := lm.acquire(context.Background(), nil); !errors.Is(err, ErrLimited) || q != 0 {
 			t.Errorf("acquire with the queue full = %v after %v; want ErrLimited at once", err, q)
 		}
 		var s Stats
@@ -324,7 +364,7 @@ func TestLimiterClose(t *testing.T) {
 				t.Errorf("queued load %d after close = %v; want ErrClosed", i, r.err)
 			}
 		}
-		if _, _, err := lm.acquire(context.Background()); err != ErrClosed {
+		if _, _, err := lm.acquire(context.Background(), nil); err != ErrClosed {
 			t.Errorf("acquire after close = %v; want ErrClosed", err)
 		}
 		if _, ok := lm.tryBackground(); ok {
@@ -387,7 +427,7 @@ func TestLimiterAdaptiveFallsAndReturns(t *testing.T) {
 		for range 150 { // more workers than the bound: it decides
 			wg.Go(func() {
 				for ctx.Err() == nil {
-					s, _, err := lm.acquire(ctx)
+					s, _, err := lm.acquire(ctx, nil)
 					if err != nil {
 						return
 					}
@@ -446,7 +486,7 @@ func TestLimiterStorm(t *testing.T) {
 			start := time.Now()
 			for range 2000 {
 				wg.Go(func() {
-					s, _, err := lm.acquire(context.Background())
+					s, _, err := lm.acquire(context.Background(), nil)
 					if err != nil {
 						t.Errorf("acquire = %v", err)
 						return
@@ -502,7 +542,7 @@ func TestLimiterStorm(t *testing.T) {
 // A nil limiter is no limit.
 func TestLimiterNil(t *testing.T) {
 	var lm *limiter
-	s, q, err := lm.acquire(context.Background())
+	s, q, err := lm.acquire(context.Background(), nil)
 	if err != nil || q != 0 || s != (slot{}) {
 		t.Errorf("nil acquire = %+v, %v, %v; want a zero slot at once", s, q, err)
 	}
@@ -525,7 +565,7 @@ func TestLimiterFreeSlotAllocs(t *testing.T) {
 	lm := newLimiter(Limit{Adaptive: true}, time.Second, func() time.Duration { return time.Duration(time.Now().UnixNano()) })
 	ctx := context.Background()
 	if n := testing.AllocsPerRun(100, func() {
-		s, _, _ := lm.acquire(ctx)
+		s, _, _ := lm.acquire(ctx, nil)
 		lm.sample(lm.begin(), sampleOK)
 		s.release()
 		_ = lm.full()
@@ -558,7 +598,7 @@ func BenchmarkLimiterAcquireRelease(b *testing.B) {
 			ctx := context.Background()
 			b.ReportAllocs()
 			for b.Loop() {
-				s, _, err := lm.acquire(ctx)
+				s, _, err := lm.acquire(ctx, nil)
 				if err != nil {
 					b.Fatal(err)
 				}

@@ -96,7 +96,12 @@ func (lm *limiter) countStale() {
 // says more: ErrClosed, CancelAtZero's) when ctx ends while it waits.
 // Without an error, the slot must be released. A free slot costs no
 // clock read and no allocation.
-func (lm *limiter) acquire(ctx context.Context) (s slot, queued time.Duration, err error) {
+//
+// waiting, if not nil, is called once it is decided that the load waits,
+// on the caller's goroutine with no lock held, before the wait begins (the
+// load path stops the load's LoadTimeout there). It is the only sure
+// sign: full may have said no an instant before the last slot went.
+func (lm *limiter) acquire(ctx context.Context, waiting func()) (s slot, queued time.Duration, err error) {
 	if lm == nil {
 		return slot{}, 0, nil
 	}
@@ -119,6 +124,9 @@ func (lm *limiter) acquire(ctx context.Context) (s slot, queued time.Duration, e
 	lm.pushLocked(w)
 	lm.updateLocked()
 	lm.mu.Unlock()
+	if waiting != nil {
+		waiting()
+	}
 
 	start := lm.now()
 	var expired <-chan time.Time

@@ -645,7 +645,10 @@ func (l *Loader[K, V]) Peek(key K) (v V, info Info, ok bool) {
 	}
 	r := request[K, V]{read: true} // a caller that accepts any stale value the windows allow
 	now := l.now()
-	if src := l.judge(&r, e, now); src != SourceNone {
+	// Not a value judge answers stale-limited either: that one stands in
+	// for a load a Get would have queued for (rule 22), and a Peek starts
+	// none; past StaleWhileRevalidate it finds nothing (rule 16).
+	if src := l.judge(&r, e, now); src == SourceHit || src == SourceStale {
 		return e.val, Info{Source: src, Age: now - e.loadedAt}, true
 	}
 	return v, info, false

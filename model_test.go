@@ -28,8 +28,21 @@ import (
 //
 // The bytes are read in pairs (operation, argument). An input of odd length
 // ends in a configuration byte: its lowest bit selects the Policy (0
-// FinishAndFill, 1 CancelAtZero). Inputs of even length run under
-// FinishAndFill.
+// FinishAndFill, 1 CancelAtZero), and the next bits (byte/2 % 3) an
+// Options.Limit (modelLimits: none, MaxLoads 1, or an adaptive bound held at
+// 2). Inputs of even length run under FinishAndFill without a Limit.
+//
+// With a Limit (docs/design.md rule 22), the hold operation fills every
+// downstream slot and the queue with loads of keys of their own, which wait
+// until the next hold operation lets them go. While they hold, a load fails
+// at once with ErrLimited (counted in Loads and Limited, no downstream
+// call, covered by a stale value like any failure), a value within
+// StaleIfError answers at once (SourceStaleLimited, no load), and a
+// refresh is dropped (RefreshesLimited). A GetMany's background batch
+// holds a slot of its own from its first stale key on, so with a bound of 1
+// a later key within StaleIfError is answered stale-limited and its misses'
+// batch waits its turn. Without a Limit the hold operation only keeps two
+// unrelated loads running.
 //
 // A Get with a cancelled context that has to wait for a load may leave
 // before the load ends (it gets context.Canceled) or find the result
@@ -105,12 +118,38 @@ func (e *modelEntry) phase(now time.Duration) phase {
 	return w.phaseAt(now, fresh)
 }
 
+// modelLimits are the Options.Limit a fuzz input may select: none, a fixed
+// bound of 1, and an adaptive bound held at 2 (MinLoads = MaxLoads, so that
+// the model knows it), each with a queue of 1. Loads are instant in the
+// bubble's time, and MaxWait (with the Loader's LoadTimeout) outlasts any
+// input, so only the hold operation makes a load wait or fail.
+var modelLimits = [...]Limit{
+	{},
+	{MaxLoads: 1, MaxQueue: 1, MaxWait: time.Hour},
+	{Adaptive: true, MinLoads: 2, MaxLoads: 2, MaxQueue: 1, MaxWait: time.Hour},
+}
+
 // model predicts what one Loader does.
 type model struct {
 	now     time.Duration
 	calls   int
 	entries map[string]*modelEntry
 	stats   Stats // the counters the Loader's Stats must match at the end
+	bound   int   // Options.Limit's bound (0: no Limit)
+	held    bool  // with a Limit, the hold operation holds every slot and the queue
+}
+
+// full reports whether a load started now would fail with ErrLimited, a
+// value within StaleIfError answers stale-limited and a refresh is dropped:
+// the hold operation holds every slot and the queue.
+func (m *model) full() bool { return m.bound > 0 && m.held }
+
+// limited predicts a load that fails with ErrLimited: counted as a load and
+// in Limited, no downstream call.
+func (m *model) limited() error {
+	m.stats.Loads++
+	m.stats.Limited++
+	return ErrLimited
 }
 
 // load applies one downstream call with outcome o, returning its result.
@@ -143,7 +182,13 @@ func (m *model) revalidate(key string, o outcome) (string, Source, time.Duration
 	prev := m.entries[key]
 	m.stats.Gets++
 	m.stats.Misses++
-	v, err := m.load(key, o)
+	var v string
+	var err error
+	if m.full() {
+		err = m.limited()
+	} else {
+		v, err = m.load(key, o)
+	}
 	if err != nil && !errors.Is(err, ErrNotFound) && prev != nil && !prev.notFound && prev.phase(m.now) != phaseExpired {
 		m.stats.StaleOnError++
 		return prev.val, SourceStaleOnError, m.now - prev.loadedAt, nil
@@ -157,6 +202,10 @@ func (m *model) revalidate(key string, o outcome) (string, Source, time.Duration
 // refresh predicts a Refresh: a background load (nothing else is in
 // flight between two operations), its value stored as a load's is.
 func (m *model) refresh(key string, o outcome) {
+	if m.full() {
+		m.stats.RefreshesLimited++ // a refresh never queues
+		return
+	}
 	m.stats.Refreshes++
 	m.load(key, o)
 }
@@ -189,16 +238,32 @@ func (m *model) get(key string, o outcome) (string, Source, time.Duration, error
 	case phaseStale:
 		m.stats.StaleHits++
 		v, age := e.val, m.now-e.loadedAt
-		if m.now >= e.refreshAfter {
+		switch {
+		case m.now < e.refreshAfter:
+		case m.full():
+			m.stats.RefreshesLimited++ // dropped; the next stale Get tries again
+		default:
 			m.stats.Refreshes++
 			if _, err := m.load(key, o); err != nil && !errors.Is(err, ErrNotFound) {
 				e.refreshAfter = m.now + 1 // the backoff delay is 1ns in this model
 			}
 		}
 		return v, SourceStale, age, nil
+	case phaseStaleIfError:
+		if m.full() { // rule 22: the held value instead of a load
+			m.stats.StaleHits++
+			m.stats.StaleLimited++
+			return e.val, SourceStaleLimited, m.now - e.loadedAt, nil
+		}
 	}
 	m.stats.Misses++
-	v, err := m.load(key, o)
+	var v string
+	var err error
+	if m.full() {
+		err = m.limited()
+	} else {
+		v, err = m.load(key, o)
+	}
 	if err != nil && !errors.Is(err, ErrNotFound) && e.covers(m.now) {
 		m.stats.StaleOnError++
 		return e.val, SourceStaleOnError, m.now - e.loadedAt, nil
@@ -221,26 +286,43 @@ type batchCall struct {
 // the stale keys in another, concurrently: seen is the calls the test
 // observed, in the order they ran, and the model checks that they are the
 // calls it expects and numbers their values by that order. It returns the
-// values GetMany must return and the keys that must fail.
-func (m *model) getMany(keys []string, o outcome, seen []batchCall) (vals map[string]string, failed map[string]bool, err error) {
+// values GetMany must return and the keys that must fail (with ErrLimited
+// when limited says so: the misses' call found no slot).
+//
+// With a Limit, the keys are judged in order: the stale keys' batch takes
+// a slot at its first key (or is dropped if there is none), so that with a
+// bound of 1 every later key within StaleIfError finds none free and is
+// answered stale-limited; the misses' batch takes its slot when it runs,
+// after the loop, waiting for the refresh's if need be.
+func (m *model) getMany(keys []string, o outcome, seen []batchCall) (vals map[string]string, failed map[string]bool, limited bool, err error) {
 	vals, failed = map[string]string{}, map[string]bool{}
 	var misses, stale []string
 	prev := map[string]*modelEntry{}
+	full := m.full() // no slot free for this GetMany's loads
 	for _, key := range keys {
 		e, p := m.lookup(key)
 		m.stats.Gets++
-		switch p {
-		case phaseFresh:
+		switch {
+		case p == phaseFresh:
 			m.stats.Hits++
 			if !e.notFound {
 				vals[key] = e.val
 			}
-		case phaseStale:
+		case p == phaseStale:
 			m.stats.StaleHits++
 			vals[key] = e.val
-			if m.now >= e.refreshAfter {
+			switch {
+			case m.now < e.refreshAfter:
+			case full && len(stale) == 0:
+				m.stats.RefreshesLimited++ // each stale key tries, and is dropped
+			default:
 				stale = append(stale, key)
+				full = full || m.bound == 1 // the batch holds the one slot
 			}
+		case p == phaseStaleIfError && full:
+			m.stats.StaleHits++
+			m.stats.StaleLimited++
+			vals[key] = e.val
 		default:
 			m.stats.Misses++
 			misses = append(misses, key)
@@ -250,6 +332,22 @@ func (m *model) getMany(keys []string, o outcome, seen []batchCall) (vals map[st
 	slices.Sort(misses)
 	slices.Sort(stale)
 	var want [][]string
+	if len(misses) > 0 && m.full() { // the misses' call fails before the downstream
+		limited = true
+		m.stats.Loads++
+		m.stats.Limited++
+		m.stats.BatchLoads++
+		m.stats.BatchKeys += uint64(len(misses))
+		for _, key := range misses {
+			if e := prev[key]; e.covers(m.now) {
+				m.stats.StaleOnError++
+				vals[key] = e.val
+			} else {
+				failed[key] = true
+			}
+		}
+		misses = nil
+	}
 	for _, b := range [][]string{misses, stale} {
 		if len(b) > 0 {
 			want = append(want, b)
@@ -260,12 +358,12 @@ func (m *model) getMany(keys []string, o outcome, seen []batchCall) (vals map[st
 		matched = matched && slices.ContainsFunc(seen, func(c batchCall) bool { return slices.Equal(c.keys, w) })
 	}
 	if !matched {
-		return nil, nil, fmt.Errorf("LoadMany calls %v; model expects one for the misses %v and one for the stale keys %v", seen, misses, stale)
+		return nil, nil, false, fmt.Errorf("LoadMany calls %v; model expects one for the misses %v and one for the stale keys %v", seen, misses, stale)
 	}
 	for _, c := range seen {
 		m.calls++
 		if c.n != m.calls {
-			return nil, nil, fmt.Errorf("LoadMany call numbered %d; model says %d", c.n, m.calls)
+			return nil, nil, false, fmt.Errorf("LoadMany call numbered %d; model says %d", c.n, m.calls)
 		}
 		m.stats.Loads++
 		m.stats.BatchLoads++
@@ -303,7 +401,7 @@ func (m *model) getMany(keys []string, o outcome, seen []batchCall) (vals map[st
 			}
 		}
 	}
-	return vals, failed, nil
+	return vals, failed, limited, nil
 }
 
 // peek predicts a Peek of key.
@@ -324,11 +422,12 @@ func (m *model) peek(key string) (string, Source, time.Duration, bool) {
 
 // left amends a prediction of get for a Get that left with its context's
 // error before the load it waited for ended: it is counted as Canceled, not
-// by how the load ended, and under CancelAtZero the load was abandoned, so
-// key keeps the entry it had before (prev).
-func (m *model) left(key string, prev *modelEntry, o outcome, policy Policy) {
+// by how the load ended (covered: get predicted a stale value covering the
+// load's failure, SourceStaleOnError), and under CancelAtZero the load was
+// abandoned, so key keeps the entry it had before (prev).
+func (m *model) left(key string, prev *modelEntry, covered bool, policy Policy) {
 	m.stats.Canceled++
-	if prev.covers(m.now) && o != succeed && o != notFound {
+	if covered {
 		m.stats.StaleOnError-- // predicted for a Get that stayed
 	}
 	if policy != CancelAtZero {
@@ -342,24 +441,40 @@ func (m *model) left(key string, prev *modelEntry, o outcome, policy Policy) {
 	}
 }
 
-// modelInput splits a fuzz input into the Policy (the last byte of an input
-// of odd length) and the operations, at most maxOps pairs of bytes.
-func modelInput(data []byte, maxOps int) (Policy, []byte) {
-	policy := FinishAndFill
+// modelInput splits a fuzz input into the Policy and the Limit (the last
+// byte of an input of odd length) and the operations, at most maxOps pairs
+// of bytes.
+func modelInput(data []byte, maxOps int) (Policy, Limit, []byte) {
+	policy, limit := FinishAndFill, Limit{}
 	if len(data)%2 == 1 {
-		policy = Policy(data[len(data)-1] % 2)
+		c := data[len(data)-1]
+		policy, limit = Policy(c%2), modelLimits[c/2%byte(len(modelLimits))]
 		data = data[:len(data)-1]
 	}
-	return policy, data[:min(len(data), 2*maxOps)]
+	return policy, limit, data[:min(len(data), 2*maxOps)]
 }
 
-func runModel(t *testing.T, policy Policy, ops []byte) {
+// modelHolders is how many loads the hold operation starts: with a Limit,
+// enough to hold every slot and fill the queue.
+func modelHolders(limit Limit) int {
+	if !limit.enabled() {
+		return 2
+	}
+	return limit.MaxLoads + limit.MaxQueue
+}
+
+func runModel(t *testing.T, policy Policy, limit Limit, ops []byte) {
 	synctest.Test(t, func(t *testing.T) {
-		m := &model{entries: map[string]*modelEntry{}}
+		m := &model{entries: map[string]*modelEntry{}, bound: limit.MaxLoads}
 		var next outcome
 		var mu sync.Mutex // the two LoadMany calls of a GetMany may run at once
 		var calls int
 		var batches []batchCall
+		// The hold operation's loads (keys "h<hold>.<i>", never asked for
+		// otherwise) wait on gate; they are not the model's calls.
+		var gate chan struct{}
+		var holderCalls, holds int
+		var holders []<-chan result
 		loadMany := func(ctx context.Context, keys []string) (map[string]string, error) {
 			mu.Lock()
 			calls++
@@ -382,6 +497,17 @@ func runModel(t *testing.T, policy Policy, ops []byte) {
 		}
 		l, err := New(func(ctx context.Context, key string) (string, error) {
 			mu.Lock()
+			if strings.HasPrefix(key, "h") {
+				holderCalls++
+				g := gate
+				mu.Unlock()
+				select {
+				case <-g:
+					return key, nil
+				case <-ctx.Done():
+					return "", ctx.Err()
+				}
+			}
 			calls++
 			n := calls
 			mu.Unlock()
@@ -397,10 +523,12 @@ func runModel(t *testing.T, policy Policy, ops []byte) {
 		}, Options[string, string]{
 			LoadMany: loadMany,
 			TTL:      modelTTL, StaleWhileRevalidate: modelSWR, StaleIfError: modelSIE, NotFoundTTL: modelNotFound,
-			Freshness: modelFreshness,
-			Policy:    policy,
-			Retry:     Retry{InitialInterval: 1, MaxInterval: 1},
-			Breaker:   Breaker{Disabled: true},
+			Freshness:   modelFreshness,
+			Policy:      policy,
+			Retry:       Retry{InitialInterval: 1, MaxInterval: 1},
+			Breaker:     Breaker{Disabled: true},
+			Limit:       limit,
+			LoadTimeout: time.Hour, // the hold operation's loads outlast any input
 		})
 		if err != nil {
 			t.Fatal(err)
@@ -409,8 +537,35 @@ func runModel(t *testing.T, policy Policy, ops []byte) {
 		loc := local[string, string]{l} // what a RemoteWatcher is given
 		start := time.Now()
 		var revalidations uint64
+		// hold starts the hold operation's loads and waits until they hold
+		// their slots or wait in the queue; release lets them go and checks
+		// that each Get had its value.
+		hold := func() {
+			mu.Lock()
+			gate = make(chan struct{})
+			mu.Unlock()
+			holds++
+			for j := range modelHolders(limit) {
+				holders = append(holders, getAsync(t.Context(), l, fmt.Sprintf("h%d.%d", holds, j)))
+				synctest.Wait() // in order: the first ones take the slots
+			}
+			m.stats.Gets += uint64(len(holders))
+			m.stats.Misses += uint64(len(holders))
+			m.held = true
+		}
+		release := func(op int) {
+			close(gate)
+			for _, h := range holders {
+				if r := <-h; r.err != nil || !strings.HasPrefix(r.v, "h") {
+					t.Fatalf("op %d: a held load's Get = %q, %v; want its value", op, r.v, r.err)
+				}
+			}
+			synctest.Wait()
+			m.stats.Loads += uint64(len(holders))
+			holders, m.held = nil, false
+		}
 		for i := 0; i+1 < len(ops); i += 2 {
-			op, arg := ops[i]%13, ops[i+1]
+			op, arg := ops[i]%14, ops[i+1]
 			key := fmt.Sprint("k", arg%3)
 			next = outcome(arg / 3 % 4)
 			m.now = time.Since(start)
@@ -426,14 +581,14 @@ func runModel(t *testing.T, policy Policy, ops []byte) {
 				wv, ws, wage, werr := m.get(key, next)
 				v, info, err := l.GetInfo(ctx, key)
 				synctest.Wait() // background refreshes and abandoned loads finish
-				if op == 1 && errors.Is(err, context.Canceled) && ws != SourceHit && ws != SourceStale {
+				if op == 1 && errors.Is(err, context.Canceled) && ws != SourceHit && ws != SourceStale && ws != SourceStaleLimited {
 					// Left before the result: allowed. The load was called
 					// either way; whether it filled depends on the Policy.
 					if info.Source != SourceNone || v != "" {
 						t.Fatalf("op %d at %v: Get(%q) with a cancelled context = %q, %v, %v; want no value and Source none",
 							i/2, m.now, key, v, info.Source, err)
 					}
-					m.left(key, prev, next, policy)
+					m.left(key, prev, ws == SourceStaleOnError, policy)
 					break
 				}
 				var pe *PanicError
@@ -474,7 +629,7 @@ func runModel(t *testing.T, policy Policy, ops []byte) {
 				seenBefore := len(batches)
 				got, err := l.GetMany(t.Context(), append(keys, keys[0]))
 				synctest.Wait() // the refreshes finish
-				wv, wfailed, merr := m.getMany(keys, next, batches[seenBefore:])
+				wv, wfailed, wlimited, merr := m.getMany(keys, next, batches[seenBefore:])
 				if merr != nil {
 					t.Fatalf("op %d at %v: GetMany(%v) with outcome %d: %v", i/2, m.now, keys, next, merr)
 				}
@@ -483,6 +638,9 @@ func runModel(t *testing.T, policy Policy, ops []byte) {
 					for k := range me.Errs {
 						if !wfailed[k] {
 							t.Fatalf("op %d at %v: GetMany(%v): %q failed (%v); model says it did not", i/2, m.now, keys, k, me.Errs[k])
+						}
+						if wlimited && !errors.Is(me.Errs[k], ErrLimited) {
+							t.Fatalf("op %d at %v: GetMany(%v): %q failed with %v; model says ErrLimited", i/2, m.now, keys, k, me.Errs[k])
 						}
 					}
 				} else if err != nil {
@@ -508,6 +666,12 @@ func runModel(t *testing.T, policy Policy, ops []byte) {
 				l.InvalidateAll()
 				clear(m.entries)
 				m.stats.InvalidateAlls++
+			case 13: // hold every downstream slot and the queue, or let them go (rule 22)
+				if holders == nil {
+					hold()
+				} else {
+					release(i / 2)
+				}
 			case 9: // Peek
 				wv, ws, wage, wok := m.peek(key)
 				v, info, ok := l.Peek(key)
@@ -523,8 +687,17 @@ func runModel(t *testing.T, policy Policy, ops []byte) {
 				t.Fatalf("op %d: %d downstream calls; model says %d", i/2, calls, m.calls)
 			}
 		}
+		if holders != nil {
+			release(len(ops) / 2)
+		}
 		synctest.Wait()
+		if want := holds * modelHolders(limit); holderCalls != want {
+			t.Errorf("%d calls of the held loads; want %d", holderCalls, want)
+		}
 		s := l.Stats()
+		if s.LoadLimit != int64(limit.MaxLoads) || s.QueuedLoads != 0 {
+			t.Errorf("LoadLimit %d, QueuedLoads %d; want %d, 0", s.LoadLimit, s.QueuedLoads, limit.MaxLoads)
+		}
 		if s.Gets != s.Hits+s.StaleHits+s.Misses+s.Closed || s.InFlight != 0 || s.Waiting != 0 {
 			t.Errorf("Stats do not add up: %+v", s)
 		}
@@ -536,13 +709,14 @@ func runModel(t *testing.T, policy Policy, ops []byte) {
 			BatchLoads: s.BatchLoads, BatchKeys: s.BatchKeys, Peeks: s.Peeks,
 			RemoteDrops: s.RemoteDrops, Distrusts: s.Distrusts, Rereads: s.Rereads,
 			InvalidateAlls: s.InvalidateAlls,
+			Limited:        s.Limited, StaleLimited: s.StaleLimited, RefreshesLimited: s.RefreshesLimited,
 		}
 		m.stats.Revalidations = 0 // counted apart, checked below
 		if s.Revalidations != revalidations {
 			t.Errorf("Stats.Revalidations = %d; want %d", s.Revalidations, revalidations)
 		}
 		if got != m.stats {
-			t.Errorf("%v: Stats = %+v;\nmodel says %+v", policy, got, m.stats)
+			t.Errorf("%v, Limit %+v: Stats = %+v;\nmodel says %+v", policy, limit, got, m.stats)
 		}
 	})
 }
@@ -567,8 +741,22 @@ func FuzzModel(f *testing.F) {
 	// InvalidateAll (12) over hits, stale and distrusted keys and a pending
 	// not-found, then Gets, GetMany, Peek and Refresh of the keys.
 	f.Add([]byte{0, 0, 0, 1, 0, 11, 4, 19, 12, 0, 9, 0, 0, 0, 8, 6, 11, 0, 12, 0, 0, 1, 6, 2, 12, 0, 0, 2})
+	// With a Limit (the last byte: 2 is MaxLoads 1, 3 the same under
+	// CancelAtZero, 5 the adaptive bound under CancelAtZero), rule 22: the
+	// hold operation (13) held over a stale-limited Get, a miss and a
+	// cancelled one failing with ErrLimited, a revalidating Get it covers, a
+	// dropped Refresh, a limited GetMany and a Peek; then released.
+	f.Add([]byte{0, 0, 13, 0, 4, 6, 0, 0, 0, 1, 1, 1, 7, 0, 6, 2, 8, 6, 9, 0, 13, 0, 0, 1, 0, 2, 2})
+	// A GetMany whose refresh takes the one slot: its key within
+	// StaleIfError is answered stale-limited (with a bound of 2, loaded).
+	f.Add([]byte{2, 0, 4, 12, 0, 1, 4, 6, 8, 2, 0, 0, 2})
+	f.Add([]byte{2, 0, 4, 12, 0, 1, 4, 6, 8, 2, 0, 0, 5})
+	// Held: a GetMany of a stale key (its refresh dropped), one within
+	// StaleIfError and a miss; a Distrust, then rereads that ErrLimited
+	// fails and the held copies cover, cancelled ones too.
+	f.Add([]byte{2, 0, 4, 12, 0, 1, 4, 6, 13, 0, 8, 6, 1, 2, 0, 0, 11, 0, 0, 1, 1, 0, 13, 0, 0, 0, 3})
 	f.Fuzz(func(t *testing.T, data []byte) {
-		policy, ops := modelInput(data, 200)
-		runModel(t, policy, ops)
+		policy, limit, ops := modelInput(data, 200)
+		runModel(t, policy, limit, ops)
 	})
 }

@@ -3,7 +3,7 @@
 //
 // Usage, from the bench directory:
 //
-//	go run ./cmd/report [-o ../docs/benchmarks.md] [-wall results/wall] [-notes findings.md] [-before results/before.txt] results/raw.txt
+//	go run ./cmd/report [-o ../docs/benchmarks.md] [-wall results/wall] [-storm results/storm] [-notes findings.md] [-before results/before.txt] results/raw.txt
 //
 // With -before, the report opens its results with a before → after
 // section: the same benchmarks on an earlier core (the runs in that file)
@@ -20,6 +20,15 @@
 // waited on it and their wait spans, linked to it (see trace.go):
 //
 //	go run ./cmd/report trace [-o ../docs/img/trace.svg] [-requests 12] spans.jsonl
+//
+// The storm subcommand reads part f of the burst example, a storm of many
+// cold keys (`go run ./examples/burst -only f -json`, one file per run),
+// and writes the chart of its median run (the adaptive bound over time,
+// the calls the downstream serves at once, the loads queued) or, with
+// -table, the Markdown table of the runs (see storm.go); the report itself
+// includes both when -storm names a directory of such files:
+//
+//	go run ./cmd/report storm [-o storm.svg] [-table] run1.json [run2.json ...]
 package main
 
 import (
@@ -40,8 +49,15 @@ func main() {
 		}
 		return
 	}
+	if len(os.Args) > 1 && os.Args[1] == "storm" {
+		if err := stormMain(os.Args[2:], os.Stdout); err != nil {
+			log.Fatal(err)
+		}
+		return
+	}
 	out := flag.String("o", "../docs/benchmarks.md", "the Markdown report to write; charts go to a directory of the same name without .md")
 	wallDir := flag.String("wall", "results/wall", "directory of the expiry-wall traces written by -walltrace")
+	stormDir := flag.String("storm", "results/storm", "directory of examples/burst -only f -json runs, for the storm section (skipped if empty)")
 	notes := flag.String("notes", "findings.md", "Markdown appended to the report as the findings section (skipped if missing)")
 	beforeRaw := flag.String("before", "", "raw output of the same benchmarks on the earlier core, for the before → after section (optional)")
 	flag.Usage = func() {
@@ -71,7 +87,7 @@ func main() {
 	if err := os.MkdirAll(chartDir, 0o755); err != nil {
 		log.Fatal(err)
 	}
-	r := &report{res: res, chartRel: filepath.Base(chartDir), wallDir: *wallDir}
+	r := &report{res: res, chartRel: filepath.Base(chartDir), wallDir: *wallDir, stormDir: *stormDir}
 	if *beforeRaw != "" {
 		f, err := os.Open(*beforeRaw)
 		if err != nil {

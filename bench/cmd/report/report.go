@@ -30,6 +30,7 @@ type report struct {
 	before   *results // the earlier core's runs, for the before → after section; nil: none
 	chartRel string   // the charts' directory, relative to the report
 	wallDir  string
+	stormDir string // part f runs of examples/burst (-json), for the storm section; none: no section
 	w        strings.Builder
 	goals    []goal
 }
@@ -56,6 +57,7 @@ func (r *report) build() map[string]string {
 	r.getManySection()
 	r.memorySection()
 	r.scaleSection()
+	r.stormSection(charts)
 	body := r.w.String()
 	r.w.Reset()
 	r.header()
