@@ -252,6 +252,7 @@ func TestObserverSeesRefreshAndReload(t *testing.T) {
 		if _, err := l.Get(context.Background(), "k"); err != nil {
 			t.Fatal(err)
 		}
+		synctest.Wait() // the Get's load has had its LoadEnd
 		l.Refresh(asCaller("refresh"), "k")
 		synctest.Wait()
 		if s, e, w := rec.counts(); s != 2 || e != 2 || w != 1 {
