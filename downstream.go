@@ -169,7 +169,9 @@ func (l *Loader[K, V]) admit(ctx context.Context, t *tally) (slot, error) {
 	}
 	if l.breakerOpen() {
 		l.stats.breakerRejected.Add(1)
-		return slot{}, breakerOpen(gobreaker.ErrOpenState)
+		err := breakerOpen(gobreaker.ErrOpenState)
+		l.attempted(ctx, AttemptEvent[K]{Attempt: int(t.calls) + 1, Err: err, Rejected: true})
+		return slot{}, err
 	}
 	waited := false
 	s, queued, err := l.lim.acquire(ctx, func() {
