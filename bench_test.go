@@ -113,6 +113,57 @@ func BenchmarkGetHit(b *testing.B) {
 	}
 }
 
+// BenchmarkGetHitLimitPaired measures what BenchmarkGetHit's rows with a
+// Limit are for, paired: on a shared machine two runs a minute apart
+// differ by a third, far more than the 2% a Limit may cost a hit. Four
+// Loaders (no Limit; MaxLoads 50; Adaptive; no Limit again, the control)
+// take turns, each op a round in which each makes hitPairChunk Gets of
+// the trace, in an order that rotates from round to round; a round's
+// ratio is a Loader's time over the first's. It reports the median of
+// the rounds' ratios (ns/op is a whole round). none/none, two Loaders
+// alike, is the spread between instances (where their memory lies, what
+// their caches hold): a Limit costs a hit something only if its ratio
+// stands beyond that one, run after run.
+//
+//	go test -run '^$' -bench GetHitLimitPaired -benchtime 2000x .
+func BenchmarkGetHitLimitPaired(b *testing.B) {
+	trace := zipfTrace(1 << 16)
+	ctx := context.Background()
+	ls := []*Loader[string, string]{
+		newBenchLoader(b, Options[string, string]{}),
+		newBenchLoader(b, Options[string, string]{Limit: Limit{MaxLoads: 50}}),
+		newBenchLoader(b, Options[string, string]{Limit: Limit{Adaptive: true}}),
+		newBenchLoader(b, Options[string, string]{}),
+	}
+	var ratios [3][]float64
+	round := 0
+	for b.Loop() {
+		var took [4]time.Duration
+		for j := range ls {
+			k := (j + round) % len(ls)
+			off := (round*len(ls) + k) * hitPairChunk
+			t0 := time.Now()
+			for i := range hitPairChunk {
+				ls[k].Get(ctx, benchNames[trace[(off+i)&(len(trace)-1)]])
+			}
+			took[k] = time.Since(t0)
+		}
+		for i := range ratios {
+			ratios[i] = append(ratios[i], float64(took[i+1])/float64(took[0]))
+		}
+		round++
+	}
+	for i, unit := range []string{"maxloads50/none", "adaptive/none", "none/none"} {
+		s := slices.Sorted(slices.Values(ratios[i]))
+		b.ReportMetric(s[len(s)/2], unit)
+	}
+}
+
+// hitPairChunk is the Gets each Loader makes per round of
+// BenchmarkGetHitLimitPaired: long enough to time, short enough that the
+// machine's load changes little within a round.
+const hitPairChunk = 8192
+
 // loaderHits is BenchmarkGetHit's flightcache case: Gets of the keys in
 // trace on a Loader made with opts, every key cached, serially or from
 // b.RunParallel's goroutines.

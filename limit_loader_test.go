@@ -12,7 +12,9 @@ import (
 )
 
 // The tests of docs/design.md rule 22 through a Loader: each runs in a
-// synctest bubble, so queues and MaxWait run in virtual time.
+// synctest bubble, so queues and MaxWait run in virtual time (but for the
+// hits that TestLimitHitAllocatesNothing counts allocations of, which need
+// no time at all).
 
 // holdSlot starts a Get of key on l whose load waits on d's gate, and
 // waits until it holds its downstream slot.
