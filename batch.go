@@ -271,8 +271,8 @@ func (l *Loader[K, V]) getMany(ctx context.Context, keys []K, withInfo bool) (ma
 	// The caller's context is user code: read before anything is counted
 	// or published (rule 23).
 	cl := callerOf(ctx, revalidating(ctx))
-	in, ok := l.enterGet(uint64(len(ks)))
-	if !ok {
+	var in gets
+	if !l.enterGet(&in, uint64(len(ks))) {
 		return nil, nil, ErrClosed
 	}
 	defer l.exitGet(&in)
@@ -280,7 +280,7 @@ func (l *Loader[K, V]) getMany(ctx context.Context, keys []K, withInfo bool) (ma
 	bs, now := l.newBatches(), l.now()
 	waits := ks[:0]
 	for _, k := range ks {
-		r := request[K, V]{key: k.key, h: k.h, ctx: ctx, cl: cl, read: true, s: in.s, start: now, many: bs}
+		r := request[K, V]{key: k.key, h: k.h, cl: cl, s: in.s, start: now, many: bs}
 		var answered bool
 		if k.j, answered = l.askOne(&r, &in, &res); !answered {
 			waits = append(waits, k)
@@ -289,7 +289,7 @@ func (l *Loader[K, V]) getMany(ctx context.Context, keys []K, withInfo bool) (ma
 	bs.launch(in.s)
 	var left []manyLeft[K, V] // the waits ctx ended, for the Observer once ctx.Err() is read
 	for _, k := range waits {
-		r := request[K, V]{key: k.key, h: k.h, ctx: ctx, cl: cl, read: true, s: in.s, start: now}
+		r := request[K, V]{key: k.key, h: k.h, cl: cl, s: in.s, start: now}
 		a := l.collect(&r, k.j)
 		in.answer(a.outcome())
 		res.add(k.key, a)
@@ -321,7 +321,7 @@ type manyLeft[K comparable, V any] struct {
 // else it returns the load r joined (or started), for collect.
 func (l *Loader[K, V]) askOne(r *request[K, V], in *gets, res *manyResult[K, V]) (j joined[K, V], answered bool) {
 	r.g = l.flights.glance(r.h, r.key)
-	if src := l.judge(r, r.g.e, r.start); src != SourceNone {
+	if src := l.judge(&r.cl, r.g.e, r.start); src != SourceNone {
 		v, info, err := l.serve(r, r.g.e, src)
 		in.answer(src)
 		res.add(r.key, answer[V]{v: v, info: info, nf: r.g.e.isNotFound(), err: err})

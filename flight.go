@@ -250,7 +250,7 @@ func (f *flights[K, V]) join(r *request[K, V]) joined[K, V] {
 func (f *flights[K, V]) joinLocked(sh *shard[K, V], seen glance[K, V], r *request[K, V]) (j joined[K, V], launch bool) {
 	l := f.l
 	cur, c := f.current(sh, r.key, seen)
-	if src := l.judge(r, cur, r.start); src != SourceNone {
+	if src := l.judge(&r.cl, cur, r.start); src != SourceNone {
 		return joined[K, V]{e: cur, src: src}, false
 	}
 	reread := cur != nil && !r.cl.revalidate && l.distrusted(cur) // rule 18

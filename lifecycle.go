@@ -116,24 +116,25 @@ func (g *gets) answer(src Source) {
 	}
 }
 
-// enterGet lets n Gets in: a Get, or the keys of a GetMany. It returns
-// false (the Gets counted out as closed) after Close. A call it lets in
-// defers exitGet at once.
-func (l *Loader[K, V]) enterGet(n uint64) (gets, bool) {
+// enterGet lets n Gets in, into g: a Get, or the keys of a GetMany. It
+// returns false (the Gets counted out as closed) after Close. A call it
+// lets in defers exitGet(g) at once.
+func (l *Loader[K, V]) enterGet(g *gets, n uint64) bool {
 	if l.closed.Load() {
 		// Refused at the door, off the stripes: a stream of refused Gets
 		// must not keep Close checking them.
 		l.stats.closedEarly.Add(n)
-		return gets{}, false
+		return false
 	}
 	s := l.stats.acquire()
 	s.gets.Add(n)
 	if l.closed.Load() { // Close began between the two checks
 		s.closed.Add(n)
 		l.release(s)
-		return gets{}, false
+		return false
 	}
-	return gets{s: s, n: n}, true
+	g.s, g.n = s, n
+	return true
 }
 
 // exitGet counts out the Gets g let in, and gives its stripe back. It is

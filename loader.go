@@ -261,29 +261,32 @@ func (l *Loader[K, V]) GetInfo(ctx context.Context, key K) (v V, info Info, err 
 	// The caller's context is user code (rule 23): the hit path reads
 	// WithRevalidate from it, before counting in, and nothing else (not
 	// Done: a cancel context makes its channel on the first call); the
-	// other paths read the rest once (request.who) before they start or
-	// join anything.
-	r := request[K, V]{key: key, h: h, ctx: ctx}
-	r.cl.revalidate = revalidating(ctx)
-	in, ok := l.enterGet(1)
-	if !ok {
+	// other paths read the rest once (caller.full) before they start or
+	// join anything. A hit builds no request unless a refresh is due: it
+	// is serve, on the Get's own variables.
+	cl := caller{ctx: ctx, revalidate: revalidating(ctx)}
+	var in gets
+	if !l.enterGet(&in, 1) {
 		return v, info, ErrClosed
 	}
 	defer l.exitGet(&in)
-	r.s, r.g = in.s, l.flights.glance(h, key)
-	r.start = l.now()
-	if src := l.judge(&r, r.g.e, r.start); src != SourceNone {
+	g := l.flights.glance(h, key)
+	now := l.now()
+	if src := l.judge(&cl, g.e, now); src != SourceNone {
 		in.answer(src)
-		return l.serve(&r, r.g.e, src)
+		if e := g.e; now < e.refreshAt() {
+			return e.val, Info{Source: src, Age: now - e.loadedAt}, e.error()
+		}
+		return l.serve(&request[K, V]{key: key, h: h, cl: cl, s: in.s, g: g, start: now}, g.e, src)
 	}
-	start := r.start // a late answer moves r.start; the wait began here
+	r := request[K, V]{key: key, h: h, cl: cl, s: in.s, g: g, start: now}
 	a := l.wait(&r)
 	in.answer(a.outcome())
 	if a.err == errLeft {
 		a.err = ctx.Err()
 	}
 	if l.obs != nil {
-		l.waited(ctx, key, start, &a)
+		l.waited(ctx, key, now, &a) // the wait began at now: a late answer moves r.start
 	}
 	return a.v, a.info, a.err
 }
@@ -294,55 +297,47 @@ func (l *Loader[K, V]) GetInfo(ctx context.Context, key K) (v V, info Info, err 
 type request[K comparable, V any] struct {
 	key   K
 	h     uint64
-	ctx   context.Context
-	cl    caller         // read from ctx once, on first need (who); revalidate is set before
-	read  bool           // cl is read
+	cl    caller         // read from its ctx once, on first need (who); revalidate is set before
 	s     *stripe        // the stripe the Get is counted on: a load it starts is counted in there
 	g     glance[K, V]   // what the Get saw of key in the cache
 	start time.Duration  // when it looked: its waits and ages count from here
 	many  *batches[K, V] // the GetMany it belongs to, if batched: where its loads and refreshes go
 }
 
-// who returns r's caller, reading its context the first time. No lock is
-// held when it first runs: wait and GetMany read it before they join.
-func (r *request[K, V]) who() *caller {
-	if !r.read {
-		r.cl = callerOf(r.ctx, r.cl.revalidate)
-		r.read = true
-	}
-	return &r.cl
-}
+// who returns r's caller, reading its context the first time
+// (caller.full).
+func (r *request[K, V]) who() *caller { return r.cl.full() }
 
 // judge is the read decision, the one place that says how a key's value
-// answers a Get: e is the key's entry as r found it (in the cache, or in a
+// answers a Get: e is the key's entry as cl's Get found it (in the cache, or in a
 // write on its way there; nil: none). It returns SourceHit for a fresh
 // value (or a cached not-found), SourceStale for one stale within
 // StaleWhileRevalidate that r's caller accepts, and SourceNone when r must
-// wait for a load: nothing held, r revalidates (rule 14), the fleet wrote
-// the key since (rule 18), or the value is past what r accepts. It reads
-// nothing but e, the clock value now and r's caller, so it may run under a
-// shard lock (join), where r's caller is read already.
-func (l *Loader[K, V]) judge(r *request[K, V], e *entry[K, V], now time.Duration) Source {
+// wait for a load: nothing held, cl revalidates (rule 14), the fleet wrote
+// the key since (rule 18), or the value is past what cl accepts. It reads
+// nothing but e, the clock value now and cl, so it may run under a shard
+// lock (join), where cl is read already.
+func (l *Loader[K, V]) judge(cl *caller, e *entry[K, V], now time.Duration) Source {
 	switch {
-	case e == nil || r.cl.revalidate || l.distrusted(e):
+	case e == nil || cl.revalidate || l.distrusted(e):
 		return SourceNone
 	case now < e.freshUntil: // every window starts where freshness ends
 		return SourceHit
 	}
-	return l.judgeStale(r, e, now)
+	return l.judgeStale(cl, e, now)
 }
 
 // judgeStale is judge for a value past its freshness.
 // Within StaleIfError, while Options.Limit has no slot free, the value
 // answers at once (SourceStaleLimited, rule 22) rather than queue a load.
-func (l *Loader[K, V]) judgeStale(r *request[K, V], e *entry[K, V], now time.Duration) Source {
+func (l *Loader[K, V]) judgeStale(cl *caller, e *entry[K, V], now time.Duration) Source {
 	switch l.phase(e, now) {
 	case phaseStale:
-		if r.who().acceptsStale(e.freshUntil, now) {
+		if cl.full().acceptsStale(e.freshUntil, now) {
 			return SourceStale
 		}
 	case phaseStaleIfError:
-		if l.lim.full() && r.who().acceptsStale(e.freshUntil, now) {
+		if l.lim.full() && cl.full().acceptsStale(e.freshUntil, now) {
 			return SourceStaleLimited
 		}
 	}
@@ -611,7 +606,7 @@ func (l *Loader[K, V]) Refresh(ctx context.Context, key K) {
 	if err != nil || l.selfUnequal(key) {
 		return
 	}
-	r := request[K, V]{key: key, h: h, ctx: ctx}
+	r := request[K, V]{key: key, h: h, cl: caller{ctx: ctx}}
 	r.who() // user code: before counting in (rule 23)
 	s, open := l.enterOp()
 	if !open {
@@ -643,12 +638,12 @@ func (l *Loader[K, V]) Peek(key K) (v V, info Info, ok bool) {
 	if e == nil || e.isNotFound() {
 		return v, info, false
 	}
-	r := request[K, V]{read: true} // a caller that accepts any stale value the windows allow
+	cl := caller{read: true} // a caller that accepts any stale value the windows allow
 	now := l.now()
 	// Not a value judge answers stale-limited either: that one stands in
 	// for a load a Get would have queued for (rule 22), and a Peek starts
 	// none; past StaleWhileRevalidate it finds nothing (rule 16).
-	if src := l.judge(&r, e, now); src == SourceHit || src == SourceStale {
+	if src := l.judge(&cl, e, now); src == SourceHit || src == SourceStale {
 		return e.val, Info{Source: src, Age: now - e.loadedAt}, true
 	}
 	return v, info, false

@@ -40,14 +40,25 @@ type caller struct {
 	maxStale   time.Duration   // WithMaxStale's bound, if bounded
 	bounded    bool
 	revalidate bool // WithRevalidate: revalidating(ctx), which the hit path reads before counting in
+	read       bool // done, marker and the max-stale bound are read (callerOf)
 }
 
 // callerOf reads from ctx what a Get needs beyond revalidate, which the
 // caller has read already.
 func callerOf(ctx context.Context, revalidate bool) caller {
-	c := caller{ctx: ctx, revalidate: revalidate, marker: markerOf(ctx)}
+	c := caller{ctx: ctx, revalidate: revalidate, marker: markerOf(ctx), read: true}
 	c.maxStale, c.bounded = MaxStale(ctx)
 	c.done = ctx.Done()
+	return c
+}
+
+// full returns c with the rest of its context read, reading it the first
+// time (callerOf): a hit reads only revalidate. No lock is held when it
+// first runs: wait and GetMany read it before they join.
+func (c *caller) full() *caller {
+	if !c.read {
+		*c = callerOf(c.ctx, c.revalidate)
+	}
 	return c
 }
 
