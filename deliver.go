@@ -90,7 +90,7 @@ func (l *Loader[K, V]) entryOf(c *call[K, V], r *loaded[V], res *delivery[K, V],
 func (l *Loader[K, V]) deliver(c *call[K, V], r *loaded[V], res delivery[K, V], e *entry[K, V], cost int64) {
 	c.release()
 	if c.batch == nil { // a batch counts itself once (completeBatch)
-		l.loadEnded(res.err, c.background, c.limSlot)
+		l.loadEnded(res.err, c.background, l.backgroundSlot())
 	}
 	l.countReload(r)
 	if c.background && res.err != nil && c.from != nil {

@@ -101,15 +101,15 @@ type call[K comparable, V any] struct {
 	gen        uint32       // the fleet generation when it started: its entry's (fleet.go)
 	from       *entry[K, V] // the value held for the key when the load started (a refresh's, a Reload's old value), or nil
 	slot       *stripe      // the stripe the load goroutine is counted on (lifecycle)
-	limSlot    slot         // a background load's Limit slot (takeBackground), given back when it ends
 
-	// Guarded by the shard's mu.
+	// Guarded by the shard's mu (packed into two words: a call is
+	// allocated with every miss).
+	waiters   int32 // Gets waiting on the result now, the starter included
 	ready     bool  // the load goroutine has built lctx: it can be cancelled
-	cause     error // a cancellation asked for before that
-	waiters   int   // Gets waiting on the result now, the starter included
 	abandoned bool  // cancelled because every waiter left (CancelAtZero)
 	finished  bool  // the result is set: a leaving waiter takes it instead
 	notFound  bool  // the result's err is a not-found (Loader.notFound); set with it, read-only after done
+	cause     error // a cancellation asked for before that
 
 	// Written by finish before done is closed; read-only after.
 	val        V
@@ -338,7 +338,7 @@ func (f *flights[K, V]) start(sh *shard[K, V], r *request[K, V], n newLoad[K, V]
 		return nil, false
 	}
 	batched = n.into != nil && !n.into.full()
-	var held slot // a background load's Limit slot
+	var held slot // a background load's Limit slot: backgroundSlot, if not batched
 	if n.background && !(batched && n.into.slotted) {
 		var ok bool
 		if held, ok = l.takeBackground(); !ok {
@@ -363,7 +363,6 @@ func (f *flights[K, V]) start(sh *shard[K, V], r *request[K, V], n newLoad[K, V]
 	sh.loads[r.key] = c
 	grew(&sh.peakLoads, len(sh.loads))
 	if !batched {
-		c.limSlot = held
 		return c, false
 	}
 	if n.background && !n.into.slotted {
@@ -490,7 +489,7 @@ func (f *flights[K, V]) finish(c *call[K, V], r delivery[K, V], e *entry[K, V], 
 		c.val, c.err, c.loadedAt, c.freshUntil, c.fallback, c.notFound = r.val, r.err, r.loadedAt, r.freshUntil, r.fallback, r.notFound
 		c.ended = r.ended
 		c.finished = true // from here a leaving waiter takes the result: done is closed soon
-		callers = c.waiters
+		callers = int(c.waiters)
 	})
 	return callers, stored, opened, back, gone
 }

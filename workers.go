@@ -193,6 +193,11 @@ func (l *Loader[K, V]) takeBackground() (s slot, ok bool) {
 	return s, ok
 }
 
+// backgroundSlot is the Limit slot takeBackground took for a background
+// load, which its end gives back (loadEnded): every such slot is the same,
+// so a load keeps none of its own (a call is allocated with every miss).
+func (l *Loader[K, V]) backgroundSlot() slot { return slot{lm: l.lim, bg: true} }
+
 // loadEnded counts a load (a single key's, or a batch's LoadMany call) as
 // ended, before any of its waiters wakes, so that Stats read after a Get
 // returns include the load that answered it; a background load gives back
