@@ -60,6 +60,7 @@ func TestIsNotFound(t *testing.T) {
 						t.Errorf("Stats = %+v; want no hit, the breaker open after 6 failures", s)
 					}
 				}
+				synctest.Wait() // OnLoad runs after the waiters woke: let it
 				if evs := log.all(); len(evs) == 0 || evs[0].NotFound != tc.notFound {
 					t.Errorf("events = %+v; want the first with NotFound %v", evs, tc.notFound)
 				}
