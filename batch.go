@@ -23,9 +23,10 @@ import (
 //  1. Each distinct key is hashed (distinct); the caller's context is read
 //     (callerOf) and the keys are counted in (enterGet).
 //  2. Each key is asked as a Get asks (askOne): judge decides from its
-//     cached entry; a value it may return answers it at once (serve: a
-//     stale one, or one due an early refresh, joins the GetMany's
-//     background batch); else it is joined (ask → flights.join) with the
+//     cached entry; a value it may return answers it at once (without a
+//     request when no refresh is due, as in GetInfo; else serve: a stale
+//     one, or one due an early refresh, joins the GetMany's background
+//     batch); else it is joined (ask → flights.join) with the
 //     GetMany's open batch as the place for a load it starts (batches); a
 //     batch holds MaxBatch keys, then a new one opens. A key whose load is
 //     in flight is joined, not loaded again; a Reload of a value held goes
@@ -126,7 +127,10 @@ func (l *Loader[K, V]) runBatch(b *batch[K, V]) {
 		l.completeBatch(b, &out)
 	}()
 	l.takeLabels(b.leader.lctx.caller)
-	ctx := l.observeStart(&b.leader.lctx, &b.octx, LoadStartEvent[K]{Key: b.leader.key, Keys: len(keys), Background: b.background})
+	var ctx context.Context = &b.leader.lctx
+	if l.obs != nil {
+		ctx = l.observeStart(&b.leader.lctx, &b.octx, LoadStartEvent[K]{Key: b.leader.key, Keys: len(keys), Background: b.background})
+	}
 	rm, ok := l.opts.Remote.(RemoteMany[K, V])
 	if !ok {
 		out.m, out.err = l.loadMany(ctx, keys, &out.down)
@@ -277,19 +281,20 @@ func (l *Loader[K, V]) getMany(ctx context.Context, keys []K, withInfo bool) (ma
 	}
 	defer l.exitGet(&in)
 	res := newMany[K, V](len(ks), withInfo)
-	bs, now := l.newBatches(), l.now()
+	now := l.now()
+	asks := request[K, V]{cl: cl, s: in.s, start: now, many: l.newBatches()} // what each key's request shares
 	waits := ks[:0]
-	for _, k := range ks {
-		r := request[K, V]{key: k.key, h: k.h, cl: cl, s: in.s, start: now, many: bs}
-		var answered bool
-		if k.j, answered = l.askOne(&r, &in, &res); !answered {
-			waits = append(waits, k)
+	for i := range ks {
+		if !l.askOne(&ks[i], &asks, &in, &res) {
+			waits = append(waits, ks[i])
 		}
 	}
-	bs.launch(in.s)
+	asks.many.launch(in.s)
 	var left []manyLeft[K, V] // the waits ctx ended, for the Observer once ctx.Err() is read
-	for _, k := range waits {
-		r := request[K, V]{key: k.key, h: k.h, cl: cl, s: in.s, start: now}
+	for i := range waits {
+		k := &waits[i]
+		r := asks
+		r.key, r.h, r.many = k.key, k.h, nil
 		a := l.collect(&r, k.j)
 		in.answer(a.outcome())
 		res.add(k.key, a)
@@ -316,31 +321,41 @@ type manyLeft[K comparable, V any] struct {
 	a   answer[V]
 }
 
-// askOne takes r, a GetMany's key, as far as a Get would before it waits:
-// answered from the cache, or from a value a write left, it reports true;
-// else it returns the load r joined (or started), for collect.
-func (l *Loader[K, V]) askOne(r *request[K, V], in *gets, res *manyResult[K, V]) (j joined[K, V], answered bool) {
-	r.g = l.flights.glance(r.h, r.key)
-	if src := l.judge(&r.cl, r.g.e, r.start); src != SourceNone {
-		v, info, err := l.serve(r, r.g.e, src)
+// askOne takes k, a GetMany's key, as far as a Get would before it waits,
+// with a request that is asks for k: answered from the cache, or from a
+// value a write left, it reports true; else it keeps the load it joined
+// (or started) in k.j, for collect. As in GetInfo, a value that answers
+// with no refresh due is served without building a request.
+func (l *Loader[K, V]) askOne(k *manyKey[K, V], asks *request[K, V], in *gets, res *manyResult[K, V]) bool {
+	g := l.flights.glance(k.h, k.key)
+	src := l.judge(&asks.cl, g.e, asks.start)
+	if src != SourceNone && asks.start < g.e.refreshAt() {
 		in.answer(src)
-		res.add(r.key, answer[V]{v: v, info: info, nf: r.g.e.isNotFound(), err: err})
-		return j, true
+		res.hit(k.key, g.e, Info{Source: src, Age: asks.start - g.e.loadedAt})
+		return true
+	}
+	r := *asks
+	r.key, r.h, r.g = k.key, k.h, g
+	if src != SourceNone {
+		v, info, err := l.serve(&r, g.e, src)
+		in.answer(src)
+		res.add(k.key, answer[V]{v: v, info: info, nf: g.e.isNotFound(), err: err})
+		return true
 	}
 	r.many.open()
-	if j = l.ask(r); j.e != nil {
-		a := l.late(r, j, false)
+	if k.j = l.ask(&r); k.j.e != nil {
+		a := l.late(&r, k.j, false)
 		in.answer(a.outcome())
-		res.add(r.key, a)
-		return j, true
+		res.add(k.key, a)
+		return true
 	}
-	if j.c != nil {
+	if k.j.c != nil {
 		// The GetMany waits on all of its keys' loads from now on, though
 		// it reads their results in turn.
 		l.stats.waiting.Add(1)
-		j.counted = true
+		k.j.counted = true
 	}
-	return j, false
+	return false
 }
 
 // manyKey is one distinct key of a GetMany, with its hash and what its
@@ -404,6 +419,17 @@ func newMany[K comparable, V any](n int, withInfo bool) manyResult[K, V] {
 		m.infos = make(map[K]Info, n)
 	}
 	return m
+}
+
+// hit records key's answer from e, a cached entry that answers it with
+// info: its value, or nothing for a cached not-found.
+func (m *manyResult[K, V]) hit(key K, e *entry[K, V], info Info) {
+	if m.infos != nil {
+		m.infos[key] = info
+	}
+	if !e.isNotFound() {
+		m.vals[key] = e.val
+	}
 }
 
 // add records key's answer: its value, nothing for a not-found

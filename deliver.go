@@ -32,7 +32,7 @@ func (l *Loader[K, V]) complete(c *call[K, V], r *loaded[V]) {
 		r.nf = l.notFoundOr(r.err, func() {
 			var zero V
 			res.val = zero
-			l.deliver(c, r, res, nil, 0)
+			l.deliver(c, r, &res, nil, 0)
 		})
 		r.judged = true
 	}
@@ -49,7 +49,7 @@ func (l *Loader[K, V]) complete(c *call[K, V], r *loaded[V]) {
 		at := now - max(time.Since(fb.LoadedAt), 0)
 		res.fallback = &entry[K, V]{key: c.key, val: fb.Value, loadedAt: at, freshUntil: addSat(at, shortest)}
 	}
-	l.deliver(c, r, res, e, cost)
+	l.deliver(c, r, &res, e, cost)
 }
 
 // entryOf builds the entry c's result leaves in the cache, if any, with
@@ -61,7 +61,7 @@ func (l *Loader[K, V]) complete(c *call[K, V], r *loaded[V]) {
 func (l *Loader[K, V]) entryOf(c *call[K, V], r *loaded[V], res *delivery[K, V], now time.Duration) (e *entry[K, V], cost int64) {
 	switch {
 	case r.err == nil:
-		onGoexit := func() { l.deliver(c, r, *res, nil, 0) }
+		onGoexit := func() { l.deliver(c, r, res, nil, 0) }
 		life, keep := l.lifeOf(c.key, r.val, onGoexit)
 		e = l.newEntry(c.key, r.val, life, born{at: res.loadedAt, took: r.took, gen: c.gen})
 		cost = 1
@@ -87,7 +87,7 @@ func (l *Loader[K, V]) entryOf(c *call[K, V], r *loaded[V], res *delivery[K, V],
 }
 
 // deliver hands res to c's waiters, e to the cache, and reports the load.
-func (l *Loader[K, V]) deliver(c *call[K, V], r *loaded[V], res delivery[K, V], e *entry[K, V], cost int64) {
+func (l *Loader[K, V]) deliver(c *call[K, V], r *loaded[V], res *delivery[K, V], e *entry[K, V], cost int64) {
 	c.release()
 	if c.batch == nil { // a batch counts itself once (completeBatch)
 		l.loadEnded(res.err, c.background, l.backgroundSlot())
@@ -116,7 +116,7 @@ func (l *Loader[K, V]) deliver(c *call[K, V], r *loaded[V], res delivery[K, V], 
 		// The batch's goroutine reports the batch once (completeBatch).
 		b.callers += callers
 		b.stored = b.stored || stored
-		if left.gone != nil || left.big > 0 {
+		if left.any() {
 			b.left = append(b.left, left)
 		}
 		close(c.done)
@@ -134,7 +134,9 @@ func (l *Loader[K, V]) deliver(c *call[K, V], r *loaded[V], res delivery[K, V], 
 			Reload: r.reload, NotModified: r.notMod, Keys: 1, Queued: r.down.queued,
 		})
 	}
-	l.depart(left)
+	if left.any() {
+		l.depart(left)
+	}
 }
 
 // countReload counts a load that called Options.Reload, and its
@@ -168,6 +170,9 @@ type departure[K comparable, V any] struct {
 	gone *entry[K, V] // replaced; nil: none
 	big  int64        // the value's cost, too big to be cached (tooBig); 0: not
 }
+
+// any reports whether d has something to report.
+func (d *departure[K, V]) any() bool { return d.gone != nil || d.big > 0 }
 
 // depart reports d.
 func (l *Loader[K, V]) depart(d departure[K, V]) {

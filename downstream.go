@@ -126,11 +126,13 @@ func (l *Loader[K, V]) loadMany(ctx context.Context, keys []K, t *tally) (map[K]
 // LoadMany's) with retries and the breaker, under ctx, holding a slot of
 // Options.Limit for all its attempts (admit).
 func callDownstream[T any, K comparable, V any](l *Loader[K, V], ctx context.Context, call func() (T, error), reload bool, t *tally) (v T, err error) {
-	s, err := l.admit(ctx, t)
-	if err != nil {
-		return v, err
+	if l.lim != nil && !t.background {
+		s, err := l.admit(ctx, t)
+		if err != nil {
+			return v, err
+		}
+		defer s.release()
 	}
-	defer s.release()
 	if l.opts.Retry.MaxAttempts <= 1 {
 		v, _, err = attempt(l, ctx, call, reload, t)
 		return v, l.stopped(ctx, err, err)
@@ -156,17 +158,15 @@ func callDownstream[T any, K comparable, V any](l *Loader[K, V], ctx context.Con
 }
 
 // admit takes the slot of Options.Limit that a foreground load's
-// downstream calls hold (a background load holds one since it was
-// published). An open breaker fails the load at once: it never queues for
+// downstream calls hold; callDownstream calls it only with a Limit, and
+// not for a background load, which holds its slot since it was published.
+// An open breaker fails the load at once: it never queues for
 // a downstream that would refuse it. A load that waits for its slot is
 // taken off the LoadTimeout list when the limiter says it waits (the wait
 // is bounded by MaxWait, and its context keeps the deadline it had), and
 // has its LoadTimeout started again once it has its slot. ErrLimited is
 // never retried and never reaches the breaker.
 func (l *Loader[K, V]) admit(ctx context.Context, t *tally) (slot, error) {
-	if l.lim == nil || t.background {
-		return slot{}, nil
-	}
 	if l.breakerOpen() {
 		l.stats.breakerRejected.Add(1)
 		err := breakerOpen(gobreaker.ErrOpenState)
@@ -346,6 +346,9 @@ func (l *Loader[K, V]) run(c *call[K, V]) {
 	if l.opts.Reload == nil {
 		old = nil
 	}
-	ctx := l.observeStart(&c.lctx, &c.octx, LoadStartEvent[K]{Key: c.key, Keys: 1, Background: c.background, Reload: old != nil})
+	var ctx context.Context = &c.lctx
+	if l.obs != nil {
+		ctx = l.observeStart(&c.lctx, &c.octx, LoadStartEvent[K]{Key: c.key, Keys: 1, Background: c.background, Reload: old != nil})
+	}
 	l.fetch(ctx, c.key, old, start, &r)
 }

@@ -472,7 +472,7 @@ type delivery[K comparable, V any] struct {
 // Gets receive the result, whether e was stored, the write to hand to the
 // writer, if a new one was opened, a place to give back, and the entry
 // it replaced, if it marked one gone (put). The caller then closes c.done.
-func (f *flights[K, V]) finish(c *call[K, V], r delivery[K, V], e *entry[K, V], cost int64) (callers int, stored bool, opened *write[K, V], back place, gone *entry[K, V]) {
+func (f *flights[K, V]) finish(c *call[K, V], r *delivery[K, V], e *entry[K, V], cost int64) (callers int, stored bool, opened *write[K, V], back place, gone *entry[K, V]) {
 	l := f.l
 	f.locked(c.h, c.key, c.seen, func(sh *shard[K, V], seen glance[K, V]) {
 		owned := sh.loads[c.key] == c

@@ -280,7 +280,7 @@ func (l *Loader[K, V]) GetInfo(ctx context.Context, key K) (v V, info Info, err 
 		return l.serve(&request[K, V]{key: key, h: h, cl: cl, s: in.s, g: g, start: now}, g.e, src)
 	}
 	r := request[K, V]{key: key, h: h, cl: cl, s: in.s, g: g, start: now}
-	a := l.wait(&r)
+	a := l.collect(&r, l.ask(&r))
 	in.answer(a.outcome())
 	if a.err == errLeft {
 		a.err = ctx.Err()
@@ -382,12 +382,6 @@ func (a *answer[V]) outcome() Source {
 	return SourceNone
 }
 
-// wait answers r from key's load: it joins the load in flight or starts
-// one (ask), then waits for it (collect).
-func (l *Loader[K, V]) wait(r *request[K, V]) answer[V] {
-	return l.collect(r, l.ask(r))
-}
-
 // ask is the first join of a request the cache did not answer: its
 // caller's context is read first, outside every lock.
 func (l *Loader[K, V]) ask(r *request[K, V]) joined[K, V] {
@@ -429,11 +423,12 @@ func (l *Loader[K, V]) selfUnequal(key K) bool { return l.nanKeys && key != key 
 // caller. A load whose value is already too stale for r's caller (a Remote
 // gave it, and the load carried only its starter's max-stale) is loaded
 // once more, with r's bound.
-func (l *Loader[K, V]) collect(r *request[K, V], j joined[K, V]) answer[V] {
-	var waited *call[K, V] // the load the first try waited on
+func (l *Loader[K, V]) collect(r *request[K, V], j joined[K, V]) (a answer[V]) {
+	var waited *call[K, V] // the load a waited on, if any (on a second try, the first's)
 	for again := false; ; again = true {
 		if j.e != nil { // a load (or Set) finished as r looked: no need to wait
-			return l.waitedOn(l.late(r, j, again), waited)
+			a = l.late(r, j, again)
+			break
 		}
 		if !again {
 			l.stats.misses.Add(1)
@@ -442,28 +437,31 @@ func (l *Loader[K, V]) collect(r *request[K, V], j joined[K, V]) answer[V] {
 			}
 		}
 		if j.err != nil {
-			return l.waitedOn(answer[V]{err: j.err}, waited)
+			a = answer[V]{err: j.err}
+			break
 		}
-		a, stale := l.await(r, j, again)
-		if !stale {
-			return l.waitedOn(a, j.c)
-		}
+		var stale bool
+		a, stale = l.await(r, j, again)
 		waited = j.c
+		if !stale {
+			break
+		}
 		r.g, r.many = glance[K, V]{}, nil
 		j = l.join(r)
 	}
+	l.waitedOn(&a, waited)
+	return a
 }
 
 // waitedOn marks a as the answer of a Get that waited on c (nil: on no
 // load), with c's context as the Observer made it, for Observer.Waited.
-func (l *Loader[K, V]) waitedOn(a answer[V], c *call[K, V]) answer[V] {
+func (l *Loader[K, V]) waitedOn(a *answer[V], c *call[K, V]) {
 	if c != nil {
 		a.waited = true
 		if l.obs != nil {
 			a.load = c.observed()
 		}
 	}
-	return a
 }
 
 // late answers r with the value a write left for its key, not yet in the

@@ -170,14 +170,12 @@ func (s *statsSource) freeze() {
 // observeStart calls LoadStart for a load about to make its first
 // downstream call under lctx, and publishes the context it returns in
 // *at, where the load's waiters find it (call.observed), a waiter that
-// leaves meanwhile included. It returns the load's context from then on:
-// lctx itself without an Observer. A background load's Trigger is the
-// context of the Get, GetMany or Refresh that started it (its values
-// only).
+// leaves meanwhile included. It returns the load's context from then on.
+// A background load's Trigger is the context of the Get, GetMany or
+// Refresh that started it (its values only). The caller checks that
+// there is an Observer (without one the load's context is lctx itself),
+// so that an unobserved load builds no event.
 func (l *Loader[K, V]) observeStart(lctx *loadCtx, at *atomic.Pointer[context.Context], ev LoadStartEvent[K]) context.Context {
-	if l.obs == nil {
-		return lctx
-	}
 	if ev.Background {
 		ev.Trigger = lctx.caller
 	}
