@@ -561,6 +561,59 @@ func TestGetManyRefreshesStaleInOneBatch(t *testing.T) {
 	})
 }
 
+// EarlyRefresh in a GetMany: fresh keys with no refresh due are answered
+// as hits with their age, and load nothing; once their refresh is due they
+// are still answered as hits, at once, and refreshed by one background
+// LoadMany call.
+func TestGetManyEarlyRefresh(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		m := &many{}
+		d := &downstream{}
+		// A load takes 100ms, so each key's refresh starts between 100ms
+		// and half its life (500ms) before it expires.
+		slow := func(ctx context.Context, keys []string) (map[string]string, error) {
+			time.Sleep(100 * time.Millisecond)
+			return m.load(ctx, keys)
+		}
+		l := newLoader(t, d, Options[string, string]{TTL: time.Second, EarlyRefresh: 1, LoadMany: slow})
+		ctx := context.Background()
+		keys := []string{"a", "b"}
+		if _, err := l.GetMany(ctx, keys); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(450 * time.Millisecond) // 450ms old, fresh until 1s: no refresh due yet
+		vals, infos, err := l.GetManyInfo(ctx, keys)
+		if err != nil || vals["a"] != "a@1" || vals["b"] != "b@1" {
+			t.Fatalf("GetManyInfo = %v, %v; want the values of the first call", vals, err)
+		}
+		for _, k := range keys {
+			if infos[k] != (Info{Source: SourceHit, Age: 450 * time.Millisecond}) {
+				t.Fatalf("Info[%s] = %+v; want a hit 450ms old", k, infos[k])
+			}
+		}
+		synctest.Wait()
+		if s := l.Stats(); s.Refreshes != 0 || s.InFlight != 0 {
+			t.Fatalf("Stats = %+v before any refresh is due; want no refresh, nothing in flight", s)
+		}
+		time.Sleep(500 * time.Millisecond) // 950ms old: every refresh is due, the values still fresh
+		vals, infos, err = l.GetManyInfo(ctx, keys)
+		if err != nil || vals["a"] != "a@1" || infos["b"].Source != SourceHit {
+			t.Fatalf("GetManyInfo = %v, %v, %v; want the fresh values at once, as hits", vals, infos, err)
+		}
+		time.Sleep(150 * time.Millisecond) // the refresh takes 100ms
+		synctest.Wait()
+		if calls := m.all(); len(calls) != 2 || len(calls[1]) != 2 {
+			t.Fatalf("LoadMany calls %v; want the early refresh of both keys in one", calls)
+		}
+		if s := l.Stats(); s.Hits != 4 || s.Refreshes != 1 || s.BatchLoads != 2 {
+			t.Fatalf("Stats = %+v; want 4 hits, 1 refresh (the batch), 2 batches", s)
+		}
+		if v, _ := l.Get(ctx, "b"); v != "b@2" {
+			t.Fatalf("Get(b) = %q after the refresh; want b@2", v)
+		}
+	})
+}
+
 // A Get from inside LoadMany of a key of its own batch fails at once.
 func TestGetManyRecursive(t *testing.T) {
 	var l *Loader[string, string]
