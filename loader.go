@@ -280,7 +280,7 @@ func (l *Loader[K, V]) GetInfo(ctx context.Context, key K) (v V, info Info, err 
 		return l.serve(&request[K, V]{key: key, h: h, cl: cl, s: in.s, g: g, start: now}, g.e, src)
 	}
 	r := request[K, V]{key: key, h: h, cl: cl, s: in.s, g: g, start: now}
-	a := l.collect(&r, l.ask(&r))
+	a := l.wait(&r)
 	in.answer(a.outcome())
 	if a.err == errLeft {
 		a.err = ctx.Err()
@@ -380,6 +380,14 @@ func (a *answer[V]) outcome() Source {
 		return a.info.Source
 	}
 	return SourceNone
+}
+
+// wait answers r from key's load: it joins the load in flight or starts
+// one (ask), then waits for it (collect). It is a frame of its own so
+// that what a wait holds (the join, the answer) stays off GetInfo's
+// frame, which every hit sets up.
+func (l *Loader[K, V]) wait(r *request[K, V]) answer[V] {
+	return l.collect(r, l.ask(r))
 }
 
 // ask is the first join of a request the cache did not answer: its
