@@ -179,28 +179,33 @@ func (l *Loader[K, V]) completeBatch(b *batch[K, V], out *batchResult[K, V]) {
 	for next < len(b.calls) {
 		c := b.calls[next]
 		next++
-		r := out.of(c.key)
+		var r loaded[V]
+		out.of(c.key, &r)
 		l.complete(c, &r)
 	}
 }
 
-// of is key's own result in out.
-func (out *batchResult[K, V]) of(key K) loaded[V] {
-	r := loaded[V]{down: out.down, took: out.took}
-	rr, found := out.remote[key]
-	if out.remote == nil { // LoadMany's own map: as a Remote that loaded each key here
-		rr.Value, found = out.m[key]
-		rr.Loaded = true
-	}
+// of sets *r to key's own result in out. A value of LoadMany's own map
+// was loaded here, in the call's time: what fromRemote makes of a Remote's
+// value it loaded (Loaded, no Took of its own), without building one.
+func (out *batchResult[K, V]) of(key K, r *loaded[V]) {
+	*r = loaded[V]{down: out.down, took: out.took}
+	var found bool
 	switch {
 	case out.err != nil:
 		r.err, r.nf, r.judged = out.err, out.nf, true
-	case !found:
-		r.err, r.nf, r.judged = ErrNotFound, true, true
+		return
+	case out.remote != nil:
+		var rr RemoteResult[V]
+		if rr, found = out.remote[key]; found {
+			r.fromRemote(rr, out.took)
+		}
 	default:
-		r.fromRemote(rr, out.took)
+		r.val, found = out.m[key]
 	}
-	return r
+	if !found {
+		r.err, r.nf, r.judged = ErrNotFound, true, true
+	}
 }
 
 // reportBatch reports b once it is delivered: Stats, OnLoad and the
@@ -295,7 +300,7 @@ func (l *Loader[K, V]) getMany(ctx context.Context, keys []K, withInfo bool) (ma
 		k := &waits[i]
 		r := asks
 		r.key, r.h, r.many = k.key, k.h, nil
-		a := l.collect(&r, k.j)
+		a := l.collect(&r, &k.j)
 		in.answer(a.outcome())
 		res.add(k.key, a)
 		switch {
@@ -343,8 +348,8 @@ func (l *Loader[K, V]) askOne(k *manyKey[K, V], asks *request[K, V], in *gets, r
 		return true
 	}
 	r.many.open()
-	if k.j = l.ask(&r); k.j.e != nil {
-		a := l.late(&r, k.j, false)
+	if l.ask(&r, &k.j); k.j.e != nil {
+		a := l.late(&r, &k.j, false)
 		in.answer(a.outcome())
 		res.add(k.key, a)
 		return true

@@ -233,34 +233,37 @@ func (f *flights[K, V]) current(sh *shard[K, V], key K, seen glance[K, V]) (cur 
 // revalidating the value held, if any. A load it starts in a batched
 // GetMany is one of the GetMany's batch's calls, launched with the batch;
 // except a Reload of a value held, which needs that value and goes alone.
-func (f *flights[K, V]) join(r *request[K, V]) joined[K, V] {
-	var j joined[K, V]
+// What it found goes in *j.
+func (f *flights[K, V]) join(r *request[K, V], j *joined[K, V]) {
 	var launch bool
 	f.locked(r.h, r.key, r.g, func(sh *shard[K, V], seen glance[K, V]) {
-		j, launch = f.joinLocked(sh, seen, r)
+		launch = f.joinLocked(sh, seen, r, j)
 	})
 	if launch {
 		f.l.launch(j.c, r.s)
 	}
-	return j
 }
 
-// joinLocked is join's decision, under the key's shard lock; launch
-// reports a load started alone, which join launches after unlocking.
-func (f *flights[K, V]) joinLocked(sh *shard[K, V], seen glance[K, V], r *request[K, V]) (j joined[K, V], launch bool) {
+// joinLocked is join's decision, under the key's shard lock, into *j;
+// launch reports a load started alone, which join launches after
+// unlocking.
+func (f *flights[K, V]) joinLocked(sh *shard[K, V], seen glance[K, V], r *request[K, V], j *joined[K, V]) (launch bool) {
 	l := f.l
 	cur, c := f.current(sh, r.key, seen)
 	if src := l.judge(&r.cl, cur, r.start); src != SourceNone {
-		return joined[K, V]{e: cur, src: src}, false
+		*j = joined[K, V]{e: cur, src: src}
+		return false
 	}
 	reread := cur != nil && !r.cl.revalidate && l.distrusted(cur) // rule 18
 	if c != nil {
 		if r.cl.marker.waitsOn(c) || (c.batch != nil && r.cl.marker.waitsOn(c.batch)) {
-			return joined[K, V]{err: ErrRecursiveLoad}, false
+			*j = joined[K, V]{err: ErrRecursiveLoad}
+			return false
 		}
 		if r.cl.revalidate || c.gen == l.generation.Load() {
 			c.waiters++
-			return joined[K, V]{c: c, reread: reread}, false
+			*j = joined[K, V]{c: c, reread: reread}
+			return false
 		}
 		// Rule 18: c started before a Distrust and may carry what the
 		// fleet has overwritten since. It keeps its waiters, but not the
@@ -274,9 +277,11 @@ func (f *flights[K, V]) joinLocked(sh *shard[K, V], seen glance[K, V], r *reques
 	}
 	c, batched := f.start(sh, r, n)
 	if c == nil {
-		return joined[K, V]{err: ErrClosed}, false
+		*j = joined[K, V]{err: ErrClosed}
+		return false
 	}
-	return joined[K, V]{c: c, started: true, reread: reread}, !batched
+	*j = joined[K, V]{c: c, started: true, reread: reread}
+	return !batched
 }
 
 // startRefresh starts a background load of r's key to replace from, unless
@@ -477,14 +482,16 @@ func (f *flights[K, V]) finish(c *call[K, V], r *delivery[K, V], e *entry[K, V],
 	f.locked(c.h, c.key, c.seen, func(sh *shard[K, V], seen glance[K, V]) {
 		owned := sh.loads[c.key] == c
 		sh.forget(c)
-		fill := write[K, V]{key: c.key, h: c.h, entry: e, cost: cost, place: place{kind: fillPlace, cost: cost}}
 		switch {
 		case !owned || l.closed.Load() || l.olderThanFloor(c.gen): // detached, closed, or from before an InvalidateAll
-		case e != nil:
-			opened, back, stored, gone = f.put(sh, seen.e, fill, &c.w)
-		case r.drop:
-			fill.cost, fill.place.cost = 0, 0
-			opened, back, _, gone = f.put(sh, seen.e, fill, &c.w)
+		case e != nil || r.drop: // the load's write: its value, or (drop) none
+			if e == nil {
+				cost = 0
+			}
+			c.w = write[K, V]{key: c.key, h: c.h, entry: e, cost: cost, place: place{kind: fillPlace, cost: cost}}
+			var ok bool
+			opened, back, ok, gone = f.put(sh, seen.e, &c.w, &c.w)
+			stored = ok && e != nil
 		}
 		c.val, c.err, c.loadedAt, c.freshUntil, c.fallback, c.notFound = r.val, r.err, r.loadedAt, r.freshUntil, r.fallback, r.notFound
 		c.ended = r.ended
@@ -500,7 +507,8 @@ func (f *flights[K, V]) finish(c *call[K, V], r *delivery[K, V], e *entry[K, V],
 func (f *flights[K, V]) overwrite(key K, h uint64, e *entry[K, V], cost int64, p place) (opened *write[K, V], back place, gone *entry[K, V]) {
 	f.locked(h, key, glance[K, V]{}, func(sh *shard[K, V], seen glance[K, V]) {
 		sh.detach(key)
-		opened, back, _, gone = f.put(sh, seen.e, write[K, V]{key: key, h: h, entry: e, cost: cost, place: p}, nil)
+		next := write[K, V]{key: key, h: h, entry: e, cost: cost, place: p}
+		opened, back, _, gone = f.put(sh, seen.e, &next, nil)
 	})
 	return opened, back, gone
 }
@@ -560,8 +568,9 @@ func (f *flights[K, V]) pending(key K) bool {
 // cur is the key's cached entry (locked). next.place is the place among
 // the pending writes the producer holds (write.go); a fill asks for its
 // place here instead, with a place of kind fillPlace and the entry's cost,
-// and never waits for one. It returns the
-// write it opened (rec, if not nil, is used for it), which the caller
+// and never waits for one. put may change *next. It returns the
+// write it opened (rec, if not nil, is used for it: next itself, for a
+// fill, which records its own write in its call), which the caller
 // hands to the writer after unlocking, or nil if an open write took e; and
 // the place the caller gives back after unlocking: the open write's old
 // one (they swap), or p itself when there was nothing to write.
@@ -575,7 +584,7 @@ func (f *flights[K, V]) pending(key K) bool {
 // EvictionObserver was told of already is gone before), for the caller to
 // report after unlocking: that is where a replaced or invalidated value
 // leaves.
-func (f *flights[K, V]) put(sh *shard[K, V], cur *entry[K, V], next write[K, V], rec *write[K, V]) (opened *write[K, V], back place, ok bool, gone *entry[K, V]) {
+func (f *flights[K, V]) put(sh *shard[K, V], cur *entry[K, V], next *write[K, V], rec *write[K, V]) (opened *write[K, V], back place, ok bool, gone *entry[K, V]) {
 	w := sh.writes[next.key]
 	if w == nil && cur == nil && next.entry == nil {
 		if next.place.kind == fillPlace {
@@ -613,8 +622,10 @@ func (f *flights[K, V]) put(sh *shard[K, V], cur *entry[K, V], next write[K, V],
 	if rec == nil {
 		rec = new(write[K, V])
 	}
-	*rec = next
-	sh.writes[next.key] = rec
+	if rec != next {
+		*rec = *next
+	}
+	sh.writes[rec.key] = rec
 	grew(&sh.peakWrites, len(sh.writes))
 	return rec, place{}, true, gone
 }

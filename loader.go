@@ -387,16 +387,18 @@ func (a *answer[V]) outcome() Source {
 // that what a wait holds (the join, the answer) stays off GetInfo's
 // frame, which every hit sets up.
 func (l *Loader[K, V]) wait(r *request[K, V]) answer[V] {
-	return l.collect(r, l.ask(r))
+	var j joined[K, V]
+	l.ask(r, &j)
+	return l.collect(r, &j)
 }
 
-// ask is the first join of a request the cache did not answer: its
-// caller's context is read first, outside every lock.
-func (l *Loader[K, V]) ask(r *request[K, V]) joined[K, V] {
+// ask is the first join of a request the cache did not answer, into *j:
+// its caller's context is read first, outside every lock.
+func (l *Loader[K, V]) ask(r *request[K, V], j *joined[K, V]) {
 	if r.who().revalidate {
 		l.stats.revalidations.Add(1)
 	}
-	return l.join(r)
+	l.join(r, j)
 }
 
 // errLeft is what a wait returns when the caller's context ended first.
@@ -408,17 +410,19 @@ var errLeft = errors.New("flightcache: the caller's context ended")
 // join is flights.join for a request the cache did not answer, but for a
 // key not equal to itself (selfUnequal): that one is loaded alone, through
 // the LoadFunc (a LoadMany result cannot be looked up by it), for this
-// caller only, and leaves nothing behind.
-func (l *Loader[K, V]) join(r *request[K, V]) joined[K, V] {
+// caller only, and leaves nothing behind. What it found goes in *j.
+func (l *Loader[K, V]) join(r *request[K, V], j *joined[K, V]) {
 	if !l.selfUnequal(r.key) {
-		return l.flights.join(r)
+		l.flights.join(r, j)
+		return
 	}
 	c := l.flights.startAlone(r)
 	if c == nil {
-		return joined[K, V]{err: ErrClosed}
+		*j = joined[K, V]{err: ErrClosed}
+		return
 	}
 	l.launch(c, r.s)
-	return joined[K, V]{c: c, started: true}
+	*j = joined[K, V]{c: c, started: true}
 }
 
 // selfUnequal reports whether key is not equal to itself (a float NaN in
@@ -431,7 +435,7 @@ func (l *Loader[K, V]) selfUnequal(key K) bool { return l.nanKeys && key != key 
 // caller. A load whose value is already too stale for r's caller (a Remote
 // gave it, and the load carried only its starter's max-stale) is loaded
 // once more, with r's bound.
-func (l *Loader[K, V]) collect(r *request[K, V], j joined[K, V]) (a answer[V]) {
+func (l *Loader[K, V]) collect(r *request[K, V], j *joined[K, V]) (a answer[V]) {
 	var waited *call[K, V] // the load a waited on, if any (on a second try, the first's)
 	for again := false; ; again = true {
 		if j.e != nil { // a load (or Set) finished as r looked: no need to wait
@@ -455,7 +459,7 @@ func (l *Loader[K, V]) collect(r *request[K, V], j joined[K, V]) (a answer[V]) {
 			break
 		}
 		r.g, r.many = glance[K, V]{}, nil
-		j = l.join(r)
+		l.join(r, j)
 	}
 	l.waitedOn(&a, waited)
 	return a
@@ -476,7 +480,7 @@ func (l *Loader[K, V]) waitedOn(a *answer[V], c *call[K, V]) {
 // cache, which join found answers r (j.src), as the cache would have. On
 // collect's second try the Get is counted as a miss already: it is not
 // served again.
-func (l *Loader[K, V]) late(r *request[K, V], j joined[K, V], again bool) answer[V] {
+func (l *Loader[K, V]) late(r *request[K, V], j *joined[K, V], again bool) answer[V] {
 	r.start = l.now()
 	v, info, err := l.serve(r, j.e, j.src)
 	return answer[V]{v: v, info: info, nf: j.e.isNotFound(), err: err, served: !again}
@@ -486,7 +490,7 @@ func (l *Loader[K, V]) late(r *request[K, V], j joined[K, V], again bool) answer
 // r: a stale value covers a failure (staleOnError). stale reports a value
 // too stale for r's caller, which collect loads again, unless this was
 // that second try already.
-func (l *Loader[K, V]) await(r *request[K, V], j joined[K, V], again bool) (a answer[V], stale bool) {
+func (l *Loader[K, V]) await(r *request[K, V], j *joined[K, V], again bool) (a answer[V], stale bool) {
 	c := j.c
 	if !j.counted {
 		l.stats.waiting.Add(1)
