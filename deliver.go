@@ -98,13 +98,7 @@ func (l *Loader[K, V]) deliver(c *call[K, V], r *loaded[V], res *delivery[K, V],
 	}
 	callers, stored, w, back, gone := l.flights.finish(c, res, e, cost)
 	l.writer.giveBack(back)
-	var left departure[K, V] // reported last: the Observer is user code
-	if l.obs.observesEvictions() {
-		left = departure[K, V]{key: c.key, big: res.big}
-		if !r.notMod { // a value ErrNotModified kept is renewed, not replaced
-			left.gone = gone
-		}
-	}
+	left := l.departureOf(c.key, r, res, gone) // reported last: the Observer is user code
 	switch {
 	case w == nil:
 	case c.batch != nil:
@@ -169,6 +163,19 @@ type departure[K comparable, V any] struct {
 	key  K
 	gone *entry[K, V] // replaced; nil: none
 	big  int64        // the value's cost, too big to be cached (tooBig); 0: not
+}
+
+// departureOf is what a load of key (r, delivered as res) made leave the
+// cache, gone being the entry finish marked gone: nothing unless an
+// EvictionObserver is told.
+func (l *Loader[K, V]) departureOf(key K, r *loaded[V], res *delivery[K, V], gone *entry[K, V]) (d departure[K, V]) {
+	if l.obs.observesEvictions() {
+		d = departure[K, V]{key: key, big: res.big}
+		if !r.notMod { // a value ErrNotModified kept is renewed, not replaced
+			d.gone = gone
+		}
+	}
+	return d
 }
 
 // any reports whether d has something to report.
