@@ -326,11 +326,12 @@ type manyLeft[K comparable, V any] struct {
 	a   answer[V]
 }
 
-// askOne takes k, a GetMany's key, as far as a Get would before it waits,
-// with a request that is asks for k: answered from the cache, or from a
-// value a write left, it reports true; else it keeps the load it joined
-// (or started) in k.j, for collect. As in GetInfo, a value that answers
-// with no refresh due is served without building a request.
+// askOne takes k, a GetMany's key, as far as a Get would before it waits:
+// answered from the cache, or from a value a write left, it reports true;
+// else it keeps the load it joined (or started) in k.j, for collect. asks
+// is what the GetMany's requests share; k's own is built from it only when
+// needed: as in GetInfo, a value that answers with no refresh due is
+// served without one.
 func (l *Loader[K, V]) askOne(k *manyKey[K, V], asks *request[K, V], in *gets, res *manyResult[K, V]) bool {
 	g := l.flights.glance(k.h, k.key)
 	src := l.judge(&asks.cl, g.e, asks.start)

@@ -618,7 +618,7 @@ func TestMissStormIsBoundedByMaxCost(t *testing.T) {
 	// What other tests of the process keep live (package fixtures, under
 	// -shuffle any of them first) is not the storm's: the bound is on the
 	// growth from here.
-	baseMem := liveMemory()
+	baseMem := liveHeap()
 
 	var peakG, peakInFlight atomic.Int64
 	var peakMem atomic.Uint64
@@ -634,7 +634,7 @@ func TestMissStormIsBoundedByMaxCost(t *testing.T) {
 			storeMax(&peakG, int64(runtime.NumGoroutine()))
 			storeMax(&peakInFlight, l.Stats().InFlight)
 			if i%10 == 0 {
-				if v := liveMemory(); v > peakMem.Load() {
+				if v := liveHeap(); v > peakMem.Load() {
 					peakMem.Store(v)
 				}
 			}
@@ -668,21 +668,6 @@ func TestMissStormIsBoundedByMaxCost(t *testing.T) {
 		t.Errorf("live heap and stacks peaked at %.0f MB; want at most %.0f MB with MaxCost %d × %d KiB values and %d callers",
 			float64(peakMem.Load())/(1<<20), float64(maxMem)/(1<<20), maxCost, valueSize>>10, callers)
 	}
-}
-
-// liveMemory returns the live heap and stacks after a GC: what is live,
-// not what other goroutines allocated between the GC and the read (on a
-// loaded machine the reader may wait in between), so the smaller of two
-// reads.
-func liveMemory() uint64 {
-	v := uint64(math.MaxUint64)
-	for range 2 {
-		runtime.GC()
-		var m runtime.MemStats
-		runtime.ReadMemStats(&m)
-		v = min(v, m.HeapAlloc+m.StackInuse)
-	}
-	return v
 }
 
 // Close must return while Gets keep coming (docs/design.md rule 8). Close
