@@ -83,13 +83,40 @@ func (l *Loader[K, V]) watch() error {
 }
 
 // raiseFloor moves the generation on and makes it the floor: every entry
-// and load of an older generation is now absent (rule 20). Concurrent
-// calls leave the floor at the newest of their generations.
+// and load of an older generation is now absent (rule 20). The floor moves
+// first, then the generation, so that no moment exists where a load or an
+// entry of the new generation can be made while the floor still lets an
+// entry of the old one live: a load published in between is of the old
+// generation, below the floor (it writes nothing, and a Reload is handed no
+// value from before the call, live), and a Set's entry is absent at once.
+// A load reads them in the opposite order (start): the generation, then
+// the floor, so that it sees the floor of any generation it was given.
+// Consider the opposite order, generation first:
+//
+//  1. InvalidateAll: the generation moves to G; the floor is still below.
+//  2. A Get publishes a Reload of generation G; the value held, of the old
+//     generation, is not yet below the floor, so it is the Reload's old
+//     value.
+//  3. InvalidateAll: the floor moves to G, and the call returns.
+//  4. The Reload answers ErrNotModified: it keeps the old value, renewed,
+//     as an entry of generation G, which every later Get is served.
+//
+// A Distrust (or another InvalidateAll) that moves the generation between
+// the two steps makes the compare-and-swap fail: the loop then raises the
+// floor past it, so the generation this call leaves is newer than every
+// one that existed when it began. Concurrent calls leave the floor at the
+// newest of their generations.
 func (l *Loader[K, V]) raiseFloor() {
-	g := l.generation.Add(genUnit)
 	for {
-		f := l.floor.Load()
-		if int32(g-f) <= 0 || l.floor.CompareAndSwap(f, g) {
+		g := l.generation.Load()
+		next := g + genUnit
+		for {
+			f := l.floor.Load()
+			if int32(next-f) <= 0 || l.floor.CompareAndSwap(f, next) {
+				break
+			}
+		}
+		if l.generation.CompareAndSwap(g, next) {
 			return
 		}
 	}

@@ -260,15 +260,11 @@ func (f *flights[K, V]) joinLocked(sh *shard[K, V], seen glance[K, V], r *reques
 			*j = joined[K, V]{err: ErrRecursiveLoad}
 			return false
 		}
-		if r.cl.revalidate || c.gen == l.generation.Load() {
+		if !f.outdated(sh, c) {
 			c.waiters++
 			*j = joined[K, V]{c: c, reread: reread}
 			return false
 		}
-		// Rule 18: c started before a Distrust and may carry what the
-		// fleet has overwritten since. It keeps its waiters, but not the
-		// key: this Get starts a load of its own.
-		sh.detach(r.key)
 		reread = true
 	}
 	n := newLoad[K, V]{seen: seen, from: l.held(cur, r.start)}
@@ -304,14 +300,16 @@ func (f *flights[K, V]) startRefresh(r *request[K, V], from *entry[K, V], into *
 }
 
 // refreshNow is what Refresh does: start a background load of r's key,
-// revalidating the value held if any, unless one is in flight (it then
-// joins it, doing nothing) or MaxRefreshes are running (it is dropped). It
-// reports whether it started one.
+// revalidating the value held if any, unless one of the current generation
+// is in flight (it then joins it, doing nothing) or MaxRefreshes are
+// running (it is dropped). One from before a Distrust or an InvalidateAll
+// is detached (outdated), and a new load starts. It reports whether it
+// started one.
 func (f *flights[K, V]) refreshNow(r *request[K, V]) bool {
 	now := f.l.now()
 	var c *call[K, V]
 	f.locked(r.h, r.key, glance[K, V]{}, func(sh *shard[K, V], seen glance[K, V]) {
-		if cur, running := f.current(sh, r.key, seen); running == nil {
+		if cur, running := f.current(sh, r.key, seen); running == nil || f.outdated(sh, running) {
 			c, _ = f.start(sh, r, newLoad[K, V]{seen: seen, from: f.l.held(cur, now), background: true})
 		}
 	})
@@ -319,6 +317,21 @@ func (f *flights[K, V]) refreshNow(r *request[K, V]) bool {
 		f.l.launch(c, r.s)
 	}
 	return c != nil
+}
+
+// outdated reports whether c, the load in flight for its key, started
+// before the last Distrust or InvalidateAll (rules 18 and 20), and if so
+// detaches it: it may carry what the fleet has overwritten since, or a
+// value from before the InvalidateAll, so no Get, revalidating Get,
+// GetMany or Refresh that starts now may take its result. It keeps its
+// waiters, but not the key: the caller starts a load of its own. The
+// caller holds sh.mu.
+func (f *flights[K, V]) outdated(sh *shard[K, V], c *call[K, V]) bool {
+	if c.gen == f.l.generation.Load() {
+		return false
+	}
+	sh.detach(c.key)
+	return true
 }
 
 // newLoad is what start publishes a load with.
@@ -350,7 +363,14 @@ func (f *flights[K, V]) start(sh *shard[K, V], r *request[K, V], n newLoad[K, V]
 			return nil, false
 		}
 	}
-	c = &call[K, V]{l: l, key: r.key, h: r.h, done: make(chan struct{}), background: n.background, from: n.from, gen: l.generation.Load(), seen: n.seen}
+	gen := l.generation.Load()
+	if n.from != nil && l.cleared(n.from) {
+		// An InvalidateAll raised the floor since the value held was
+		// judged live: a load of its generation (or a newer one) must not
+		// carry it (raiseFloor). The floor is read after the generation.
+		n.from = nil
+	}
+	c = &call[K, V]{l: l, key: r.key, h: r.h, done: make(chan struct{}), background: n.background, from: n.from, gen: gen, seen: n.seen}
 	ctx, marker := r.cl.ctx, r.cl.marker
 	if n.background {
 		marker = nil // nothing waits on it: a Get it makes of the key that started it is no cycle

@@ -601,7 +601,9 @@ func (l *Loader[K, V]) refresh(r *request[K, V], e *entry[K, V]) {
 // Refresh reloads key in the background (with [Options.Reload] when the
 // Loader holds a value for key). Until the new value is stored, Gets keep
 // being answered from the current one. It joins a load of key in flight
-// instead of starting a second one; a key with no value is loaded as if by
+// instead of starting a second one, unless that load started before an
+// [Loader.InvalidateAll] or a Distrust ([LocalCache]): then it starts its
+// own, and the older load writes nothing. A key with no value is loaded as if by
 // a Get that nobody waits for. ctx gives the load its values (trace IDs),
 // never its cancellation. Like every background load it counts in
 // Stats.Refreshes and is bounded by [Options.MaxRefreshes]: one beyond the

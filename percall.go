@@ -72,8 +72,9 @@ func (c *caller) acceptsStale(freshUntil, now time.Duration) bool {
 type revalidateKey struct{}
 
 // WithRevalidate returns a context under which a Get is never answered from
-// the cache, fresh or stale: it joins the key's load in flight or starts
-// one ([Options.Reload] with the value held, when there is one), so a burst
+// the cache, fresh or stale: it joins the key's load in flight (one that
+// started before an [Loader.InvalidateAll] or a Distrust excepted) or
+// starts one ([Options.Reload] with the value held, when there is one), so a burst
 // of revalidating Gets still makes one call. Its result replaces the cached
 // value. A failed revalidation is covered by the value held within
 // StaleIfError, as any failed load is. This is HTTP's Cache-Control:
