@@ -55,7 +55,8 @@ func (l *Loader[K, V]) complete(c *call[K, V], r *loaded[V]) {
 // entryOf builds the entry c's result leaves in the cache, if any, with
 // its cost: a value's (unless Freshness says not to cache it, or Cost
 // cannot cost it, or it never fits: then res.drop, and the key keeps no
-// older value), or a not-found's under NotFoundTTL. Freshness and Cost are
+// older value), or a not-found's under NotFoundTTL (without it, res.drop:
+// a not-found never leaves the deleted key's old value held). Freshness and Cost are
 // user code: if one ends the goroutine, the waiters still get the value,
 // uncached.
 func (l *Loader[K, V]) entryOf(c *call[K, V], r *loaded[V], res *delivery[K, V], now time.Duration) (e *entry[K, V], cost int64) {
@@ -82,6 +83,10 @@ func (l *Loader[K, V]) entryOf(c *call[K, V], r *loaded[V], res *delivery[K, V],
 		e = l.newEntry(c.key, r.val, lifetime{ttl: l.opts.NotFoundTTL}, born{at: now, gen: c.gen})
 		e.extra = &extra[K, V]{notFound: r.err}
 		return e, 1
+	case r.nf:
+		// The downstream says the key is gone: the value held goes too,
+		// though the not-found itself is not cached (rule 26).
+		res.drop = true
 	}
 	return nil, 1
 }
@@ -160,9 +165,10 @@ func (l *Loader[K, V]) backOff(from *entry[K, V]) {
 // it is too big for the cache. It is reported once the load is reported,
 // last of all (a batch's, once the batch is: completeBatch).
 type departure[K comparable, V any] struct {
-	key  K
-	gone *entry[K, V] // replaced; nil: none
-	big  int64        // the value's cost, too big to be cached (tooBig); 0: not
+	key      K
+	gone     *entry[K, V] // replaced (or dropped by a not-found); nil: none
+	big      int64        // the value's cost, too big to be cached (tooBig); 0: not
+	notFound bool         // gone left because the downstream found the key gone
 }
 
 // departureOf is what a load of key (r, delivered as res) made leave the
@@ -170,7 +176,7 @@ type departure[K comparable, V any] struct {
 // EvictionObserver is told.
 func (l *Loader[K, V]) departureOf(key K, r *loaded[V], res *delivery[K, V], gone *entry[K, V]) (d departure[K, V]) {
 	if l.obs.observesEvictions() {
-		d = departure[K, V]{key: key, big: res.big}
+		d = departure[K, V]{key: key, big: res.big, notFound: res.notFound}
 		if !r.notMod { // a value ErrNotModified kept is renewed, not replaced
 			d.gone = gone
 		}
@@ -183,7 +189,11 @@ func (d *departure[K, V]) any() bool { return d.gone != nil || d.big > 0 }
 
 // depart reports d.
 func (l *Loader[K, V]) depart(d departure[K, V]) {
-	l.replaced(d.gone, EvictionReplaced)
+	cause := EvictionReplaced
+	if d.notFound { // the downstream dropped the key: no newer value took its place
+		cause = EvictionInvalidated
+	}
+	l.replaced(d.gone, cause)
 	if d.big > 0 {
 		l.tooBigFor(d.key, d.big)
 	}

@@ -196,7 +196,8 @@ const (
 	// took the place of the entry while it was still fresh or stale.
 	EvictionReplaced
 	// EvictionInvalidated: [Loader.Invalidate], [Loader.InvalidateAll] or
-	// a watching Remote dropped it.
+	// a watching Remote dropped it, or a load found the key gone (a
+	// not-found drops the value held, whatever Options.NotFoundTTL).
 	EvictionInvalidated
 )
 

@@ -181,7 +181,10 @@ type Options[K comparable, V any] struct {
 	// same error as a hit. Any other error is never cached, however it
 	// reads: a LoadFunc that returns its own not-found error without
 	// IsNotFound gets it retried, counted against the breaker and loaded
-	// again by every Get. 0 = not-found errors are not cached.
+	// again by every Get. 0 = not-found errors are not cached. Either way
+	// a not-found drops the value held for the key: a revalidating Get, a
+	// Refresh, a Reload or a background refresh that finds the key gone
+	// leaves no old value behind to be served or to cover a failure.
 	NotFoundTTL time.Duration
 
 	// IsNotFound, if set, reports whether a load error means that the key
@@ -194,8 +197,9 @@ type Options[K comparable, V any] struct {
 	//
 	// A not-found is the downstream's answer, not a failure: it is never
 	// retried, counts as a success for the breaker, is never covered by a
-	// stale value (StaleIfError), is cached for NotFoundTTL, is absent
-	// from GetMany's map rather than failed in its [ManyError], and a
+	// stale value (StaleIfError), drops the value held, is cached for
+	// NotFoundTTL, is absent from GetMany's map rather than failed in its
+	// [ManyError], and a
 	// Remote shares it as such ([Options.NotFound]). It is judged once per
 	// load (and per attempt, for retries and the breaker), on the load's
 	// goroutine, through the guard: a panic counts in Stats.Panics and
