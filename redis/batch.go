@@ -89,8 +89,10 @@ type batchRun[K comparable, V any] struct {
 // A key load does not return is not found, as when Load's load returns a
 // not-found (by the Loader's rule, [flightcache.Options.NotFound]): with
 // the Loader's NotFoundTTL > 0 its entry becomes a not-found marker for
-// NotFoundTTL, which every process reads as [ErrSharedNotFound]; otherwise its lease is released with a not-found
-// that the processes waiting on it share (ErrPeerFailed matching
+// NotFoundTTL, which every process reads as [ErrSharedNotFound]; otherwise
+// its entry is deleted (the deleted key's value is held no longer, by the
+// fleet as by the Loader) and its lease released with a not-found that the
+// processes waiting on it share (ErrPeerFailed matching
 // [flightcache.ErrNotFound]), and a later miss anywhere loads it again. A
 // load that fails as a whole with a not-found makes every key it was called
 // for not found in the same way. When load fails otherwise, every key it was

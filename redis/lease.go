@@ -75,13 +75,17 @@ if ARGV[13] then redis.call('PUBLISH', ARGV[12], ARGV[13]) end
 return 1
 `)
 
-// releaseScript drops the lease if it is still the caller's. With ARGV[6]
-// set it also returns the entry as it is now, whoever holds the lease: the
-// older value a failed load may be covered with, read in the same step, so
-// an Invalidate that ran during the load leaves nothing to cover it.
+// releaseScript drops the lease if it is still the caller's. With ARGV[7]
+// set (the load found the key gone, and not-founds are not shared as
+// markers) it deletes the entry too: the downstream's not-found drops the
+// fleet's value, as it drops the Loader's. With ARGV[6] set it also
+// returns the entry as it is now, whoever holds the lease: the older value
+// a failed load may be covered with, read in the same step, so an
+// Invalidate that ran during the load leaves nothing to cover it.
 var releaseScript = redis.NewScript(`
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   redis.call('DEL', KEYS[1], KEYS[2])
+  if ARGV[7] == '1' then redis.call('DEL', KEYS[4]) end
   if ARGV[2] ~= '' then redis.call('SET', KEYS[3], ARGV[2], 'PX', ARGV[3]) end
   redis.call('PUBLISH', ARGV[4], ARGV[5])
 end
@@ -138,6 +142,10 @@ var ErrPeerFailed = errors.New("flightredis: the load failed in another process"
 // still inside the Loader's StaleIfError window, Load returns that entry
 // with the error, for the Loader to serve as stale-on-error (a not-found is
 // never covered).
+//
+// A not-found drops the shared entry of key, whatever NotFoundTTL: the
+// downstream says the key is gone, so no process is handed its old value
+// again, not even to cover a failure (docs/design.md rule 26).
 //
 // With the Loader's NotFoundTTL > 0, a not-found is shared: when the load
 // it ran returns a not-found by the Loader's rule
@@ -583,11 +591,14 @@ func (t *Tier[K, V]) release(ctx context.Context, ks keys, tok, fail string, wan
 func releaseKeys(ks keys) []string { return []string{ks.lease, ks.alive, ks.fail, ks.entry} }
 
 func (t *Tier[K, V]) releaseArgs(ks keys, tok, fail string, want bool) []any {
-	flag := ""
+	flag, drop := "", ""
 	if want {
 		flag = "1"
 	}
-	return []any{tok, fail, t.failMS, t.channel, ks.base, flag}
+	if strings.HasPrefix(fail, tok+"\nnf\n") { // a not-found (failure): the entry goes
+		drop = "1"
+	}
+	return []any{tok, fail, t.failMS, t.channel, ks.base, flag, drop}
 }
 
 // failure is what a failed load leaves for the processes that waited on it:

@@ -1,6 +1,7 @@
 package flightredis
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"testing"
@@ -228,5 +229,68 @@ func TestNotFoundMarkerDoesNotParseAsAValue(t *testing.T) {
 	vals, err = a.t.rdb.HMGet(ctx, keysFor(p, "k").entry, entryFields...).Result()
 	if e, perr := parseEntry(vals); err != nil || perr != nil || !e.nf || !a.t.sharedNotFound(e) {
 		t.Errorf("the marker = %+v, %v, %v; want a live not-found marker", e, err, perr)
+	}
+}
+
+// docs/design.md rule 26 through the tier: with NotFoundTTL 0, a load that
+// finds the key gone deletes the shared entry as it drops the local copy,
+// so no process is handed the deleted value from the tier, not even to
+// cover a later failure. Before the fix the lease was released and the
+// entry kept: c's failing load was covered with "v", the deleted row.
+func TestNotFoundDropsTheSharedEntry(t *testing.T) {
+	for _, many := range []bool{false, true} {
+		t.Run(fmt.Sprint("many=", many), func(t *testing.T) { notFoundDropsTheSharedEntry(t, many) })
+	}
+}
+
+func notFoundDropsTheSharedEntry(t *testing.T, many bool) {
+	addr := redisAddr(t)
+	p := testPrefix(t, newClient(t, addr))
+	d := newDownstream()
+	lo := flightcache.Options[string, string]{TTL: 500 * time.Millisecond, StaleIfError: time.Hour, Breaker: flightcache.Breaker{Disabled: true}}
+	get := func(l *flightcache.Loader[string, string]) (string, error) { return l.Get(ctx, "k") }
+	if many { // through LoadMany and the tier's batches: a key LoadMany leaves out is not found
+		lo.LoadMany = func(ctx context.Context, keys []string) (map[string]string, error) {
+			m := map[string]string{}
+			for _, k := range keys {
+				v, err := d.load(ctx, k)
+				if errors.Is(err, flightcache.ErrNotFound) {
+					continue
+				}
+				if err != nil {
+					return nil, err
+				}
+				m[k] = v
+			}
+			return m, nil
+		}
+		get = func(l *flightcache.Loader[string, string]) (string, error) {
+			m, err := l.GetMany(ctx, []string{"k"})
+			if v, ok := m["k"]; ok || err != nil {
+				return v, err
+			}
+			return "", flightcache.ErrNotFound
+		}
+	}
+	a := newProc(t, addr, p, lo, Options[string, string]{}, d)
+	v, err := get(a.l)
+	if err != nil || v == "" {
+		t.Fatalf("a.Get(k) = %q, %v; want a value", v, err)
+	}
+	if exists, _ := entryState(t, a, "k"); !exists {
+		t.Fatal("no shared entry for k after a's load")
+	}
+	time.Sleep(time.Second)         // past its freshness, within StaleIfError: a Get loads
+	d.fail(flightcache.ErrNotFound) // the row is deleted
+	if _, err := get(a.l); !errors.Is(err, flightcache.ErrNotFound) {
+		t.Fatalf("a.Get(k) = %v; want ErrNotFound", err)
+	}
+	if exists, _ := entryState(t, a, "k"); exists {
+		t.Error("the shared entry of k outlived the not-found")
+	}
+	d.fail(errors.New("connection refused"))
+	c := newProc(t, addr, p, lo, Options[string, string]{}, d)
+	if got, err := get(c.l); err == nil || got == v {
+		t.Errorf("c.Get(k) of a failing downstream = %q, %v; want the failure, not covered by the deleted value", got, err)
 	}
 }
