@@ -169,13 +169,14 @@ type Tier[K comparable, V any] struct {
 	fleet           fleetState[K]
 
 	// The generation of the shared tier (generation.go).
-	genKey   string       // the counter in Redis
-	gen      atomic.Int64 // the newest generation this tier knows
-	allMu    sync.Mutex   // one generation move at a time
-	allKept  atomic.Int64 // InvalidateAll calls not in Redis yet (in progress or failed)
-	allRetry atomic.Int64 // of allKept, those whose own attempt failed
-	ownAll   atomic.Int32 // this process's InvalidateAll moves in progress
-	used     atomic.Bool  // the Loader has called the tier: its cache may hold what a move drops
+	genKey    string       // the counter in Redis
+	gen       atomic.Int64 // the newest generation this tier knows
+	allMu     sync.Mutex   // one generation move at a time
+	allKept   atomic.Int64 // InvalidateAll calls not in Redis yet (in progress or failed)
+	allRetry  atomic.Int64 // of allKept, those whose own attempt failed or was not made
+	allFailed atomic.Int64 // moves that failed for Redis's sake (not their caller's ctx); written under allMu
+	ownAll    atomic.Int32 // this process's InvalidateAll moves in progress
+	used      atomic.Bool  // the Loader has called the tier: its cache may hold what a move drops
 
 	served served
 	events events
