@@ -13,7 +13,11 @@
 //
 //   - a shared entry: the value (encoded by a [Codec], JSON by default) with
 //     when it was loaded, how long the load took, and until when it is fresh
-//     and usable stale, by the Loader's own rules ([flightcache.Bounds]);
+//     and usable stale, by the Loader's own rules ([flightcache.Bounds]).
+//     Its freshness is drawn once, as the Loader draws each entry's
+//     ([flightcache.Windows.Draw]: with Jitter, anywhere from TTL·(1−Jitter)
+//     to TTL), and Redis keeps it until it is past that freshness and its
+//     windows;
 //   - a lease: the process that holds it loads the key for the fleet, writes
 //     the entry and publishes; the others wait for the publish (pub/sub) or
 //     poll, and take the lease over if its holder stops proving it is alive.
