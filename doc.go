@@ -64,7 +64,8 @@
 // implements one on Redis), and [Breaker.Custom] a breaker whose state they
 // share, so a fleet makes one downstream call per key, not one per process.
 // [Options.Windows] and [AcceptsStale] let a Remote judge a shared value's
-// age by the Loader's own rules. A Remote that is a [RemoteWatcher] keeps the
+// age by the Loader's own rules, and draw its freshness as the Loader
+// draws each entry's ([Windows.Draw]). A Remote that is a [RemoteWatcher] keeps the
 // local copies in step with the fleet: another process's Set or Invalidate
 // drops this process's copy, and when the Remote may have missed such
 // writes it has every copy read again before it is served.

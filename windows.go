@@ -13,10 +13,16 @@ import (
 // timeout. Get it from [Options.Windows].
 type Windows struct {
 	// Fresh is the shortest time any value stays fresh: TTL·(1−Jitter),
-	// never 0. Each cached value draws its own freshness from [Fresh, TTL];
-	// a value judged by Fresh is never served fresh past any process's
-	// draw.
+	// never 0. Each cached value draws its own freshness from [Fresh, TTL]
+	// ([Windows.Draw]); a value judged by Fresh is never served fresh past
+	// any process's draw.
 	Fresh time.Duration
+	// TTL is the longest time a value stays fresh, the TTL its freshness
+	// is drawn from: the Options' TTL, or the one [Options.Freshness] gives
+	// the value. 0 in Windows made by hand: every draw is then Fresh.
+	TTL time.Duration
+	// Jitter is the Options' Jitter: how far below TTL a draw may go.
+	Jitter float64
 	// StaleWhileRevalidate and StaleIfError are the Options' windows.
 	StaleWhileRevalidate time.Duration
 	StaleIfError         time.Duration
@@ -48,6 +54,8 @@ func (o Options[K, V]) WindowsOf(key K, v V) (w Windows, cache bool) {
 	o = o.withDefaults()
 	w = Windows{
 		Fresh:                jitter(o.TTL, o.Jitter, 1),
+		TTL:                  o.TTL,
+		Jitter:               o.Jitter,
 		StaleWhileRevalidate: o.StaleWhileRevalidate,
 		StaleIfError:         o.StaleIfError,
 		EarlyRefresh:         o.EarlyRefresh > 0,
@@ -61,11 +69,25 @@ func (o Options[K, V]) WindowsOf(key K, v V) (w Windows, cache bool) {
 		return w, false
 	}
 	if f.TTL > 0 {
-		w.Fresh = jitter(f.TTL, o.Jitter, 1)
+		w.Fresh, w.TTL = jitter(f.TTL, o.Jitter, 1), f.TTL
 	}
 	w.StaleWhileRevalidate = pick(f.StaleWhileRevalidate, w.StaleWhileRevalidate)
 	w.StaleIfError = pick(f.StaleIfError, w.StaleIfError)
 	return w, true
+}
+
+// Draw returns the freshness of one value, drawn as the Loader draws the
+// freshness of each value it caches: TTL·(1−Jitter·u), for u drawn
+// uniformly from [0, 1) by the caller, so within [Fresh, TTL] (u = 0
+// gives TTL), never 0. A Remote that stores a value for several
+// processes draws it once for the value, as one cache entry would: its
+// bounds are then those of w with Fresh the draw ([Windows.Bounds]).
+// Without a TTL (Windows made by hand) it returns Fresh.
+func (w Windows) Draw(u float64) time.Duration {
+	if w.TTL <= 0 {
+		return w.Fresh
+	}
+	return jitter(w.TTL, w.Jitter, u)
 }
 
 // AcceptsStale reports whether a Get made under ctx accepts a value that

@@ -2,6 +2,7 @@ package flightcache
 
 import (
 	"context"
+	"math"
 	"strings"
 	"testing"
 	"time"
@@ -14,8 +15,8 @@ import (
 func TestOptionsWindows(t *testing.T) {
 	w, err := Options[string, int]{TTL: 10 * time.Second, Jitter: 0.2, StaleWhileRevalidate: time.Second,
 		StaleIfError: time.Minute, EarlyRefresh: 1}.Windows()
-	want := Windows{Fresh: 8 * time.Second, StaleWhileRevalidate: time.Second, StaleIfError: time.Minute,
-		EarlyRefresh: true, LoadTimeout: DefaultLoadTimeout}
+	want := Windows{Fresh: 8 * time.Second, TTL: 10 * time.Second, Jitter: 0.2, StaleWhileRevalidate: time.Second,
+		StaleIfError: time.Minute, EarlyRefresh: true, LoadTimeout: DefaultLoadTimeout}
 	if err != nil || w != want {
 		t.Errorf("Windows() = %+v, %v; want %+v", w, err, want)
 	}
@@ -25,6 +26,45 @@ func TestOptionsWindows(t *testing.T) {
 	_, err = Options[string, int]{TTL: time.Second, Jitter: 3}.Windows()
 	if err == nil || !strings.Contains(err.Error(), "Options.Jitter ") {
 		t.Errorf("Windows() with Jitter 3 = %v; want an error naming Options.Jitter", err)
+	}
+}
+
+// Windows.Draw is the Loader's draw of one entry's freshness (jitter):
+// within [Fresh, TTL], never 0, TTL at u = 0, whatever the Jitter (1
+// included, where Fresh is next to nothing); and Fresh for Windows made by
+// hand, which have no TTL.
+func TestWindowsDraw(t *testing.T) {
+	for _, o := range []Options[string, int]{
+		{TTL: time.Hour},
+		{TTL: time.Hour, Jitter: 0.3},
+		{TTL: time.Hour, Jitter: 1},
+		{TTL: time.Hour, Freshness: func(string, int) Freshness { return Freshness{TTL: time.Minute} }},
+		{TTL: forever, Jitter: 1},
+		{TTL: 1, Jitter: 1},
+	} {
+		w, _ := o.WindowsOf("k", 1)
+		ttl := o.TTL
+		if o.Freshness != nil {
+			ttl = o.Freshness("k", 1).TTL
+		}
+		if w.TTL != ttl || w.Jitter != o.Jitter || w.Fresh != jitter(ttl, o.Jitter, 1) {
+			t.Errorf("WindowsOf with TTL %v, Jitter %v = %+v; want TTL %v, the Options' Jitter, the shortest draw as Fresh", o.TTL, o.Jitter, w, ttl)
+		}
+		for _, u := range []float64{0, 1e-9, 0.25, 0.5, 0.999999, math.Nextafter(1, 0)} {
+			d := w.Draw(u)
+			if d != jitter(ttl, o.Jitter, u) || d < w.Fresh || d > ttl || d <= 0 {
+				t.Errorf("%+v: Draw(%v) = %v; want the Loader's draw %v, in [%v, %v]", w, u, d, jitter(ttl, o.Jitter, u), w.Fresh, ttl)
+			}
+		}
+		if d := w.Draw(0); d != ttl {
+			t.Errorf("%+v: Draw(0) = %v; want the TTL %v", w, d, ttl)
+		}
+	}
+	if w, _ := (Options[string, int]{TTL: time.Hour, Jitter: 1}).Windows(); w.Draw(0.5) != 30*time.Minute {
+		t.Errorf("with TTL 1h and Jitter 1, Draw(0.5) = %v; want 30m", w.Draw(0.5))
+	}
+	if d := (Windows{Fresh: time.Second}).Draw(0.5); d != time.Second {
+		t.Errorf("Windows{Fresh: 1s}.Draw(0.5) = %v; want its Fresh, 1s", d)
 	}
 }
 
@@ -58,7 +98,7 @@ func TestOptionsWindowsOf(t *testing.T) {
 			return Freshness{TTL: time.Duration(v) * time.Second, StaleWhileRevalidate: -1}
 		}}
 	w, ok := o.WindowsOf("k", 4)
-	want := Windows{Fresh: 2 * time.Second, StaleIfError: time.Minute, LoadTimeout: DefaultLoadTimeout}
+	want := Windows{Fresh: 2 * time.Second, TTL: 4 * time.Second, Jitter: 0.5, StaleIfError: time.Minute, LoadTimeout: DefaultLoadTimeout}
 	if !ok || w != want {
 		t.Errorf("WindowsOf(4) = %+v, %v; want %+v, true", w, ok, want)
 	}

@@ -101,8 +101,8 @@ func TestNewTierAndNewAgree(t *testing.T) {
 	loadedAt := time.Now()
 	for _, v := range []int{0, 1, 250, 7001, -1} {
 		rv := flightcache.RemoteValue[int]{Value: v, LoadedAt: loadedAt, Took: time.Millisecond}
-		e1, ok1 := old.encode("k", rv)
-		e2, ok2 := tier.encode("k", rv)
+		e1, ok1 := old.encode("k", rv, 0.5)
+		e2, ok2 := tier.encode("k", rv, 0.5)
 		if ok1 != ok2 || e1.at != e2.at || e1.fresh != e2.fresh || e1.stale != e2.stale || e1.until != e2.until || e1.life != e2.life {
 			t.Errorf("value %d: encoded %+v, %v by the attached tier; %+v, %v by New's", v, e2, ok2, e1, ok1)
 		}

@@ -3,6 +3,7 @@ package flightredis
 import (
 	"context"
 	"errors"
+	"math/rand/v2"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -506,7 +507,7 @@ func (b *batchRun[K, V]) loadAndStore(leased, local []*slot[K]) {
 			}
 		case err == nil && ok:
 			rv := loaded(v)
-			enc, share := t.encode(s.key, rv)
+			enc, share := t.encode(s.key, rv, rand.Float64())
 			if share && dead {
 				t.stats.writesLost.Add(1)
 				share = false

@@ -105,8 +105,11 @@ var _ flightcache.RemoteInvalidateAll = (*Tier[string, int])(nil)
 // or the round trip fails) is not lost: it is kept, the tier steps aside
 // for RetryAfter, and until a generation move has covered it this tier
 // hands its Loader nothing from Redis (the next Load, Set or Invalidate
-// makes the move first, or loads locally). Stats counts InvalidateAll calls
-// (InvalidateAllsSent, Replayed, Lost, Heard). After Close it is lost.
+// makes the move first, or loads locally). The calls that wait for that
+// move wait at most Timeout: after a move that failed they go on without
+// Redis, rather than each try again in turn. Stats counts InvalidateAll
+// calls (InvalidateAllsSent, Replayed, Lost, Heard). After Close it is
+// lost.
 func (t *Tier[K, V]) InvalidateAll(ctx context.Context) {
 	t.used.Store(true)
 	if t.closed.Load() {
@@ -127,13 +130,25 @@ func (t *Tier[K, V]) InvalidateAll(ctx context.Context) {
 // for the caller's own call, which is among them), if any are. It reports
 // whether none is left. One move at a time: a Load that finds calls kept
 // waits here for the move in progress (at most Timeout) rather than read
-// what the move drops.
+// what the move drops. A call that waited does not try a move of its own
+// if the one it waited for failed, the tier is stepping aside, or its ctx
+// is done: it goes on without Redis (a Load loads locally), so no caller
+// waits for more than one move, however many queue up while Redis does
+// not answer.
 func (t *Tier[K, V]) moveGen(ctx context.Context, own bool) bool {
+	failures := t.allFailed.Load()
 	t.allMu.Lock()
 	defer t.allMu.Unlock()
 	kept := t.allKept.Load()
 	if kept == 0 {
 		return true // another call's move covered them
+	}
+	if t.allFailed.Load() != failures || t.down() || ctx.Err() != nil {
+		if own { // kept, as when the tier steps aside (InvalidateAll)
+			t.allRetry.Add(1)
+			t.stats.skipped.Add(1)
+		}
+		return false
 	}
 	retried := t.allRetry.Load()
 	if own {
@@ -152,7 +167,9 @@ func (t *Tier[K, V]) moveGen(ctx context.Context, own bool) bool {
 		}
 		if ctx.Err() == nil {
 			// Step aside whatever the failure (a refused command too): the
-			// move is tried again once per RetryAfter, not by every Load.
+			// move is tried again once per RetryAfter, not by every Load,
+			// nor by the calls that waited for this one.
+			t.allFailed.Add(1)
 			t.failed()
 		}
 		return false

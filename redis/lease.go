@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"strings"
 	"sync"
 	"time"
@@ -466,7 +467,7 @@ func (t *Tier[K, V]) beat(ks keys, tok string) (stop func()) {
 // the lease of a generation that has ended (an InvalidateAll during the
 // load): it is counted in WritesLost.
 func (t *Tier[K, V]) write(ctx context.Context, ks keys, key K, tok string, rv flightcache.RemoteValue[V]) {
-	enc, ok := t.encode(key, rv)
+	enc, ok := t.encode(key, rv, rand.Float64())
 	if ok && t.dead(ks) {
 		t.stats.writesLost.Add(1)
 		ok = false
@@ -496,7 +497,10 @@ type encoded struct {
 }
 
 // encode prepares the write of rv as the entry of key, its windows'
-// bounds by the Loader's rule (flightcache.Windows.Bounds). ok is false
+// bounds by the Loader's rule (flightcache.Windows.Bounds), its freshness
+// the one drawn at u (flightcache.Windows.Draw, u uniform in [0, 1)): the
+// entry is one cached value, and draws its freshness once, as the
+// Loader's entries do. ok is false
 // for a value not to share: one the Loader would not cache, any value
 // before the tier is attached, or one the tier cannot write, counted in
 // EncodeErrors (the Codec failed or panicked, or
@@ -504,7 +508,7 @@ type encoded struct {
 // Codec) on the caller's goroutine, and recovers their panics: the value
 // still reaches the Loader, which asks Freshness again, recovers that
 // panic too and serves the value uncached, as it does without the tier.
-func (t *Tier[K, V]) encode(key K, rv flightcache.RemoteValue[V]) (enc encoded, ok bool) {
+func (t *Tier[K, V]) encode(key K, rv flightcache.RemoteValue[V], u float64) (enc encoded, ok bool) {
 	if t.attached() == nil { // no rules to write it by: not shared
 		return encoded{}, false
 	}
@@ -513,9 +517,11 @@ func (t *Tier[K, V]) encode(key K, rv flightcache.RemoteValue[V]) (enc encoded, 
 		return encoded{}, false
 	}
 	at := fromMicros(micros(rv.LoadedAt))
+	w.Fresh = w.Draw(u)
 	b := stored(w).Bounds(at)
-	// Redis frees the entry when no process can use it; "never" (a TTL of
-	// math.MaxInt64) stays about 292 years.
+	// Redis frees the entry when no process can use it: past its own
+	// freshness and windows. "Never" (a TTL of math.MaxInt64) stays about
+	// 292 years.
 	life := b.UsableUntil.Sub(at)
 	return encoded{data: data, at: micros(at), took: rv.Took.Microseconds(),
 		fresh: micros(b.FreshUntil), stale: micros(b.StaleUntil), until: micros(b.UsableUntil), life: life}, true
@@ -701,7 +707,7 @@ func (t *Tier[K, V]) Set(ctx context.Context, key K, v flightcache.RemoteValue[V
 		t.skip(name, key)
 		return
 	}
-	enc, ok := t.encode(key, v)
+	enc, ok := t.encode(key, v, rand.Float64())
 	if !ok {
 		if !t.invalidate(ctx, name, key) {
 			t.keep(name, key)

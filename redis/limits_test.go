@@ -131,7 +131,7 @@ func TestTierSaturatesAtTheExtremes(t *testing.T) {
 	}
 	ks := keysFor("p:", "k")
 	now := time.Now()
-	enc, ok := tier.encode("k", flightcache.RemoteValue[int]{Value: 1, LoadedAt: now})
+	enc, ok := tier.encode("k", flightcache.RemoteValue[int]{Value: 1, LoadedAt: now}, 0.5)
 	if !ok {
 		t.Fatal("encode refused the value")
 	}

@@ -1,10 +1,12 @@
 package flightredis
 
 import (
+	"context"
 	"fmt"
 	"net"
 	"os"
 	"os/exec"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -208,5 +210,82 @@ func TestNewDoesNotWaitForAHungRedis(t *testing.T) {
 	t.Logf("with Redis hung, Tier.Close took %v", time.Since(start).Round(time.Millisecond))
 	if took := time.Since(start); took > 30*time.Second {
 		t.Errorf("Tier.Close took %v with Redis hung", took)
+	}
+}
+
+// While an InvalidateAll is kept because Redis does not answer, the Loads
+// that find it kept wait for one move at most, not for one move each: a
+// Load that waited while another's move failed loads locally, as the tier
+// steps aside, instead of trying again for a Timeout of its own. So every
+// Get returns within about Timeout, and the loads drain at once, whether
+// Redis is stopped or frozen.
+func TestLoadsDoNotQueueBehindAKeptInvalidateAll(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		outage func(t *testing.T, srv *ownRedis)
+	}{
+		{"stopped", func(t *testing.T, srv *ownRedis) { srv.stop() }},
+		{"frozen", func(t *testing.T, srv *ownRedis) {
+			srv.signal(syscall.SIGSTOP) // answers nothing: every round trip takes Timeout
+			t.Cleanup(func() { srv.signal(syscall.SIGCONT) })
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) { loadsBehindAKeptInvalidateAll(t, tc.outage) })
+	}
+}
+
+func loadsBehindAKeptInvalidateAll(t *testing.T, outage func(*testing.T, *ownRedis)) {
+	srv := startOwnRedis(t)
+	d := newDownstream()
+	lo := flightcache.Options[string, string]{TTL: time.Hour}
+	to := Options[string, string]{Timeout: 250 * time.Millisecond, RetryAfter: 300 * time.Millisecond}
+	a := newProc(t, srv.addr, "fctest:", lo, to, d)
+	wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if _, err := a.l.Get(wctx, "warm"); err != nil { // connections open before the outage
+		t.Fatal(err)
+	}
+
+	outage(t, srv)
+	a.l.InvalidateAll() // its move fails: the call is kept
+	if s := a.t.Stats(); s.InvalidateAllsSent != 0 || s.RedisErrors == 0 {
+		t.Fatalf("a's tier: sent %d, Redis errors %d; want 0 and > 0 (the move failed)", s.InvalidateAllsSent, s.RedisErrors)
+	}
+	// Once RetryAfter is over, the next Loads make the move first; Redis
+	// still does not answer.
+	eventually(t, 10*time.Second, "the tier to stop stepping aside", func() bool { return !a.t.down() })
+
+	const n = 24
+	deadline := 6 * to.Timeout // wide: one move's Timeout is the promise
+	calls := d.calls.Load()
+	start := time.Now()
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var slowest time.Duration
+	for i := range n {
+		wg.Go(func() {
+			gctx, cancel := context.WithTimeout(ctx, deadline)
+			defer cancel()
+			key := fmt.Sprint("cold-", i)
+			begin := time.Now()
+			v, err := a.l.Get(gctx, key)
+			took := time.Since(begin)
+			mu.Lock()
+			slowest = max(slowest, took)
+			mu.Unlock()
+			if err != nil || !strings.HasPrefix(v, key+"-v") {
+				t.Errorf("Get(%q) after %v = %q, %v; want the downstream's value within %v", key, took.Round(time.Millisecond), v, err, deadline)
+			}
+		})
+	}
+	wg.Wait()
+	t.Logf("%d cold Gets with an InvalidateAll kept and Redis out: the slowest took %v (Timeout %v)",
+		n, slowest.Round(time.Millisecond), to.Timeout)
+	// Every load got past the kept call to the downstream, soon after the
+	// Gets: none is still queued for a move of its own.
+	eventually(t, 2*time.Second, "every load to reach the downstream", func() bool { return d.calls.Load()-calls == n })
+	t.Logf("the %d loads drained %v after the Gets began", n, time.Since(start).Round(time.Millisecond))
+	if s := a.t.Stats(); s.InvalidateAllsSent != 0 || s.LocalLoads < n {
+		t.Errorf("a's tier: sent %d, local loads %d; want 0 and at least %d", s.InvalidateAllsSent, s.LocalLoads, n)
 	}
 }

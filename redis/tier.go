@@ -13,7 +13,11 @@
 //
 //   - a shared entry: the value (encoded by a [Codec], JSON by default) with
 //     when it was loaded, how long the load took, and until when it is fresh
-//     and usable stale, by the Loader's own rules ([flightcache.Bounds]);
+//     and usable stale, by the Loader's own rules ([flightcache.Bounds]).
+//     Its freshness is drawn once, as the Loader draws each entry's
+//     ([flightcache.Windows.Draw]: with Jitter, anywhere from TTL·(1−Jitter)
+//     to TTL), and Redis keeps it until it is past that freshness and its
+//     windows;
 //   - a lease: the process that holds it loads the key for the fleet, writes
 //     the entry and publishes; the others wait for the publish (pub/sub) or
 //     poll, and take the lease over if its holder stops proving it is alive.
@@ -169,13 +173,14 @@ type Tier[K comparable, V any] struct {
 	fleet           fleetState[K]
 
 	// The generation of the shared tier (generation.go).
-	genKey   string       // the counter in Redis
-	gen      atomic.Int64 // the newest generation this tier knows
-	allMu    sync.Mutex   // one generation move at a time
-	allKept  atomic.Int64 // InvalidateAll calls not in Redis yet (in progress or failed)
-	allRetry atomic.Int64 // of allKept, those whose own attempt failed
-	ownAll   atomic.Int32 // this process's InvalidateAll moves in progress
-	used     atomic.Bool  // the Loader has called the tier: its cache may hold what a move drops
+	genKey    string       // the counter in Redis
+	gen       atomic.Int64 // the newest generation this tier knows
+	allMu     sync.Mutex   // one generation move at a time
+	allKept   atomic.Int64 // InvalidateAll calls not in Redis yet (in progress or failed)
+	allRetry  atomic.Int64 // of allKept, those whose own attempt failed or was not made
+	allFailed atomic.Int64 // moves that failed for Redis's sake (not their caller's ctx); written under allMu
+	ownAll    atomic.Int32 // this process's InvalidateAll moves in progress
+	used      atomic.Bool  // the Loader has called the tier: its cache may hold what a move drops
 
 	served served
 	events events

@@ -307,6 +307,59 @@ func TestSharedEntryKeepsItsOwnFreshness(t *testing.T) {
 	}
 }
 
+// With Jitter 1 each value's freshness is drawn from (0, TTL]. The shared
+// entry draws its own, as every entry of a Loader does, rather than take
+// the shortest draw, which Jitter 1 drives to nothing: a second process
+// gets the first's value without loading it, and Redis keeps the entry
+// for the life it drew. (A draw under the 50ms this waits, one chance in
+// 70000 per key, would fail it.)
+func TestSharedEntryWithFullJitter(t *testing.T) {
+	addr := redisAddr(t)
+	c := newClient(t, addr)
+	p := testPrefix(t, c)
+	d := newDownstream()
+	lo := flightcache.Options[string, string]{TTL: time.Hour, Jitter: 1}
+	a := newProc(t, addr, p, lo, Options[string, string]{}, d)
+	b := newProc(t, addr, p, lo, Options[string, string]{}, d)
+	gctx, cancel := context.WithTimeout(ctx, 20*time.Second)
+	defer cancel()
+
+	for i := range 3 { // each key draws its own
+		key := fmt.Sprint("k", i)
+		want := fmt.Sprintf("%s-v%d", key, d.calls.Load()+1)
+		if v, err := a.l.Get(gctx, key); err != nil || v != want {
+			t.Fatalf("a.Get(%q) = %q, %v; want %s", key, v, err, want)
+		}
+		time.Sleep(50 * time.Millisecond) // Redis expiry needs real time: the broken lifetime was 1ms
+		name := keysFor(p, key).entry
+		ttl, err := c.PTTL(gctx, name).Result()
+		if err != nil || ttl <= 0 || ttl > lo.TTL {
+			t.Errorf("PTTL of %s's shared entry = %v, %v; want in (0, %v]", key, ttl, err, lo.TTL)
+		}
+		vals, err := c.HMGet(gctx, name, entryFields...).Result()
+		if e, perr := parseEntry(vals); err == nil && perr == nil && e.ok {
+			// No stale windows: the entry lives until the end of its
+			// freshness, and Redis frees it then.
+			life, left := fromUS(e.fresh-e.at), fromMicros(e.until).Sub(time.Now())
+			t.Logf("%s: drew a freshness of %v; PTTL %v", key, life.Round(time.Second), ttl.Round(time.Second))
+			if e.until != e.fresh || life <= 0 || life > lo.TTL || (ttl > 0 && (ttl-left).Abs() > time.Second) {
+				t.Errorf("%s's shared entry: fresh for %v, until %v from now, PTTL %v; want one drawn life in (0, %v], which Redis keeps",
+					key, life, left.Round(time.Millisecond), ttl, lo.TTL)
+			}
+		}
+		calls := d.calls.Load()
+		if v, err := b.l.Get(gctx, key); err != nil || v != want {
+			t.Errorf("b.Get(%q) = %q, %v; want a's %s", key, v, err, want)
+		}
+		if n := d.calls.Load() - calls; n != 0 {
+			t.Errorf("b.Get(%q) made %d downstream calls; want none (a's value is shared)", key, n)
+		}
+	}
+	if s := b.t.Stats(); s.Hits != 3 || s.Leases != 0 {
+		t.Errorf("b stats %+v; want 3 hits, no lease", s)
+	}
+}
+
 // A reload through the tier revalidates the fleet's value: a process that
 // holds nothing reloads the value another process stored (Options.Reload
 // gets it as old), and a 304 renews it for every process.
