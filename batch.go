@@ -175,7 +175,9 @@ func (l *Loader[K, V]) completeBatch(b *batch[K, V], out *batchResult[K, V]) {
 		b.writes = nil
 		l.reportBatch(b, out)
 	}()
-	out.nf = l.notFound(out.err) // user code: after the defer, which covers a Goexit
+	if out.err != nil { // user code: after the defer, which covers a Goexit
+		out.nf = l.classifyLoad(&out.err, nil)
+	}
 	for next < len(b.calls) {
 		c := b.calls[next]
 		next++

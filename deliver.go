@@ -27,16 +27,17 @@ func (l *Loader[K, V]) complete(c *call[K, V], r *loaded[V]) {
 	shortest := jitter(l.opts.TTL, l.opts.Jitter, 1)
 	res.freshUntil = addSat(res.loadedAt, shortest)
 	if r.err != nil && !r.judged {
-		// Once per load, for all its callers. IsNotFound is user code: if
-		// it ends the goroutine, the waiters still get the error, uncached.
-		r.nf = l.notFoundOr(r.err, func() {
+		// Once per load, for all its callers. The error and IsNotFound are
+		// user code: if one panics, the error becomes the *PanicError; if
+		// one ends the goroutine, the waiters still get the error, uncached.
+		r.nf = l.classifyLoad(&r.err, func() {
 			var zero V
 			res.val = zero
 			l.deliver(c, r, &res, nil, 0)
 		})
 		r.judged = true
 	}
-	res.notFound = r.nf
+	res.err, res.notFound = r.err, r.nf
 	e, cost := l.entryOf(c, r, &res, now)
 	if r.err != nil {
 		var zero V

@@ -19,7 +19,8 @@ import (
 // refusal ends the retries at once (it is marked backoff.Permanent). The
 // whole sequence runs under the load's context, whose deadline is
 // LoadTimeout. Each load gets its own ExponentialBackOff: it is not safe for
-// concurrent use. Every call of user code on this path goes through guard.
+// concurrent use. Every call of user code on this path goes through guard,
+// and so does every look at an error user code returned (inspect).
 
 // loaded is what one load produced.
 type loaded[V any] struct {
@@ -47,7 +48,11 @@ func (l *Loader[K, V]) fetch(ctx context.Context, key K, old *entry[K, V], start
 	if old != nil { // set by the caller only with a Reload
 		r.reload, r.old = true, old.val
 	}
-	defer func() { r.notMod = r.reload && errors.Is(r.err, ErrNotModified) }()
+	defer func() {
+		if r.reload && r.err != nil { // a Remote's error may be its own: inspected here
+			l.inspect(&r.err, func() { r.notMod = errors.Is(r.err, ErrNotModified) }, nil)
+		}
+	}()
 	if l.opts.Remote == nil {
 		v, err := l.load(ctx, key, old, &r.down)
 		r.end = l.now()
@@ -144,16 +149,22 @@ func callDownstream[T any, K comparable, V any](l *Loader[K, V], ctx context.Con
 	)
 	policy := backoff.WithContext(backoff.WithMaxRetries(bo, uint64(l.opts.Retry.MaxAttempts-1)), ctx)
 	var last error
-	v, err = backoff.RetryNotifyWithData(func() (T, error) {
-		v, nf, err := attempt(l, ctx, call, reload, t)
+	op := func() (T, error) {
+		v, final, err := attempt(l, ctx, call, reload, t)
 		if err != nil {
 			last = err
-			if nf || !l.retryable(ctx, err) {
+			if final {
 				return v, backoff.Permanent(err)
 			}
 		}
 		return v, err
-	}, policy, l.retried(ctx, t))
+	}
+	// backoff inspects an error it may retry (errors.As, for its
+	// Permanent): user code, so its loop runs through the guard too.
+	if perr := l.guard(func() { v, err = backoff.RetryNotifyWithData(op, policy, l.retried(ctx, t)) }, nil); perr != nil {
+		var zero T
+		v, err, last = zero, perr, perr
+	}
 	return v, l.stopped(ctx, err, last)
 }
 
@@ -209,24 +220,29 @@ func (l *Loader[K, V]) stopped(ctx context.Context, err, last error) error {
 	if last != nil {
 		err = last
 	}
-	if cause := context.Cause(ctx); (sameError(cause, ErrClosed) || sameError(cause, ErrLoadTimeout)) && !errors.Is(err, cause) {
-		err = fmt.Errorf("%w: %w", cause, err)
+	if cause := context.Cause(ctx); sameError(cause, ErrClosed) || sameError(cause, ErrLoadTimeout) {
+		e := err
+		l.inspect(&err, func() {
+			if !errors.Is(e, cause) {
+				err = fmt.Errorf("%w: %w", cause, e)
+			}
+		}, nil)
 	}
 	return err
 }
 
 // attempt makes one downstream call through the breaker, counting it in
 // *calls (and in Stats.Retries past the first) unless the breaker refuses
-// it; nf reports that its error is a not-found (Options.IsNotFound, asked
-// once per attempt). A panic in the LoadFunc becomes a *PanicError; a
+// it; final reports that its error is not to be retried (classify). A panic
+// in the LoadFunc, or in a method of its error, becomes a *PanicError; a
 // runtime.Goexit is reported to the breaker as a failure on its way out
 // (the load goroutine's deferred complete gives the waiters ErrGoexit).
-func attempt[T any, K comparable, V any](l *Loader[K, V], ctx context.Context, call func() (T, error), reload bool, t *tally) (v T, nf bool, err error) {
+func attempt[T any, K comparable, V any](l *Loader[K, V], ctx context.Context, call func() (T, error), reload bool, t *tally) (v T, final bool, err error) {
 	done, err := l.allow()
 	if err != nil {
 		l.stats.breakerRejected.Add(1)
 		l.attempted(ctx, AttemptEvent[K]{Attempt: int(t.calls) + 1, Err: err, Rejected: true})
-		return v, false, err
+		return v, true, err
 	}
 	if t.calls = min(t.calls, math.MaxInt32-1) + 1; t.calls > 1 {
 		l.stats.retries.Add(1)
@@ -241,24 +257,63 @@ func attempt[T any, K comparable, V any](l *Loader[K, V], ctx context.Context, c
 	}()
 	if perr := l.guard(func() { v, err = call() }, nil); perr != nil {
 		var zero T
-		return zero, false, perr
+		return zero, true, perr
 	}
-	nf = l.notFound(err)
-	outcome = l.verdict(ctx, err, nf)
-	if reload && errors.Is(err, ErrNotModified) {
-		outcome = OutcomeSuccess // the downstream answered
+	if err == nil {
+		outcome = OutcomeSuccess
+		return v, false, nil
 	}
-	return v, nf, err
+	var ok bool
+	if outcome, final, ok = l.classify(ctx, &err, reload); !ok {
+		var zero T
+		return zero, true, err // the *PanicError: a failure, as a panic of the LoadFunc
+	}
+	return v, final, err
+}
+
+// classify is what err (not nil), the error of one attempt, says: outcome,
+// for the breaker; final, that it is not to be retried (a not-found, or
+// not retryable; every error is, without Retry). It also reads the
+// error's text, which reaches every caller (and ManyError's). The error
+// is user code's: everything is asked through the guard, once per
+// attempt, before the breaker hears the outcome. If inspecting it panics,
+// *err becomes the *PanicError and ok is false.
+func (l *Loader[K, V]) classify(ctx context.Context, err *error, reload bool) (outcome Outcome, final, ok bool) {
+	e := *err
+	ok = l.inspect(err, func() {
+		_ = e.Error()
+		nf := l.notFound(e)
+		outcome = l.verdict(ctx, e, nf)
+		if reload && errors.Is(e, ErrNotModified) {
+			outcome = OutcomeSuccess // the downstream answered
+		}
+		final = nf || l.opts.Retry.MaxAttempts <= 1 || !l.retryable(ctx, e)
+	}, nil)
+	if !ok {
+		return OutcomeFailure, true, false
+	}
+	return outcome, final, true
 }
 
 // allow asks the breaker for one call, wrapping a refusal so that it
 // matches ErrBreakerOpen (breakerOpen). A breaker that panics refuses.
 func (l *Loader[K, V]) allow() (done func(Outcome), err error) {
 	if perr := l.guard(func() { done, err = l.breaker.Allow() }, nil); perr != nil {
-		err = perr
+		return nil, &breakerOpenError{refusal: perr}
 	}
 	if err != nil {
-		return nil, breakerOpen(err)
+		// A custom breaker's refusal is user code's error. It is read here
+		// as the load's error will be (classifyLoad), so that a method
+		// that panics makes the refusal a *PanicError, still a refusal.
+		refusal := err
+		if !l.inspect(&refusal, func() {
+			_ = refusal.Error()
+			plainNotFound(refusal)
+			err = breakerOpen(refusal) // errors.Is of it
+		}, nil) {
+			err = &breakerOpenError{refusal: refusal} // refusal is the *PanicError
+		}
+		return nil, err
 	}
 	if done == nil {
 		done = func(Outcome) {}
@@ -290,7 +345,8 @@ func timedOut(ctx context.Context) bool {
 }
 
 // retryable reports whether a failed attempt that is not a not-found (the
-// caller asked notFound) may be tried again.
+// caller asked notFound) may be tried again. It inspects err: only within
+// an inspection (classify).
 func (l *Loader[K, V]) retryable(ctx context.Context, err error) bool {
 	var pe *PanicError
 	switch {
@@ -310,15 +366,36 @@ func (l *Loader[K, V]) retryable(ctx context.Context, err error) bool {
 // notFound reports whether err means the key does not exist: it matches
 // ErrNotFound, or Options.IsNotFound (user code, through the guard: a
 // panic means no) says so (Options.NotFound is the same rule for a
-// Remote). nil, a panic of the LoadFunc and ErrGoexit never are.
-func (l *Loader[K, V]) notFound(err error) bool { return l.notFoundOr(err, nil) }
-
-// notFoundOr is notFound with the guard's onGoexit, for a caller that must
-// leave its state consistent if IsNotFound ends the goroutine.
-func (l *Loader[K, V]) notFoundOr(err error, onGoexit func()) (nf bool) {
+// Remote). nil, a panic of the LoadFunc and ErrGoexit never are. It
+// inspects err: only within an inspection (classify, classifyLoad).
+func (l *Loader[K, V]) notFound(err error) bool {
 	if nf, sure := plainNotFound(err); sure || l.opts.IsNotFound == nil {
 		return nf
 	}
+	return l.isNotFound(err, nil)
+}
+
+// classifyLoad is the judgement of a load's error *err (not nil), once for
+// all its callers: whether it is a not-found (notFound), with its text
+// read, as classify reads an attempt's. The error is user code's: it is
+// inspected through the guard, and a panic makes *err the *PanicError (no
+// not-found). onGoexit is the guard's, for a caller that must leave its
+// state consistent if the error or IsNotFound ends the goroutine.
+func (l *Loader[K, V]) classifyLoad(err *error, onGoexit func()) (nf bool) {
+	e := *err
+	var sure bool
+	if !l.inspect(err, func() { _ = e.Error(); nf, sure = plainNotFound(e) }, onGoexit) {
+		return false
+	}
+	if sure || l.opts.IsNotFound == nil {
+		return nf
+	}
+	return l.isNotFound(e, onGoexit)
+}
+
+// isNotFound asks Options.IsNotFound about err, through the guard: a panic
+// means no.
+func (l *Loader[K, V]) isNotFound(err error, onGoexit func()) (nf bool) {
 	if l.guard(func() { nf = l.opts.IsNotFound(err) }, onGoexit) != nil {
 		return false
 	}

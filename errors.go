@@ -102,10 +102,12 @@ var errNilContext = errors.New("flightcache: nil context")
 var ErrGoexit = errors.New("flightcache: load function called runtime.Goexit")
 
 // PanicError is the error every waiter of a load receives when the
-// [LoadFunc] (or a [Remote] or custom breaker on the load path) panicked, and
-// the error a Get, Set or Invalidate gets when [Options.Hash] panicked. The
-// panic is recovered, so the process keeps running; nothing is cached and the
-// breaker counts a failure.
+// [LoadFunc] (or a [Remote] or custom breaker on the load path) panicked,
+// or when a method (Error, Unwrap, Is, As) of the error one of them
+// returned panicked as the Loader inspected it, and the error a Get, Set
+// or Invalidate gets when [Options.Hash] panicked. The panic is recovered,
+// so the process keeps running; nothing is cached and the breaker counts a
+// failure.
 type PanicError struct {
 	// Value is the value passed to panic.
 	Value any

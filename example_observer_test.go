@@ -47,12 +47,16 @@ func ExampleObserver() {
 		panic(err)
 	}
 
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
 	var wg sync.WaitGroup
 	for range 10 {
-		wg.Go(func() { prices.Get(context.Background(), "sku-1") })
+		wg.Go(func() { prices.Get(ctx, "sku-1") })
 	}
-	for prices.Stats().Waiting < 10 {
-		time.Sleep(time.Millisecond)
+	for deadline := time.Now().Add(10 * time.Second); prices.Stats().Waiting < 10; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			panic(fmt.Sprintf("after 10s, %d of the 10 Gets wait on the load; want all 10", prices.Stats().Waiting))
+		}
 	}
 	close(release)
 	wg.Wait()

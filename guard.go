@@ -7,7 +7,8 @@ import (
 
 // guard is the one way the Loader calls user code: the LoadFunc, Cost,
 // OnLoad, Retry.Retryable, Breaker.IsFailure, IsNotFound, Hash, a Remote
-// and a custom breaker all run through it.
+// and a custom breaker all run through it, and so do the methods of the
+// errors they return whenever the Loader inspects one (inspect).
 //
 // f runs on the calling goroutine. If it returns, guard returns nil. If it
 // panics, the panic is recovered, counted in Stats.Panics, and returned as a
@@ -53,4 +54,20 @@ func newPanicError(v any) *PanicError {
 		stack = stack[i+1:]
 	}
 	return &PanicError{Value: v, Stack: stack}
+}
+
+// inspect runs f, which inspects *err, an error user code made, through
+// the guard (with onGoexit, as guard's). errors.Is and errors.As call the
+// error's Unwrap, Is and As methods, and its Error is user code too: any
+// of them may panic. If f panics, *err becomes the *PanicError, as if the
+// code that made the error had panicked, and inspect reports false: what
+// f found is not to be used. A nil error needs no inspection: callers
+// call inspect only for a non-nil one, which keeps a successful load off
+// this path.
+func (l *Loader[K, V]) inspect(err *error, f func(), onGoexit func()) bool {
+	if perr := l.guard(f, onGoexit); perr != nil {
+		*err = perr
+		return false
+	}
+	return true
 }

@@ -538,9 +538,15 @@ func (l *Loader[K, V]) await(r *request[K, V], j *joined[K, V], again bool) (a a
 // current value if still within the windows (a stale one, or a fresh one a
 // Set stored during the wait), or, failing that, the older value a Remote
 // offered with the error. It looks afresh, so an Invalidate during the wait
-// leaves nothing local to fall back on.
+// leaves nothing local to fall back on. StaleMayCover inspects the error,
+// user code's, so through the guard: an error that panics is covered, as a
+// *PanicError is.
 func (l *Loader[K, V]) staleOnError(r *request[K, V], c *call[K, V], now time.Duration) (v V, age time.Duration, ok bool) {
-	if l.opts.StaleIfError == 0 || !StaleMayCover(c.err, c.notFound) {
+	if l.opts.StaleIfError == 0 {
+		return v, 0, false
+	}
+	cover := true
+	if l.guard(func() { cover = StaleMayCover(c.err, c.notFound) }, nil); !cover {
 		return v, 0, false
 	}
 	e := l.flights.latest(r.key, r.h)

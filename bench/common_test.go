@@ -134,15 +134,40 @@ func (d *downstream) fetch(key string) func(context.Context) (string, error) {
 	return func(ctx context.Context) (string, error) { return d.load(ctx, key) }
 }
 
-// quiesce waits (bounded) until no call is running: libraries whose
-// background refreshes are not owned by a Close (sturdyc) finish them here,
-// before goleak looks.
-func (d *downstream) quiesce() {
-	for i := 0; d.inside.Load() > 0 && i < 1000; i++ {
-		time.Sleep(time.Millisecond)
-	}
+// quiesce waits until no call is running: libraries whose background
+// refreshes are not owned by a Close (sturdyc) finish them here, before
+// goleak looks. A call still running after pollTimeout fails tb.
+func (d *downstream) quiesce(tb testing.TB) {
+	tb.Helper()
+	retryUntil(tb, "every downstream call to return", func() bool { return d.inside.Load() == 0 }, sleepMs)
 	time.Sleep(time.Millisecond) // let the goroutine that made the call store its result and exit
 }
+
+// pollTimeout bounds every wait of the benchmarks' setup and teardown for
+// something to happen (retryUntil): past it the benchmark fails, saying
+// what it waited for, instead of running on into the whole run's timeout.
+const pollTimeout = time.Minute
+
+// retryUntil calls try until it reports true, calling between after each
+// failed try, and fails tb if that takes longer than pollTimeout. A try
+// that succeeds at once costs one call: the clock is read only after a
+// failure.
+func retryUntil(tb testing.TB, what string, try func() bool, between func()) {
+	tb.Helper()
+	var deadline time.Time
+	for !try() {
+		switch now := time.Now(); {
+		case deadline.IsZero():
+			deadline = now.Add(pollTimeout)
+		case now.After(deadline):
+			tb.Fatalf("waited %v for %s: it did not happen", pollTimeout, what)
+		}
+		between()
+	}
+}
+
+// sleepMs is retryUntil's pause between polls of a condition.
+func sleepMs() { time.Sleep(time.Millisecond) }
 
 // once caches the result of an expensive setup shared by benchmarks.
 type once[T any] struct {
@@ -178,15 +203,14 @@ func fillLoader[K comparable](b *testing.B, l *flightcache.Loader[K, string], n 
 	for i := range n {
 		l.Set(key(i), value)
 	}
-	ctx := context.Background()
+	ctx, cancel := context.WithTimeout(context.Background(), pollTimeout)
+	defer cancel()
 	before := uint64(n) + 1
 	for pass := 1; ; pass++ {
 		// Let the writer apply what is pending: a Get of a key whose write
 		// is pending is answered from it, on the slower locked path, and
 		// the writer's work would run on into the measurement.
-		for pendingWrites(l.Stats()) > 0 {
-			time.Sleep(time.Millisecond)
-		}
+		retryUntil(b, "the writer to apply every pending write", func() bool { return pendingWrites(l.Stats()) == 0 }, sleepMs)
 		s0 := l.Stats()
 		for i := range n {
 			if _, err := l.Get(ctx, key(i)); err != nil {

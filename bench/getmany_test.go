@@ -181,7 +181,7 @@ func newManySturdyc(b *testing.B, d *batchDownstream) (func(context.Context, []s
 	}
 	// A batch fetch runs on a goroutine of sturdyc's that nobody waits for
 	// to end: let the last one finish before goleak looks.
-	return getMany, d.quiesce
+	return getMany, func() { d.quiesce(b) }
 }
 
 func newManyOtter(b *testing.B, d *batchDownstream) (func(context.Context, []string) (map[string]string, error), func()) {

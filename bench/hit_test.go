@@ -150,9 +150,8 @@ func newRistretto(b *testing.B, keys []string) *ristretto.Cache[string, string] 
 		b.Fatal(err)
 	}
 	for _, k := range keys {
-		for !c.SetWithTTL(k, value, 1, longTTL) {
-			c.Wait() // the set buffer was full: let it drain and retry
-		}
+		// A full set buffer refuses the Set: let it drain and retry.
+		retryUntil(b, "ristretto to take a Set", func() bool { return c.SetWithTTL(k, value, 1, longTTL) }, c.Wait)
 	}
 	c.Wait()
 	return c

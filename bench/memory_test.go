@@ -79,18 +79,11 @@ func memRistretto(b *testing.B, keys []string, ttl bool) (bytes, stored, fillNs 
 	before := liveHeap()
 	start := time.Now()
 	for _, k := range keys {
-		for {
-			var ok bool
-			if ttl {
-				ok = c.SetWithTTL(k, value, 1, longTTL)
-			} else {
-				ok = c.Set(k, value, 1)
-			}
-			if ok {
-				break
-			}
-			c.Wait() // the set buffer was full: let it drain and retry
+		set := func() bool { return c.Set(k, value, 1) }
+		if ttl {
+			set = func() bool { return c.SetWithTTL(k, value, 1, longTTL) }
 		}
+		retryUntil(b, "ristretto to take a Set", set, c.Wait) // a full set buffer refuses it: let it drain and retry
 	}
 	c.Wait()
 	fillNs = float64(time.Since(start))

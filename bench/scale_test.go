@@ -62,9 +62,7 @@ func newScaleRistretto(b *testing.B, n int, maxCost int64) *ristretto.Cache[uint
 		b.Fatal(err)
 	}
 	for k := range uint64(n) {
-		for !c.SetWithTTL(k, value, 1, longTTL) {
-			c.Wait()
-		}
+		retryUntil(b, "ristretto to take a Set", func() bool { return c.SetWithTTL(k, value, 1, longTTL) }, c.Wait)
 	}
 	c.Wait()
 	return c

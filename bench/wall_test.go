@@ -124,7 +124,7 @@ func newWallOtter(b *testing.B, d *downstream) (func(context.Context) error, fun
 		return err
 	}
 	return get, func() {
-		d.quiesce()
+		d.quiesce(b)
 		c.StopAllGoroutines()
 	}
 }
@@ -145,7 +145,7 @@ func newWallSturdyc(b *testing.B, d *downstream) (func(context.Context) error, f
 	}
 	// sturdyc's background refreshes run on goroutines it does not track:
 	// wait for the last one to finish.
-	return get, d.quiesce
+	return get, func() { d.quiesce(b) }
 }
 
 func newWallFlightcache(b *testing.B, d *downstream, opts flightcache.Options[string, string]) (func(context.Context) error, func()) {

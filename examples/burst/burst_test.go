@@ -303,8 +303,14 @@ func TestStormPart(t *testing.T) {
 		if row.Peak < 1 || row.Wall <= 0 || row.P99 <= 0 || len(row.Trace) == 0 {
 			t.Errorf("%s: peak %d, wall %v, p99 %v, %d trace points; want all measured", row.Config, row.Peak, row.Wall, row.P99, len(row.Trace))
 		}
-		if row.Limit == (flightcache.Limit{}) || !row.bounded() {
-			continue // the limit is not applied by this build: nothing more to hold it to
+		if row.Limit == (flightcache.Limit{}) {
+			if row.bounded() {
+				t.Errorf("%s: the Loader reported a bound (Stats.LoadLimit) with no Options.Limit; want none", row.Config)
+			}
+			continue // no limit: nothing more to hold it to
+		}
+		if !row.bounded() {
+			t.Errorf("%s: the Loader reported no bound during the storm (Stats.LoadLimit stayed 0); want Options.Limit applied", row.Config)
 		}
 		if row.Overloaded != 0 || row.Peak > cfg.stormCapacity {
 			t.Errorf("%s: %d calls past capacity, %d at once; want none past %d", row.Config, row.Overloaded, row.Peak, cfg.stormCapacity)
