@@ -37,8 +37,9 @@ type Options[K comparable, V any] struct {
 	// StaleWhileRevalidate is how long after freshness ends a Get still
 	// returns the stale value at once ([SourceStale]) while one background
 	// refresh of the key runs. A failed refresh is not retried for that key
-	// before a jittered delay that starts at Retry.InitialInterval and
-	// doubles per consecutive failure up to Retry.MaxInterval. 0 = off.
+	// before a jittered delay: the first is drawn from [I/2, I], I being
+	// Retry.InitialInterval, and the range doubles per consecutive failure
+	// up to [M/2, M], M being Retry.MaxInterval. 0 = off.
 	StaleWhileRevalidate time.Duration
 
 	// StaleIfError is how long after the StaleWhileRevalidate window a stale
