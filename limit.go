@@ -70,7 +70,9 @@ const DefaultAdaptiveMaxLoads = 200
 type Limit struct {
 	// MaxLoads is the most downstream calls the Loader makes at once. 0
 	// means no bound, unless Adaptive is set: then it is the ceiling of the
-	// adaptive bound, and 0 means DefaultAdaptiveMaxLoads (200).
+	// adaptive bound, and 0 means DefaultAdaptiveMaxLoads (200). Every
+	// value up to math.MaxInt works, for MinLoads and MaxQueue too: the
+	// bound saturates there, and Stats.LoadLimit reports it as it is.
 	MaxLoads int
 
 	// Adaptive finds the bound from the downstream's latency, between

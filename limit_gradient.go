@@ -123,14 +123,21 @@ func newGradient(minLoads, maxLoads int) gradient {
 	return gradient{lo: lo, hi: hi, limit: min(max(gradientStart, lo), hi)}
 }
 
-// bound is the slots the bound allows now.
-func (g *gradient) bound() int { return int(g.limit) }
+// bound is the slots the bound allows now. It saturates: a ceiling of
+// math.MaxInt is 2⁶³ as a float64, one past every int.
+func (g *gradient) bound() int {
+	if g.limit >= float64(math.MaxInt) {
+		return math.MaxInt
+	}
+	return int(g.limit)
+}
 
 // observe takes one attempt's sample: at now, an attempt of the given
 // latency ended as k, with inUse slots in use (its own included). It
 // returns the bound.
 func (g *gradient) observe(now, latency time.Duration, k sampleKind, inUse int) int {
-	busy := 2*inUse >= g.bound() // at least half the bound is in use
+	b := g.bound()
+	busy := inUse >= b-b/2 // at least half the bound is in use (2·inUse may overflow)
 	switch k {
 	case sampleIgnored:
 	case sampleFailure, sampleTimeout:
@@ -169,7 +176,7 @@ func (g *gradient) reanchor(now, x time.Duration, inUse int) {
 	case float64(x) <= float64(g.anchor)*gradientFlat: // as fast: the anchor holds, up to this load
 		g.anchor, g.anchorAt = min(g.anchor, x), max(g.anchorAt, inUse)
 		g.low, g.lows = 0, 0
-	case inUse <= max(g.anchorAt, int(g.lo)):
+	case float64(inUse) <= max(float64(g.anchorAt), g.lo):
 		if g.lows == 0 || x < g.low {
 			g.low = x
 		}
