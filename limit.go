@@ -28,7 +28,8 @@ const DefaultAdaptiveMaxLoads = 200
 // fails the load at once (a load never queues for an open breaker), then
 // the slot, then the retries, each through the breaker to the LoadFunc,
 // then the slot is given back. [Options.LoadTimeout] starts when the slot
-// is granted.
+// is granted, and so does [LoadEvent].Duration (the early refresh's δ):
+// the wait is LoadEvent.Queued.
 //
 // # When no slot is free
 //
