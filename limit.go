@@ -54,11 +54,15 @@ const DefaultAdaptiveMaxLoads = 200
 //
 // With Adaptive the bound is found from the downstream's latency, between
 // MinLoads and MaxLoads, starting at 20 (within those two): it grows while
-// each call's latency stays within 2× the lowest seen, and shrinks as
-// latency rises past that, with √bound of headroom; a timeout or a failure
-// the breaker counts cuts it at once. It neither grows nor is cut while
+// the calls' mean latency, over about a round trip, stays within 2× the
+// lowest mean seen over ten round trips, and shrinks as it rises past
+// that, with √bound of headroom; a timeout or a failure the breaker counts
+// cuts it at once. Means, not single calls: a steady share of fast answers
+// (not-founds the downstream knows at once, hits in its own cache) is part
+// of the downstream's latency, not a minimum its other calls fall short
+// of, and does not hold the bound down. It neither grows nor is cut while
 // less than half of it is in use, so a trickle of misses, or of failing
-// keys, leaves it where it is. The lowest latency is measured again, over
+// keys, leaves it where it is. The lowest mean is measured again, over
 // windows of 10s, when calls are slower at no more load than it was seen
 // at: a downstream that has become slower for good is followed, a storm's
 // own queueing is not. Stats.LoadLimit reports the bound.
