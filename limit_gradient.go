@@ -60,8 +60,11 @@ import (
 //
 // # The bound
 //
-// Until the first block has set the anchor, the bound holds: there is
-// nothing to measure the mean against. Then each successful sample gives
+// The first block is the Loader's start, not the downstream's steady mix
+// (the first keys asked for may all be of one kind, all not-founds, say),
+// and sets no anchor. Until the second block has set it, the bound holds:
+// there is nothing to measure the mean against. Then each successful
+// sample gives
 // the gradient g = tolerance·anchor/mean, clamped to [gradientMinGrad, 1]:
 // 1 while the mean is within the tolerance of the anchor. The bound L then
 // moves by (g·L + √L − L)/L: a round trip of L samples moves it by about
@@ -84,6 +87,7 @@ type gradient struct {
 	sum     float64 // latencies of the current block's calls, in ns
 	count   int     // calls in the current block
 	busiest int     // most slots in use at the end of a call of the current block
+	started bool    // the first block, the Loader's start, is over
 
 	anchor   time.Duration // lowest block mean; 0 before the first block
 	anchorAt int           // most slots in use while a block was that fast
@@ -175,7 +179,7 @@ func (g *gradient) observe(now, latency time.Duration, k sampleKind, inUse int) 
 	case sampleOK:
 		g.average(now, max(latency, 1), inUse)
 		if g.anchor == 0 {
-			break // no block yet: nothing to measure the mean against
+			break // no anchor yet: nothing to measure the mean against
 		}
 		grad := min(max(gradientTolerance*float64(g.anchor)/g.mean, gradientMinGrad), 1)
 		step := grad - 1 + 1/math.Sqrt(g.limit) // (grad·L + √L − L) / L
@@ -199,8 +203,10 @@ func (g *gradient) average(now, x time.Duration, inUse int) {
 	g.count++
 	g.busiest = max(g.busiest, inUse)
 	if float64(g.count) >= gradientRounds*round {
-		g.reanchor(now, time.Duration(g.sum/float64(g.count)), g.busiest, g.count)
-		g.sum, g.count, g.busiest = 0, 0, 0
+		if g.started {
+			g.reanchor(now, time.Duration(g.sum/float64(g.count)), g.busiest, g.count)
+		}
+		g.sum, g.count, g.busiest, g.started = 0, 0, 0, true
 	}
 }
 
