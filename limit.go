@@ -53,19 +53,20 @@ const DefaultAdaptiveMaxLoads = 200
 // # Adaptive
 //
 // With Adaptive the bound is found from the downstream's latency, between
-// MinLoads and MaxLoads, starting at 20 (within those two): it grows while
-// the calls' mean latency, over about a round trip, stays within 2× the
-// lowest mean seen over ten round trips, and shrinks as it rises past
+// MinLoads and MaxLoads, starting at 20 (within those two). After its first
+// twenty round trips of calls, whose latency it only measures, it grows
+// while the calls' mean latency, over about a round trip, stays within 2×
+// the lowest mean seen over ten round trips, and shrinks as it rises past
 // that, with √bound of headroom; a timeout or a failure the breaker counts
 // cuts it at once. Means, not single calls: a steady share of fast answers
 // (not-founds the downstream knows at once, hits in its own cache) is part
-// of the downstream's latency, not a minimum its other calls fall short
-// of, and does not hold the bound down. It neither grows nor is cut while
-// less than half of it is in use, so a trickle of misses, or of failing
-// keys, leaves it where it is. The lowest mean is measured again, over
-// windows of 10s, when calls are slower at no more load than it was seen
-// at: a downstream that has become slower for good is followed, a storm's
-// own queueing is not. Stats.LoadLimit reports the bound.
+// of the downstream's latency, not a minimum its other calls fall short of,
+// and does not hold the bound down. It neither grows nor is cut while less
+// than half of it is in use, so a trickle of misses, or of failing keys,
+// leaves it where it is. The lowest mean is measured again, over windows of
+// 10s, when calls are slower at no more load than it was seen at: a
+// downstream that has become slower for good is followed, a storm's own
+// queueing is not. Stats.LoadLimit reports the bound.
 //
 // NOTE: the bound is per Loader: a fleet of n processes may make n times
 // as many calls at once. An adaptive bound sees the others' calls only as
