@@ -123,7 +123,7 @@ func (l *Loader[K, V]) runBatch(b *batch[K, V]) {
 	}
 	out := batchResult[K, V]{err: ErrGoexit, down: tally{lctx: &b.leader.lctx, background: b.background}} // err stays if LoadMany (or the Remote) ends the goroutine
 	defer func() {
-		out.took = l.now() - start
+		out.took = l.now() - start - out.down.queued
 		l.completeBatch(b, &out)
 	}()
 	l.takeLabels(b.leader.lctx.caller)
@@ -155,7 +155,7 @@ type batchResult[K comparable, V any] struct {
 	err    error                 // or an error for every key
 	nf     bool                  // err is a not-found (judged once, by completeBatch)
 	down   tally                 // what its LoadMany calls did
-	took   time.Duration         // how long the call took
+	took   time.Duration         // how long the call took, its wait for a Limit slot not included
 }
 
 // completeBatch delivers each of b's calls its key's result (complete, as

@@ -31,7 +31,7 @@ type loaded[V any] struct {
 	old      V               // the value it was given
 	down     tally           // what its downstream calls did
 	end      time.Duration   // when the LoadFunc path returned, if fetch read the clock then (0: complete reads it)
-	took     time.Duration   // how long the value took to load, wherever it was
+	took     time.Duration   // how long the value took to load, wherever it was; here, from the Limit slot on
 	age      time.Duration   // how old the value already is (from a Remote)
 	remote   bool            // the value came from the Remote without a load here
 	fallback *RemoteValue[V] // with err: an older value the Remote offers to cover it
@@ -56,7 +56,7 @@ func (l *Loader[K, V]) fetch(ctx context.Context, key K, old *entry[K, V], start
 	if l.opts.Remote == nil {
 		v, err := l.load(ctx, key, old, &r.down)
 		r.end = l.now()
-		r.val, r.err, r.took = v, err, r.end-start
+		r.val, r.err, r.took = v, err, r.end-start-r.down.queued
 		return
 	}
 	var rv RemoteValue[V]
@@ -74,13 +74,15 @@ func (l *Loader[K, V]) fetch(ctx context.Context, key K, old *entry[K, V], start
 		*r = loaded[V]{err: perr, down: r.down}
 		return
 	}
-	r.fromRemote(RemoteResult[V]{RemoteValue: rv, Err: err}, l.now()-start)
+	r.fromRemote(RemoteResult[V]{RemoteValue: rv, Err: err}, l.now()-start-r.down.queued)
 }
 
 // fromRemote is the result of a load the Remote answered with rr (a
 // RemoteMany, for each key of a batch), which took here long (the whole
-// call, for a batch). A value the Remote did not load in this call comes
-// with its own Took, or none; one it loaded took here, if it does not say.
+// call, for a batch), its wait for a Limit slot (r.down.queued) not
+// included. A value the Remote did not load in this call comes with its
+// own Took, or none; one it loaded took its own Took less that wait, which
+// the Remote's clock cannot tell from the load, or here if it does not say.
 // An error comes with an older value to cover it, if the Remote offers one.
 func (r *loaded[V]) fromRemote(rr RemoteResult[V], here time.Duration) {
 	r.val, r.err = rr.Value, rr.Err
@@ -93,6 +95,9 @@ func (r *loaded[V]) fromRemote(rr RemoteResult[V], here time.Duration) {
 	}
 	r.remote = !rr.Loaded
 	r.took = rr.Took
+	if rr.Loaded {
+		r.took -= r.down.queued
+	}
 	if r.took <= 0 && rr.Loaded {
 		r.took = here
 	}
@@ -105,7 +110,7 @@ func (r *loaded[V]) fromRemote(rr RemoteResult[V], here time.Duration) {
 // that a call that ends the goroutine leaves it as it was.
 type tally struct {
 	lctx       *loadCtx      // the load's own context: its LoadTimeout starts again when a queued load gets its slot
-	queued     time.Duration // how long the load waited for a slot of Options.Limit
+	queued     time.Duration // how long the load waited for a slot of Options.Limit; not part of its took
 	calls      int32         // LoadFunc (or Reload, or LoadMany) calls made, saturating at MaxInt32
 	background bool          // a refresh, which holds its Limit slot since it was published (flights.start)
 }

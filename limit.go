@@ -28,7 +28,8 @@ const DefaultAdaptiveMaxLoads = 200
 // fails the load at once (a load never queues for an open breaker), then
 // the slot, then the retries, each through the breaker to the LoadFunc,
 // then the slot is given back. [Options.LoadTimeout] starts when the slot
-// is granted.
+// is granted, and so does [LoadEvent].Duration (the early refresh's δ):
+// the wait is LoadEvent.Queued.
 //
 // # When no slot is free
 //
@@ -52,15 +53,20 @@ const DefaultAdaptiveMaxLoads = 200
 // # Adaptive
 //
 // With Adaptive the bound is found from the downstream's latency, between
-// MinLoads and MaxLoads, starting at 20 (within those two): it grows while
-// each call's latency stays within 2× the lowest seen, and shrinks as
-// latency rises past that, with √bound of headroom; a timeout or a failure
-// the breaker counts cuts it at once. It neither grows nor is cut while
-// less than half of it is in use, so a trickle of misses, or of failing
-// keys, leaves it where it is. The lowest latency is measured again, over
-// windows of 10s, when calls are slower at no more load than it was seen
-// at: a downstream that has become slower for good is followed, a storm's
-// own queueing is not. Stats.LoadLimit reports the bound.
+// MinLoads and MaxLoads, starting at 20 (within those two). After its first
+// twenty round trips of calls, whose latency it only measures, it grows
+// while the calls' mean latency, over about a round trip, stays within 2×
+// the lowest mean seen over ten round trips, and shrinks as it rises past
+// that, with √bound of headroom; a timeout or a failure the breaker counts
+// cuts it at once. Means, not single calls: a steady share of fast answers
+// (not-founds the downstream knows at once, hits in its own cache) is part
+// of the downstream's latency, not a minimum its other calls fall short of,
+// and does not hold the bound down. It neither grows nor is cut while less
+// than half of it is in use, so a trickle of misses, or of failing keys,
+// leaves it where it is. The lowest mean is measured again, over windows of
+// 10s, when calls are slower at no more load than it was seen at: a
+// downstream that has become slower for good is followed, a storm's own
+// queueing is not. Stats.LoadLimit reports the bound.
 //
 // NOTE: the bound is per Loader: a fleet of n processes may make n times
 // as many calls at once. An adaptive bound sees the others' calls only as
@@ -70,7 +76,9 @@ const DefaultAdaptiveMaxLoads = 200
 type Limit struct {
 	// MaxLoads is the most downstream calls the Loader makes at once. 0
 	// means no bound, unless Adaptive is set: then it is the ceiling of the
-	// adaptive bound, and 0 means DefaultAdaptiveMaxLoads (200).
+	// adaptive bound, and 0 means DefaultAdaptiveMaxLoads (200). Every
+	// value up to math.MaxInt works, for MinLoads and MaxQueue too: the
+	// bound saturates there, and Stats.LoadLimit reports it as it is.
 	MaxLoads int
 
 	// Adaptive finds the bound from the downstream's latency, between

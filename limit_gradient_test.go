@@ -1,8 +1,16 @@
 package flightcache
 
 import (
+	"context"
+	"errors"
+	"fmt"
 	"math"
+	"math/rand/v2"
+	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
+	"testing/synctest"
 	"time"
 )
 
@@ -185,6 +193,66 @@ func TestGradientReanchors(t *testing.T) {
 	}
 }
 
+// mixed is a downstream with a fast path: a share of its calls (a
+// not-found it knows at once, a hit in its own cache) take fast, the
+// others slow(n); which ones is drawn from a fixed seed.
+func mixed(share float64, fast time.Duration, slow func(int) time.Duration) func(int) time.Duration {
+	rng := rand.New(rand.NewPCG(1, 2))
+	return func(n int) time.Duration {
+		if rng.Float64() < share {
+			return fast
+		}
+		return slow(n)
+	}
+}
+
+// A steady share of fast answers is not a lower latency the others fall
+// short of: against a downstream whose slow calls take 5ms whatever the
+// load, the bound grows to the ceiling and stays there, window after
+// window, whatever the share, even when the first 150 calls all took the
+// fast path.
+func TestGradientFastPathKeepsTheBound(t *testing.T) {
+	for _, share := range []float64{0.2, 0.5, 0.8} {
+		g := newGradient(1, 100)
+		var now time.Duration
+		saturate(&g, &now, 150, flat(20*time.Microsecond))
+		lat := mixed(share, 20*time.Microsecond, flat(5*time.Millisecond))
+		saturate(&g, &now, 20_000, lat)
+		lo, start := g.bound(), now
+		for now-start < 3*gradientWindow {
+			l, _ := saturate(&g, &now, 10_000, lat)
+			lo = min(lo, l)
+		}
+		if lo < 90 || g.bound() != 100 {
+			t.Errorf("%v%% fast: bound fell to %d over %v, %d at the end; want it held at 90 or more, 100 at the end", share*100, lo, now-start, g.bound())
+		}
+	}
+}
+
+// A fast path does not hide overload either: with a fifth of the calls
+// answered at once and the others on the downstream, the bound
+// settles below its capacity, falls when someone else's load raises the
+// latency, and returns once it is gone.
+func TestGradientFastPathStillFalls(t *testing.T) {
+	g := newGradient(1, 200)
+	var now time.Duration
+	fast := 20 * time.Microsecond
+	_, hi := saturate(&g, &now, 3000, mixed(0.2, fast, knee(0)))
+	settled := g.bound()
+	if hi >= 100 || settled < 35 || settled > 80 {
+		t.Fatalf("alone: bound settled at %d (highest %d); want 35 to 80, never 100", settled, hi)
+	}
+	saturate(&g, &now, 1000, mixed(0.2, fast, knee(60)))
+	loaded := g.bound()
+	if loaded > settled/2 {
+		t.Errorf("with 60 calls from elsewhere: bound %d; want it to fall below half of %d", loaded, settled)
+	}
+	saturate(&g, &now, 3000, mixed(0.2, fast, knee(0)))
+	if back := g.bound(); back < 35 || back < 3*loaded || back >= 100 {
+		t.Errorf("once the other load is gone: bound %d; want it back from %d to 35 or more, under 100", back, loaded)
+	}
+}
+
 // Whatever the samples, the bound stays within [MinLoads, MaxLoads].
 func FuzzGradient(f *testing.F) {
 	f.Add(uint8(1), uint8(200), []byte{0, 10, 20, 1, 200, 3, 2, 255, 0, 9})
@@ -206,4 +274,79 @@ func FuzzGradient(f *testing.F) {
 			}
 		}
 	})
+}
+
+// The fast path through a Loader: a fifth of the keys are not-founds the
+// downstream answers at once, the others take 5ms whatever the load, and
+// 150 goroutines Get fresh keys, the fifth drawn at random or every fifth
+// key of each goroutine (so that all 150 start with a not-found, in step).
+// Nothing is overloaded, so the adaptive bound grows to its ceiling and
+// stays there.
+func TestLimitAdaptiveFastPathKeepsTheBound(t *testing.T) {
+	for _, tt := range []struct {
+		name string
+		nf   func(rng *rand.Rand, i int) bool
+	}{
+		{"at random", func(rng *rand.Rand, _ int) bool { return rng.IntN(5) == 0 }},
+		{"in step", func(_ *rand.Rand, i int) bool { return i%5 == 0 }},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				lo, gets, failed := fastPathBound(t, tt.nf)
+				t.Logf("%d Gets in 1.2s, bound %d at the lowest after 0.4s", gets, lo)
+				if lo < 90 || failed != 0 {
+					t.Errorf("a fifth of instant not-founds: bound fell to %d, %d Gets failed; want it held at 90 or more, none failed", lo, failed)
+				}
+			})
+		})
+	}
+}
+
+// fastPathBound runs the fast path of TestLimitAdaptiveFastPathKeepsTheBound
+// for 1.2s, nf saying which Gets are of not-founds, and returns the lowest
+// bound after 0.4s, the Gets made, and how many failed.
+func fastPathBound(t *testing.T, nf func(rng *rand.Rand, i int) bool) (lo int, gets, failed int64) {
+	load := func(ctx context.Context, key string) (string, error) {
+		if strings.HasPrefix(key, "nf") {
+			return "", ErrNotFound
+		}
+		select {
+		case <-time.After(5 * time.Millisecond):
+			return key, nil
+		case <-ctx.Done():
+			return "", ctx.Err()
+		}
+	}
+	l, err := New(load, Options[string, string]{TTL: time.Minute, MaxCost: 1000, Limit: Limit{Adaptive: true, MaxLoads: 100}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	ctx, stop := context.WithTimeout(t.Context(), 1200*time.Millisecond)
+	defer stop()
+	var n, bad atomic.Int64
+	var wg sync.WaitGroup
+	for w := range 150 {
+		wg.Go(func() {
+			rng := rand.New(rand.NewPCG(uint64(w), 1))
+			for i := 0; ctx.Err() == nil; i++ {
+				key := fmt.Sprintf("%d-%d", w, i)
+				if nf(rng, i) {
+					key = "nf" + key
+				}
+				if _, err := l.Get(ctx, key); err != nil && !errors.Is(err, ErrNotFound) && ctx.Err() == nil {
+					bad.Add(1)
+				}
+				n.Add(1)
+			}
+		})
+	}
+	time.Sleep(400 * time.Millisecond)
+	lo = math.MaxInt
+	for range 80 {
+		lo = min(lo, int(l.Stats().LoadLimit))
+		time.Sleep(10 * time.Millisecond)
+	}
+	wg.Wait()
+	return lo, n.Load(), bad.Load()
 }

@@ -4,8 +4,11 @@ import (
 	"context"
 	"errors"
 	"math"
+	"strconv"
 	"strings"
+	"sync"
 	"testing"
+	"testing/synctest"
 	"time"
 )
 
@@ -120,5 +123,69 @@ func TestLimitNames(t *testing.T) {
 	}
 	if errors.Is(ErrLimited, ErrBreakerOpen) || errors.Is(ErrBreakerOpen, ErrLimited) {
 		t.Error("ErrLimited and ErrBreakerOpen match each other; they are distinct states")
+	}
+}
+
+// The largest values a Limit's fields take are accepted and saturate: the
+// bound is never negative, and a Loader with them answers its Gets, at once
+// and together, without ErrLimited.
+func TestLimitOptionsHugeValues(t *testing.T) {
+	tests := []struct {
+		name  string
+		limit Limit
+		bound int64 // Stats.LoadLimit
+	}{
+		{"MaxLoads", Limit{MaxLoads: math.MaxInt}, math.MaxInt},
+		{"MaxLoads and MaxQueue", Limit{MaxLoads: math.MaxInt, MaxQueue: math.MaxInt}, math.MaxInt},
+		{"MaxQueue", Limit{MaxLoads: 1, MaxQueue: math.MaxInt}, 1},
+		{"adaptive MaxLoads", Limit{Adaptive: true, MaxLoads: math.MaxInt}, gradientStart},
+		{"adaptive MaxQueue", Limit{Adaptive: true, MaxQueue: math.MaxInt}, gradientStart},
+		{"adaptive MinLoads and MaxLoads", Limit{Adaptive: true, MinLoads: math.MaxInt, MaxLoads: math.MaxInt}, math.MaxInt},
+		{"adaptive, all three", Limit{Adaptive: true, MinLoads: math.MaxInt, MaxLoads: math.MaxInt, MaxQueue: math.MaxInt}, math.MaxInt},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				d := &downstream{delay: time.Millisecond}
+				l := newLoader(t, d, Options[string, string]{Limit: tt.limit})
+				if s := l.Stats(); s.LoadLimit != tt.bound {
+					t.Errorf("Limit %+v: Stats.LoadLimit %d; want %d", tt.limit, s.LoadLimit, tt.bound)
+				}
+				ctx, cancel := context.WithTimeout(t.Context(), time.Second)
+				defer cancel()
+				var wg sync.WaitGroup
+				for i := range 50 {
+					wg.Go(func() {
+						key := strconv.Itoa(i)
+						if v, err := l.Get(ctx, key); err != nil {
+							t.Errorf("Limit %+v: Get(%q) = %q, %v; want a value", tt.limit, key, v, err)
+						}
+					})
+				}
+				wg.Wait()
+				if s := l.Stats(); s.LoadLimit < 1 || s.Limited != 0 {
+					t.Errorf("Limit %+v after 50 loads: LoadLimit %d, Limited %d; want a bound of 1 or more, nothing limited", tt.limit, s.LoadLimit, s.Limited)
+				}
+			})
+		})
+	}
+}
+
+// The adaptive bound saturates at the largest int: its float arithmetic
+// never turns it negative, whatever it is fed.
+func TestGradientHugeBounds(t *testing.T) {
+	for _, lo := range []int{1, gradientStart, math.MaxInt} {
+		g := newGradient(lo, math.MaxInt)
+		now := time.Second
+		for i := range 1000 {
+			now += time.Millisecond
+			k := sampleOK
+			if i%7 == 6 {
+				k = sampleTimeout
+			}
+			if b := g.observe(now, time.Millisecond, k, max(g.bound(), 1)); b < min(lo, gradientStart) || b < 1 {
+				t.Fatalf("newGradient(%d, MaxInt): bound %d after %d samples; want at least %d", lo, b, i+1, min(lo, gradientStart))
+			}
+		}
 	}
 }

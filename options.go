@@ -52,8 +52,9 @@ type Options[K comparable, V any] struct {
 	// EarlyRefresh is the XFetch β: each entry is refreshed in the background
 	// before it expires, so hot keys never go stale in front of readers. The
 	// refresh starts δ + β·δ·X before expiry, where δ is how long the value
-	// took to load and X is drawn once per entry from Exp(1) (capped at half
-	// the entry's life): keys loaded together refresh apart, slow loads
+	// took to load (LoadEvent.Duration: a wait for an [Options.Limit] slot
+	// is not part of it) and X is drawn once per entry from Exp(1) (capped
+	// at half the entry's life): keys loaded together refresh apart, slow loads
 	// refresh earlier, and a larger β spreads refreshes wider at the cost of
 	// more of them. The draw is per entry, not per Get as in the paper, so
 	// the refresh rate does not grow with the request rate. Values stored

@@ -78,7 +78,9 @@ type Info struct {
 type LoadEvent[K comparable] struct {
 	// Key is the key that was loaded.
 	Key K
-	// Duration is how long the load took, retries and backoff included.
+	// Duration is how long the load took, retries and backoff included,
+	// from when it had its slot of [Options.Limit]: the wait for the slot
+	// is Queued, not part of it. It is the δ of [Options.EarlyRefresh].
 	Duration time.Duration
 	// Err is the load's error, nil on success.
 	Err error
@@ -122,7 +124,8 @@ type LoadEvent[K comparable] struct {
 	// Queued is how long the load waited for a downstream slot under
 	// [Options.Limit] before it started (or before it failed with
 	// [ErrLimited]); 0 when it found one free, or without a Limit.
-	// Duration does not include it.
+	// Duration does not include it: a load that waits 90ms for a slot and
+	// then calls for 10ms has Queued 90ms and Duration 10ms.
 	Queued time.Duration
 }
 

@@ -41,7 +41,7 @@ func newInstruments(m metric.Meter, name attribute.KeyValue, observe observeFunc
 	}
 	var err1, err2, err3 error
 	in.loadDur, err1 = m.Float64Histogram("flightcache.load.duration", metric.WithUnit("s"),
-		metric.WithDescription("Duration of one load, retries and backoff included."),
+		metric.WithDescription("Duration of one load, retries and backoff included, its wait for a Limit slot not."),
 		metric.WithExplicitBucketBoundaries(DefaultDurationBuckets...))
 	in.callers, err2 = m.Int64Histogram("flightcache.load.callers", metric.WithUnit("{get}"),
 		metric.WithDescription("Gets that received one load's result, the starter included: the blast radius of a failed load."),

@@ -246,7 +246,7 @@ func New[K comparable](mp metric.MeterProvider, opts Options) (*Metrics[K], erro
 	var err error
 	if m.loadDur, err = m.meter.Float64Histogram("flightcache.load.duration",
 		metric.WithUnit("s"),
-		metric.WithDescription("Duration of one downstream load, retries and backoff included."),
+		metric.WithDescription("Duration of one downstream load, retries and backoff included, its wait for a Limit slot not."),
 		metric.WithExplicitBucketBoundaries(opts.DurationBuckets...)); err != nil {
 		return nil, fmt.Errorf("otelflightcache: %w", err)
 	}
