@@ -12,11 +12,14 @@ import (
 //   - Every operation that touches the cache or starts a goroutine enters
 //     on a stripe (a Get counts in gets and leaves through one of its
 //     outcomes; Set, Invalidate, loads and refreshes count in ops and out of
-//     it) and checks the flag after counting itself in: after Close, it
-//     counts itself out at once and does nothing. A Get counts out in the
-//     defer it sets as soon as it is in (exitGet), so that a panic of its
-//     caller's context cannot leave it in; Set and Invalidate call no user
-//     code while they are in, Refresh defers exitOp.
+//     it). After Close it is refused at the door, before it touches a
+//     stripe, so that a stream of calls after Close cannot keep Close from
+//     seeing every stripe balance; and it checks the flag again after
+//     counting itself in: if Close began in between, it counts itself out
+//     at once and does nothing. A Get counts out in the defer it sets as
+//     soon as it is in (exitGet), so that a panic of its caller's context
+//     cannot leave it in; Set and Invalidate call no user code while they
+//     are in, Refresh defers exitOp.
 //   - A load goroutine is counted in by the operation that starts it, while
 //     that operation is still inside, so the count cannot reach zero between
 //     the two.
@@ -171,12 +174,18 @@ func (l *Loader[K, V]) release(s *stripe) {
 	}
 }
 
-// enterOp counts an operation other than a Get in (Set, Invalidate). It
-// returns false after Close.
+// enterOp counts an operation other than a Get in (Set, Invalidate,
+// InvalidateAll, Refresh). It returns false after Close.
 func (l *Loader[K, V]) enterOp() (*stripe, bool) {
+	if l.closed.Load() {
+		// Refused at the door, as a Get is (enterGet): counted in and out
+		// on a stripe, a stream of refused Sets kept Close from ever
+		// seeing every stripe balance.
+		return nil, false
+	}
 	s := l.stats.acquire()
 	s.opsIn.Add(1)
-	if l.closed.Load() {
+	if l.closed.Load() { // Close began between the two checks
 		l.exitOp(s)
 		return nil, false
 	}
