@@ -40,6 +40,9 @@ import (
 // load goroutine calls it once per load), and Close looks for that
 // function in its stack, by address, not by name: a rename cannot break it
 // silently (TestCloseFromLoaderGoroutine checks the lookup both ways).
+// Close from an EvictionObserver on the writer's goroutine cannot wait
+// either, for the writer closes the Loader: the writer runs under
+// writerGoroutine, which Close looks for the same way (departures.go).
 // Shutdown(ctx) needs no such look: it waits until ctx ends.
 
 // Close stops the Loader: later Gets return [ErrClosed], Set and Invalidate
@@ -52,14 +55,15 @@ import (
 // context delays Close until it does. [Loader.Shutdown] bounds the wait.
 //
 // NOTE: Close called on a load goroutine (from a LoadFunc, Cost, OnLoad,
-// Retryable, IsFailure, a Remote or a custom breaker) cannot wait for
-// itself: it starts the shutdown and returns at once, and the Loader
-// finishes closing when the last of its loads ends. Close cannot tell which
-// Loader a load goroutine belongs to, so it returns at once too when called
-// from another Loader's callback; a later Close from outside waits.
+// Retryable, IsFailure, a Remote or a custom breaker), or on the Loader's
+// writer (from an EvictionObserver's Evicted), cannot wait for itself: it
+// starts the shutdown and returns at once, and the Loader finishes closing
+// when the last of its loads, and the callback, ends. Close cannot tell
+// which Loader such a goroutine belongs to, so it returns at once too when
+// called from another Loader's callback; a later Close from outside waits.
 func (l *Loader[K, V]) Close() error {
 	l.shutdown()
-	if onLoaderGoroutine() {
+	if onLoaderGoroutine() || onWriterGoroutine() {
 		return nil
 	}
 	<-l.closeDone
