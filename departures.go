@@ -101,8 +101,11 @@ func (l *Loader[K, V]) takeWrite(cost int64) (place, bool) {
 
 // workOff does the writer's rounds until ready closes. When a round finds
 // nothing to take (a producer holds a place it has not handed over yet),
-// it waits for a write to be handed over, then takes it.
+// it waits for a write to be handed over, then takes it. The events its
+// rounds keep (left) are reported by this Loader's writer after its next
+// round, which workOff wakes: it may run on another Loader's writer.
 func (l *Loader[K, V]) workOff(ready <-chan struct{}) {
+	defer l.writer.signal()
 	var batch, again []*write[K, V]
 	for {
 		batch, again = l.round(batch, again)

@@ -257,6 +257,15 @@ func TestEvictedWritesToAnotherLoader(t *testing.T) {
 			t.Fatalf("round %d still running after 5s (%d and %d Evicted calls so far)", i, ds[0].calls.Load(), ds[1].calls.Load())
 		}
 	}
+	for i, l := range ls {
+		// What a round done by the other Loader's writer saw leave is
+		// reported by this Loader's own writer, which that round woke.
+		waitFor(t, fmt.Sprintf("Loader %d to report every departure", i), 10*time.Second, func() bool {
+			l.writer.leftMu.Lock()
+			defer l.writer.leftMu.Unlock()
+			return len(l.writer.left) == 0
+		})
+	}
 	for _, l := range ls {
 		if !within(10*time.Second, func() { l.Close() }) {
 			t.Fatal("Close still running after 10s")
