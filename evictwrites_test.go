@@ -14,12 +14,11 @@ import (
 
 // dependents is an EvictionObserver as a cache of derived values would
 // have one: when a key leaves, Evicted drops its dependent key (dep/key),
-// with Invalidate, or rewrites it, with Set, on the very Loader it
-// observes; with only set, for departures of that cause only; with every
-// set, it also calls Peek, Refresh, Get (with a deadline) and, now and
-// then, InvalidateAll. With
-// closeOn set, it closes the Loader instead, from inside the first Evicted
-// call of that cause.
+// with Invalidate, or rewrites it, with Set, on the Loader in l (the one
+// it observes, or another); with only set, for departures of that cause
+// only; with every set, it also calls Peek, Refresh, Get (with a
+// deadline) and, now and then, InvalidateAll. With closeOn set, it closes
+// the Loader instead, from inside the first Evicted call of that cause.
 type dependents struct {
 	quiet
 	l       atomic.Pointer[Loader[string, string]]
@@ -102,12 +101,13 @@ func within(d time.Duration, f func()) bool {
 // goroutine, or on the writer's after the Clear of an InvalidateAll, where
 // a write waiting for a place waited for the writer, which waited for that
 // very goroutine (in ristretto's Wait) or was that goroutine. Every Set,
-// Invalidate and Close then hung for good: after about 13,000 operations
-// by default, 55 with MaxPendingWrites 1, 5 after an InvalidateAll. With a
-// small MaxCost, evictions are constant; every operation has a deadline,
-// the Loader closes within one and leaves no goroutine behind, every
-// callback's write returns, and no dependent is seen after the Invalidate
-// that dropped it returned.
+// Invalidate and Close then hung for good, here within a few rounds (a
+// hundred with the default MaxPendingWrites, which a MaxCost of 8 bounds
+// too). With a small MaxCost, evictions are constant; every round of
+// operations has a deadline (and every Get its own), the Loader closes
+// within one and leaves no goroutine behind, every callback's write
+// returns, and no dependent is seen after the Invalidate that dropped it
+// returned.
 func TestEvictedMayWrite(t *testing.T) {
 	for _, tc := range []struct {
 		name   string
