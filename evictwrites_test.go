@@ -109,15 +109,7 @@ func within(d time.Duration, f func()) bool {
 // returns, and no dependent is seen after the Invalidate that dropped it
 // returned.
 func TestEvictedMayWrite(t *testing.T) {
-	for _, tc := range []struct {
-		name   string
-		set    bool
-		every  bool          // call the other methods too (callEvery)
-		only   EvictionCause // react to departures of this cause only; 0: all
-		clear  int           // an InvalidateAll every clear rounds; 0: none
-		places int           // Options.MaxPendingWrites
-		rounds int
-	}{
+	for _, tc := range []evictCase{
 		{"Invalidate", false, false, 0, 0, 1, 1500},
 		{"Set", true, false, 0, 0, 1, 1500},
 		{"Invalidate after InvalidateAll", false, false, 0, 2, 1, 1500},
@@ -128,44 +120,56 @@ func TestEvictedMayWrite(t *testing.T) {
 		{"Invalidate, default MaxPendingWrites", false, false, 0, 0, 0, 4000},
 		{"every method", true, true, 0, 0, 1, 1500},
 	} {
-		t.Run(tc.name, func(t *testing.T) {
-			d := &dependents{set: tc.set, every: tc.every, only: tc.only}
-			l, err := New((&downstream{}).load, Options[string, string]{
-				TTL: time.Minute, MaxCost: 8, MaxPendingWrites: tc.places, Observer: d,
-			})
-			if err != nil {
-				t.Fatal(err)
-			}
-			d.l.Store(l)
-			rounds := tc.rounds
-			for i := range rounds {
-				var err error
-				if !within(5*time.Second, func() { err = evictionRound(l, i, tc.clear) }) {
-					t.Fatalf("round %d of %d (Sets, a Get, an Invalidate) still running after 5s: the Loader is wedged (%d Evicted calls so far)",
-						i, rounds, d.calls.Load())
-				}
-				if err != nil {
-					t.Fatalf("round %d: Get = %v", i, err)
-				}
-			}
-			if !within(10*time.Second, func() { l.Close() }) {
-				t.Fatal("Close still running after 10s")
-			}
-			if n := d.calls.Load(); n < int64(rounds/4) {
-				t.Errorf("%d Evicted calls in %d rounds of a cache of 8; want constant departures", n, rounds)
-			}
-			if c, w := d.calls.Load(), d.writes.Load(); w != c {
-				t.Errorf("%d Evicted calls returned from %d writes; want every write to return", c, w)
-			}
-			if n := d.failed.Load(); n > 0 {
-				t.Errorf("%d Gets from Evicted failed", n)
-			}
-			if n := d.stale.Load(); n > 0 {
-				t.Errorf("%d dependents still seen after the Invalidate that dropped them returned", n)
-			}
-			goleak.VerifyNone(t)
-		})
+		t.Run(tc.name, tc.run)
 	}
+}
+
+// evictCase is one case of TestEvictedMayWrite.
+type evictCase struct {
+	name   string
+	set    bool
+	every  bool          // call the other methods too (callEvery)
+	only   EvictionCause // react to departures of this cause only; 0: all
+	clear  int           // an InvalidateAll every clear rounds; 0: none
+	places int           // Options.MaxPendingWrites
+	rounds int
+}
+
+func (tc evictCase) run(t *testing.T) {
+	d := &dependents{set: tc.set, every: tc.every, only: tc.only}
+	l, err := New((&downstream{}).load, Options[string, string]{
+		TTL: time.Minute, MaxCost: 8, MaxPendingWrites: tc.places, Observer: d,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	d.l.Store(l)
+	for i := range tc.rounds {
+		var err error
+		if !within(5*time.Second, func() { err = evictionRound(l, i, tc.clear) }) {
+			t.Fatalf("round %d of %d (Sets, a Get, an Invalidate) still running after 5s: the Loader is wedged (%d Evicted calls so far)",
+				i, tc.rounds, d.calls.Load())
+		}
+		if err != nil {
+			t.Fatalf("round %d: Get = %v", i, err)
+		}
+	}
+	if !within(10*time.Second, func() { l.Close() }) {
+		t.Fatal("Close still running after 10s")
+	}
+	if n := d.calls.Load(); n < int64(tc.rounds/4) {
+		t.Errorf("%d Evicted calls in %d rounds of a cache of 8; want constant departures", n, tc.rounds)
+	}
+	if c, w := d.calls.Load(), d.writes.Load(); w != c {
+		t.Errorf("%d Evicted calls returned from %d writes; want every write to return", c, w)
+	}
+	if n := d.failed.Load(); n > 0 {
+		t.Errorf("%d Gets from Evicted failed", n)
+	}
+	if n := d.stale.Load(); n > 0 {
+		t.Errorf("%d dependents still seen after the Invalidate that dropped them returned", n)
+	}
+	goleak.VerifyNone(t)
 }
 
 // evictionRound is round i of TestEvictedMayWrite: every clear rounds an

@@ -286,24 +286,8 @@ func TestCloseWhileWritesKeepComing(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			l := newLoader(t, &downstream{}, Options[string, string]{})
-			stop := make(chan struct{})
-			var calls atomic.Int64
-			var wg sync.WaitGroup
-			for g := range 64 {
-				wg.Go(func() {
-					for i := g; ; i++ {
-						select {
-						case <-stop:
-							return
-						default:
-						}
-						tc.call(l, i)
-						calls.Add(1)
-					}
-				})
-			}
-			defer wg.Wait()
-			defer close(stop)
+			calls, stop := hammer(64, func(i int) { tc.call(l, i) })
+			defer stop()
 			waitFor(t, "the callers to be at it", 10*time.Second, func() bool { return calls.Load() > 1000 })
 			ctx, cancel := context.WithTimeout(context.Background(), 8*time.Second)
 			defer cancel()
@@ -320,6 +304,29 @@ func TestCloseWhileWritesKeepComing(t *testing.T) {
 			}
 		})
 	}
+}
+
+// hammer calls call(i) in a loop on each of n goroutines, i counting up
+// from the goroutine's number, until stop is called; calls counts the
+// calls made. stop waits for the goroutines to end.
+func hammer(n int, call func(i int)) (calls *atomic.Int64, stop func()) {
+	calls = new(atomic.Int64)
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	for g := range n {
+		wg.Go(func() {
+			for i := g; ; i++ {
+				select {
+				case <-done:
+					return
+				default:
+				}
+				call(i)
+				calls.Add(1)
+			}
+		})
+	}
+	return calls, func() { close(done); wg.Wait() }
 }
 
 // opsCounted is how many operations other than Gets have counted in on
