@@ -12,11 +12,14 @@ import (
 //   - Every operation that touches the cache or starts a goroutine enters
 //     on a stripe (a Get counts in gets and leaves through one of its
 //     outcomes; Set, Invalidate, loads and refreshes count in ops and out of
-//     it) and checks the flag after counting itself in: after Close, it
-//     counts itself out at once and does nothing. A Get counts out in the
-//     defer it sets as soon as it is in (exitGet), so that a panic of its
-//     caller's context cannot leave it in; Set and Invalidate call no user
-//     code while they are in, Refresh defers exitOp.
+//     it). After Close it is refused at the door, before it touches a
+//     stripe, so that a stream of calls after Close cannot keep Close from
+//     seeing every stripe balance; and it checks the flag again after
+//     counting itself in: if Close began in between, it counts itself out
+//     at once and does nothing. A Get counts out in the defer it sets as
+//     soon as it is in (exitGet), so that a panic of its caller's context
+//     cannot leave it in; Set and Invalidate call no user code while they
+//     are in, Refresh defers exitOp.
 //   - A load goroutine is counted in by the operation that starts it, while
 //     that operation is still inside, so the count cannot reach zero between
 //     the two.
@@ -37,6 +40,9 @@ import (
 // load goroutine calls it once per load), and Close looks for that
 // function in its stack, by address, not by name: a rename cannot break it
 // silently (TestCloseFromLoaderGoroutine checks the lookup both ways).
+// Close from an EvictionObserver on the writer's goroutine cannot wait
+// either, for the writer closes the Loader: the writer runs under
+// writerGoroutine, which Close looks for the same way (departures.go).
 // Shutdown(ctx) needs no such look: it waits until ctx ends.
 
 // Close stops the Loader: later Gets return [ErrClosed], Set and Invalidate
@@ -49,14 +55,15 @@ import (
 // context delays Close until it does. [Loader.Shutdown] bounds the wait.
 //
 // NOTE: Close called on a load goroutine (from a LoadFunc, Cost, OnLoad,
-// Retryable, IsFailure, a Remote or a custom breaker) cannot wait for
-// itself: it starts the shutdown and returns at once, and the Loader
-// finishes closing when the last of its loads ends. Close cannot tell which
-// Loader a load goroutine belongs to, so it returns at once too when called
-// from another Loader's callback; a later Close from outside waits.
+// Retryable, IsFailure, a Remote or a custom breaker), or on the Loader's
+// writer (from an EvictionObserver's Evicted), cannot wait for itself: it
+// starts the shutdown and returns at once, and the Loader finishes closing
+// when the last of its loads, and the callback, ends. Close cannot tell
+// which Loader such a goroutine belongs to, so it returns at once too when
+// called from another Loader's callback; a later Close from outside waits.
 func (l *Loader[K, V]) Close() error {
 	l.shutdown()
-	if onLoaderGoroutine() {
+	if onLoaderGoroutine() || onWriterGoroutine() {
 		return nil
 	}
 	<-l.closeDone
@@ -171,12 +178,18 @@ func (l *Loader[K, V]) release(s *stripe) {
 	}
 }
 
-// enterOp counts an operation other than a Get in (Set, Invalidate). It
-// returns false after Close.
+// enterOp counts an operation other than a Get in (Set, Invalidate,
+// InvalidateAll, Refresh). It returns false after Close.
 func (l *Loader[K, V]) enterOp() (*stripe, bool) {
+	if l.closed.Load() {
+		// Refused at the door, as a Get is (enterGet): counted in and out
+		// on a stripe, a stream of refused Sets kept Close from ever
+		// seeing every stripe balance.
+		return nil, false
+	}
 	s := l.stats.acquire()
 	s.opsIn.Add(1)
-	if l.closed.Load() {
+	if l.closed.Load() { // Close began between the two checks
 		l.exitOp(s)
 		return nil, false
 	}

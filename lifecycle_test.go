@@ -9,6 +9,7 @@ import (
 	"runtime/pprof"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -256,4 +257,84 @@ func TestLabelsPanicIsContained(t *testing.T) {
 	if s := l.Stats(); s.Panics != 2 || s.Loads != 2 || s.LoadErrors != 0 {
 		t.Fatalf("Stats = %+v; want 2 panics (the labels, once per goroutine's load), 2 loads, no error", s)
 	}
+}
+
+// Close and Shutdown finish while callers keep calling Set, Invalidate
+// and Refresh after them (each does nothing once the Loader is closed),
+// as they do while callers keep calling Peek. A call after Close is
+// refused before it touches a stripe, as a Get is (enterGet): counted in
+// and out on the stripes, a stream of them kept Close from seeing every
+// stripe balance, and Shutdown did not finish. Once it has, the callers'
+// calls leave the stripes as they are.
+func TestCloseWhileWritesKeepComing(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		call func(l *Loader[string, string], i int)
+	}{
+		{"Peek", func(l *Loader[string, string], i int) { l.Peek(fmt.Sprint(i % 16)) }},
+		{"Set, Invalidate, Refresh", func(l *Loader[string, string], i int) {
+			k := fmt.Sprint(i % 16)
+			switch i % 3 {
+			case 0:
+				l.Set(k, k)
+			case 1:
+				l.Invalidate(k)
+			default:
+				l.Refresh(context.Background(), k)
+			}
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			l := newLoader(t, &downstream{}, Options[string, string]{})
+			calls, stop := hammer(64, func(i int) { tc.call(l, i) })
+			defer stop()
+			waitFor(t, "the callers to be at it", 10*time.Second, func() bool { return calls.Load() > 1000 })
+			ctx, cancel := context.WithTimeout(context.Background(), 8*time.Second)
+			defer cancel()
+			start := time.Now()
+			if err := l.Shutdown(ctx); err != nil {
+				t.Fatalf("Shutdown with 64 callers of %s still calling = %v after %v; want nil",
+					tc.name, err, time.Since(start))
+			}
+			t.Logf("closed in %v", time.Since(start))
+			in, from := opsCounted(l), calls.Load()
+			waitFor(t, "more calls after Close", 10*time.Second, func() bool { return calls.Load() > from+1000 })
+			if now := opsCounted(l); now != in {
+				t.Errorf("%d calls after Close counted %d operations in on the stripes; want none", calls.Load()-from, now-in)
+			}
+		})
+	}
+}
+
+// hammer calls call(i) in a loop on each of n goroutines, i counting up
+// from the goroutine's number, until stop is called; calls counts the
+// calls made. stop waits for the goroutines to end.
+func hammer(n int, call func(i int)) (calls *atomic.Int64, stop func()) {
+	calls = new(atomic.Int64)
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	for g := range n {
+		wg.Go(func() {
+			for i := g; ; i++ {
+				select {
+				case <-done:
+					return
+				default:
+				}
+				call(i)
+				calls.Add(1)
+			}
+		})
+	}
+	return calls, func() { close(done); wg.Wait() }
+}
+
+// opsCounted is how many operations other than Gets have counted in on
+// l's stripes.
+func opsCounted(l *Loader[string, string]) uint64 {
+	var n uint64
+	for i := range l.stats.stripes {
+		n += l.stats.stripes[i].opsIn.Load()
+	}
+	return n
 }

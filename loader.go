@@ -142,7 +142,7 @@ func New[K comparable, V any](load LoadFunc[K, V], opts Options[K, V]) (*Loader[
 	// Last, once Stats reads everything it reports; before anything can
 	// load, write or evict (the writer, a watching Remote).
 	l.obs = newObserving(opts.Observer, l.guard, l.Stats)
-	go l.runWriter()
+	go writerGoroutine(l)
 	if err := l.watch(); err != nil {
 		l.Close()
 		return nil, err

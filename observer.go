@@ -148,17 +148,34 @@ type AttemptEvent[K comparable] struct {
 
 // EvictionObserver is an optional capability of an [Observer]: it sees
 // every entry that leaves the cache, or is refused by it, with the cause,
-// once. Evicted is called on whichever goroutine makes the entry leave:
-// the caller of Set or Invalidate, a load's, the Loader's writer, the
-// cache's own. Entries dropped by [Loader.Close] are not reported. The
-// entries an [Loader.InvalidateAll] drops are reported as they leave the
-// cache, soon after the call (the call itself is O(1)): as
-// EvictionInvalidated, also those that a newer value or the cache's
-// policy makes leave first.
+// once. Evicted is called on the goroutine that makes the entry leave, or
+// on the Loader's writer: the caller of Set or Invalidate (once the call
+// has done its write, before it returns), a load's, and, for what the
+// cache's policy evicts or refuses and what an [Loader.InvalidateAll] or
+// the writer drops, the writer's, shortly after, once it has finished the
+// batch of writes that made the entry leave; never the cache's own
+// goroutine. Entries dropped by [Loader.Close] are not reported. The
+// entries an InvalidateAll drops are reported as they leave the cache,
+// soon after the call (the call itself is O(1)): as EvictionInvalidated,
+// also those that a newer value or the cache's policy makes leave first.
+//
+// Evicted may call the Loader's methods, the one it observes included:
+// invalidating or setting a dependent key when a key leaves is what it is
+// for. Nothing it calls there waits for the writer: a Set or Invalidate
+// called on the writer's goroutine whose turn among the pending writes
+// ([Options.MaxPendingWrites]) has not come does the writer's work until
+// it comes, and [Loader.Close] starts the shutdown and returns at once,
+// as from a LoadFunc. So no call Evicted makes can wedge the Loader.
+// [Loader.Shutdown] there waits until its ctx ends, as the Loader cannot
+// finish closing while Evicted runs on its writer.
 //
 // WARNING: Evicted must not block, nor end its goroutine
-// (runtime.Goexit): the writer and the cache's goroutines it may run on
-// do not survive that, as they survive a panic.
+// (runtime.Goexit): while it runs on the writer, the writer waits for it,
+// and with it every Set and Invalidate that waits for its turn; the
+// writer does not survive a Goexit, as it survives a panic. A Get from
+// Evicted that misses blocks until its load returns: give it a context
+// with a deadline, or use [Loader.Peek] or [Loader.Refresh], which never
+// wait.
 type EvictionObserver[K comparable] interface {
 	Evicted(ev EvictionEvent[K])
 }

@@ -35,9 +35,13 @@ import (
 //   - attempt, if observesAttempts, on the load's goroutine after each
 //     failed downstream call that will be retried (before its wait), and
 //     for each call the breaker refused.
-//   - evicted, if observesEvictions, from the cache's OnEvict and
-//     OnReject and from the write path (replaced, invalidated), except
-//     while the cache is torn down at Close.
+//   - evicted, if observesEvictions: from the write path (replaced), on
+//     the goroutine of the fill, Set, Invalidate or Drop, once it is
+//     counted out; and on the writer's goroutine after each of its rounds
+//     (reportLeft, departures.go), for what the cache's OnEvict and
+//     OnReject and the writer itself saw leave in the round; never on the
+//     cache's goroutine, nor in a round; nothing while the cache is torn
+//     down at Close.
 //   - close, in Close, once every counter is final: the stats function
 //     handed out at New freezes.
 type observing[K comparable] struct {
@@ -254,22 +258,25 @@ func (l *Loader[K, V]) retried(ctx context.Context, t *tally) func(error, time.D
 // they see leave too. Without one, nothing is marked that was not before.
 //
 //   - put (a fill, Set, Invalidate, a Remote's Drop) reports the entry it
-//     replaced, after unlocking (replaced): EvictionReplaced, or
+//     replaced, after unlocking (replaced), and a Set, Invalidate or Drop
+//     once it is counted out (write): EvictionReplaced, or
 //     EvictionInvalidated for Invalidate and Drop. A value whose load said
 //     ErrNotModified is renewed, not replaced: not reported.
 //   - ristretto's OnEvict (leftCache) is EvictionPolicy, its OnReject
 //     (refused) EvictionRejected; so is a value too big for the cache
-//     (tooBig), which never reaches it.
+//     (tooBig), which never reaches it. Both run in the writer's rounds,
+//     OnEvict under ristretto's locks, and the writer waits for them: they
+//     only mark the entry gone and keep its event (left), which the writer
+//     reports after the round (departures.go).
 //   - An entry past its windows when a newer value or the policy makes it
 //     leave is EvictionExpired (leftBy).
 //   - InvalidateAll is O(1): an entry from before it is reported as
 //     EvictionInvalidated when it leaves, not at the call: at the Clear
-//     the writer runs soon after (whose OnEvict runs under ristretto's
-//     locks: the writer reports them once the Clear is done, cleared),
-//     when the writer deletes it from a pending write (issue), or before
-//     either if a newer value or the policy makes it leave first. A value
-//     written since, which the Clear drops and the writer issues again,
-//     has not left.
+//     the writer runs soon after, when the writer deletes it from a
+//     pending write (issue), both reported after the writer's round, or
+//     before either if a newer value or the policy makes it leave first. A
+//     value written since, which the Clear drops and the writer issues
+//     again, has not left.
 //   - Nothing while the cache is torn down at Close.
 //
 // The Loader keeps no cost per entry (an entry fits a cache line): the
@@ -309,46 +316,43 @@ func (l *Loader[K, V]) leftBy(e *entry[K, V], cause EvictionCause) EvictionCause
 	return cause
 }
 
-// leftCache reports an entry ristretto's OnEvict hands over, with its
-// cost. While the writer clears the cache for an InvalidateAll
-// (clearing, on the writer goroutine, under ristretto's locks), the
-// entries from before it are kept for cleared, and the others have not
-// left: they are issued again.
+// leftCache takes note of an entry ristretto's OnEvict hands over, with
+// its cost. While the writer clears the cache for an InvalidateAll
+// (clearing, in a round of the writer, under ristretto's locks), the
+// entries from before it are invalidated, and the others have not left:
+// they are issued again.
 func (l *Loader[K, V]) leftCache(e *entry[K, V], cost int64, clearing bool) {
 	switch {
 	case e == nil || !l.obs.observesEvictions():
 	case clearing:
 		if l.cleared(e) {
-			l.writer.dropped = append(l.writer.dropped, e)
+			l.left(e, EvictionInvalidated, l.unknownCost())
 		}
 	default:
 		l.left(e, EvictionPolicy, cost)
 	}
 }
 
-// reportCleared reports the entries an InvalidateAll's Clear dropped (leftCache),
-// on the writer goroutine once the Clear is done.
-func (l *Loader[K, V]) reportCleared() {
-	dropped := l.writer.dropped
-	l.writer.dropped = nil // a whole cache's worth: not kept for the next Clear
-	for _, e := range dropped {
-		l.left(e, EvictionInvalidated, l.unknownCost())
-	}
-}
-
-// refused reports an entry ristretto's admission policy refused.
+// refused takes note of an entry ristretto's admission policy refused.
 func (l *Loader[K, V]) refused(e *entry[K, V], cost int64) {
 	if e != nil && !l.tearingDown.Load() {
 		l.left(e, EvictionRejected, cost)
 	}
 }
 
-// left marks e gone and reports it as having left by cause (leftBy), if
-// an EvictionObserver is set and e was not reported already.
+// left marks e gone and, if an EvictionObserver is set and e was not
+// reported already, keeps its event, as having left by cause (leftBy),
+// for the writer to report after its round (reportLeft). It calls no user
+// code: it runs in the writer's rounds, on ristretto's goroutine too.
 func (l *Loader[K, V]) left(e *entry[K, V], cause EvictionCause, cost int64) {
-	if l.obs.observesEvictions() && e.markGone() != nil {
-		l.obs.evicted(EvictionEvent[K]{Key: e.key, Cause: l.leftBy(e, cause), Cost: cost})
+	if !l.obs.observesEvictions() || e.markGone() == nil {
+		return
 	}
+	ev := EvictionEvent[K]{Key: e.key, Cause: l.leftBy(e, cause), Cost: cost}
+	wr := &l.writer
+	wr.leftMu.Lock()
+	wr.left = append(wr.left, ev)
+	wr.leftMu.Unlock()
 }
 
 // tooBigFor reports a value of key too big for the cache, which never

@@ -14,6 +14,9 @@ import "sync"
 //
 // Only the writer gives places back, and it never waits for a producer, so
 // a waiting producer is always woken by the writer's progress or by Close.
+// A producer that runs on the writer's goroutine (an Evicted callback)
+// cannot wait for it: it asks without waiting and does the writer's work
+// until it is answered (takeWrite).
 type turns struct {
 	mu      sync.Mutex
 	free    int           // places free now
@@ -36,16 +39,28 @@ func (t *turns) init(places int, room int64) { t.free, t.room = places, room }
 // take waits for a place of the given cost (at most the room init gave)
 // and reports whether it got one; false after close.
 func (t *turns) take(cost int64) bool {
+	w, ok := t.ask(cost)
+	if w == nil {
+		return ok
+	}
+	<-w.ready
+	return w.ok
+}
+
+// ask is take without the wait: it takes a place of cost if one is free
+// and nobody waits (nil, true), refuses after close (nil, false), and
+// otherwise joins the back of the queue and returns the waiter, whose
+// ready closes when it is answered.
+func (t *turns) ask(cost int64) (*turnWaiter, bool) {
 	t.mu.Lock()
+	defer t.mu.Unlock()
 	switch {
 	case t.closed:
-		t.mu.Unlock()
-		return false
+		return nil, false
 	case t.head == len(t.waiters) && t.fits(cost):
 		t.free--
 		t.room -= cost
-		t.mu.Unlock()
-		return true
+		return nil, true
 	}
 	w := &turnWaiter{cost: cost, ready: make(chan struct{})}
 	if t.head > 0 && t.head*2 >= len(t.waiters) {
@@ -57,9 +72,7 @@ func (t *turns) take(cost int64) bool {
 	}
 	t.waiters = append(t.waiters, w)
 	t.waits++
-	t.mu.Unlock()
-	<-w.ready
-	return w.ok
+	return w, true
 }
 
 // fits reports whether a place of cost is free; the caller holds mu.

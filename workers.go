@@ -128,7 +128,11 @@ var loaderGoroutinePC = reflect.ValueOf(loaderGoroutine).Pointer()
 
 // onLoaderGoroutine reports whether the caller runs on a load goroutine of
 // some Loader.
-func onLoaderGoroutine() bool {
+func onLoaderGoroutine() bool { return calledUnder(loaderGoroutinePC) }
+
+// calledUnder reports whether the function whose entry address is entry
+// is among the caller's callers.
+func calledUnder(entry uintptr) bool {
 	pcs := make([]uintptr, 64)
 	for {
 		n := runtime.Callers(2, pcs)
@@ -141,7 +145,7 @@ func onLoaderGoroutine() bool {
 	frames := runtime.CallersFrames(pcs)
 	for {
 		f, more := frames.Next()
-		if f.Entry == loaderGoroutinePC {
+		if f.Entry == entry {
 			return true
 		}
 		if !more {

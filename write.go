@@ -67,12 +67,16 @@ import (
 //     older than one a Get has been given.
 //   - Set, Invalidate and a Remote's Drop wait their turn (turns.go) when
 //     their share is full, before they lock anything, so a storm of them
-//     runs at the pace of the writer; no load is ever behind them.
+//     runs at the pace of the writer; no load is ever behind them. One
+//     made by an EvictionObserver on the writer's own goroutine takes its
+//     turn the same way but, as it cannot wait for itself, does the
+//     writer's rounds until its turn comes (departures.go).
 //
 // Nothing else waits for the writer: a Get finds a pending write's value
-// in its shard (join, latest), and the writer itself waits only for
-// ristretto. So a Get whose load has returned has its answer once its own
-// goroutine runs, whatever storm goes on.
+// in its shard (join, latest), and in its rounds the writer waits only
+// for ristretto and runs no user code (an EvictionObserver is called
+// between rounds). So a Get whose load has returned has its answer once
+// its own goroutine runs, whatever storm goes on.
 
 // InvalidateAll moves the fleet generation on and raises the floor below
 // which an entry counts as absent (fleet.go); the writer then clears
@@ -154,9 +158,15 @@ type writer[K comparable, V any] struct {
 	fillCost atomic.Int64 // and their cost
 	maxFills int64
 	maxCost  int64
-	clears   atomic.Uint64  // InvalidateAll calls; the writer clears ristretto when it moves
-	cleared  uint64         // the clears the writer has acted on (its own)
-	dropped  []*entry[K, V] // the entries from before an InvalidateAll its last Clear dropped, to report (its own; EvictionObserver)
+	clears   atomic.Uint64 // InvalidateAll calls; the writer clears ristretto when it moves
+	cleared  uint64        // the clears the writer has acted on; guarded by rounds
+
+	// rounds is held for each round of the writer (round), by the writer
+	// goroutine, or by the writer's own write that does a round itself
+	// (departures.go): one round at a time.
+	rounds sync.Mutex
+	leftMu sync.Mutex
+	left   []EvictionEvent[K] // guarded by leftMu: what left the cache in the rounds, to report after them (departures.go)
 }
 
 func (wr *writer[K, V]) init(places int, cost int64) {
@@ -175,11 +185,6 @@ func (wr *writer[K, V]) takeFill(cost int64) bool {
 		return false
 	}
 	return true
-}
-
-// takeWrite waits for a place of the writes' share; false after Close.
-func (wr *writer[K, V]) takeWrite(cost int64) (place, bool) {
-	return place{kind: writePlace, cost: cost}, wr.turns.take(cost)
 }
 
 // release gives places back: n of the fills' share with the given cost
@@ -226,8 +231,10 @@ func (wr *writer[K, V]) signal() {
 	}
 }
 
-// runWriter is the writer goroutine. When the Loader has closed and gone
-// idle, it tears the Loader down and returns (lifecycle.go).
+// runWriter is the writer goroutine, under writerGoroutine. After each
+// round it reports what left the cache (departures.go). When the Loader
+// has closed and gone idle, it tears the Loader down and returns
+// (lifecycle.go).
 func (l *Loader[K, V]) runWriter() {
 	var batch, again []*write[K, V]
 	for {
@@ -237,14 +244,27 @@ func (l *Loader[K, V]) runWriter() {
 			l.teardown()
 			return
 		}
-		if hook := testHookWriter.Load(); hook != nil {
-			(*hook)()
-		}
-		batch = l.takeBatch(batch[:0])
-		again = l.apply(batch, again[:0])
-		l.requeue(len(batch), again)
-		clear(batch) // drop the references to values
+		batch, again = l.round(batch, again)
+		l.reportLeft()
 	}
+}
+
+// round takes a batch from the queue, applies it, and puts back the
+// writes that stay open, holding the writer's rounds lock. It reuses the
+// memory of batch and again, and returns them: the batch returned is as
+// long as the one taken (its references dropped), empty if there was
+// nothing to take.
+func (l *Loader[K, V]) round(batch, again []*write[K, V]) ([]*write[K, V], []*write[K, V]) {
+	l.writer.rounds.Lock()
+	defer l.writer.rounds.Unlock()
+	if hook := testHookWriter.Load(); hook != nil {
+		(*hook)()
+	}
+	batch = l.takeBatch(batch[:0])
+	again = l.apply(batch, again[:0])
+	l.requeue(len(batch), again)
+	clear(batch) // drop the references to values
+	return batch, again
 }
 
 // apply issues batch to ristretto (after the Clear an InvalidateAll asked
@@ -259,7 +279,6 @@ func (l *Loader[K, V]) apply(batch, again []*write[K, V]) []*write[K, V] {
 		l.clearing.Store(true) // ristretto reports every entry it drops as evicted
 		l.cache.Clear()
 		l.clearing.Store(false)
-		l.reportCleared()
 	}
 	if hook := testHookIssue.Load(); hook != nil {
 		(*hook)()
@@ -435,16 +454,26 @@ func (l *Loader[K, V]) drop(key K) bool {
 // entry is built then, so that a Set that waited is as new, and of the
 // generation, of the moment it takes effect. The value it drops leaves by
 // cause (EvictionReplaced for Set, EvictionInvalidated for Invalidate),
-// for an EvictionObserver. It reports false after Close.
+// and is reported to an EvictionObserver once write is counted out: so
+// Evicted, which may call Close, never runs while the call is inside. It
+// reports false after Close.
 func (l *Loader[K, V]) write(key K, h uint64, mk func() *entry[K, V], cost int64, cause EvictionCause) bool {
+	gone, ok := l.writeIn(key, h, mk, cost)
+	l.replaced(gone, cause)
+	return ok
+}
+
+// writeIn is write's part that runs counted in: it returns the entry the
+// new value replaced (nil: none), and false after Close.
+func (l *Loader[K, V]) writeIn(key K, h uint64, mk func() *entry[K, V], cost int64) (*entry[K, V], bool) {
 	s, open := l.enterOp()
 	if !open {
-		return false
+		return nil, false
 	}
 	defer l.exitOp(s)
-	p, ok := l.writer.takeWrite(cost)
+	p, ok := l.takeWrite(cost)
 	if !ok {
-		return false // closed while waiting
+		return nil, false // closed while waiting
 	}
 	var e *entry[K, V]
 	if mk != nil {
@@ -455,8 +484,7 @@ func (l *Loader[K, V]) write(key K, h uint64, mk func() *entry[K, V], cost int64
 		l.hand(w)
 	}
 	l.writer.giveBack(back) // the open write's old place, or p if there was nothing to drop
-	l.replaced(gone, cause)
-	return true
+	return gone, true
 }
 
 // InvalidateAll drops every key's value at once, in constant time whatever
