@@ -403,6 +403,15 @@ func (l *Loader[K, V]) issue(w *write[K, V]) {
 // Invalidates that waited). It never waits for a load. So a storm of Sets
 // runs at the pace the cache applies them, in bounded memory.
 //
+// NOTE: after a database write, call [Loader.Invalidate], not Set with the
+// row the write returned, unless no one else writes that row at the same
+// time. Two writers of one row that each Set their own result may reach
+// the cache in the other order than they reached the database, and the
+// older row then serves as a hit until it expires. Invalidate has no order
+// to lose: whichever comes last, the next Get loads the row as the
+// database has it then. Set is for a value nothing else writes
+// concurrently (a row this process alone owns, a computed value).
+//
 // Set after Close does nothing; so does Set of a key whose Hash panics, and
 // of a key not equal to itself (see [Options.Hash]).
 func (l *Loader[K, V]) Set(key K, value V) {
@@ -432,7 +441,9 @@ func (l *Loader[K, V]) Set(key K, value V) {
 // result to its own waiters but does not write the cache; the next Get
 // starts a fresh load. Like [Loader.Set] it may wait its turn behind
 // [Options.MaxPendingWrites] other writes, never for a load, and it is
-// never lost. Invalidate after Close does nothing.
+// never lost. It is what to call after a database write of key: unlike
+// [Loader.Set] of the written row, it cannot leave an older row behind
+// when two writers race. Invalidate after Close does nothing.
 func (l *Loader[K, V]) Invalidate(key K) {
 	if l.drop(key) {
 		l.remoteInvalidate(key)
