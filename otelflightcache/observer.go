@@ -165,7 +165,7 @@ func (o *Observer[K]) LoadEnd(ctx context.Context, ev flightcache.LoadEvent[K]) 
 		attribute.Bool(keyLoadNotModified, ev.NotModified),
 		attribute.String(keyLoadOutcome, outcome),
 	)
-	if ev.Err != nil {
+	if failed(outcome) {
 		span.SetAttributes(attribute.String(keyErrorType, outcome))
 		span.SetStatus(codes.Error, ev.Err.Error())
 	}
@@ -186,8 +186,8 @@ func (o *Observer[K]) Waited(ctx context.Context, ev flightcache.WaitEvent[K]) {
 		opts = append(opts, trace.WithLinks(trace.Link{SpanContext: sc}))
 	}
 	_, span := o.tracer.Start(ctx, "flightcache.get", opts...)
-	if ev.Err != nil {
-		span.SetAttributes(attribute.String(keyErrorType, classify(ev.Err)))
+	if outcome := classify(ev.Err); failed(outcome) {
+		span.SetAttributes(attribute.String(keyErrorType, outcome))
 		span.SetStatus(codes.Error, ev.Err.Error())
 	}
 	span.End()
@@ -272,6 +272,11 @@ func loadOutcome[K comparable](ev flightcache.LoadEvent[K]) string {
 	}
 	return classify(ev.Err)
 }
+
+// failed reports whether outcome is a failure: neither ok nor a
+// not-found, which is the downstream's answer that the key does not
+// exist.
+func failed(outcome string) bool { return outcome != "ok" && outcome != "not_found" }
 
 // classify is the low-cardinality error.type of an error: "ok" for nil,
 // then the first that matches of "panic" (a [*flightcache.PanicError]),
