@@ -253,8 +253,10 @@ func (c *counters) snapshot() Stats {
 	s.SharedErrors = c.sharedErrors.Load()
 	s.Canceled = c.canceled.Load()
 	s.Loads = c.loads.Load()
-	s.LoadErrors = c.loadErrors.Load()
+	// A load counts its error before its not-found: read in the other
+	// order, LoadNotFounds never exceeds LoadErrors.
 	s.LoadNotFounds = c.loadNotFounds.Load()
+	s.LoadErrors = c.loadErrors.Load()
 	s.NotFounds = c.notFounds.Load()
 	s.DownstreamCalls = c.downstreamCalls.Load()
 	s.Retries = c.retries.Load()
