@@ -64,6 +64,9 @@
 //	flightcache.load.callers       {get}  Gets one load's result reached  flightcache.load.outcome
 //	flightcache.get.wait.duration  s      one Get's wait on a load        flightcache.get.source
 //
+// The duration histograms' bucket boundaries are [DefaultDurationBuckets],
+// or those given to [WithDurationBuckets].
+//
 // Read at collection time, from the Loader's Stats (counters never go
 // down, see [Metrics.Observe]) and, for evictions, from the Loader's
 // eviction events:
@@ -146,7 +149,8 @@ import (
 const ScopeName = "github.com/flightcache/flightcache/otelflightcache"
 
 // DefaultDurationBuckets are the bucket boundaries, in seconds, of the
-// duration histograms when [Options.DurationBuckets] is nil: 1 ms to 10 s.
+// duration histograms: an Observer's without [WithDurationBuckets], a
+// Metrics' when [Options.DurationBuckets] is nil. 1 ms to 10 s.
 var DefaultDurationBuckets = []float64{
 	0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10,
 }
