@@ -177,6 +177,9 @@ func (l *Loader[K, V]) completeBatch(b *batch[K, V], out *batchResult[K, V]) {
 	}()
 	if out.err != nil { // user code: after the defer, which covers a Goexit
 		out.nf = l.classifyLoad(&out.err, nil)
+		if out.nf { // the call's; each key's is counted as it is delivered
+			l.stats.loadNotFounds.Add(1)
+		}
 	}
 	for next < len(b.calls) {
 		c := b.calls[next]

@@ -2,6 +2,7 @@ package flightcache
 
 import (
 	"errors"
+	"fmt"
 	"sync/atomic"
 
 	"github.com/sony/gobreaker/v2"
@@ -33,6 +34,27 @@ func (s BreakerState) String() string {
 	default:
 		return "closed"
 	}
+}
+
+// MarshalText returns the state's name, as String does: so [Stats]
+// marshals to JSON with "Breaker":"open", and a map keyed by BreakerState
+// has names for keys. It never fails.
+func (s BreakerState) MarshalText() ([]byte, error) { return []byte(s.String()), nil }
+
+// UnmarshalText sets s to the state named text: "closed", "half-open" or
+// "open". Any other text is an error, and leaves s as it was.
+func (s *BreakerState) UnmarshalText(text []byte) error {
+	switch string(text) {
+	case "closed":
+		*s = BreakerClosed
+	case "half-open":
+		*s = BreakerHalfOpen
+	case "open":
+		*s = BreakerOpen
+	default:
+		return fmt.Errorf("flightcache: unknown BreakerState %q; want closed, half-open or open", text)
+	}
+	return nil
 }
 
 // CircuitBreaker decides whether a downstream call may run. The Loader has

@@ -97,6 +97,12 @@ func (l *Loader[K, V]) deliver(c *call[K, V], r *loaded[V], res *delivery[K, V],
 	c.release()
 	if c.batch == nil { // a batch counts itself once (completeBatch)
 		l.loadEnded(res.err, c.background, l.backgroundSlot())
+		if res.notFound {
+			l.stats.loadNotFounds.Add(1)
+		}
+	}
+	if res.notFound { // each key of a batch too
+		l.stats.notFounds.Add(1)
 	}
 	l.countReload(r)
 	if c.background && res.err != nil && c.from != nil {

@@ -237,8 +237,8 @@ func (l *Loader[K, V]) stopped(ctx context.Context, err, last error) error {
 }
 
 // attempt makes one downstream call through the breaker, counting it in
-// *calls (and in Stats.Retries past the first) unless the breaker refuses
-// it; final reports that its error is not to be retried (classify). A panic
+// t.calls and Stats.DownstreamCalls (and in Stats.Retries past the first)
+// unless the breaker refuses it; final reports that its error is not to be retried (classify). A panic
 // in the LoadFunc, or in a method of its error, becomes a *PanicError; a
 // runtime.Goexit is reported to the breaker as a failure on its way out
 // (the load goroutine's deferred complete gives the waiters ErrGoexit).
@@ -249,6 +249,7 @@ func attempt[T any, K comparable, V any](l *Loader[K, V], ctx context.Context, c
 		l.attempted(ctx, AttemptEvent[K]{Attempt: int(t.calls) + 1, Err: err, Rejected: true})
 		return v, true, err
 	}
+	l.stats.downstreamCalls.Add(1)
 	if t.calls = min(t.calls, math.MaxInt32-1) + 1; t.calls > 1 {
 		l.stats.retries.Add(1)
 	}

@@ -134,39 +134,51 @@ type LoadEvent[K comparable] struct {
 // Every Get is counted once by how it was answered:
 // Gets = Hits + StaleHits + Misses + Closed, once no Get is running. Misses
 // are the Gets that waited for a load (or tried to); how they ended is in
-// Shared, SharedErrors, StaleOnError and Canceled.
+// Shared, SharedErrors, StaleOnError and Canceled. Each distinct key of a
+// GetMany counts as one Get.
+//
+// A load is the Loader's work for one key, or for the keys of one
+// LoadMany call: Loads counts it once it ended, however it ended, whether
+// or not it reached the downstream (the breaker or Options.Limit may
+// refuse it, a Remote may answer it). DownstreamCalls counts what the
+// downstream saw: the LoadFunc, LoadMany and Reload calls made, each retry
+// one more. Stats marshals to JSON with the breaker's state by name
+// ([BreakerState.MarshalText]).
 type Stats struct {
-	Gets      uint64 // Get and GetInfo calls
+	Gets      uint64 // Get and GetInfo calls, and the distinct keys of GetMany and GetManyInfo calls
 	Hits      uint64 // answered from a fresh entry (cached not-found included)
-	StaleHits uint64 // answered at once with a stale value (StaleWhileRevalidate)
-	Misses    uint64 // waited for a load, started or joined
+	StaleHits uint64 // answered at once with a stale value: within StaleWhileRevalidate, or within StaleIfError while no downstream slot was free (StaleLimited)
+	Misses    uint64 // waited for a load, started or joined (or tried to: Close came first)
 	Closed    uint64 // refused with ErrClosed before reaching the cache
 
 	StaleOnError uint64 // misses answered with a stale value because the load failed
-	Shared       uint64 // misses served by a load they did not start
-	SharedErrors uint64 // of Shared, those that received the load's error: the summed blast radius
-	Canceled     uint64 // misses whose own context ended first
+	Shared       uint64 // misses served by a load they did not start, its error included
+	SharedErrors uint64 // of Shared, those that received the load's error (a not-found included): the summed blast radius
+	Canceled     uint64 // misses whose own context ended first, or that a panic cut short
 
-	Loads             uint64 // downstream loads, foreground and background
-	LoadErrors        uint64 // loads that ended in an error (not-found and abandoned included)
-	Retries           uint64 // LoadFunc calls beyond the first, over all loads
-	MaxCallersPerLoad uint64 // the most Gets one load's result reached
-	Refreshes         uint64 // background loads started: refreshes, early refreshes and Refresh calls
+	Loads             uint64 // loads ended, foreground and background: one per key loaded alone, one per LoadMany call (or RemoteMany call); those the breaker or Options.Limit refused, and those a Remote answered, included
+	LoadErrors        uint64 // of Loads, those that ended in an error: a failure, a refusal (breaker, Limit), an abandoned load, a not-found (LoadNotFounds); a LoadMany call counts its own error only, not its keys missing from its map
+	LoadNotFounds     uint64 // of LoadErrors, those whose error is a not-found (Options.IsNotFound): LoadErrors − LoadNotFounds are the loads that failed
+	NotFounds         uint64 // keys a load answered not-found (Options.IsNotFound): a load's not-found, each key missing from a LoadMany call's map, each key of a LoadMany call whose error is a not-found; a Remote's answer included
+	DownstreamCalls   uint64 // LoadFunc, LoadMany and Reload calls made, retries included: what the downstream saw; a call the breaker or Options.Limit refused is not one
+	Retries           uint64 // of DownstreamCalls, those beyond the first of their load
+	MaxCallersPerLoad uint64 // the most Gets one load's result reached (a LoadMany call's: summed over its keys)
+	Refreshes         uint64 // background loads started: refreshes, early refreshes and Refresh calls (a GetMany's refreshes batched in one LoadMany call: one)
 	RefreshesDropped  uint64 // background loads not started because MaxRefreshes were running
-	Reloads           uint64 // loads that called Options.Reload with the value held
-	NotModified       uint64 // of Reloads, those that returned ErrNotModified
-	Revalidations     uint64 // Gets under WithRevalidate (each also counted in Misses)
-	BatchLoads        uint64 // LoadMany calls (each also one of Loads)
-	BatchKeys         uint64 // keys asked for over all LoadMany calls
+	Reloads           uint64 // of Loads, those of a key whose value was held, to be made with Options.Reload (whether or not the Reload was called: the breaker, Options.Limit or a Remote may answer first)
+	NotModified       uint64 // of Reloads, those whose Reload returned ErrNotModified
+	Revalidations     uint64 // Gets (and keys of GetMany) under WithRevalidate (each also counted in Misses)
+	BatchLoads        uint64 // of Loads, those for the keys of one LoadMany (or RemoteMany) call, made or refused
+	BatchKeys         uint64 // keys over all BatchLoads
 	Peeks             uint64 // Peek calls, found or not (never counted in Gets)
 	RemoteDrops       uint64 // LocalCache.Drop calls from a watching Remote (RemoteWatcher): keys written elsewhere, held here or not
 	Distrusts         uint64 // LocalCache.Distrust calls: the Remote may have missed writes
 	InvalidateAlls    uint64 // InvalidateAll calls, and LocalCache.DropAll calls from a watching Remote
 	Rereads           uint64 // Gets (and keys of GetMany) that found a distrusted copy, or a load from before a Distrust, and waited for a new load (each also counted in Misses)
 	Abandoned         uint64 // loads cancelled because every waiter left (CancelAtZero)
-	BreakerRejected   uint64 // downstream calls the breaker refused
-	Panics            uint64 // panics recovered in user code: LoadFunc, Cost, OnLoad, Hash, a Remote, a breaker...
-	InFlight          int64  // loads running now
+	BreakerRejected   uint64 // downstream calls the breaker refused (with Options.Limit, a load it refuses before it queues)
+	Panics            uint64 // panics recovered in user code: LoadFunc, Cost, OnLoad, Hash, a Remote, a breaker, an Observer...
+	InFlight          int64  // loads running now (a LoadMany call's: one)
 	PendingWrites     int64  // fills, Sets and Invalidates not yet applied by the cache (Gets find them meanwhile); at most 2 × Options.MaxPendingWrites
 	WriteWaits        uint64 // Sets, Invalidates and Drops that waited their turn because MaxPendingWrites of them were pending
 	FillsDropped      uint64 // loaded values not cached because MaxPendingWrites fills were pending (their callers got them)
@@ -178,7 +190,7 @@ type Stats struct {
 	RefreshesLimited  uint64 // background refreshes not started because loads were queued or background work held half the bound (Options.Limit)
 
 	SetsDropped  uint64 // writes ristretto's set buffer refused for want of room; each is handed over again, never lost
-	SetsRejected uint64 // fills ristretto's admission policy refused
+	SetsRejected uint64 // values not cached: refused by ristretto's admission policy, or costing more than MaxCost
 	Evicted      uint64 // entries ristretto evicted to make room
 
 	Breaker BreakerState // the breaker's state now
@@ -191,6 +203,7 @@ type counters struct {
 
 	staleOnError, shared, sharedErrors, canceled   atomic.Uint64
 	loads, loadErrors, retries, maxCallers         atomic.Uint64
+	loadNotFounds, notFounds, downstreamCalls      atomic.Uint64
 	refreshes, abandoned, breakerRejected, panics  atomic.Uint64
 	refreshesDropped, reloads, notModified         atomic.Uint64
 	batchLoads, batchKeys, peeks                   atomic.Uint64
@@ -243,7 +256,12 @@ func (c *counters) snapshot() Stats {
 	s.SharedErrors = c.sharedErrors.Load()
 	s.Canceled = c.canceled.Load()
 	s.Loads = c.loads.Load()
+	// A load counts its error before its not-found: read in the other
+	// order, LoadNotFounds never exceeds LoadErrors.
+	s.LoadNotFounds = c.loadNotFounds.Load()
 	s.LoadErrors = c.loadErrors.Load()
+	s.NotFounds = c.notFounds.Load()
+	s.DownstreamCalls = c.downstreamCalls.Load()
 	s.Retries = c.retries.Load()
 	s.MaxCallersPerLoad = c.maxCallers.Load()
 	s.Refreshes = c.refreshes.Load()

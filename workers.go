@@ -205,7 +205,8 @@ func (l *Loader[K, V]) backgroundSlot() slot { return slot{lm: l.lim, bg: true} 
 // loadEnded counts a load (a single key's, or a batch's LoadMany call) as
 // ended, before any of its waiters wakes, so that Stats read after a Get
 // returns include the load that answered it; a background load gives back
-// what takeBackground took, s its Limit slot.
+// what takeBackground took, s its Limit slot. Whether its error is a
+// not-found is counted apart, once judged (deliver, completeBatch).
 func (l *Loader[K, V]) loadEnded(err error, background bool, s slot) {
 	l.stats.inFlight.Add(-1)
 	l.stats.loads.Add(1)

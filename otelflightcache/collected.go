@@ -24,13 +24,21 @@ const numCauses = int(flightcache.EvictionInvalidated) + 1
 // statCounters are the counters read from Stats, besides flightcache.gets
 // (by result) and flightcache.evictions (by cause, from the events).
 var statCounters = []counter{
-	{"flightcache.loads", "{load}", "Downstream loads, foreground and background.", func(s flightcache.Stats) uint64 { return s.Loads }},
-	{"flightcache.load.errors", "{load}", "Loads that ended in an error, not-found and abandoned ones included.", func(s flightcache.Stats) uint64 { return s.LoadErrors }},
+	{"flightcache.loads", "{load}", "Loads ended, foreground and background: one per key loaded alone, one per LoadMany call; those the breaker or the limit refused included.", func(s flightcache.Stats) uint64 { return s.Loads }},
+	{"flightcache.load.errors", "{load}", "Loads that failed: ended in an error other than a not-found (refused, timed out and abandoned ones included).", loadFailures},
+	{"flightcache.load.not_founds", "{key}", "Keys a load answered not-found: an answer, not a failure.", func(s flightcache.Stats) uint64 { return s.NotFounds }},
+	{"flightcache.downstream.calls", "{call}", "Calls the downstream saw: load, reload and batch calls made, retries included.", func(s flightcache.Stats) uint64 { return s.DownstreamCalls }},
 	{"flightcache.shared", "{get}", "Gets served by a load they did not start.", func(s flightcache.Stats) uint64 { return s.Shared }},
 	{"flightcache.shared.errors", "{get}", "Gets served by a load they did not start that received its error: the summed blast radius.", func(s flightcache.Stats) uint64 { return s.SharedErrors }},
 	{"flightcache.refreshes", "{load}", "Background loads started: refreshes, early refreshes and Refresh calls.", func(s flightcache.Stats) uint64 { return s.Refreshes }},
 	{"flightcache.breaker.rejected", "{call}", "Downstream calls the circuit breaker refused.", func(s flightcache.Stats) uint64 { return s.BreakerRejected }},
 	{"flightcache.panics", "{panic}", "Panics recovered in user code: the load function, callbacks, the Observer.", func(s flightcache.Stats) uint64 { return s.Panics }},
+}
+
+// loadFailures is what flightcache.load.errors counts: the loads that
+// ended in an error, less those whose error is a not-found.
+func loadFailures(s flightcache.Stats) uint64 {
+	return s.LoadErrors - min(s.LoadNotFounds, s.LoadErrors)
 }
 
 // collected are the instruments read at collection time, with their

@@ -30,9 +30,10 @@ type instruments struct {
 var loadOutcomes = []string{"ok", "not_found", "timeout", "breaker_open", "canceled", "panic", "error"}
 
 // newInstruments creates an Observer's instruments on m, every
-// measurement with the attribute name; observe is what the collection
-// callback reports.
-func newInstruments(m metric.Meter, name attribute.KeyValue, observe observeFunc) (*instruments, error) {
+// measurement with the attribute name, the duration histograms with the
+// bucket boundaries durations; observe is what the collection callback
+// reports.
+func newInstruments(m metric.Meter, name attribute.KeyValue, durations []float64, observe observeFunc) (*instruments, error) {
 	in := &instruments{
 		name:        name,
 		loadAttrs:   make(map[loadKey]metric.MeasurementOption),
@@ -42,13 +43,13 @@ func newInstruments(m metric.Meter, name attribute.KeyValue, observe observeFunc
 	var err1, err2, err3 error
 	in.loadDur, err1 = m.Float64Histogram("flightcache.load.duration", metric.WithUnit("s"),
 		metric.WithDescription("Duration of one load, retries and backoff included, its wait for a Limit slot not."),
-		metric.WithExplicitBucketBoundaries(DefaultDurationBuckets...))
+		metric.WithExplicitBucketBoundaries(durations...))
 	in.callers, err2 = m.Int64Histogram("flightcache.load.callers", metric.WithUnit("{get}"),
 		metric.WithDescription("Gets that received one load's result, the starter included: the blast radius of a failed load."),
 		metric.WithExplicitBucketBoundaries(DefaultCallerBuckets...))
 	in.wait, err3 = m.Float64Histogram("flightcache.get.wait.duration", metric.WithUnit("s"),
 		metric.WithDescription("Time one Get spent waiting on a load."),
-		metric.WithExplicitBucketBoundaries(DefaultDurationBuckets...))
+		metric.WithExplicitBucketBoundaries(durations...))
 	if err := errors.Join(err1, err2, err3, registerCollected(m, name, observe)); err != nil {
 		return nil, fmt.Errorf("otelflightcache: %w", err)
 	}

@@ -3,6 +3,9 @@ package otelflightcache
 import (
 	"context"
 	"errors"
+	"fmt"
+	"math"
+	"slices"
 	"sync/atomic"
 
 	"github.com/flightcache/flightcache"
@@ -47,10 +50,11 @@ var (
 type Option func(*config)
 
 type config struct {
-	name string
-	mp   metric.MeterProvider
-	tp   trace.TracerProvider
-	err  error // the first invalid option
+	name      string
+	mp        metric.MeterProvider
+	tp        trace.TracerProvider
+	durations []float64 // the duration histograms' bucket boundaries
+	err       error     // the first invalid option
 }
 
 // WithName sets the value of the flightcache.name attribute on every span
@@ -87,6 +91,38 @@ func WithTracerProvider(tp trace.TracerProvider) Option {
 	}
 }
 
+// WithDurationBuckets sets the bucket boundaries, in seconds, of the
+// duration histograms, flightcache.load.duration and
+// flightcache.get.wait.duration: at least one, finite, strictly
+// increasing. The default is [DefaultDurationBuckets], 1 ms to 10 s. The
+// option keeps a copy of bounds. A View of the meter provider still
+// overrides them, as it does any instrument's advice.
+func WithDurationBuckets(bounds ...float64) Option {
+	bounds = slices.Clone(bounds)
+	return func(c *config) {
+		if msg := badBuckets(bounds); msg != "" && c.err == nil {
+			c.err = fmt.Errorf("otelflightcache: WithDurationBuckets: %s, got %v", msg, bounds)
+		}
+		c.durations = bounds
+	}
+}
+
+// badBuckets says what is wrong with bucket boundaries b, or "".
+func badBuckets(b []float64) string {
+	if len(b) == 0 {
+		return "no boundaries"
+	}
+	for i, v := range b {
+		switch {
+		case math.IsNaN(v) || math.IsInf(v, 0):
+			return "boundaries must be finite"
+		case i > 0 && !(v > b[i-1]):
+			return "boundaries must be strictly increasing"
+		}
+	}
+	return ""
+}
+
 // NewObserver returns an Observer on a tracer and a meter named
 // [ScopeName]. It returns an error for an invalid option, or the meter's
 // error if an instrument cannot be created. Its counters from Stats are
@@ -94,7 +130,7 @@ func WithTracerProvider(tp trace.TracerProvider) Option {
 // Loader hands it its Stats then), for as long as the meter provider
 // runs, and keep their last values after the Loader's Close.
 func NewObserver[K comparable](opts ...Option) (*Observer[K], error) {
-	c := config{name: "default"}
+	c := config{name: "default", durations: DefaultDurationBuckets}
 	for _, opt := range opts {
 		opt(&c)
 	}
@@ -111,7 +147,7 @@ func NewObserver[K comparable](opts ...Option) (*Observer[K], error) {
 		tracer: c.tp.Tracer(ScopeName),
 		name:   attribute.String(keyName, c.name),
 	}
-	inst, err := newInstruments(c.mp.Meter(ScopeName), o.name, o.observe)
+	inst, err := newInstruments(c.mp.Meter(ScopeName), o.name, c.durations, o.observe)
 	if err != nil {
 		return nil, err
 	}
@@ -165,7 +201,7 @@ func (o *Observer[K]) LoadEnd(ctx context.Context, ev flightcache.LoadEvent[K]) 
 		attribute.Bool(keyLoadNotModified, ev.NotModified),
 		attribute.String(keyLoadOutcome, outcome),
 	)
-	if ev.Err != nil {
+	if failed(outcome) {
 		span.SetAttributes(attribute.String(keyErrorType, outcome))
 		span.SetStatus(codes.Error, ev.Err.Error())
 	}
@@ -186,8 +222,8 @@ func (o *Observer[K]) Waited(ctx context.Context, ev flightcache.WaitEvent[K]) {
 		opts = append(opts, trace.WithLinks(trace.Link{SpanContext: sc}))
 	}
 	_, span := o.tracer.Start(ctx, "flightcache.get", opts...)
-	if ev.Err != nil {
-		span.SetAttributes(attribute.String(keyErrorType, classify(ev.Err)))
+	if outcome := classify(ev.Err); failed(outcome) {
+		span.SetAttributes(attribute.String(keyErrorType, outcome))
 		span.SetStatus(codes.Error, ev.Err.Error())
 	}
 	span.End()
@@ -272,6 +308,11 @@ func loadOutcome[K comparable](ev flightcache.LoadEvent[K]) string {
 	}
 	return classify(ev.Err)
 }
+
+// failed reports whether outcome is a failure: neither ok nor a
+// not-found, which is the downstream's answer that the key does not
+// exist.
+func failed(outcome string) bool { return outcome != "ok" && outcome != "not_found" }
 
 // classify is the low-cardinality error.type of an error: "ok" for nil,
 // then the first that matches of "panic" (a [*flightcache.PanicError]),

@@ -308,6 +308,7 @@ func TestObserverMetrics(t *testing.T) {
 		return flightcache.Stats{
 			Gets: 10, Hits: 5, StaleHits: 1, Misses: 3, Closed: 1, Loads: 4, LoadErrors: 2, Shared: 2, SharedErrors: 1,
 			Refreshes: 1, BreakerRejected: 1, Panics: 1, InFlight: 2, Waiting: 7, Breaker: flightcache.BreakerOpen,
+			NotFounds: 3, DownstreamCalls: 6,
 		}
 	})
 	got = collect(t, r.reader)
@@ -318,6 +319,8 @@ func TestObserverMetrics(t *testing.T) {
 		`flightcache.gets{flightcache.get.result=closed,flightcache.name=test}`:             1,
 		`flightcache.loads{flightcache.name=test}`:                                          4,
 		`flightcache.load.errors{flightcache.name=test}`:                                    2,
+		`flightcache.load.not_founds{flightcache.name=test}`:                                3,
+		`flightcache.downstream.calls{flightcache.name=test}`:                               6,
 		`flightcache.shared{flightcache.name=test}`:                                         2,
 		`flightcache.shared.errors{flightcache.name=test}`:                                  1,
 		`flightcache.refreshes{flightcache.name=test}`:                                      1,
@@ -337,6 +340,7 @@ func TestObserverMetrics(t *testing.T) {
 		"flightcache.shared": "{get}", "flightcache.shared.errors": "{get}", "flightcache.refreshes": "{load}",
 		"flightcache.evictions": "{entry}", "flightcache.breaker.rejected": "{call}", "flightcache.panics": "{panic}",
 		"flightcache.load.active": "{load}", "flightcache.get.active": "{get}", "flightcache.breaker.state": "",
+		"flightcache.load.not_founds": "{key}", "flightcache.downstream.calls": "{call}",
 	}
 	units := unitsOf(t, r.reader)
 	for name, unit := range want {

@@ -34,7 +34,8 @@
 //     the end, flightcache.load.callers (the blast radius),
 //     flightcache.load.attempts, flightcache.load.not_modified,
 //     flightcache.load.outcome. A failed load has status Error and
-//     error.type, its outcome. An event per retry (flightcache.retry:
+//     error.type, its outcome; a not-found is an answer, not a failure:
+//     outcome not_found, no error status. An event per retry (flightcache.retry:
 //     flightcache.load.attempt, flightcache.retry.delay in seconds,
 //     error.type, exception.message) and per breaker refusal
 //     (flightcache.breaker.rejected: flightcache.load.attempt).
@@ -42,11 +43,14 @@
 //     Get's own span, from when it began to wait to when it had its
 //     answer, linked to the load's span (the link is given at creation,
 //     where samplers see it). Attributes: flightcache.name,
-//     flightcache.get.source; a Get that returned an error has status
-//     Error and error.type. A hit makes no span.
+//     flightcache.get.source; a Get that returned an error other than a
+//     not-found ([flightcache.ErrNotFound]) has status Error and
+//     error.type. A hit makes no span.
 //
 // An outcome is one of ok, not_found, timeout, breaker_open, canceled,
-// panic, error.
+// panic, error. not_found is the Loader's own judgement
+// ([flightcache.LoadEvent].NotFound, [flightcache.Options.IsNotFound]
+// included), and never counts as an error.
 //
 // # Metrics
 //
@@ -60,13 +64,18 @@
 //	flightcache.load.callers       {get}  Gets one load's result reached  flightcache.load.outcome
 //	flightcache.get.wait.duration  s      one Get's wait on a load        flightcache.get.source
 //
+// The duration histograms' bucket boundaries are [DefaultDurationBuckets],
+// or those given to [WithDurationBuckets].
+//
 // Read at collection time, from the Loader's Stats (counters never go
 // down, see [Metrics.Observe]) and, for evictions, from the Loader's
 // eviction events:
 //
 //	flightcache.gets               counter         {get}    flightcache.get.result: hit, stale, miss, closed
-//	flightcache.loads              counter         {load}   downstream loads
-//	flightcache.load.errors        counter         {load}   loads that failed
+//	flightcache.loads              counter         {load}   loads ended, those refused by the breaker or the limit included (Stats.Loads)
+//	flightcache.load.errors        counter         {load}   loads that failed: not-founds excluded (Stats.LoadErrors − Stats.LoadNotFounds)
+//	flightcache.load.not_founds    counter         {key}    keys a load answered not-found (Stats.NotFounds)
+//	flightcache.downstream.calls   counter         {call}   calls the downstream saw, retries included (Stats.DownstreamCalls)
 //	flightcache.shared             counter         {get}    Gets served by a load they did not start
 //	flightcache.shared.errors      counter         {get}    of those, the ones that got its error
 //	flightcache.refreshes          counter         {load}   background loads started
@@ -86,7 +95,9 @@
 // is cache rather than flightcache.name, their wait histogram is
 // flightcache.wait.duration, and several of their instruments differ
 // (flightcache.loads.in_flight, flightcache.waiting,
-// flightcache.cache.evictions...). Do not wire both for one Loader: the
+// flightcache.cache.evictions...); its flightcache.load.errors counts
+// not-founds, as Stats.LoadErrors does, where the Observer's leaves them
+// out. Do not wire both for one Loader: the
 // counters they share, flightcache.gets among them, would be reported
 // twice. A Metrics has three inputs: [Metrics.OnLoad], set as (or called
 // from) [flightcache.Options.OnLoad]; [Metrics.RecordWait], called with
@@ -138,7 +149,8 @@ import (
 const ScopeName = "github.com/flightcache/flightcache/otelflightcache"
 
 // DefaultDurationBuckets are the bucket boundaries, in seconds, of the
-// duration histograms when [Options.DurationBuckets] is nil: 1 ms to 10 s.
+// duration histograms: an Observer's without [WithDurationBuckets], a
+// Metrics' when [Options.DurationBuckets] is nil. 1 ms to 10 s.
 var DefaultDurationBuckets = []float64{
 	0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10,
 }

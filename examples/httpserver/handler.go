@@ -344,14 +344,8 @@ func (a *api) refresh(w http.ResponseWriter, r *http.Request) {
 	w.WriteHeader(http.StatusAccepted)
 }
 
-// statsJSON is Stats with the breaker state spelled out.
-type statsJSON struct {
-	flightcache.Stats
-	Breaker string // shadows Stats.Breaker
-}
-
-// debugStats serves GET /debug/flightcache: the Loader's Stats as JSON.
+// debugStats serves GET /debug/flightcache: the Loader's Stats as JSON,
+// the breaker's state by name.
 func (a *api) debugStats(w http.ResponseWriter, r *http.Request) {
-	s := a.stats()
-	writeJSON(w, http.StatusOK, statsJSON{Stats: s, Breaker: s.Breaker.String()})
+	writeJSON(w, http.StatusOK, a.stats())
 }

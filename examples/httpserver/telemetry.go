@@ -39,7 +39,10 @@ type telemetry struct {
 func newTelemetry(ctx context.Context, cfg config, out io.Writer) (*telemetry, error) {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector())
-	exporter, err := otelprom.New(otelprom.WithRegisterer(reg), otelprom.WithoutScopeInfo())
+	// The exporter labels every series with its instrumentation scope
+	// (otel_scope_name="github.com/flightcache/flightcache/otelflightcache",
+	// otel_scope_version): which library made the metric.
+	exporter, err := otelprom.New(otelprom.WithRegisterer(reg))
 	if err != nil {
 		return nil, err
 	}
