@@ -377,20 +377,27 @@ func (l *Loader[K, V]) notFound(err error) bool {
 
 // classifyLoad is the judgement of a load's error *err (not nil), once for
 // all its callers: whether it is a not-found (notFound), with its text
-// read, as classify reads an attempt's. The error is user code's: it is
-// inspected through the guard, and a panic makes *err the *PanicError (no
-// not-found). onGoexit is the guard's, for a caller that must leave its
-// state consistent if the error or IsNotFound ends the goroutine.
+// read, as classify reads an attempt's. A not-found only IsNotFound
+// recognised becomes a *notFoundError, so that every caller's not-found
+// matches ErrNotFound: made here, once per load, it is what the cache
+// keeps, and a hit of it costs nothing more. The error is user code's: it
+// is inspected through the guard, and a panic makes *err the *PanicError
+// (no not-found). onGoexit is the guard's, for a caller that must leave
+// its state consistent if the error or IsNotFound ends the goroutine.
 func (l *Loader[K, V]) classifyLoad(err *error, onGoexit func()) (nf bool) {
 	e := *err
 	var sure bool
-	if !l.inspect(err, func() { _ = e.Error(); nf, sure = plainNotFound(e) }, onGoexit) {
+	var text string
+	if !l.inspect(err, func() { text = e.Error(); nf, sure = plainNotFound(e) }, onGoexit) {
 		return false
 	}
 	if sure || l.opts.IsNotFound == nil {
 		return nf
 	}
-	return l.isNotFound(e, onGoexit)
+	if nf = l.isNotFound(e, onGoexit); nf {
+		*err = &notFoundError{err: e, text: ErrNotFound.Error() + ": " + text}
+	}
+	return nf
 }
 
 // isNotFound asks Options.IsNotFound about err, through the guard: a panic

@@ -23,7 +23,35 @@ var ErrClosed = errors.New("flightcache: loader closed")
 // fmt.Errorf("%w: %w", ErrNotFound, err) does (callers still find err with
 // errors.Is), or [Options.IsNotFound] says it is a not-found: otherwise it
 // is a failure, retried, counted against the breaker and never cached.
+//
+// Every not-found a caller receives matches ErrNotFound (with [errors.Is]),
+// whichever path it took: [Loader.Get] or [Loader.GetInfo], fresh or
+// cached, from a LoadFunc, a [ReloadFunc] or a [LoadManyFunc], local or
+// from a [Remote]. One that the LoadFunc (or Reload, or LoadMany) returned
+// matches that error too, and errors.As finds it: one only IsNotFound
+// recognised reaches its callers wrapped, its text ErrNotFound's followed
+// by its own ("flightcache: not found: sql: no rows in result set"). One
+// the Loader made (a key missing from LoadMany's map) or another process
+// found (flightredis's ErrSharedNotFound, or its ErrPeerFailed) matches
+// ErrNotFound alone: no Go error value crosses processes, at most its
+// text. [Loader.GetMany] reports no not-found: such a key is absent from
+// its map, not failed.
 var ErrNotFound = errors.New("flightcache: not found")
+
+// notFoundError is a load's own not-found error, one only
+// [Options.IsNotFound] recognised, as its callers receive it: it matches
+// ErrNotFound and that error, and its text is ErrNotFound's followed by
+// the error's, read once under the guard (classifyLoad).
+type notFoundError struct {
+	err  error
+	text string
+}
+
+// Error is ErrNotFound's text followed by the load's own error's.
+func (e *notFoundError) Error() string { return e.text }
+
+// Unwrap returns ErrNotFound and the load's own error.
+func (e *notFoundError) Unwrap() []error { return []error{ErrNotFound, e.err} }
 
 // ErrNotModified is what a [ReloadFunc] returns when the value it was
 // given is still current (HTTP's 304 Not Modified): the Loader keeps that
