@@ -180,7 +180,7 @@ func callDownstream[T any, K comparable, V any](l *Loader[K, V], ctx context.Con
 func (l *Loader[K, V]) admit(ctx context.Context, t *tally) (slot, error) {
 	if l.breakerOpen() {
 		l.stats.breakerRejected.Add(1)
-		err := breakerOpen(gobreaker.ErrOpenState)
+		err := l.refusedOpen()
 		l.attempted(ctx, AttemptEvent[K]{Attempt: int(t.calls) + 1, Err: err, Rejected: true})
 		return slot{}, err
 	}
@@ -195,6 +195,16 @@ func (l *Loader[K, V]) admit(ctx context.Context, t *tally) (slot, error) {
 		l.timeouts.add(t.lctx, l.now())
 	}
 	return s, err
+}
+
+// refusedOpen is the error of a load admit fails because the breaker is
+// open, as the breaker would refuse it: the built-in one's names its last
+// failure.
+func (l *Loader[K, V]) refusedOpen() error {
+	if b, ok := l.breaker.(*gobreakerBreaker); ok {
+		return b.refusal(gobreaker.ErrOpenState)
+	}
+	return breakerOpen(gobreaker.ErrOpenState)
 }
 
 // breakerOpen reports whether the breaker is open now (State is user code
@@ -248,15 +258,22 @@ func attempt[T any, K comparable, V any](l *Loader[K, V], ctx context.Context, c
 		l.stats.retries.Add(1)
 	}
 	outcome := OutcomeFailure // a panic or a Goexit
+	called := false           // the call returned or panicked: not a Goexit
 	begun := l.lim.begin()
 	defer func() {
+		if !called {
+			l.keepCause(ErrGoexit)
+		}
 		l.guard(func() { done(outcome) }, nil)
 		if l.lim != nil { // the attempt's latency and outcome, for an adaptive bound
 			l.lim.sample(begun, limitSample(outcome, timedOut(ctx)))
 		}
 	}()
-	if perr := l.guard(func() { v, err = call() }, nil); perr != nil {
+	perr := l.guard(func() { v, err = call() }, nil)
+	called = true
+	if perr != nil {
 		var zero T
+		l.keepCause(perr)
 		return zero, true, perr
 	}
 	if err == nil {
@@ -266,22 +283,39 @@ func attempt[T any, K comparable, V any](l *Loader[K, V], ctx context.Context, c
 	var ok bool
 	if outcome, final, ok = l.classify(ctx, &err, reload); !ok {
 		var zero T
+		l.keepCause(err)
 		return zero, true, err // the *PanicError: a failure, as a panic of the LoadFunc
 	}
 	return v, final, err
 }
 
+// keepCause gives the built-in breaker the text of err, ErrGoexit or the
+// *PanicError of an attempt about to be reported as a failure, for the
+// refusals it may cause to name (gobreakerBreaker.failed; classify does
+// the same for an error the call returned). A *PanicError's text formats
+// its Value, which may run user code: read through the guard.
+func (l *Loader[K, V]) keepCause(err error) {
+	if b, ok := l.breaker.(*gobreakerBreaker); ok {
+		var text string
+		if l.guard(func() { text = err.Error() }, nil) == nil {
+			b.failed(text)
+		}
+	}
+}
+
 // classify is what err (not nil), the error of one attempt, says: outcome,
 // for the breaker; final, that it is not to be retried (a not-found, or
 // not retryable; every error is, without Retry). It also reads the
-// error's text, which reaches every caller (and ManyError's). The error
-// is user code's: everything is asked through the guard, once per
-// attempt, before the breaker hears the outcome. If inspecting it panics,
-// *err becomes the *PanicError and ok is false.
+// error's text, which reaches every caller (and ManyError's), and which
+// the built-in breaker keeps for its refusals to name if the attempt is a
+// failure. The error is user code's: everything is asked through the
+// guard, once per attempt, before the breaker hears the outcome. If
+// inspecting it panics, *err becomes the *PanicError and ok is false.
 func (l *Loader[K, V]) classify(ctx context.Context, err *error, reload bool) (outcome Outcome, final, ok bool) {
 	e := *err
+	var text string
 	ok = l.inspect(err, func() {
-		_ = e.Error()
+		text = e.Error()
 		nf := l.notFound(e)
 		outcome = l.verdict(ctx, e, nf)
 		if reload && errors.Is(e, ErrNotModified) {
@@ -291,6 +325,9 @@ func (l *Loader[K, V]) classify(ctx context.Context, err *error, reload bool) (o
 	}, nil)
 	if !ok {
 		return OutcomeFailure, true, false
+	}
+	if b, own := l.breaker.(*gobreakerBreaker); own && outcome == OutcomeFailure {
+		b.failed(text)
 	}
 	return outcome, final, true
 }

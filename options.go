@@ -280,7 +280,8 @@ type Retry struct {
 
 // Breaker configures the circuit breaker (github.com/sony/gobreaker/v2)
 // around the downstream call. While it is open, loads fail at once with an
-// error matching [ErrBreakerOpen] and never reach the LoadFunc. Context
+// error matching [ErrBreakerOpen], whose text names the last failure that
+// keeps it open, and never reach the LoadFunc. Context
 // cancellation (a caller leaving, Close) and a not-found
 // ([Options.IsNotFound]) never count as failures; a load that hits
 // LoadTimeout does.
