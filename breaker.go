@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"sync/atomic"
+	"unicode/utf8"
 
 	"github.com/sony/gobreaker/v2"
 )
@@ -111,12 +112,17 @@ var (
 // OnStateChange (under gobreaker's lock: atomic stores only, nothing that
 // calls back into it). So streak is n whenever gobreaker is not closed, and
 // a failure can take it to n only while gobreaker is closed.
+//
+// cause is the text of the last failure reported (failed), which the
+// refusals name: the failure that opened the breaker, or a later one that
+// kept it open.
 type gobreakerBreaker struct {
 	cb       *gobreaker.TwoStepCircuitBreaker[struct{}]
-	n        uint32        // Breaker.ConsecutiveFailures
-	closed   atomic.Bool   // gobreaker is closed: calls take the fast path
-	streak   atomic.Uint32 // failures in a row while closed, up to n
-	fastDone func(Outcome) // b.reportFast, made once
+	n        uint32                 // Breaker.ConsecutiveFailures
+	closed   atomic.Bool            // gobreaker is closed: calls take the fast path
+	streak   atomic.Uint32          // failures in a row while closed, up to n
+	fastDone func(Outcome)          // b.reportFast, made once
+	cause    atomic.Pointer[string] // the last failure's text, at most maxCause bytes (and "...")
 }
 
 // noBreaker lets every call through.
@@ -171,7 +177,7 @@ func (b *gobreakerBreaker) Allow() (func(Outcome), error) {
 	}
 	done, err := b.cb.Allow()
 	if err != nil {
-		return nil, err
+		return nil, b.refusal(err)
 	}
 	return func(o Outcome) {
 		// Counted in the streak too: gobreaker may have closed since this
@@ -182,6 +188,37 @@ func (b *gobreakerBreaker) Allow() (func(Outcome), error) {
 			b.trip()
 		}
 	}, nil
+}
+
+// refusal is the error of a call b refuses with err, gobreaker's
+// ErrOpenState or ErrTooManyRequests: it matches ErrBreakerOpen and err,
+// and names the last failure, by its text only.
+func (b *gobreakerBreaker) refusal(err error) error {
+	e := &breakerOpenError{refusal: err, quiet: true}
+	if c := b.cause.Load(); c != nil {
+		e.cause = *c
+	}
+	return e
+}
+
+// maxCause bounds the text of a failure a refusal names.
+const maxCause = 256
+
+// failed keeps text, the error text of a failure about to be reported, for
+// the refusals to name. It is cut to maxCause bytes, at a character's
+// start; an outage that repeats one text stores it once.
+func (b *gobreakerBreaker) failed(text string) {
+	if len(text) > maxCause {
+		n := maxCause
+		for n > 0 && !utf8.RuneStart(text[n]) {
+			n--
+		}
+		text = text[:n] + "..." // a copy: the long text is not kept alive
+	}
+	if c := b.cause.Load(); c != nil && *c == text {
+		return
+	}
+	b.cause.Store(&text)
 }
 
 // reportFast reports the outcome of a call admitted while closed.

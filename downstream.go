@@ -185,7 +185,7 @@ func callDownstream[T any, K comparable, V any](l *Loader[K, V], ctx context.Con
 func (l *Loader[K, V]) admit(ctx context.Context, t *tally) (slot, error) {
 	if l.breakerOpen() {
 		l.stats.breakerRejected.Add(1)
-		err := breakerOpen(gobreaker.ErrOpenState)
+		err := l.refusedOpen()
 		l.attempted(ctx, AttemptEvent[K]{Attempt: int(t.calls) + 1, Err: err, Rejected: true})
 		return slot{}, err
 	}
@@ -200,6 +200,16 @@ func (l *Loader[K, V]) admit(ctx context.Context, t *tally) (slot, error) {
 		l.timeouts.add(t.lctx, l.now())
 	}
 	return s, err
+}
+
+// refusedOpen is the error of a load admit fails because the breaker is
+// open, as the breaker would refuse it: the built-in one's names its last
+// failure.
+func (l *Loader[K, V]) refusedOpen() error {
+	if b, ok := l.breaker.(*gobreakerBreaker); ok {
+		return b.refusal(gobreaker.ErrOpenState)
+	}
+	return breakerOpen(gobreaker.ErrOpenState)
 }
 
 // breakerOpen reports whether the breaker is open now (State is user code
@@ -254,15 +264,22 @@ func attempt[T any, K comparable, V any](l *Loader[K, V], ctx context.Context, c
 		l.stats.retries.Add(1)
 	}
 	outcome := OutcomeFailure // a panic or a Goexit
+	called := false           // the call returned or panicked: not a Goexit
 	begun := l.lim.begin()
 	defer func() {
+		if !called {
+			l.keepCause(ErrGoexit)
+		}
 		l.guard(func() { done(outcome) }, nil)
 		if l.lim != nil { // the attempt's latency and outcome, for an adaptive bound
 			l.lim.sample(begun, limitSample(outcome, timedOut(ctx)))
 		}
 	}()
-	if perr := l.guard(func() { v, err = call() }, nil); perr != nil {
+	perr := l.guard(func() { v, err = call() }, nil)
+	called = true
+	if perr != nil {
 		var zero T
+		l.keepCause(perr)
 		return zero, true, perr
 	}
 	if err == nil {
@@ -272,22 +289,39 @@ func attempt[T any, K comparable, V any](l *Loader[K, V], ctx context.Context, c
 	var ok bool
 	if outcome, final, ok = l.classify(ctx, &err, reload); !ok {
 		var zero T
+		l.keepCause(err)
 		return zero, true, err // the *PanicError: a failure, as a panic of the LoadFunc
 	}
 	return v, final, err
 }
 
+// keepCause gives the built-in breaker the text of err, ErrGoexit or the
+// *PanicError of an attempt about to be reported as a failure, for the
+// refusals it may cause to name (gobreakerBreaker.failed; classify does
+// the same for an error the call returned). A *PanicError's text formats
+// its Value, which may run user code: read through the guard.
+func (l *Loader[K, V]) keepCause(err error) {
+	if b, ok := l.breaker.(*gobreakerBreaker); ok {
+		var text string
+		if l.guard(func() { text = err.Error() }, nil) == nil {
+			b.failed(text)
+		}
+	}
+}
+
 // classify is what err (not nil), the error of one attempt, says: outcome,
 // for the breaker; final, that it is not to be retried (a not-found, or
 // not retryable; every error is, without Retry). It also reads the
-// error's text, which reaches every caller (and ManyError's). The error
-// is user code's: everything is asked through the guard, once per
-// attempt, before the breaker hears the outcome. If inspecting it panics,
-// *err becomes the *PanicError and ok is false.
+// error's text, which reaches every caller (and ManyError's), and which
+// the built-in breaker keeps for its refusals to name if the attempt is a
+// failure. The error is user code's: everything is asked through the
+// guard, once per attempt, before the breaker hears the outcome. If
+// inspecting it panics, *err becomes the *PanicError and ok is false.
 func (l *Loader[K, V]) classify(ctx context.Context, err *error, reload bool) (outcome Outcome, final, ok bool) {
 	e := *err
+	var text string
 	ok = l.inspect(err, func() {
-		_ = e.Error()
+		text = e.Error()
 		nf := l.notFound(e)
 		outcome = l.verdict(ctx, e, nf)
 		if reload && errors.Is(e, ErrNotModified) {
@@ -297,6 +331,9 @@ func (l *Loader[K, V]) classify(ctx context.Context, err *error, reload bool) (o
 	}, nil)
 	if !ok {
 		return OutcomeFailure, true, false
+	}
+	if b, own := l.breaker.(*gobreakerBreaker); own && outcome == OutcomeFailure {
+		b.failed(text)
 	}
 	return outcome, final, true
 }
@@ -383,20 +420,27 @@ func (l *Loader[K, V]) notFound(err error) bool {
 
 // classifyLoad is the judgement of a load's error *err (not nil), once for
 // all its callers: whether it is a not-found (notFound), with its text
-// read, as classify reads an attempt's. The error is user code's: it is
-// inspected through the guard, and a panic makes *err the *PanicError (no
-// not-found). onGoexit is the guard's, for a caller that must leave its
-// state consistent if the error or IsNotFound ends the goroutine.
+// read, as classify reads an attempt's. A not-found only IsNotFound
+// recognised becomes a *notFoundError, so that every caller's not-found
+// matches ErrNotFound: made here, once per load, it is what the cache
+// keeps, and a hit of it costs nothing more. The error is user code's: it
+// is inspected through the guard, and a panic makes *err the *PanicError
+// (no not-found). onGoexit is the guard's, for a caller that must leave
+// its state consistent if the error or IsNotFound ends the goroutine.
 func (l *Loader[K, V]) classifyLoad(err *error, onGoexit func()) (nf bool) {
 	e := *err
 	var sure bool
-	if !l.inspect(err, func() { _ = e.Error(); nf, sure = plainNotFound(e) }, onGoexit) {
+	var text string
+	if !l.inspect(err, func() { text = e.Error(); nf, sure = plainNotFound(e) }, onGoexit) {
 		return false
 	}
 	if sure || l.opts.IsNotFound == nil {
 		return nf
 	}
-	return l.isNotFound(e, onGoexit)
+	if nf = l.isNotFound(e, onGoexit); nf {
+		*err = &notFoundError{err: e, text: ErrNotFound.Error() + ": " + text}
+	}
+	return nf
 }
 
 // isNotFound asks Options.IsNotFound about err, through the guard: a panic

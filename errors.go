@@ -23,7 +23,35 @@ var ErrClosed = errors.New("flightcache: loader closed")
 // fmt.Errorf("%w: %w", ErrNotFound, err) does (callers still find err with
 // errors.Is), or [Options.IsNotFound] says it is a not-found: otherwise it
 // is a failure, retried, counted against the breaker and never cached.
+//
+// Every not-found a caller receives matches ErrNotFound (with [errors.Is]),
+// whichever path it took: [Loader.Get] or [Loader.GetInfo], fresh or
+// cached, from a LoadFunc, a [ReloadFunc] or a [LoadManyFunc], local or
+// from a [Remote]. One that the LoadFunc (or Reload, or LoadMany) returned
+// matches that error too, and errors.As finds it: one only IsNotFound
+// recognised reaches its callers wrapped, its text ErrNotFound's followed
+// by its own ("flightcache: not found: sql: no rows in result set"). One
+// the Loader made (a key missing from LoadMany's map) or another process
+// found (flightredis's ErrSharedNotFound, or its ErrPeerFailed) matches
+// ErrNotFound alone: no Go error value crosses processes, at most its
+// text. [Loader.GetMany] reports no not-found: such a key is absent from
+// its map, not failed.
 var ErrNotFound = errors.New("flightcache: not found")
+
+// notFoundError is a load's own not-found error, one only
+// [Options.IsNotFound] recognised, as its callers receive it: it matches
+// ErrNotFound and that error, and its text is ErrNotFound's followed by
+// the error's, read once under the guard (classifyLoad).
+type notFoundError struct {
+	err  error
+	text string
+}
+
+// Error is ErrNotFound's text followed by the load's own error's.
+func (e *notFoundError) Error() string { return e.text }
+
+// Unwrap returns ErrNotFound and the load's own error.
+func (e *notFoundError) Unwrap() []error { return []error{ErrNotFound, e.err} }
 
 // ErrNotModified is what a [ReloadFunc] returns when the value it was
 // given is still current (HTTP's 304 Not Modified): the Loader keeps that
@@ -37,17 +65,31 @@ var ErrNotModified = errors.New("flightcache: not modified")
 // because it is half-open and its probe requests are taken. The breaker's
 // own refusal matches too, with errors.Is and errors.As (gobreaker's
 // ErrOpenState or ErrTooManyRequests for the built-in breaker), but its
-// text is not repeated: the error says "flightcache: circuit breaker open".
+// text is not repeated.
+//
+// The built-in breaker's refusal names instead the last failure that keeps
+// it open, by its text, cut to 256 bytes: "flightcache: circuit breaker
+// open (last failure: dial tcp 10.0.0.7:5432: connect: connection
+// refused)" (a panic or a runtime.Goexit is named by its [PanicError]'s or
+// [ErrGoexit]'s text). That failure was another call's: the refusal does
+// not match it (errors.Is, errors.As), so that code looking for the
+// downstream's own errors (a Retryable, a not-found check) never takes a
+// refusal for one.
+//
 // The refusal of a [Breaker.Custom] breaker other than gobreaker's two
-// errors is kept in the text, after a colon: it says which breaker, or why.
+// errors is kept in the text, after a colon: it says which breaker, or
+// why. The Loader adds no failure of its own to a custom breaker's refusal:
+// a breaker shared by processes may be open for another's.
 var ErrBreakerOpen = errors.New("flightcache: circuit breaker open")
 
 // breakerOpenError is the error of a call the breaker refused: it matches
 // ErrBreakerOpen and the breaker's refusal, and says ErrBreakerOpen's text
-// once (with the refusal's own text only when it adds something).
+// once (with the refusal's own text only when it adds something, and the
+// built-in breaker's cause, gobreakerBreaker.refusal).
 type breakerOpenError struct {
 	refusal error
-	quiet   bool // the refusal is gobreaker's own: its text would repeat ErrBreakerOpen's
+	quiet   bool   // the refusal is gobreaker's own: its text would repeat ErrBreakerOpen's
+	cause   string // the text of the failure that keeps the built-in breaker open; "": none known
 }
 
 // breakerOpen wraps a breaker's refusal (not nil) into the error callers
@@ -60,12 +102,16 @@ func breakerOpen(refusal error) error {
 	return &breakerOpenError{refusal: refusal, quiet: quiet}
 }
 
-// Error is ErrBreakerOpen's text, followed by a custom breaker's reason.
+// Error is ErrBreakerOpen's text, followed by a custom breaker's reason,
+// or by the failure that keeps the built-in breaker open.
 func (e *breakerOpenError) Error() string {
-	if e.quiet {
-		return ErrBreakerOpen.Error()
+	switch {
+	case !e.quiet:
+		return ErrBreakerOpen.Error() + ": " + e.refusal.Error()
+	case e.cause != "":
+		return ErrBreakerOpen.Error() + " (last failure: " + e.cause + ")"
 	}
-	return ErrBreakerOpen.Error() + ": " + e.refusal.Error()
+	return ErrBreakerOpen.Error()
 }
 
 // Unwrap returns ErrBreakerOpen and the breaker's refusal.

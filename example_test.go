@@ -433,7 +433,8 @@ func ExampleLoader_Peek() {
 // A LoadFunc that returns its database's own error for a missing row:
 // IsNotFound says that sql.ErrNoRows means the key does not exist, so the
 // missing row is not retried, is no breaker failure, and is cached for
-// NotFoundTTL; callers still see sql.ErrNoRows. Without IsNotFound it would
+// NotFoundTTL; callers see an error that matches both sql.ErrNoRows and
+// flightcache.ErrNotFound, as every not-found does. Without IsNotFound it would
 // be a failure, queried three times per Get. The LoadFunc could instead
 // return fmt.Errorf("%w: %w", flightcache.ErrNotFound, err).
 func ExampleOptions_isNotFound() {
@@ -454,12 +455,12 @@ func ExampleOptions_isNotFound() {
 
 	for range 3 {
 		_, err := names.Get(context.Background(), "p-404")
-		fmt.Println(errors.Is(err, sql.ErrNoRows))
+		fmt.Println(errors.Is(err, sql.ErrNoRows), errors.Is(err, flightcache.ErrNotFound))
 	}
 	fmt.Println("queries:", queries.Load())
 	// Output:
-	// true
-	// true
-	// true
+	// true true
+	// true true
+	// true true
 	// queries: 1
 }

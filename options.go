@@ -180,13 +180,15 @@ type Options[K comparable, V any] struct {
 	// NotFoundTTL, if > 0, caches a not-found for this long (jittered like
 	// TTL): a load error matching [ErrNotFound], or one [Options.IsNotFound]
 	// says is a not-found (sql.ErrNoRows, say). Gets in that time return the
-	// same error as a hit. Any other error is never cached, however it
-	// reads: a LoadFunc that returns its own not-found error without
-	// IsNotFound gets it retried, counted against the breaker and loaded
-	// again by every Get. 0 = not-found errors are not cached. Either way
-	// a not-found drops the value held for the key: a revalidating Get, a
-	// Refresh, a Reload or a background refresh that finds the key gone
-	// leaves no old value behind to be served or to cover a failure.
+	// same error as a hit: the one the load's callers got, which matches
+	// ErrNotFound (see there), kept as it is so a hit costs nothing more.
+	// Any other error is never cached, however it reads: a LoadFunc that
+	// returns its own not-found error without IsNotFound gets it retried,
+	// counted against the breaker and loaded again by every Get. 0 =
+	// not-found errors are not cached. Either way a not-found drops the
+	// value held for the key: a revalidating Get, a Refresh, a Reload or a
+	// background refresh that finds the key gone leaves no old value
+	// behind to be served or to cover a failure.
 	NotFoundTTL time.Duration
 
 	// IsNotFound, if set, reports whether a load error means that the key
@@ -208,10 +210,13 @@ type Options[K comparable, V any] struct {
 	// means "not a not-found". A panic of the LoadFunc and [ErrGoexit] are
 	// never a not-found. nil means the errors matching ErrNotFound only.
 	//
-	// NOTE: a not-found the Loader makes itself, a key missing from the
-	// map of LoadMany or a Remote's shared not-found, matches ErrNotFound,
-	// not the LoadFunc's error: to tell a Get's not-found from a failure,
-	// ask [Options.NotFound] (or match both).
+	// Its callers receive such an error wrapped, made once per load, so
+	// that it matches both ErrNotFound and the error itself (errors.Is,
+	// errors.As), its text ErrNotFound's followed by its own. A not-found
+	// the Loader makes itself, a key missing from the map of LoadMany or a
+	// Remote's shared not-found, matches ErrNotFound alone: to tell a
+	// Get's not-found from a failure, match ErrNotFound, which every
+	// not-found a caller receives does.
 	IsNotFound func(error) bool
 
 	// Remote, if set, is a second tier shared between processes (see
@@ -276,7 +281,8 @@ type Retry struct {
 
 // Breaker configures the circuit breaker (github.com/sony/gobreaker/v2)
 // around the downstream call. While it is open, loads fail at once with an
-// error matching [ErrBreakerOpen] and never reach the LoadFunc. Context
+// error matching [ErrBreakerOpen], whose text names the last failure that
+// keeps it open, and never reach the LoadFunc. Context
 // cancellation (a caller leaving, Close) and a not-found
 // ([Options.IsNotFound]) never count as failures; a load that hits
 // LoadTimeout does.

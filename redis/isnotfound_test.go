@@ -1,8 +1,10 @@
 package flightredis
 
 import (
+	"context"
 	"database/sql"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -120,4 +122,71 @@ func TestOwnNotFoundThroughTheBatchPath(t *testing.T) {
 			t.Errorf("downstream calls %v; want only a's", calls)
 		}
 	})
+}
+
+// Every not-found a caller receives matches flightcache.ErrNotFound
+// (docs/design.md rule 25), through the tier too: the process whose
+// LoadFunc returned its own not-found error gets one that matches both it
+// and ErrNotFound; another process, which read the shared marker
+// (NotFoundTTL > 0) or waited on the lease of the load that found it
+// (NotFoundTTL 0: the holder's failure, ErrPeerFailed), gets one that
+// matches ErrNotFound and says the holder's error in its text, but cannot
+// match that error's Go value. Before, the loading process's not-found
+// matched sql.ErrNoRows only.
+func TestEveryNotFoundMatchesErrNotFoundThroughTheTier(t *testing.T) {
+	addr := redisAddr(t)
+	isNotFound := func(err error) bool { return errors.Is(err, sql.ErrNoRows) }
+	for _, tc := range []struct {
+		name        string
+		notFoundTTL time.Duration
+		other       error // what b's error matches besides ErrNotFound
+	}{
+		{"shared marker", time.Minute, ErrSharedNotFound},
+		{"peer failed", 0, ErrPeerFailed},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+			defer cancel()
+			p := testPrefix(t, newClient(t, addr))
+			d := newDownstream()
+			d.gate = make(chan struct{})
+			d.fail(sql.ErrNoRows)
+			lo := flightcache.Options[string, string]{TTL: time.Minute, NotFoundTTL: tc.notFoundTTL,
+				IsNotFound: isNotFound, Breaker: flightcache.Breaker{Disabled: true}}
+			a := newProc(t, addr, p, lo, Options[string, string]{}, d)
+			b := newProc(t, addr, p, lo, Options[string, string]{}, d)
+			ra := make(chan error, 1)
+			go func() { _, err := a.l.Get(ctx, "k"); ra <- err }()
+			<-d.started
+			var rb chan error
+			if tc.notFoundTTL == 0 { // b waits on a's lease, and shares its failure
+				rb = make(chan error, 1)
+				go func() { _, err := b.l.Get(ctx, "k"); rb <- err }()
+				eventually(t, 10*time.Second, "b to wait on a's lease", func() bool { return b.t.Stats().Waits == 1 })
+			}
+			close(d.gate)
+			errA := within(t, ra, 30*time.Second, "a's Get")
+			if !errors.Is(errA, flightcache.ErrNotFound) || !errors.Is(errA, sql.ErrNoRows) {
+				t.Errorf("a.Get(k) = %v; want it to match ErrNotFound and the LoadFunc's sql.ErrNoRows", errA)
+			}
+			if want := "flightcache: not found: " + sql.ErrNoRows.Error(); errA.Error() != want {
+				t.Errorf("a.Get(k) text %q; want %q", errA.Error(), want)
+			}
+			var errB error
+			if rb != nil {
+				errB = within(t, rb, 30*time.Second, "b's Get")
+			} else {
+				_, errB = b.l.Get(ctx, "k")
+			}
+			if !errors.Is(errB, flightcache.ErrNotFound) || !errors.Is(errB, tc.other) || errors.Is(errB, sql.ErrNoRows) {
+				t.Errorf("b.Get(k) = %v; want it to match ErrNotFound and %v, not the other process's sql.ErrNoRows", errB, tc.other)
+			}
+			if tc.notFoundTTL == 0 && !strings.Contains(errB.Error(), sql.ErrNoRows.Error()) {
+				t.Errorf("b.Get(k) text %q; want it to say a's error", errB.Error())
+			}
+			if n := d.calls.Load(); n != 1 {
+				t.Errorf("downstream calls = %d; want 1: b's answer came from a", n)
+			}
+		})
+	}
 }

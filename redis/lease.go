@@ -120,15 +120,19 @@ return 1
 // (or an earlier one here) reported the key not found less than the
 // Loader's NotFoundTTL ago. It matches [flightcache.ErrNotFound] with
 // [errors.Is], so the Loader caches it as a not-found for its own
-// NotFoundTTL. [Tier.Set] replaces the marker; [Tier.Invalidate] deletes it.
+// NotFoundTTL. The marker keeps no error: unlike the not-found of the
+// process whose LoadFunc returned it, ErrSharedNotFound does not match that
+// LoadFunc's own error (sql.ErrNoRows). [Tier.Set] replaces the marker;
+// [Tier.Invalidate] deletes it.
 var ErrSharedNotFound = fmt.Errorf("flightredis: not found (shared by the fleet): %w", flightcache.ErrNotFound)
 
 // ErrPeerFailed matches (with [errors.Is]) the error of a Load that waited
 // for another process's load of the same key when that load failed: the
 // failure is shared, as it is between the callers of one process, so an
 // outage costs one downstream call per burst, not one per process. The
-// error's text carries the other process's error; a not-found there also
-// matches [flightcache.ErrNotFound] here.
+// error's text carries the other process's error, but not its Go value
+// (errors.Is and errors.As cannot find a sql.ErrNoRows of that process);
+// a not-found there also matches [flightcache.ErrNotFound] here.
 var ErrPeerFailed = errors.New("flightredis: the load failed in another process")
 
 // Load implements [flightcache.Remote]: before the tier is attached to a
