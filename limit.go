@@ -55,9 +55,10 @@ const DefaultAdaptiveMaxLoads = 200
 // the loads past it at once instead.
 //
 // In front of a client's pool of N connections, MaxLoads N keeps the
-// waiting in the Limit, where it counts against MaxWait, not against
-// LoadTimeout or the breaker; without it the loads wait in the pool, on
-// their LoadTimeout, and a storm's timeouts open the breaker.
+// waiting in the Limit, where it counts against MaxWait (set it to what a
+// caller will wait), not against LoadTimeout or the breaker; without it
+// the loads wait in the pool, on their LoadTimeout, and a storm's
+// timeouts open the breaker.
 //
 // Background refreshes never queue: one starts only while no foreground
 // load is waiting and background work holds less than half the bound;
