@@ -37,7 +37,8 @@ const DefaultAdaptiveMaxLoads = 200
 // it at once ([SourceStaleLimited]) and no load starts, unless it asked
 // for [WithRevalidate] or WithMaxStale(ctx, 0), or the copy is distrusted.
 // Otherwise the load waits for a slot in a queue, first come first served,
-// for as long as MaxWait and its callers allow: a Limit makes a storm
+// for as long as MaxWait (by default LoadTimeout, the time the load would
+// have had without a Limit) and its callers allow: a Limit makes a storm
 // slower, and never fails a load its downstream would have answered. Its
 // callers wait on their own contexts, and [Options.Policy] says what
 // happens when they have all left: [CancelAtZero] takes the load out of
