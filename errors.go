@@ -118,8 +118,8 @@ func (e *breakerOpenError) Error() string {
 func (e *breakerOpenError) Unwrap() []error { return []error{ErrBreakerOpen, e.refusal} }
 
 // ErrLimited is the error of a load that found no free slot under
-// [Options.Limit] and could not wait for one: the queue of loads waiting
-// was full ([Limit.MaxQueue]), or it waited [Limit.MaxWait]. Like
+// [Options.Limit] and could not wait for one: it waited [Limit.MaxWait],
+// or the queue was full at an explicit [Limit.MaxQueue]. Like
 // [ErrBreakerOpen] it says nothing about the key: it is never cached, never
 // retried, never counted as a breaker failure, and a stale value within
 // [Options.StaleIfError] covers it like any failure.

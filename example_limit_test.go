@@ -12,10 +12,11 @@ import (
 // A Limit bounds the downstream calls a Loader makes at once, for a storm
 // of many distinct cold keys (a deploy, a mass expiry, a crawler) that
 // single-flight cannot collapse. Here the bound is found from the
-// downstream's latency, up to 100 calls at once; up to 4,000 loads may
-// wait for a slot, and a Get that holds a value within StaleIfError is
-// answered with it at once instead of waiting. A load that can wait no
-// longer fails with ErrLimited, which a caller sheds like an overload.
+// downstream's latency, up to 100 calls at once; the other loads wait for
+// a slot, as long as MaxWait (LoadTimeout by default) and their callers
+// allow, and a Get that holds a value within StaleIfError is answered with
+// it at once instead of waiting. A load that can wait no longer fails with
+// ErrLimited, which a caller sheds like an overload.
 func ExampleLimit() {
 	prices, err := flightcache.New(func(ctx context.Context, id string) (Product, error) {
 		return Product{ID: id, Price: 1299}, nil // the expensive downstream call
@@ -25,7 +26,6 @@ func ExampleLimit() {
 		Limit: flightcache.Limit{
 			Adaptive: true,
 			MaxLoads: 100,
-			MaxQueue: 4000,
 		},
 	})
 	if err != nil {

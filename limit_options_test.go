@@ -44,7 +44,8 @@ func TestLimitOptionsRejected(t *testing.T) {
 	}
 }
 
-// The defaults of a Limit, as New applies them.
+// The defaults of a Limit, as New applies them: MaxQueue's is no bound
+// (math.MaxInt), MaxWait's the Loader's LoadTimeout.
 func TestLimitOptionsDefaults(t *testing.T) {
 	load := func(context.Context, string) (int, error) { return 0, nil }
 	tests := []struct {
@@ -55,13 +56,13 @@ func TestLimitOptionsDefaults(t *testing.T) {
 	}{
 		{"zero: no limit", Limit{}, 0, Limit{}},
 		{"fixed", Limit{MaxLoads: 50}, 0,
-			Limit{MaxLoads: 50, MaxQueue: 200, MaxWait: DefaultLoadTimeout}},
+			Limit{MaxLoads: 50, MaxQueue: math.MaxInt, MaxWait: DefaultLoadTimeout}},
 		{"fixed, MaxWait from LoadTimeout", Limit{MaxLoads: 50, MaxQueue: 7}, 3 * time.Second,
 			Limit{MaxLoads: 50, MaxQueue: 7, MaxWait: 3 * time.Second}},
 		{"adaptive", Limit{Adaptive: true}, 0,
-			Limit{Adaptive: true, MaxLoads: DefaultAdaptiveMaxLoads, MinLoads: 1, MaxQueue: 4 * DefaultAdaptiveMaxLoads, MaxWait: DefaultLoadTimeout}},
+			Limit{Adaptive: true, MaxLoads: DefaultAdaptiveMaxLoads, MinLoads: 1, MaxQueue: math.MaxInt, MaxWait: DefaultLoadTimeout}},
 		{"adaptive, own ceiling and wait", Limit{Adaptive: true, MaxLoads: 30, MinLoads: 5, MaxWait: time.Second}, 0,
-			Limit{Adaptive: true, MaxLoads: 30, MinLoads: 5, MaxQueue: 120, MaxWait: time.Second}},
+			Limit{Adaptive: true, MaxLoads: 30, MinLoads: 5, MaxQueue: math.MaxInt, MaxWait: time.Second}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -75,7 +76,7 @@ func TestLimitOptionsDefaults(t *testing.T) {
 			}
 		})
 	}
-	// MaxQueue's default saturates rather than wrapping around.
+	// MaxQueue's default is no bound, whatever MaxLoads is.
 	if got := (Limit{MaxLoads: math.MaxInt}).withDefaults(time.Second).MaxQueue; got != math.MaxInt {
 		t.Errorf("default MaxQueue for MaxLoads %d = %d; want %d", math.MaxInt, got, math.MaxInt)
 	}

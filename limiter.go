@@ -22,7 +22,7 @@ import (
 // below the slots in use, nothing is granted until enough are given back.
 type limiter struct {
 	now      func() time.Duration // the Loader's clock
-	maxQueue int                  // most live waiters
+	maxQueue int                  // most live waiters; math.MaxInt unless Limit.MaxQueue is set
 	maxWait  time.Duration        // longest wait for a slot; 0: as long as the load's context
 	adaptive bool
 
@@ -91,9 +91,10 @@ func (lm *limiter) countStale() {
 // acquire takes a slot for a foreground downstream call: at once if one is
 // free and nobody waits, else after waiting its turn, for at most MaxWait,
 // while ctx (the load's context) lasts. queued is how long it waited. It
-// fails with ErrLimited when the queue is full or MaxWait passes, with
-// ErrClosed after close, and with ctx's error (and its cause, when that
-// says more: ErrClosed, CancelAtZero's) when ctx ends while it waits.
+// fails with ErrLimited when MaxWait passes or the queue is full (only at
+// an explicit MaxQueue), with ErrClosed after close, and with ctx's error
+// (and its cause, when that says more: ErrClosed, CancelAtZero's) when
+// ctx ends while it waits.
 // Without an error, the slot must be released. A free slot costs no
 // clock read and no allocation.
 //

@@ -185,7 +185,7 @@ type Stats struct {
 	Waiting           int64  // Gets waiting on a load now, a GetMany once per key it waits for: the blast radius if they fail
 	LoadLimit         int64  // the bound on downstream calls at once now (Options.Limit; the adaptive bound as it moves); 0 without a Limit
 	QueuedLoads       int64  // loads waiting now for a downstream slot (Options.Limit)
-	Limited           uint64 // loads failed with ErrLimited: the queue was full, or they waited Limit.MaxWait
+	Limited           uint64 // loads failed with ErrLimited: they waited Limit.MaxWait, or the queue was full at an explicit Limit.MaxQueue
 	StaleLimited      uint64 // Gets answered at once with a stale value within StaleIfError because no downstream slot was free, no load started (SourceStaleLimited; each also counted in StaleHits)
 	RefreshesLimited  uint64 // background refreshes not started because loads were queued or background work held half the bound (Options.Limit)
 

@@ -76,7 +76,6 @@ type config struct {
 	stormKnee     int           // ...× (1 + n/stormKnee)² with n calls in flight
 	stormCapacity int           // past this many calls at once, a call fails at once
 	stormMaxLoads int           // the fixed Limit.MaxLoads
-	stormQueue    int           // Limit.MaxQueue of both limits
 	traceEvery    time.Duration // the bound is read this often during a storm
 }
 
@@ -110,7 +109,6 @@ func defaultConfig() config {
 		stormKnee:     50,
 		stormCapacity: 100,
 		stormMaxLoads: 50,
-		stormQueue:    4000,
 		traceEvery:    2 * time.Millisecond,
 	}
 }

@@ -116,8 +116,8 @@ func runStorm(cfg config, p *progress) (*stormResult, error) {
 		limit flightcache.Limit
 	}{
 		{"no limit", flightcache.Limit{}},
-		{fmt.Sprintf("MaxLoads %d", cfg.stormMaxLoads), flightcache.Limit{MaxLoads: cfg.stormMaxLoads, MaxQueue: cfg.stormQueue}},
-		{"Adaptive", flightcache.Limit{Adaptive: true, MaxQueue: cfg.stormQueue}},
+		{fmt.Sprintf("MaxLoads %d", cfg.stormMaxLoads), flightcache.Limit{MaxLoads: cfg.stormMaxLoads}},
+		{"Adaptive", flightcache.Limit{Adaptive: true}},
 	} {
 		row, err := storm(cfg, p, c.name, c.limit)
 		if err != nil {

@@ -77,6 +77,7 @@ type stormRow struct {
 	Limit  struct {
 		MaxLoads int
 		Adaptive bool
+		MaxQueue int // 0: the default queue, which holds every Get
 	} `json:"limit"`
 	Gets        int           `json:"gets"`
 	Answered    int           `json:"answered"`
@@ -151,6 +152,16 @@ func (s *stormResult) row(kind string) *stormRow {
 		}
 	}
 	return nil
+}
+
+// queueNote says which queue the limited storms of s waited in: an
+// explicit MaxQueue (runs made before the default queue held every Get
+// set one), or the default.
+func (s *stormResult) queueNote() string {
+	if fixed := s.row("fixed"); fixed != nil && fixed.Limit.MaxQueue > 0 {
+		return fmt.Sprintf("both with `MaxQueue` %s, which holds every Get", fmtNum(float64(fixed.Limit.MaxQueue)))
+	}
+	return "both with the default queue, which holds every Get"
 }
 
 // medianRun is the run the chart shows: the one whose adaptive storm (or,
@@ -353,7 +364,7 @@ func (r *report) stormSection(charts map[string]string) {
 	r.printf("## A storm of many keys\n\n")
 	r.printf("Part f of `examples/burst` ([docs/examples.md](examples.md)), run %d times one after the other: %s distinct cold keys asked for at once, which single-flight cannot collapse, ", len(runs), fmtNum(float64(f.Keys)))
 	r.printf("from a downstream whose calls take %s × (1 + n/%d)² with n calls in flight and fail at once past %d (a database out of connections). ", fmtMs(f.Base), f.Knee, f.Capacity)
-	r.printf("Each way starts cold, with a Loader and a downstream of its own and default options but for `Options.Limit`: none, `Limit{MaxLoads: 50}` and `Limit{Adaptive: true}` (both with `MaxQueue` 4,000, so that every Get may wait its turn). ")
+	r.printf("Each way starts cold, with a Loader and a downstream of its own and default options but for `Options.Limit`: none, `Limit{MaxLoads: 50}` and `Limit{Adaptive: true}` (%s). ", f.queueNote())
 	r.printf("Each cell is the median over the runs, with their range in parentheses when they differ; × MaxLoads wall divides each run's wall time by the fixed bound's in the same run. ")
 	r.printf("ErrBreakerOpen and ErrLimited count the Gets that failed so; past capacity and calls at once are the downstream's own counts.\n\n")
 	r.printf("Commands, from the repository root and then in `bench/` (the report reads `%s` itself):\n\n", filepath.ToSlash(r.stormDir))

@@ -191,13 +191,19 @@ func TestReportStormSection(t *testing.T) {
 	charts := r.build()
 	md := r.w.String()
 	for _, want := range []string{"## A storm of many keys", "run 3 times", "| **Adaptive** |", "](benchmarks/storm.svg)", "run 2 (`run2.json`)",
-		"no call went past capacity and every Get was answered"} {
+		"no call went past capacity and every Get was answered", "both with `MaxQueue` 400, which holds every Get"} {
 		if !strings.Contains(md, want) {
 			t.Errorf("the report lacks %q", want)
 		}
 	}
 	if !strings.HasPrefix(charts["storm.svg"], "<svg") {
 		t.Errorf("no storm.svg among the charts")
+	}
+	var f stormResult
+	f.Rows = []stormRow{{}, {}}
+	f.Rows[1].Limit.MaxLoads = 50
+	if got, want := f.queueNote(), "both with the default queue, which holds every Get"; got != want {
+		t.Errorf("queueNote of runs without MaxQueue = %q; want %q", got, want)
 	}
 	r = &report{res: res, chartRel: "benchmarks", wallDir: t.TempDir(), stormDir: t.TempDir()}
 	if charts := r.build(); strings.Contains(r.w.String(), "storm") || charts["storm.svg"] != "" {
