@@ -82,6 +82,7 @@ func TestLimitDurationExcludesQueue(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
 				var log eventLog
 				waited := tt.run(t, &log)
+				synctest.Wait() // an OnLoad may run after its callers have their answer
 				evs := log.all()
 				slices.SortFunc(evs, func(a, b LoadEvent[string]) int { return int(a.Queued - b.Queued) })
 				if len(evs) != 3 {
