@@ -181,6 +181,10 @@ type chaosDownstream struct {
 	outage atomic.Bool
 	inside atomic.Int64 // calls running now
 	seq    atomic.Uint64
+	// slept counts the calls that got past their sleep: every 80th of them
+	// calls runtime.Goexit, so that each run has Goexits however few calls
+	// a Limit lets through (a 1% draw left some runs with none).
+	slept atomic.Int64
 	// maxCalls is Options.Limit.MaxLoads (the adaptive bound's ceiling), or
 	// 0: no calls at once beyond it, retries and refreshes included.
 	maxCalls int64
@@ -273,6 +277,10 @@ func (d *chaosDownstream) load(ctx context.Context, key int) (chaosVal, error) {
 	if err := chaosSleep(ctx, time.Millisecond+rand.N(200*time.Millisecond)); err != nil {
 		return chaosVal{}, err
 	}
+	if d.slept.Add(1)%80 == 40 {
+		d.n.goexits.Add(1)
+		runtime.Goexit()
+	}
 	switch {
 	case u < 0.11:
 		d.n.errs.Add(1)
@@ -280,9 +288,6 @@ func (d *chaosDownstream) load(ctx context.Context, key int) (chaosVal, error) {
 	case u < 0.13:
 		d.n.panics.Add(1)
 		panic(fmt.Sprintf("chaos: panic loading %d", key))
-	case u < 0.14:
-		d.n.goexits.Add(1)
-		runtime.Goexit()
 	}
 	return d.answer(key)
 }
