@@ -5,6 +5,8 @@ import (
 	"math"
 	"math/rand/v2"
 	"time"
+
+	"github.com/flightcache/flightcache/internal/timing"
 )
 
 // complete turns what a load produced into its result and its entry (all
@@ -24,8 +26,8 @@ func (l *Loader[K, V]) complete(c *call[K, V], r *loaded[V]) {
 	res := delivery[K, V]{val: r.val, err: r.err, loadedAt: now - r.age, ended: now}
 	// Values never cached are judged by the shortest freshness any entry
 	// can draw, so that no caller's max-stale is stretched by jitter.
-	shortest := jitter(l.opts.TTL, l.opts.Jitter, 1)
-	res.freshUntil = addSat(res.loadedAt, shortest)
+	shortest := timing.Jitter(l.opts.TTL, l.opts.Jitter, 1)
+	res.freshUntil = timing.Add(res.loadedAt, shortest)
 	if r.err != nil && !r.judged {
 		// Once per load, for all its callers. The error and IsNotFound are
 		// user code: if one panics, the error becomes the *PanicError; if
@@ -48,7 +50,7 @@ func (l *Loader[K, V]) complete(c *call[K, V], r *loaded[V]) {
 	}
 	if fb := r.fallback; r.err != nil && fb != nil {
 		at := now - max(time.Since(fb.LoadedAt), 0)
-		res.fallback = &entry[K, V]{key: c.key, val: fb.Value, loadedAt: at, freshUntil: addSat(at, shortest)}
+		res.fallback = &entry[K, V]{key: c.key, val: fb.Value, loadedAt: at, freshUntil: timing.Add(at, shortest)}
 	}
 	l.deliver(c, r, &res, e, cost)
 }
@@ -163,8 +165,8 @@ func (l *Loader[K, V]) backOff(from *entry[K, V]) {
 	if n == maxRefreshFails {
 		n = math.MaxInt // the count saturated: the backoff is at its limit
 	}
-	d := refreshDelay(n, l.opts.Retry.InitialInterval, l.opts.Retry.MaxInterval, rand.Float64())
-	from.refreshAfter.Store(int64(addSat(l.now(), d)))
+	d := timing.RefreshDelay(n, l.opts.Retry.InitialInterval, l.opts.Retry.MaxInterval, rand.Float64())
+	from.refreshAfter.Store(int64(timing.Add(l.now(), d)))
 }
 
 // departure is what a load made leave the cache, for an EvictionObserver:

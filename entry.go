@@ -5,6 +5,8 @@ import (
 	"math/rand/v2"
 	"sync/atomic"
 	"time"
+
+	"github.com/flightcache/flightcache/internal/timing"
 )
 
 // entry is one cached value (or cached not-found error) with its timing.
@@ -110,8 +112,8 @@ type born struct {
 // life.ttl, with life's windows.
 func (l *Loader[K, V]) newEntry(key K, v V, life lifetime, b born) *entry[K, V] {
 	now, took := b.at, b.took
-	fresh := jitter(life.ttl, l.opts.Jitter, rand.Float64())
-	until := addSat(now, fresh)
+	fresh := timing.Jitter(life.ttl, l.opts.Jitter, rand.Float64())
+	until := timing.Add(now, fresh)
 	e := &entry[K, V]{key: key, val: v, loadedAt: now, freshUntil: until}
 	e.mark.Store(b.gen)
 	if life.own {
@@ -120,8 +122,8 @@ func (l *Loader[K, V]) newEntry(key K, v V, life lifetime, b born) *entry[K, V] 
 	if l.opts.EarlyRefresh > 0 {
 		// Rounded up to the microsecond: a lead of a fast load (under a
 		// millisecond) must not vanish. It is at most half the life.
-		lead := until - earlyRefreshAt(now, fresh, took, l.opts.EarlyRefresh, 1-rand.Float64())
-		e.early = uint32(min(max(addSat(lead, time.Microsecond-1)/time.Microsecond, 0), math.MaxUint32))
+		lead := until - timing.EarlyRefreshAt(now, fresh, took, l.opts.EarlyRefresh, 1-rand.Float64())
+		e.early = uint32(min(max(timing.Add(lead, time.Microsecond-1)/time.Microsecond, 0), math.MaxUint32))
 	}
 	return e
 }
@@ -215,13 +217,13 @@ type windows struct {
 // fresh until freshUntil. Negative entries (cached not-found errors) have no
 // stale windows: pass the zero windows for them.
 func (w windows) phaseAt(now, freshUntil time.Duration) phase {
-	staleUntil := addSat(freshUntil, w.staleWhileRevalidate)
+	staleUntil := timing.Add(freshUntil, w.staleWhileRevalidate)
 	switch {
 	case now < freshUntil:
 		return phaseFresh
 	case now < staleUntil:
 		return phaseStale
-	case now < addSat(staleUntil, w.staleIfError):
+	case now < timing.Add(staleUntil, w.staleIfError):
 		return phaseStaleIfError
 	default:
 		return phaseExpired

@@ -5,6 +5,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/flightcache/flightcache/internal/timing"
 )
 
 // A load runs under a context of its own, loadCtx, which lives inside its
@@ -218,7 +220,7 @@ func newTimeouts(timeout time.Duration, epoch time.Time) *timeouts {
 // timeout, may fire that long after an empty list's first deadline: fire
 // ends every load due by then.
 func (t *timeouts) add(c *loadCtx, start time.Duration) {
-	due := addSat(start, t.timeout)
+	due := timing.Add(start, t.timeout)
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	if t.tail != nil {

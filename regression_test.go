@@ -235,7 +235,7 @@ func TestHugeStaleWindowOverflows(t *testing.T) {
 // A Retry.MaxInterval of math.MaxInt64 (a natural "no cap") must not hang
 // the Loader once an entry's background refreshes have failed 15 times in a
 // row, where the failure count saturates and the backoff goes to its
-// limit: refreshDelay doubled the delay until it overflowed to 0 and then
+// limit: timing.RefreshDelay doubled the delay until it overflowed to 0 and then
 // looped about 2^63 times, on the load goroutine, before delivering, and
 // Close never returned. Every background refresh here is a Refresh of a
 // held value through a failing Reload, which counts as a failed refresh

@@ -3,8 +3,9 @@ package flightcache
 import (
 	"context"
 	"errors"
-	"math"
 	"time"
+
+	"github.com/flightcache/flightcache/internal/timing"
 )
 
 // Windows is how a Loader judges a value's age, in a form a [Remote] can
@@ -53,7 +54,7 @@ func (o Options[K, V]) Windows() (Windows, error) {
 func (o Options[K, V]) WindowsOf(key K, v V) (w Windows, cache bool) {
 	o = o.withDefaults()
 	w = Windows{
-		Fresh:                jitter(o.TTL, o.Jitter, 1),
+		Fresh:                timing.Jitter(o.TTL, o.Jitter, 1),
 		TTL:                  o.TTL,
 		Jitter:               o.Jitter,
 		StaleWhileRevalidate: o.StaleWhileRevalidate,
@@ -69,7 +70,7 @@ func (o Options[K, V]) WindowsOf(key K, v V) (w Windows, cache bool) {
 		return w, false
 	}
 	if f.TTL > 0 {
-		w.Fresh, w.TTL = jitter(f.TTL, o.Jitter, 1), f.TTL
+		w.Fresh, w.TTL = timing.Jitter(f.TTL, o.Jitter, 1), f.TTL
 	}
 	w.StaleWhileRevalidate = pick(f.StaleWhileRevalidate, w.StaleWhileRevalidate)
 	w.StaleIfError = pick(f.StaleIfError, w.StaleIfError)
@@ -87,7 +88,7 @@ func (w Windows) Draw(u float64) time.Duration {
 	if w.TTL <= 0 {
 		return w.Fresh
 	}
-	return jitter(w.TTL, w.Jitter, u)
+	return timing.Jitter(w.TTL, w.Jitter, u)
 }
 
 // AcceptsStale reports whether a Get made under ctx accepts a value that
@@ -166,33 +167,15 @@ type Bounds struct {
 // clock comes near, they are exact. A cached not-found has no stale
 // windows: its bounds are those of Windows{Fresh: its time to live}.
 func (w Windows) Bounds(loadedAt time.Time) Bounds {
-	fresh := after(loadedAt, w.Fresh)
-	stale := after(fresh, w.StaleWhileRevalidate)
-	b := Bounds{RefreshFrom: fresh, FreshUntil: fresh, StaleUntil: stale, UsableUntil: after(stale, w.StaleIfError)}
+	fresh := timing.Later(loadedAt, w.Fresh)
+	stale := timing.Later(fresh, w.StaleWhileRevalidate)
+	b := Bounds{RefreshFrom: fresh, FreshUntil: fresh, StaleUntil: stale, UsableUntil: timing.Later(stale, w.StaleIfError)}
 	if w.EarlyRefresh {
 		// The earliest early refresh of a value fresh for w.Fresh: the
 		// Loader's own rule, with the longest lead it allows.
-		b.RefreshFrom = after(loadedAt, earlyRefreshAt(0, w.Fresh, 1, 1, 0))
+		b.RefreshFrom = timing.Later(loadedAt, timing.EarlyRefreshAt(0, w.Fresh, 1, 1, 0))
 	}
 	return b
-}
-
-// latest is the latest time a time.Time holds: the largest count of
-// seconds since year 1 (62135596800 before the Unix epoch), and the last
-// nanosecond of it.
-var latest = time.Unix(math.MaxInt64-62135596800, 999_999_999)
-
-// after returns t+d (t for d <= 0), saturated at latest: time.Time.Add
-// saturates whole seconds, but the nanoseconds it adds on top may then
-// land before t.
-func after(t time.Time, d time.Duration) time.Time {
-	if d <= 0 {
-		return t
-	}
-	if u := t.Add(d); !u.Before(t) {
-		return u
-	}
-	return latest
 }
 
 // PhaseAt returns the phase at now of the value whose windows end at b:
@@ -207,16 +190,9 @@ func (b Bounds) PhaseAt(now time.Time) Phase {
 	// here. Each bound's offset is clamped to ±2⁶¹ns (about 73 years),
 	// which keeps its sign and the order of the three, so the rule's sums
 	// of them are exact whatever the bounds (even centuries apart).
-	fresh, stale, usable := offset(b.FreshUntil, now), offset(b.StaleUntil, now), offset(b.UsableUntil, now)
+	fresh, stale, usable := timing.Offset(b.FreshUntil, now), timing.Offset(b.StaleUntil, now), timing.Offset(b.UsableUntil, now)
 	w := windows{staleWhileRevalidate: stale - fresh, staleIfError: usable - stale}
 	return Phase(w.phaseAt(0, fresh))
-}
-
-// offset returns t−now, clamped to ±2⁶¹ns (time.Time.Sub saturates
-// first, at the bounds of a Duration).
-func offset(t, now time.Time) time.Duration {
-	const limit = time.Duration(1) << 61
-	return min(max(t.Sub(now), -limit), limit)
 }
 
 // StaleMayCover reports whether a stale value may be served in place of

@@ -7,6 +7,8 @@ import (
 	"math/rand/v2"
 	"testing"
 	"time"
+
+	"github.com/flightcache/flightcache/internal/timing"
 )
 
 // forever is the largest duration: "never", for the Loader's options.
@@ -50,11 +52,11 @@ func TestBoundsPhaseAtIsTheLoadersRule(t *testing.T) {
 	}
 	for _, w := range ws {
 		b := w.Bounds(t0)
-		ends := []time.Duration{w.Fresh, addSat(w.Fresh, w.StaleWhileRevalidate),
-			addSat(addSat(w.Fresh, w.StaleWhileRevalidate), w.StaleIfError)}
+		ends := []time.Duration{w.Fresh, timing.Add(w.Fresh, w.StaleWhileRevalidate),
+			timing.Add(timing.Add(w.Fresh, w.StaleWhileRevalidate), w.StaleIfError)}
 		ages := []time.Duration{math.MinInt64, -time.Hour, -1, 0, 1, time.Second / 2, time.Hour, 1 << 62}
 		for _, e := range ends {
-			ages = append(ages, e-1, e, addSat(e, 1))
+			ages = append(ages, e-1, e, timing.Add(e, 1))
 		}
 		for range 50 {
 			ages = append(ages, time.Duration(rand.Int64N(math.MaxInt64)))
@@ -100,7 +102,7 @@ func TestWindowsBounds(t *testing.T) {
 }
 
 // With EarlyRefresh, no process refreshes a value before RefreshFrom: the
-// Loader's early refresh (earlyRefreshAt) of a value fresh for Fresh, for
+// Loader's early refresh (timing.EarlyRefreshAt) of a value fresh for Fresh, for
 // any load time and draw, is never earlier.
 func TestBoundsRefreshFrom(t *testing.T) {
 	t0 := time.Now()
@@ -112,7 +114,7 @@ func TestBoundsRefreshFrom(t *testing.T) {
 		}
 		for range 200 {
 			delta := time.Duration(rand.Int64N(int64(min(fresh, time.Hour)))) + 1
-			at := earlyRefreshAt(0, fresh, delta, 10*rand.Float64(), rand.Float64())
+			at := timing.EarlyRefreshAt(0, fresh, delta, 10*rand.Float64(), rand.Float64())
 			if t0.Add(at).Before(b.RefreshFrom) {
 				t.Fatalf("Fresh %v: the Loader refreshes at %v (delta %v); RefreshFrom is %v", fresh, at, delta, b.RefreshFrom.Sub(t0))
 			}
@@ -125,16 +127,16 @@ func TestBoundsRefreshFrom(t *testing.T) {
 }
 
 // At the extremes the bounds saturate instead of wrapping: windows of
-// "never" from the latest time a time.Time holds stay there, in order, and
+// "never" from the timing.Latest time a time.Time holds stay there, in order, and
 // bounds centuries apart are placed exactly.
 func TestBoundsSaturate(t *testing.T) {
 	w := Windows{Fresh: forever, StaleWhileRevalidate: forever, StaleIfError: forever, EarlyRefresh: true}
-	for _, at := range []time.Time{time.Now(), latest.Add(-time.Hour), latest} {
+	for _, at := range []time.Time{time.Now(), timing.Latest.Add(-time.Hour), timing.Latest} {
 		b := w.Bounds(at)
 		if b.FreshUntil.Before(at) || b.StaleUntil.Before(b.FreshUntil) || b.UsableUntil.Before(b.StaleUntil) || b.RefreshFrom.Before(at) {
 			t.Errorf("Bounds(%v) = %+v; want every bound at or after the load, in order", at, b)
 		}
-		if got := b.PhaseAt(at); got != PhaseFresh && !at.Equal(latest) { // loaded at the last instant: nothing left
+		if got := b.PhaseAt(at); got != PhaseFresh && !at.Equal(timing.Latest) { // loaded at the last instant: nothing left
 			t.Errorf("Bounds(%v).PhaseAt(loaded) = %v; want fresh", at, got)
 		}
 	}

@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/flightcache/flightcache/internal/timing"
 )
 
 // Options.Windows gives a Remote the Loader's own rules: the shortest
@@ -47,13 +49,13 @@ func TestWindowsDraw(t *testing.T) {
 		if o.Freshness != nil {
 			ttl = o.Freshness("k", 1).TTL
 		}
-		if w.TTL != ttl || w.Jitter != o.Jitter || w.Fresh != jitter(ttl, o.Jitter, 1) {
+		if w.TTL != ttl || w.Jitter != o.Jitter || w.Fresh != timing.Jitter(ttl, o.Jitter, 1) {
 			t.Errorf("WindowsOf with TTL %v, Jitter %v = %+v; want TTL %v, the Options' Jitter, the shortest draw as Fresh", o.TTL, o.Jitter, w, ttl)
 		}
 		for _, u := range []float64{0, 1e-9, 0.25, 0.5, 0.999999, math.Nextafter(1, 0)} {
 			d := w.Draw(u)
-			if d != jitter(ttl, o.Jitter, u) || d < w.Fresh || d > ttl || d <= 0 {
-				t.Errorf("%+v: Draw(%v) = %v; want the Loader's draw %v, in [%v, %v]", w, u, d, jitter(ttl, o.Jitter, u), w.Fresh, ttl)
+			if d != timing.Jitter(ttl, o.Jitter, u) || d < w.Fresh || d > ttl || d <= 0 {
+				t.Errorf("%+v: Draw(%v) = %v; want the Loader's draw %v, in [%v, %v]", w, u, d, timing.Jitter(ttl, o.Jitter, u), w.Fresh, ttl)
 			}
 		}
 		if d := w.Draw(0); d != ttl {
