@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/flightcache/flightcache"
+	"github.com/flightcache/flightcache/internal/timing"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -395,7 +396,7 @@ func (b *batchRun[K, V]) acquire(open, leased, local, waiting []*slot[K]) (again
 			s.attempt++
 			if len(res) > 2 {
 				if ttl, ok := res[2].(int64); ok && ttl >= 0 {
-					s.delay = min(s.delay, addSat(fromMS(ttl), time.Millisecond))
+					s.delay = min(s.delay, timing.Add(fromMS(ttl), time.Millisecond))
 				}
 			}
 			waiting = append(waiting, s)

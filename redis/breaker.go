@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/flightcache/flightcache"
+	"github.com/flightcache/flightcache/internal/timing"
 	"github.com/redis/go-redis/v9"
 	"github.com/sony/gobreaker/v2"
 )
@@ -153,8 +154,8 @@ func NewBreaker(client redis.UniversalClient, opts BreakerOptions) (*Breaker, er
 		mutexKey: "gobreaker:mutex:" + opts.Name,
 		timeout:  opts.Timeout,
 		lockWait: opts.LockWait,
-		lockTTL:  max(time.Second, mulSat(opts.Timeout, 5)),
-		probeTTL: addSat(opts.ProbeTimeout, max(time.Second, mulSat(opts.Timeout, 5))),
+		lockTTL:  max(time.Second, timing.Mul(opts.Timeout, 5)),
+		probeTTL: timing.Add(opts.ProbeTimeout, max(time.Second, timing.Mul(opts.Timeout, 5))),
 		base:     b.ctx,
 	}
 	return b, nil

@@ -8,6 +8,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/flightcache/flightcache/internal/timing"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -52,7 +53,7 @@ func (ev *events) start(ctx context.Context, rdb redis.UniversalClient, h handle
 	ev.done = make(chan struct{})
 	ev.startup = make(chan struct{})
 	starting := time.AfterFunc(timeout, ev.started)
-	check := max(mulSat(timeout, 4), 500*time.Millisecond)
+	check := max(timing.Mul(timeout, 4), 500*time.Millisecond)
 	go func() {
 		defer starting.Stop()
 		defer close(ev.done)

@@ -3,50 +3,23 @@ package flightredis
 import (
 	"math"
 	"time"
+
+	"github.com/flightcache/flightcache/internal/timing"
 )
 
-// Saturating arithmetic for the tier's own durations (its Options',
-// the lease's). The windows of shared values are not added up here: their
+// Saturated conversions between the tier's durations and what Redis
+// stores. The windows of shared values are not added up here: their
 // bounds are the Loader's rule, flightcache.Windows.Bounds, and an entry's
 // age is placed with flightcache.Bounds.PhaseAt. A Timeout, RetryAfter or
 // PollInterval of math.MaxInt64 still means "never": the sums and
 // multiples the tier makes of them (a default LeaseTTL, a lock's
 // lifetime, a deadline) must stay at the largest value instead of
 // wrapping around to a short or negative one, which Redis would take as
-// "expire now" or refuse. Every such duration goes through these.
+// "expire now" or refuse. Every such sum and multiple goes through
+// timing.Add and timing.Mul, the Loader's own saturating arithmetic.
 
 // maxDuration is the largest time.Duration, about 292 years: "never".
 const maxDuration = time.Duration(math.MaxInt64)
-
-// addSat returns a+b, saturated at the bounds of a Duration instead of
-// overflowing.
-func addSat(a, b time.Duration) time.Duration {
-	s := a + b
-	switch {
-	case b > 0 && s < a:
-		return math.MaxInt64
-	case b < 0 && s > a:
-		return math.MinInt64
-	}
-	return s
-}
-
-// mulSat returns d·n, saturated at the bounds of a Duration instead of
-// overflowing.
-func mulSat(d time.Duration, n int64) time.Duration {
-	m := time.Duration(n)
-	if d == 0 || m == 0 {
-		return 0
-	}
-	p := d * m
-	if p/m == d && !(d == -1 && m == math.MinInt64) && !(m == -1 && d == math.MinInt64) {
-		return p
-	}
-	if (d > 0) == (m > 0) {
-		return math.MaxInt64
-	}
-	return math.MinInt64
-}
 
 // px is d as the argument of a Redis PX or PEXPIRE: whole milliseconds,
 // at least 1 (Redis refuses 0 and takes a negative PEXPIRE as "delete
@@ -59,12 +32,12 @@ func px(d time.Duration) int64 {
 
 // fromMS and fromUS turn a count of milliseconds (a PTTL) or of
 // microseconds (an entry's times) into a duration, saturated.
-func fromMS(ms int64) time.Duration { return mulSat(time.Millisecond, ms) }
+func fromMS(ms int64) time.Duration { return timing.Mul(time.Millisecond, ms) }
 
-func fromUS(us int64) time.Duration { return mulSat(time.Microsecond, us) }
+func fromUS(us int64) time.Duration { return timing.Mul(time.Microsecond, us) }
 
 // unixNanoAfter returns the Unix nanoseconds of now+d, saturated: a
 // deadline past 2262 (which time.Time.UnixNano cannot give) is "never".
 func unixNanoAfter(now time.Time, d time.Duration) int64 {
-	return int64(addSat(time.Duration(now.UnixNano()), d))
+	return int64(timing.Add(time.Duration(now.UnixNano()), d))
 }

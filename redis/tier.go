@@ -68,7 +68,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math"
 	"math/rand/v2"
 	"reflect"
 	"strings"
@@ -77,6 +76,7 @@ import (
 	"time"
 
 	"github.com/flightcache/flightcache"
+	"github.com/flightcache/flightcache/internal/timing"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -271,7 +271,7 @@ func newTier[K comparable, V any](client redis.UniversalClient, opts Options[K, 
 		key:        opts.Key,
 		codec:      opts.Codec,
 		aliveMS:    px(opts.HolderTimeout),
-		failMS:     px(max(mulSat(opts.PollInterval, 4), time.Second)),
+		failMS:     px(max(timing.Mul(opts.PollInterval, 4), time.Second)),
 		channel:    opts.Prefix + "loaded",
 		invChannel: opts.Prefix + "invalidated",
 		origin:     token(8),
@@ -320,7 +320,7 @@ func checkClient(c redis.UniversalClient) error {
 // and maxWait how long its loads may wait for a downstream slot, holding
 // their lease (Limit.MaxWait; 0 without a Limit).
 func (o *Options[K, V]) validate(loadTimeout, maxWait time.Duration) error {
-	hold := addSat(loadTimeout, maxWait)
+	hold := timing.Add(loadTimeout, maxWait)
 	switch {
 	case strings.ContainsAny(o.Prefix, "{}"):
 		return fmt.Errorf("flightredis: Options.Prefix must not contain '{' or '}', got %q", o.Prefix)
@@ -378,7 +378,7 @@ func (o Options[K, V]) withDefaults() Options[K, V] {
 // hold their lease for at most hold: LoadTimeout, plus Limit.MaxWait with
 // a Limit.
 func (o Options[K, V]) leaseTTL(hold time.Duration) time.Duration {
-	return cmp(o.LeaseTTL, addSat(hold, max(hold/2, time.Second)))
+	return cmp(o.LeaseTTL, timing.Add(hold, max(hold/2, time.Second)))
 }
 
 // Close stops the tier's pub/sub subscription and its background work.
@@ -427,11 +427,7 @@ func (t *Tier[K, V]) op(ctx context.Context) (context.Context, context.CancelFun
 // jitter spreads d uniformly over [d/2, 3d/2), saturated at the largest
 // duration.
 func jitter(d time.Duration) time.Duration {
-	f := float64(d) * (0.5 + rand.Float64())
-	if f >= math.MaxInt64 { // 2⁶³ as a float64: past the largest duration
-		return maxDuration
-	}
-	return time.Duration(f)
+	return timing.Scale(d, 0.5+rand.Float64())
 }
 
 // served remembers, per key, the version of the shared entry last handed
