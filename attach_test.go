@@ -50,10 +50,7 @@ func TestNewAttachesTheRemote(t *testing.T) {
 			}
 			return Freshness{}
 		}}
-	want, err := opts.Windows()
-	if err != nil {
-		t.Fatal(err)
-	}
+	want := opts.windows()
 	opts.Remote = r
 	newLoader(t, &downstream{}, opts)
 	if len(r.calls) != 2 || r.calls[0] != "watch" || r.calls[1] != "attach" {
@@ -62,7 +59,7 @@ func TestNewAttachesTheRemote(t *testing.T) {
 	got := r.rules[0]
 	switch {
 	case got.Windows != want:
-		t.Errorf("Attach: Windows %+v; want %+v (Options.Windows)", got.Windows, want)
+		t.Errorf("Attach: Windows %+v; want %+v (the windows without Freshness)", got.Windows, want)
 	case got.NotFoundTTL != 3*time.Second:
 		t.Errorf("Attach: NotFoundTTL %v; want 3s", got.NotFoundTTL)
 	case got.NotFound == nil || !got.NotFound(errMine) || !got.NotFound(ErrNotFound) || got.NotFound(errBoom):
@@ -103,38 +100,38 @@ func TestNewFailsWhenAttachFails(t *testing.T) {
 	}
 }
 
-// Options.Rules validates as New does and gives the rules a Loader made
-// with the Options applies.
-func TestOptionsRules(t *testing.T) {
-	if _, err := (Options[string, int]{TTL: time.Second, StaleIfError: -1}).Rules(); err == nil || !strings.Contains(err.Error(), "Options.StaleIfError ") {
-		t.Errorf("Rules() with StaleIfError -1 = %v; want an error naming Options.StaleIfError", err)
+// The rules a Loader gives a Remote are those of its Options, validated
+// by New (bad ones never reach Attach).
+func TestRules(t *testing.T) {
+	bad := &attachingRemote{fakeRemote: fakeRemote{shared: map[string]RemoteValue[string]{}}}
+	if _, err := New((&downstream{}).load, Options[string, string]{TTL: time.Second, StaleIfError: -1, Remote: bad}); err == nil ||
+		!strings.Contains(err.Error(), "Options.StaleIfError ") || len(bad.rules) != 0 {
+		t.Errorf("New with StaleIfError -1 = %v (rules attached: %d); want an error naming Options.StaleIfError, nothing attached", err, len(bad.rules))
 	}
 	errMine := errors.New("mine")
 	o := Options[string, int]{TTL: 10 * time.Second, Jitter: 0.5, StaleIfError: time.Minute, NotFoundTTL: time.Second,
 		IsNotFound: func(err error) bool { return errors.Is(err, errMine) }}
-	r, err := o.Rules()
-	w, _ := o.Windows()
+	r := o.withDefaults().rules()
+	w := o.windows()
 	switch {
-	case err != nil:
-		t.Fatal(err)
 	case r.Windows != w:
-		t.Errorf("Rules().Windows = %+v; want Options.Windows' %+v", r.Windows, w)
+		t.Errorf("rules().Windows = %+v; want windows()' %+v", r.Windows, w)
 	case r.WindowsOf != nil:
-		t.Error("Rules().WindowsOf is set without Options.Freshness; want nil")
+		t.Error("rules().WindowsOf is set without Options.Freshness; want nil")
 	case r.NotFoundTTL != time.Second:
-		t.Errorf("Rules().NotFoundTTL = %v; want 1s", r.NotFoundTTL)
+		t.Errorf("rules().NotFoundTTL = %v; want 1s", r.NotFoundTTL)
 	case !r.NotFound(errMine), !r.NotFound(ErrNotFound), r.NotFound(errBoom):
-		t.Error("Rules().NotFound does not follow Options.NotFound")
+		t.Error("rules().NotFound does not follow Options.NotFound")
 	}
 	o.Freshness = func(_ string, v int) Freshness { return Freshness{TTL: time.Duration(v) * time.Second} }
-	r, _ = o.Rules()
+	r = o.withDefaults().rules()
 	if r.WindowsOf == nil {
-		t.Fatal("Rules().WindowsOf is nil with Options.Freshness")
+		t.Fatal("rules().WindowsOf is nil with Options.Freshness")
 	}
 	if got, ok := r.WindowsOf("k", 4); !ok || got.Fresh != 2*time.Second || got.StaleIfError != time.Minute {
-		t.Errorf("Rules().WindowsOf(4) = %+v, %v; want Options.WindowsOf's", got, ok)
+		t.Errorf("rules().WindowsOf(4) = %+v, %v; want windowsOf's", got, ok)
 	}
 	if r.Windows.Fresh != 5*time.Second {
-		t.Errorf("Rules().Windows.Fresh = %v with Freshness; want the Options' 5s", r.Windows.Fresh)
+		t.Errorf("rules().Windows.Fresh = %v with Freshness; want the Options' 5s", r.Windows.Fresh)
 	}
 }

@@ -63,9 +63,10 @@
 // [Options.Remote] adds a tier shared by processes (the flightredis module
 // implements one on Redis), and [Breaker.Custom] a breaker whose state they
 // share, so a fleet makes one downstream call per key, not one per process.
-// [Options.Windows] and [AcceptsStale] let a Remote judge a shared value's
-// age by the Loader's own rules, and draw its freshness as the Loader
-// draws each entry's ([Windows.Draw]). A Remote that is a [RemoteWatcher] keeps the
+// [New] hands a [RemoteAttacher] the Loader's [Rules]; with them and
+// [AcceptsStale] a Remote judges a shared value's age by the Loader's own
+// rules, and draws its freshness as the Loader draws each entry's
+// ([Windows.Draw]). A Remote that is a [RemoteWatcher] keeps the
 // local copies in step with the fleet: another process's Set or Invalidate
 // drops this process's copy, and when the Remote may have missed such
 // writes it has every copy read again before it is served.

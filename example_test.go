@@ -228,20 +228,6 @@ func ExampleErrGoexit() {
 	// Output: true
 }
 
-// A Remote judges a value it shares with other processes by the Loader's
-// own rules: Options.Windows gives them, validated as New validates them.
-func ExampleOptions_Windows() {
-	opts := flightcache.Options[string, string]{TTL: 10 * time.Second, Jitter: 0.1, StaleIfError: time.Minute}
-	w, err := opts.Windows()
-	fmt.Println(w.Fresh, w.StaleIfError, w.LoadTimeout, err)
-
-	_, err = flightcache.Options[string, string]{TTL: time.Second, Jitter: 2}.Windows()
-	fmt.Println(err)
-	// Output:
-	// 9s 1m0s 10s <nil>
-	// flightcache: Options.Jitter must be in [0, 1], got 2
-}
-
 // Freshness gives each value its own lifetime, here a token's stated
 // expiry: it is never served past it, whatever the Options' TTL.
 func ExampleOptions_freshness() {

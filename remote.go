@@ -136,15 +136,15 @@ type RemoteAttacher[K comparable, V any] interface {
 // Rules are how a Loader judges its values, as a [Remote] needs them to
 // judge the values it shares exactly as the Loader will: windows, each
 // value's own windows, and what a not-found is. A [RemoteAttacher] is
-// given them by [New]; [Options.Rules] makes them from Options. A Rules
-// value is read-only and its functions are safe for concurrent use if the
-// Options' callbacks are.
+// given them by [New]. A Rules value is read-only and its functions are
+// safe for concurrent use if the Options' callbacks are.
 type Rules[K comparable, V any] struct {
-	// Windows are the Loader's windows, as [Options.Windows] gives them.
+	// Windows are the Loader's windows: those of a value without
+	// [Options.Freshness].
 	Windows Windows
-	// WindowsOf returns the windows of one value v of key, as
-	// [Options.WindowsOf] does (cache false: a value not to be cached);
-	// it calls [Options.Freshness] on the caller's goroutine, and a panic
+	// WindowsOf returns the windows of one value v of key: Windows with
+	// what [Options.Freshness] says of v (cache false: a value not to be
+	// cached); it calls Freshness on the caller's goroutine, and a panic
 	// there is the caller's to recover. nil when the Loader has no
 	// Freshness: every value has Windows.
 	WindowsOf func(key K, v V) (w Windows, cache bool)
@@ -162,16 +162,6 @@ type Rules[K comparable, V any] struct {
 	MaxWait time.Duration
 }
 
-// Rules validates o as [New] does (the error names the bad field) and
-// returns the rules of a Loader made with o: what New hands a
-// [RemoteAttacher].
-func (o Options[K, V]) Rules() (Rules[K, V], error) {
-	if err := o.validate(); err != nil {
-		return Rules[K, V]{}, err
-	}
-	return o.withDefaults().rules(), nil
-}
-
 // rules are the Rules of o, already validated.
 func (o Options[K, V]) rules() Rules[K, V] {
 	r := Rules[K, V]{NotFound: o.NotFound, NotFoundTTL: o.NotFoundTTL}
@@ -179,10 +169,9 @@ func (o Options[K, V]) rules() Rules[K, V] {
 		r.MaxWait = o.Limit.MaxWait
 	}
 	if o.Freshness != nil {
-		r.WindowsOf = o.WindowsOf
+		r.WindowsOf = o.windowsOf
 	}
-	o.Freshness = nil
-	r.Windows, _ = o.WindowsOf(*new(K), *new(V))
+	r.Windows = o.windows()
 	return r
 }
 

@@ -11,7 +11,7 @@ import (
 // Windows is how a Loader judges a value's age, in a form a [Remote] can
 // use to judge a value it shares with other processes exactly as the
 // Loader will: the same freshness, the same stale windows, the same load
-// timeout. Get it from [Options.Windows].
+// timeout. [New] gives them to a [RemoteAttacher], in [Rules].
 type Windows struct {
 	// Fresh is the shortest time any value stays fresh: TTL·(1−Jitter),
 	// never 0. Each cached value draws its own freshness from [Fresh, TTL]
@@ -34,24 +34,22 @@ type Windows struct {
 	LoadTimeout time.Duration
 }
 
-// Windows validates o as [New] does (the error names the bad field) and
-// returns the windows a Loader made with o applies.
-func (o Options[K, V]) Windows() (Windows, error) {
-	if err := o.validate(); err != nil {
-		return Windows{}, err
-	}
+// windows returns the windows a Loader made with o (validated, defaults
+// applied) applies to a value when it has no Freshness: what [Rules]
+// gives as Windows.
+func (o Options[K, V]) windows() Windows {
 	o.Freshness = nil
-	w, _ := o.WindowsOf(*new(K), *new(V))
-	return w, nil
+	w, _ := o.windowsOf(*new(K), *new(V))
+	return w
 }
 
-// WindowsOf returns the windows of one value v of key: o's windows (as
-// [Options.Windows] gives them, without validating o again) with what
-// [Options.Freshness], if set, says of v; cache is false for a value not to
-// be cached (a negative TTL). A Remote uses it to store each shared value
-// with its own lifetime, so every process applies the same one. Freshness
-// is called on the caller's goroutine.
-func (o Options[K, V]) WindowsOf(key K, v V) (w Windows, cache bool) {
+// windowsOf returns the windows of one value v of key: o's windows (as
+// windows gives them) with what [Options.Freshness], if set, says of v;
+// cache is false for a value not to be cached (a negative TTL). It is
+// what [Rules] gives as WindowsOf, for a Remote to store each shared
+// value with its own lifetime, so every process applies the same one.
+// Freshness is called on the caller's goroutine.
+func (o Options[K, V]) windowsOf(key K, v V) (w Windows, cache bool) {
 	o = o.withDefaults()
 	w = Windows{
 		Fresh:                timing.Jitter(o.TTL, o.Jitter, 1),

@@ -10,24 +10,26 @@ import (
 	"github.com/flightcache/flightcache/internal/timing"
 )
 
-// Options.Windows gives a Remote the Loader's own rules: the shortest
-// freshness any entry draws (what the Loader judges never-cached values
-// by), the windows, and LoadTimeout with its default; and it rejects what
-// New rejects, naming the field.
-func TestOptionsWindows(t *testing.T) {
-	w, err := Options[string, int]{TTL: 10 * time.Second, Jitter: 0.2, StaleWhileRevalidate: time.Second,
-		StaleIfError: time.Minute, EarlyRefresh: 1}.Windows()
+// The windows New hands a Remote (Rules.Windows) are the Loader's own
+// rules: the shortest freshness any entry draws (what the Loader judges
+// never-cached values by), the windows, and LoadTimeout with its default;
+// and New rejects bad ones, naming the field, before any Remote sees them.
+func TestRulesWindows(t *testing.T) {
+	r := &attachingRemote{fakeRemote: fakeRemote{shared: map[string]RemoteValue[string]{}}}
+	newLoader(t, &downstream{}, Options[string, string]{TTL: 10 * time.Second, Jitter: 0.2, StaleWhileRevalidate: time.Second,
+		StaleIfError: time.Minute, EarlyRefresh: 1, Remote: r})
 	want := Windows{Fresh: 8 * time.Second, TTL: 10 * time.Second, Jitter: 0.2, StaleWhileRevalidate: time.Second,
 		StaleIfError: time.Minute, EarlyRefresh: true, LoadTimeout: DefaultLoadTimeout}
-	if err != nil || w != want {
-		t.Errorf("Windows() = %+v, %v; want %+v", w, err, want)
+	if len(r.rules) != 1 || r.rules[0].Windows != want {
+		t.Errorf("Attach: rules %+v; want Windows %+v", r.rules, want)
 	}
-	if w, _ := (Options[string, int]{TTL: time.Second, Jitter: 1}).Windows(); w.Fresh <= 0 {
-		t.Errorf("Windows().Fresh with Jitter 1 = %v; want > 0", w.Fresh)
+	if w := (Options[string, int]{TTL: time.Second, Jitter: 1}).windows(); w.Fresh <= 0 {
+		t.Errorf("windows().Fresh with Jitter 1 = %v; want > 0", w.Fresh)
 	}
-	_, err = Options[string, int]{TTL: time.Second, Jitter: 3}.Windows()
-	if err == nil || !strings.Contains(err.Error(), "Options.Jitter ") {
-		t.Errorf("Windows() with Jitter 3 = %v; want an error naming Options.Jitter", err)
+	bad := &attachingRemote{fakeRemote: fakeRemote{shared: map[string]RemoteValue[string]{}}}
+	_, err := New((&downstream{}).load, Options[string, string]{TTL: time.Second, Jitter: 3, Remote: bad})
+	if err == nil || !strings.Contains(err.Error(), "Options.Jitter ") || len(bad.rules) != 0 {
+		t.Errorf("New with Jitter 3 = %v (rules attached: %d); want an error naming Options.Jitter, nothing attached", err, len(bad.rules))
 	}
 }
 
@@ -44,13 +46,13 @@ func TestWindowsDraw(t *testing.T) {
 		{TTL: forever, Jitter: 1},
 		{TTL: 1, Jitter: 1},
 	} {
-		w, _ := o.WindowsOf("k", 1)
+		w, _ := o.windowsOf("k", 1)
 		ttl := o.TTL
 		if o.Freshness != nil {
 			ttl = o.Freshness("k", 1).TTL
 		}
 		if w.TTL != ttl || w.Jitter != o.Jitter || w.Fresh != timing.Jitter(ttl, o.Jitter, 1) {
-			t.Errorf("WindowsOf with TTL %v, Jitter %v = %+v; want TTL %v, the Options' Jitter, the shortest draw as Fresh", o.TTL, o.Jitter, w, ttl)
+			t.Errorf("windowsOf with TTL %v, Jitter %v = %+v; want TTL %v, the Options' Jitter, the shortest draw as Fresh", o.TTL, o.Jitter, w, ttl)
 		}
 		for _, u := range []float64{0, 1e-9, 0.25, 0.5, 0.999999, math.Nextafter(1, 0)} {
 			d := w.Draw(u)
@@ -62,7 +64,7 @@ func TestWindowsDraw(t *testing.T) {
 			t.Errorf("%+v: Draw(0) = %v; want the TTL %v", w, d, ttl)
 		}
 	}
-	if w, _ := (Options[string, int]{TTL: time.Hour, Jitter: 1}).Windows(); w.Draw(0.5) != 30*time.Minute {
+	if w := (Options[string, int]{TTL: time.Hour, Jitter: 1}).windows(); w.Draw(0.5) != 30*time.Minute {
 		t.Errorf("with TTL 1h and Jitter 1, Draw(0.5) = %v; want 30m", w.Draw(0.5))
 	}
 	if d := (Windows{Fresh: time.Second}).Draw(0.5); d != time.Second {
@@ -91,23 +93,23 @@ func TestAcceptsStale(t *testing.T) {
 	}
 }
 
-// Options.WindowsOf applies per-value Freshness as the Loader does: zero
-// fields take the Options' values, negative ones none, a negative TTL is
-// not to be cached.
-func TestOptionsWindowsOf(t *testing.T) {
+// The windows of one value (Rules.WindowsOf) apply per-value Freshness as
+// the Loader does: zero fields take the Options' values, negative ones
+// none, a negative TTL is not to be cached.
+func TestWindowsOf(t *testing.T) {
 	o := Options[string, int]{TTL: 10 * time.Second, Jitter: 0.5, StaleWhileRevalidate: time.Second, StaleIfError: time.Minute,
 		Freshness: func(k string, v int) Freshness {
 			return Freshness{TTL: time.Duration(v) * time.Second, StaleWhileRevalidate: -1}
 		}}
-	w, ok := o.WindowsOf("k", 4)
+	w, ok := o.windowsOf("k", 4)
 	want := Windows{Fresh: 2 * time.Second, TTL: 4 * time.Second, Jitter: 0.5, StaleIfError: time.Minute, LoadTimeout: DefaultLoadTimeout}
 	if !ok || w != want {
-		t.Errorf("WindowsOf(4) = %+v, %v; want %+v, true", w, ok, want)
+		t.Errorf("windowsOf(4) = %+v, %v; want %+v, true", w, ok, want)
 	}
-	if w, ok := o.WindowsOf("k", 0); !ok || w.Fresh != 5*time.Second {
-		t.Errorf("WindowsOf(0) = %+v, %v; want the Options' TTL (5s at least, with Jitter 0.5)", w, ok)
+	if w, ok := o.windowsOf("k", 0); !ok || w.Fresh != 5*time.Second {
+		t.Errorf("windowsOf(0) = %+v, %v; want the Options' TTL (5s at least, with Jitter 0.5)", w, ok)
 	}
-	if _, ok := o.WindowsOf("k", -1); ok {
-		t.Errorf("WindowsOf with a negative TTL: cache = true; want false")
+	if _, ok := o.windowsOf("k", -1); ok {
+		t.Errorf("windowsOf with a negative TTL: cache = true; want false")
 	}
 }

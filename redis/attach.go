@@ -9,8 +9,8 @@ import (
 )
 
 // This file holds what the tier knows of the Loader it serves: the
-// Loader's rules, given by flightcache.New through Attach (or by New, from
-// the Loader's Options), and what the tier derives from them.
+// Loader's rules, given by flightcache.New through Attach, and what the
+// tier derives from them.
 
 var _ flightcache.RemoteAttacher[string, int] = (*Tier[string, int])(nil)
 
@@ -33,15 +33,9 @@ var ErrAttached = errors.New("flightredis: the tier is attached to another Loade
 // Attach whose rules the tier cannot honour (Options.LeaseTTL not longer
 // than their LoadTimeout) returns an error naming the option, and leaves
 // the tier unclaimed.
-//
-// A tier made by [New] was given the Loader's rules there: its first
-// Attach only claims it, and the rules stay those New was given.
 func (t *Tier[K, V]) Attach(rules flightcache.Rules[K, V]) error {
 	if !t.claimed.CompareAndSwap(false, true) {
 		return ErrAttached
-	}
-	if t.att.Load() != nil {
-		return nil // made by New, with the Loader's Options
 	}
 	a, err := t.opts.attachment(rules)
 	if err != nil {
@@ -68,7 +62,7 @@ type attachment[K comparable, V any] struct {
 func (o Options[K, V]) attachment(r flightcache.Rules[K, V]) (*attachment[K, V], error) {
 	w := r.Windows
 	if w.Fresh <= 0 || w.LoadTimeout <= 0 {
-		return nil, errors.New("flightredis: Attach: the rules have no windows; use those of a Loader (flightcache.Options.Rules)")
+		return nil, errors.New("flightredis: Attach: the rules have no windows; use those of a Loader (flightcache.New attaches the tier)")
 	}
 	if err := o.validate(w.LoadTimeout, r.MaxWait); err != nil {
 		return nil, err
@@ -86,7 +80,7 @@ func (o Options[K, V]) attachment(r flightcache.Rules[K, V]) (*attachment[K, V],
 func (t *Tier[K, V]) attached() *attachment[K, V] { return t.att.Load() }
 
 // windowsOf returns the windows of value v of key (the Loader's
-// Options.WindowsOf: Freshness included), or the Loader's windows when it
+// Rules.WindowsOf: Freshness included), or the Loader's windows when it
 // has no per-value Freshness; cache is false for a value the Loader would
 // not cache. It may call user code (Freshness), which may panic.
 func (a *attachment[K, V]) windowsOf(key K, v V) (w flightcache.Windows, cache bool) {

@@ -23,16 +23,25 @@ func newTierProc(t *testing.T, addr, prefix string, lo flightcache.Options[strin
 	return startProc(t, tier, lo, d)
 }
 
-// newProcByNew is newProc with a tier made by New, from the Loader's
-// Options.
-func newProcByNew(t *testing.T, addr, prefix string, lo flightcache.Options[string, string], to Options[string, string], d *downstream) proc {
+// attachedTier makes a tier on client by NewTier and attaches it as every
+// tier is attached: flightcache.New makes a Loader of lo with the tier as
+// its Remote. The Loader loads nothing; it and the tier are closed when
+// the test ends. The error is NewTier's or flightcache.New's (the Loader's
+// options, or Attach's), naming the bad option.
+func attachedTier[V any](t testing.TB, client redis.UniversalClient, lo flightcache.Options[string, V], to Options[string, V]) (*Tier[string, V], error) {
 	t.Helper()
-	to.Prefix = prefix
-	tier, err := New(newClient(t, addr), lo, to)
+	tier, err := NewTier(client, to)
 	if err != nil {
-		t.Fatal(err)
+		return nil, err
 	}
-	return startProc(t, tier, lo, d)
+	t.Cleanup(func() { _ = tier.Close() })
+	lo.Remote = tier
+	l, err := flightcache.New(func(context.Context, string) (V, error) { return *new(V), errBoom }, lo)
+	if err != nil {
+		return nil, err
+	}
+	t.Cleanup(func() { _ = l.Close() })
+	return tier, nil
 }
 
 // startProc makes the Loader of a simulated process on tier.
@@ -48,91 +57,16 @@ func startProc(t *testing.T, tier *Tier[string, string], lo flightcache.Options[
 	return proc{l: l, t: tier}
 }
 
-// A tier made by NewTier and attached by its Loader knows what a tier
-// made by New from the same Options knows, and writes and judges every
-// entry alike: the same windows (per-value Freshness included), lease,
-// not-found rule; the same bounds for each value.
-func TestNewTierAndNewAgree(t *testing.T) {
-	client := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", ContextTimeoutEnabled: true})
-	defer client.Close()
-	errGone := errors.New("gone")
-	lo := flightcache.Options[string, int]{TTL: 10 * time.Second, Jitter: 0.3, StaleWhileRevalidate: time.Second + 1,
-		StaleIfError: time.Minute + 999, EarlyRefresh: 1, LoadTimeout: 3 * time.Second, NotFoundTTL: 5 * time.Second,
-		IsNotFound: func(err error) bool { return errors.Is(err, errGone) },
-		Freshness: func(k string, v int) flightcache.Freshness {
-			switch {
-			case v < 0:
-				return flightcache.Freshness{TTL: -1}
-			case v > 0:
-				return flightcache.Freshness{TTL: time.Duration(v) * time.Millisecond, StaleIfError: -1}
-			}
-			return flightcache.Freshness{}
-		}}
-	old, err := New(client, lo, Options[string, int]{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer old.Close()
-	tier, err := NewTier(client, Options[string, int]{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tier.Close()
-	lo.Remote = tier
-	l, err := flightcache.New(func(_ context.Context, k string) (int, error) { return 0, nil }, lo)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-
-	a, b := old.attached(), tier.attached()
-	if b == nil {
-		t.Fatal("flightcache.New did not attach the tier")
-	}
-	if a.rules.Windows != b.rules.Windows || a.win != b.win || a.leaseTTL != b.leaseTTL || a.leaseMS != b.leaseMS ||
-		a.rules.NotFoundTTL != b.rules.NotFoundTTL || a.perValue() != b.perValue() {
-		t.Errorf("attached by the Loader: %+v; made by New: %+v; want the same", *b, *a)
-	}
-	for _, err := range []error{errGone, flightcache.ErrNotFound, errBoom, flightcache.ErrClosed} {
-		if old.notFound(err) != tier.notFound(err) || old.coverable(err) != tier.coverable(err) || old.mayCover(err) != tier.mayCover(err) {
-			t.Errorf("%v: the two tiers judge it differently", err)
-		}
-	}
-	loadedAt := time.Now()
-	for _, v := range []int{0, 1, 250, 7001, -1} {
-		rv := flightcache.RemoteValue[int]{Value: v, LoadedAt: loadedAt, Took: time.Millisecond}
-		e1, ok1 := old.encode("k", rv, 0.5)
-		e2, ok2 := tier.encode("k", rv, 0.5)
-		if ok1 != ok2 || e1.at != e2.at || e1.fresh != e2.fresh || e1.stale != e2.stale || e1.until != e2.until || e1.life != e2.life {
-			t.Errorf("value %d: encoded %+v, %v by the attached tier; %+v, %v by New's", v, e2, ok2, e1, ok1)
-		}
-		if !ok1 {
-			continue
-		}
-		e := entry{ok: true, id: "x", at: e1.at, fresh: e1.fresh, stale: e1.stale, until: e1.until}
-		for _, at := range []time.Time{loadedAt, fromMicros(e1.fresh), fromMicros(e1.stale), fromMicros(e1.until)} {
-			if p1, p2 := a.phase(e, at), b.phase(e, at); p1 != p2 {
-				t.Errorf("value %d at %v: phase %v by the attached tier, %v by New's", v, at, p2, p1)
-			}
-		}
-	}
-	ks := keysFor("p:", "k")
-	n1, n2 := old.notFoundCall(ks, "tok"), tier.notFoundCall(ks, "tok")
-	if d1, d2 := n1.args[3].(int64)-n1.args[2].(int64), n2.args[3].(int64)-n2.args[2].(int64); d1 != d2 || n1.args[4] != n2.args[4] {
-		t.Errorf("not-found marker: %v µs, PX %v by the attached tier; %v µs, PX %v by New's", d2, n2.args[4], d1, n1.args[4])
-	}
-}
-
-// Processes whose tiers are made by NewTier and by New share one Redis as
-// one fleet: one downstream call between them, and each hands the other
-// its value.
+// Processes whose tiers are made by NewTier share one Redis as one
+// fleet: one downstream call between them, and each hands the other its
+// value.
 func TestNewTierServesTheFleet(t *testing.T) {
 	addr := redisAddr(t)
 	p := testPrefix(t, newClient(t, addr))
 	d := newDownstream()
 	lo := flightcache.Options[string, string]{TTL: time.Minute}
 	a := newTierProc(t, addr, p, lo, Options[string, string]{}, d)
-	b := newProcByNew(t, addr, p, lo, Options[string, string]{}, d)
+	b := newTierProc(t, addr, p, lo, Options[string, string]{}, d)
 	for _, pr := range []proc{a, b} {
 		if v, err := pr.l.Get(ctx, "k"); err != nil || v != "k-v1" {
 			t.Fatalf("Get(k) = %q, %v; want k-v1", v, err)
@@ -192,23 +126,18 @@ func TestTierBeforeAttach(t *testing.T) {
 }
 
 // A Tier serves one Loader: a second flightcache.New with the same tier
-// fails with ErrAttached, whichever constructor made it.
+// fails with ErrAttached.
 func TestTierAttachedToTwoLoaders(t *testing.T) {
 	client := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", ContextTimeoutEnabled: true})
 	defer client.Close()
 	lo := flightcache.Options[string, string]{TTL: time.Minute}
 	d := newDownstream()
-	byNew, err := New(client, lo, Options[string, string]{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer byNew.Close()
 	byNewTier, err := NewTier(client, Options[string, string]{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer byNewTier.Close()
-	for name, tier := range map[string]*Tier[string, string]{"New": byNew, "NewTier": byNewTier} {
+	for name, tier := range map[string]*Tier[string, string]{"NewTier": byNewTier} {
 		lo.Remote = tier
 		first, err := flightcache.New(d.load, lo)
 		if err != nil {

@@ -124,7 +124,7 @@ func newBatchProc(t *testing.T, addr string, client redis.UniversalClient, prefi
 	}
 	to.Prefix = prefix
 	lo.LoadMany = d.loadMany
-	tier, err := New(client, lo, to)
+	tier, err := NewTier(client, to)
 	if err != nil {
 		t.Fatal(err)
 	}

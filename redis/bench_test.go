@@ -30,7 +30,7 @@ func benchProc(b *testing.B, addr, prefix string, tier bool) *flightcache.Loader
 func benchLoader(b *testing.B, addr, prefix string, tier bool, lo flightcache.Options[string, string]) *flightcache.Loader[string, string] {
 	b.Helper()
 	if tier {
-		t, err := New(newClient(b, addr), lo, Options[string, string]{Prefix: prefix})
+		t, err := NewTier(newClient(b, addr), Options[string, string]{Prefix: prefix})
 		if err != nil {
 			b.Fatal(err)
 		}

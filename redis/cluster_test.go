@@ -602,7 +602,7 @@ func startClusterFleet(t *testing.T, addrs, prefix string, lo flightcache.Option
 		c := newClient(t, addrs)
 		c.AddHook(&f.errKinds)
 		c.(*redis.ClusterClient).OnNewNode(func(n *redis.Client) { n.AddHook(&f.nodeKinds) })
-		tier, err := New(c, lo, to)
+		tier, err := NewTier(c, to)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -76,12 +76,13 @@ func TestNewRejectsBadOptions(t *testing.T) {
 		{"brace", good, lo, Options[string, int]{Prefix: "a{"}, "Prefix"},
 		{"holder vs timeout", good, lo, Options[string, int]{HolderTimeout: time.Second, Timeout: time.Second}, "HolderTimeout"},
 	} {
-		_, err := New(tc.client, tc.lo, tc.o)
-		if err == nil || !strings.Contains(err.Error(), tc.want) || !strings.HasPrefix(err.Error(), "flightredis: ") {
-			t.Errorf("%s: New = %v; want an error naming %s", tc.name, err, tc.want)
+		_, err := attachedTier(t, tc.client, tc.lo, tc.o)
+		if err == nil || !strings.Contains(err.Error(), tc.want) ||
+			!strings.HasPrefix(err.Error(), "flightredis: ") && !strings.HasPrefix(err.Error(), "flightcache: ") {
+			t.Errorf("%s: NewTier, attached = %v; want an error naming %s", tc.name, err, tc.want)
 		}
 	}
-	tier, err := New(good, lo, Options[string, int]{})
+	tier, err := attachedTier(t, good, lo, Options[string, int]{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -93,7 +94,7 @@ func TestNewRejectsBadOptions(t *testing.T) {
 
 // TestNewRejectsOptionsItCannotHonour: durations that Redis cannot take as
 // a PX (under 1ms, which rounds to 0) or that would spin a timer are
-// refused by New with an error naming the field; the largest ones are
+// refused by NewTier or Attach with an error naming the field; the largest ones are
 // accepted.
 func TestNewRejectsOptionsItCannotHonour(t *testing.T) {
 	client := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", ContextTimeoutEnabled: true})
@@ -109,9 +110,9 @@ func TestNewRejectsOptionsItCannotHonour(t *testing.T) {
 		{"sub-ms poll interval", Options[string, int]{PollInterval: 7 * time.Nanosecond}, "PollInterval"},
 		{"negative lease", Options[string, int]{LeaseTTL: -time.Second}, "LeaseTTL"},
 	} {
-		_, err := New(client, lo, tc.o)
+		_, err := attachedTier(t, client, lo, tc.o)
 		if err == nil || !strings.Contains(err.Error(), "Options."+tc.want) {
-			t.Errorf("%s: New = %v; want an error naming Options.%s", tc.name, err, tc.want)
+			t.Errorf("%s: NewTier, attached = %v; want an error naming Options.%s", tc.name, err, tc.want)
 		}
 	}
 	for _, tc := range []struct {
@@ -125,9 +126,9 @@ func TestNewRejectsOptionsItCannotHonour(t *testing.T) {
 		{"1ms everything", flightcache.Options[string, int]{TTL: time.Millisecond, LoadTimeout: time.Microsecond},
 			Options[string, int]{Timeout: time.Microsecond, LeaseTTL: time.Millisecond, HolderTimeout: time.Millisecond, PollInterval: time.Millisecond}},
 	} {
-		tier, err := New(client, tc.lo, tc.o)
+		tier, err := attachedTier(t, client, tc.lo, tc.o)
 		if err != nil {
-			t.Errorf("%s: New = %v; want a tier", tc.name, err)
+			t.Errorf("%s: NewTier, attached = %v; want a tier", tc.name, err)
 			continue
 		}
 		if tier.attached().leaseMS < 1 || tier.aliveMS < 1 || tier.failMS < 1 {

@@ -57,29 +57,6 @@ func Example() {
 	fmt.Printf("%+v\n", tier.Stats())
 }
 
-// New, the constructor that predates NewTier, takes the Loader's Options
-// as well; it makes the same tier.
-func ExampleNew() {
-	rdb := redis.NewClient(&redis.Options{Addr: os.Getenv("REDIS_ADDR"), ContextTimeoutEnabled: true})
-	defer rdb.Close()
-
-	opts := flightcache.Options[string, Price]{TTL: time.Minute, StaleWhileRevalidate: 30 * time.Second}
-	tier, err := flightredis.New(rdb, opts, flightredis.Options[string, Price]{Prefix: "prices:"})
-	if err != nil {
-		log.Fatal(err)
-	}
-	defer tier.Close()
-	opts.Remote = tier
-
-	loader, err := flightcache.New(fetchPrice, opts)
-	if err != nil {
-		log.Fatal(err)
-	}
-	defer loader.Close()
-	p, err := loader.Get(context.Background(), "sku-42")
-	fmt.Println(p, err)
-}
-
 // A breaker whose state the fleet shares: after 5 failures seen by any
 // processes, every process stops calling the downstream for OpenTimeout.
 func ExampleNewBreaker() {

@@ -119,7 +119,7 @@ func burstChild() error {
 	var tier *Tier[string, string]
 	if os.Getenv("FR_TIER") == "true" {
 		var err error
-		tier, err = New(rdb, lo, Options[string, string]{Prefix: os.Getenv("FR_PREFIX"), HolderTimeout: holderTimeout})
+		tier, err = NewTier(rdb, Options[string, string]{Prefix: os.Getenv("FR_PREFIX"), HolderTimeout: holderTimeout})
 		if err != nil {
 			return err
 		}

@@ -40,7 +40,7 @@ func listeningPair[K comparable, V any](t *testing.T, addr string, load flightca
 	var ts []*Tier[K, V]
 	for range 2 {
 		lo := flightcache.Options[K, V]{TTL: time.Hour}
-		tier, err := New(newClient(t, addr), lo, to)
+		tier, err := NewTier(newClient(t, addr), to)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -277,7 +277,7 @@ func TestInvalidationLatencyAcrossProcesses(t *testing.T) {
 		return admin.Get(ctx, db).Result()
 	}
 	lo := flightcache.Options[string, string]{TTL: time.Hour}
-	tier, err := New(newClient(t, addr), lo, Options[string, string]{Prefix: prefix})
+	tier, err := NewTier(newClient(t, addr), Options[string, string]{Prefix: prefix})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -402,7 +402,7 @@ func readerChild() int {
 	defer rdb.Close()
 	load := func(ctx context.Context, key string) (string, error) { return rdb.Get(ctx, db).Result() }
 	lo := flightcache.Options[string, string]{TTL: time.Hour}
-	tier, err := New(rdb, lo, Options[string, string]{Prefix: prefix})
+	tier, err := NewTier(rdb, Options[string, string]{Prefix: prefix})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "reader:", err)
 		return 1
@@ -491,7 +491,7 @@ func TestSubscriptionThatNeverComesUp(t *testing.T) {
 	opts.Username, opts.Password = user, "fctest-pw"
 	rc := redis.NewClient(opts)
 	t.Cleanup(func() { _ = rc.Close() })
-	tier, err := New(rc, lo, Options[string, string]{Prefix: prefix, Timeout: 100 * time.Millisecond})
+	tier, err := NewTier(rc, Options[string, string]{Prefix: prefix, Timeout: 100 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}

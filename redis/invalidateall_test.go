@@ -361,7 +361,7 @@ func TestInvalidateAllThatMissedRedisIsReplayed(t *testing.T) {
 func TestInvalidateAllLostAtClose(t *testing.T) {
 	addr := redisAddr(t)
 	prefix := testPrefix(t, newClient(t, addr))
-	tier, err := New(newClient(t, addr), flightcache.Options[string, string]{TTL: time.Hour},
+	tier, err := attachedTier(t, newClient(t, addr), flightcache.Options[string, string]{TTL: time.Hour},
 		Options[string, string]{Prefix: prefix, RetryAfter: time.Hour})
 	if err != nil {
 		t.Fatal(err)

@@ -161,7 +161,7 @@ var ErrPeerFailed = errors.New("flightredis: the load failed in another process"
 // [ErrSharedNotFound] without calling load.
 //
 // When the user code Load runs on the value its load returned,
-// Options.Freshness (through Options.WindowsOf) and the Codec's Marshal,
+// Options.Freshness (through the Loader's Rules.WindowsOf) and the Codec's Marshal,
 // fails or panics, Load returns the value all the same and shares nothing
 // (Stats.EncodeErrors): it releases the lease, so the processes waiting on
 // it load for themselves at once. The Loader then applies its own rule to
@@ -465,7 +465,7 @@ func (t *Tier[K, V]) beat(ks keys, tok string) (stop func()) {
 }
 
 // write stores rv as the key's entry, with the windows the Loader's options
-// give this value (Options.WindowsOf: per-value Freshness included), if the
+// give this value (Rules.WindowsOf: per-value Freshness included), if the
 // lease tok is still held. A value not to share (see encode) is not
 // stored: the lease is released instead, which wakes the processes waiting
 // on it, so they load for themselves at once. Nor is a value loaded under
@@ -540,7 +540,7 @@ func (t *Tier[K, V]) writeArgs(ks keys, enc encoded) (id string, args []any) {
 		t.channel, ks.base, enc.until}
 }
 
-// prepare runs the user code of encode: the windows of v (Options.WindowsOf,
+// prepare runs the user code of encode: the windows of v (Rules.WindowsOf,
 // which calls Options.Freshness) and its encoding. ok is false when v is
 // not to be shared; a failure or a panic of either is counted in
 // EncodeErrors, and a panic does not go on.

@@ -120,7 +120,7 @@ func TestTierSaturatesAtTheExtremes(t *testing.T) {
 	client := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", ContextTimeoutEnabled: true})
 	defer client.Close()
 	lo := flightcache.Options[string, int]{TTL: forever, StaleWhileRevalidate: forever, StaleIfError: forever, LoadTimeout: forever, NotFoundTTL: forever}
-	tier, err := New(client, lo, Options[string, int]{RetryAfter: forever, HolderTimeout: forever, PollInterval: forever})
+	tier, err := attachedTier(t, client, lo, Options[string, int]{RetryAfter: forever, HolderTimeout: forever, PollInterval: forever})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -21,7 +21,7 @@ func TestLeaseCoversTheLimitsWait(t *testing.T) {
 		name  string
 		limit flightcache.Limit
 		lease time.Duration // Options.LeaseTTL; 0: the default
-		want  time.Duration // the lease; 0: New refuses it
+		want  time.Duration // the lease; 0: refused at Attach
 	}{
 		{"no limit, default", flightcache.Limit{}, 0, 3 * time.Second},
 		{"no limit, past LoadTimeout", flightcache.Limit{}, 2500 * time.Millisecond, 2500 * time.Millisecond},
@@ -31,10 +31,10 @@ func TestLeaseCoversTheLimitsWait(t *testing.T) {
 		{"MaxWait, past both", flightcache.Limit{MaxLoads: 5, MaxWait: time.Second}, 3500 * time.Millisecond, 3500 * time.Millisecond},
 	} {
 		lo := flightcache.Options[string, int]{TTL: time.Second, LoadTimeout: 2 * time.Second, Limit: tc.limit}
-		tier, err := New(client, lo, Options[string, int]{LeaseTTL: tc.lease})
+		tier, err := attachedTier(t, client, lo, Options[string, int]{LeaseTTL: tc.lease})
 		if tc.want == 0 {
 			if err == nil || !strings.Contains(err.Error(), "Options.LeaseTTL") || !strings.Contains(err.Error(), "Limit.MaxWait") {
-				t.Errorf("%s: New = %v; want an error naming LeaseTTL and Limit.MaxWait", tc.name, err)
+				t.Errorf("%s: NewTier, attached = %v; want an error naming LeaseTTL and Limit.MaxWait", tc.name, err)
 			}
 			if tier != nil {
 				tier.Close()
@@ -42,7 +42,7 @@ func TestLeaseCoversTheLimitsWait(t *testing.T) {
 			continue
 		}
 		if err != nil {
-			t.Errorf("%s: New = %v", tc.name, err)
+			t.Errorf("%s: NewTier, attached = %v", tc.name, err)
 			continue
 		}
 		if got := tier.attached().leaseTTL; got != tc.want {
@@ -58,7 +58,7 @@ func TestLeaseCoversTheLimitsWait(t *testing.T) {
 func TestLimitedLoadIsNotShared(t *testing.T) {
 	client := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", ContextTimeoutEnabled: true})
 	defer client.Close()
-	tier, err := New(client, flightcache.Options[string, int]{TTL: time.Second}, Options[string, int]{})
+	tier, err := attachedTier(t, client, flightcache.Options[string, int]{TTL: time.Second}, Options[string, int]{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -187,12 +187,12 @@ func TestNewDoesNotWaitForAHungRedis(t *testing.T) {
 	to := Options[string, string]{Prefix: "fctest:", Timeout: 200 * time.Millisecond}
 	c := newClient(t, srv.addr)
 	start := time.Now()
-	tier, err := New(c, lo, to)
+	tier, err := NewTier(c, to)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if took := time.Since(start); took > time.Second {
-		t.Errorf("New took %v with Redis hung; want it not to wait for Redis", took)
+		t.Errorf("NewTier took %v with Redis hung; want it not to wait for Redis", took)
 	}
 	lo.Remote = tier
 	l, err := flightcache.New(d.load, lo)

@@ -10,7 +10,7 @@ import (
 )
 
 // User code the tier runs after the downstream returned, while it still
-// holds the lease: Options.Freshness (through Options.WindowsOf) and the
+// holds the lease: Options.Freshness (through Rules.WindowsOf) and the
 // Codec's Marshal. When it panics, the value still reaches the caller, as
 // without the tier, nothing is shared, and the lease is released at once,
 // so a process waiting on it loads for itself without waiting for

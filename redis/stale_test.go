@@ -16,7 +16,7 @@ var errBoom = errors.New("boom")
 // out).
 func plant(t *testing.T, addr, prefix string, lo flightcache.Options[string, string], key, value string, age time.Duration) *Tier[string, string] {
 	t.Helper()
-	tier, err := New(newClient(t, addr), lo, Options[string, string]{Prefix: prefix})
+	tier, err := attachedTier(t, newClient(t, addr), lo, Options[string, string]{Prefix: prefix})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -92,8 +92,7 @@ const (
 // Options configures a [Tier]. Its zero value is a sensible configuration;
 // every zero field means the default its comment gives. The freshness
 // windows are not here: the tier is given the Loader's when it is
-// attached ([Tier.Attach]), or reads them from the Loader's Options given
-// to [New].
+// attached ([Tier.Attach]).
 type Options[K comparable, V any] struct {
 	// Prefix starts the name of every Redis key and of the pub/sub channel
 	// the tier uses, so several tiers (or programs) can share one Redis.
@@ -151,7 +150,7 @@ type Options[K comparable, V any] struct {
 
 // Tier is the Redis tier of a [flightcache.Loader]: a [flightcache.Remote]
 // shared by every process that uses the same Redis and Prefix. Create it
-// with [NewTier] (or [New]) and set it as [flightcache.Options.Remote]; it
+// with [NewTier] and set it as [flightcache.Options.Remote]; it
 // serves the one Loader it is attached to. It is safe for concurrent use.
 // Close it after the Loader: Close stops its pub/sub subscription; the
 // Redis client stays the caller's to close.
@@ -231,35 +230,6 @@ func NewTier[K comparable, V any](client redis.UniversalClient, opts Options[K, 
 		return nil, err
 	}
 	return newTier(client, opts.withDefaults()), nil
-}
-
-// New returns a Tier on client for a Loader configured with loader (the
-// same Options value that is then given to [flightcache.New], with Remote
-// set to the Tier): it is [NewTier] attached at once to the rules of
-// loader ([flightcache.Options.Rules]), so it validates them as
-// flightcache.New does, and an error names the bad option, the Loader's
-// or the tier's. The Loader's own Attach then only claims the tier: the
-// rules stay those of loader.
-//
-// New predates [Tier.Attach], and takes the Loader's Options a second
-// time; prefer NewTier, which gets them from the Loader itself. Both make
-// the same Tier, and NewTier's documentation applies to New too.
-func New[K comparable, V any](client redis.UniversalClient, loader flightcache.Options[K, V], opts Options[K, V]) (*Tier[K, V], error) {
-	if err := checkClient(client); err != nil {
-		return nil, err
-	}
-	rules, err := loader.Rules() // the Loader's own validation and rules
-	if err != nil {
-		return nil, fmt.Errorf("flightredis: the Loader's options: %w", err)
-	}
-	opts = opts.withDefaults()
-	a, err := opts.attachment(rules)
-	if err != nil {
-		return nil, err
-	}
-	t := newTier(client, opts)
-	t.att.Store(a)
-	return t, nil
 }
 
 // newTier makes a Tier of valid opts, defaults applied, not attached, and

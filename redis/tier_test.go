@@ -256,14 +256,14 @@ func TestDeadHolderIsTakenOver(t *testing.T) {
 	t.Logf("took over a dead holder's lease in %v", time.Since(start))
 }
 
-// The tier applies the Loader's own validation (flightcache.Options.Windows):
-// a bad Loader option is refused by name, as flightcache.New refuses it.
+// A tier is attached only to a Loader whose options flightcache.New
+// validated: a bad Loader option is refused by name.
 func TestNewRejectsTheLoadersBadOptions(t *testing.T) {
 	client := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", ContextTimeoutEnabled: true})
 	defer client.Close()
-	_, err := New(client, flightcache.Options[string, string]{TTL: time.Second, StaleIfError: -1}, Options[string, string]{})
+	_, err := attachedTier(t, client, flightcache.Options[string, string]{TTL: time.Second, StaleIfError: -1}, Options[string, string]{})
 	if err == nil || !strings.Contains(err.Error(), "Options.StaleIfError ") {
-		t.Errorf("New with the Loader's StaleIfError -1 = %v; want an error naming it", err)
+		t.Errorf("attaching to a Loader with StaleIfError -1 = %v; want an error naming it", err)
 	}
 }
 
