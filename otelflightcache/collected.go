@@ -3,6 +3,7 @@ package otelflightcache
 import (
 	"context"
 	"errors"
+	"sync"
 
 	"github.com/flightcache/flightcache"
 	"go.opentelemetry.io/otel/attribute"
@@ -20,6 +21,51 @@ type observeFunc func() (st flightcache.Stats, ok bool, evictions [numCauses]int
 // numCauses is the number of eviction counts: one per
 // flightcache.EvictionCause, the zero one ("unknown") included.
 const numCauses = int(flightcache.EvictionInvalidated) + 1
+
+// counter is one observable counter fed by a field of Stats.
+type counter struct {
+	name, unit, desc string
+	read             func(flightcache.Stats) uint64
+}
+
+// getResults are the values of the result attribute of flightcache.gets,
+// each with the field of Stats it counts.
+var getResults = []struct {
+	name string
+	read func(flightcache.Stats) uint64
+}{
+	{"hit", func(s flightcache.Stats) uint64 { return s.Hits }},
+	{"stale", func(s flightcache.Stats) uint64 { return s.StaleHits }},
+	{"miss", func(s flightcache.Stats) uint64 { return s.Misses }},
+	{"closed", func(s flightcache.Stats) uint64 { return s.Closed }},
+}
+
+// monotonic keeps the counters Observe reports from going down. A Stats
+// snapshot taken while Gets run can count a Get as a miss that a later
+// snapshot counts as a hit (it found the load it was about to join just
+// finished), so Stats.Misses can dip by a few between two collections. To
+// Prometheus's rate() and OpenTelemetry's cumulative-to-delta conversion a
+// counter that goes down is a reset, which reads as a huge spike; a dip is
+// reported as the previous value until the count catches up.
+type monotonic struct {
+	mu   sync.Mutex // guards last; collections by several readers may overlap
+	last []uint64   // the last value reported, per counter
+}
+
+// report returns v, or the last value reported for counter i if that is
+// larger.
+func (m *monotonic) report(i int, v uint64) int64 {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.last[i] = max(m.last[i], v)
+	return int64(m.last[i])
+}
+
+// breakerStates are the values of the state attribute of
+// flightcache.breaker.state.
+var breakerStates = []flightcache.BreakerState{
+	flightcache.BreakerClosed, flightcache.BreakerHalfOpen, flightcache.BreakerOpen,
+}
 
 // statCounters are the counters read from Stats, besides flightcache.gets
 // (by result) and flightcache.evictions (by cause, from the events).

@@ -64,11 +64,10 @@ func Example() {
 	// flightcache.load
 }
 
-// The deprecated Metrics, exposed for Prometheus: the Metrics first, then
-// the Loader with its OnLoad, then Observe. A handler would call
-// RecordWait after each GetInfo and serve promhttp.HandlerFor(reg, ...) on
-// /metrics.
-func ExampleNew() {
+// An Observer's metrics, exposed for Prometheus: the exporter is the
+// meter provider's reader, and a handler serves promhttp.HandlerFor(reg,
+// ...) on /metrics.
+func Example_prometheus() {
 	reg := prometheus.NewRegistry()
 	exporter, err := otelprom.New(otelprom.WithRegisterer(reg), otelprom.WithoutScopeInfo(), otelprom.WithoutTargetInfo())
 	if err != nil {
@@ -77,30 +76,24 @@ func ExampleNew() {
 	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(exporter))
 	defer mp.Shutdown(context.Background())
 
-	metrics, err := otelflightcache.New[string](mp, otelflightcache.Options{Name: "prices"})
+	obs, err := otelflightcache.NewObserver[string](otelflightcache.WithName("prices"), otelflightcache.WithMeterProvider(mp))
 	if err != nil {
 		log.Fatal(err)
 	}
 	loader, err := flightcache.New(func(ctx context.Context, sku string) (int, error) {
 		return 1999, nil // the downstream call
-	}, flightcache.Options[string, int]{TTL: time.Minute, OnLoad: metrics.OnLoad})
+	}, flightcache.Options[string, int]{TTL: time.Minute, Observer: obs})
 	if err != nil {
 		log.Fatal(err)
 	}
-	if err := metrics.Observe(loader); err != nil {
-		log.Fatal(err)
-	}
-	defer metrics.Close()
 
 	ctx := context.Background()
 	for range 3 {
-		_, info, err := loader.GetInfo(ctx, "sku-1") // a miss, then two hits
-		metrics.RecordWait(ctx, info)
-		if err != nil {
+		if _, err := loader.Get(ctx, "sku-1"); err != nil { // a miss, then two hits
 			log.Fatal(err)
 		}
 	}
-	loader.Close() // waits for OnLoad: the example reads everything below
+	loader.Close() // waits for LoadEnd: the example reads everything below
 
 	rec := httptest.NewRecorder()
 	promhttp.HandlerFor(reg, promhttp.HandlerOpts{}).ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
@@ -114,10 +107,10 @@ func ExampleNew() {
 		}
 	}
 	// Output:
-	// flightcache_gets_total{cache="prices",result="closed"} 0
-	// flightcache_gets_total{cache="prices",result="hit"} 2
-	// flightcache_gets_total{cache="prices",result="miss"} 1
-	// flightcache_gets_total{cache="prices",result="stale"} 0
-	// flightcache_load_callers_sum{cache="prices",outcome="ok"} 1
-	// flightcache_loads_total{cache="prices"} 1
+	// flightcache_gets_total{flightcache_get_result="closed",flightcache_name="prices"} 0
+	// flightcache_gets_total{flightcache_get_result="hit",flightcache_name="prices"} 2
+	// flightcache_gets_total{flightcache_get_result="miss",flightcache_name="prices"} 1
+	// flightcache_gets_total{flightcache_get_result="stale",flightcache_name="prices"} 0
+	// flightcache_load_callers_sum{flightcache_load_outcome="ok",flightcache_name="prices"} 1
+	// flightcache_loads_total{flightcache_name="prices"} 1
 }

@@ -26,6 +26,19 @@ type instruments struct {
 	waitAttrs   map[flightcache.Source]metric.MeasurementOption
 }
 
+// loadKey picks the attribute set of one flightcache.load.duration
+// measurement.
+type loadKey struct {
+	outcome    string
+	background bool
+}
+
+// sources are the values of the flightcache.get.source attribute.
+var sources = []flightcache.Source{
+	flightcache.SourceNone, flightcache.SourceHit, flightcache.SourceStale,
+	flightcache.SourceStaleOnError, flightcache.SourceLoaded, flightcache.SourceShared,
+}
+
 // loadOutcomes are the values of flightcache.load.outcome and error.type.
 var loadOutcomes = []string{"ok", "not_found", "timeout", "breaker_open", "canceled", "panic", "error"}
 

@@ -50,33 +50,6 @@ func (s slow) load(ctx context.Context, key string) (string, error) {
 	return "value of " + key, nil
 }
 
-// setup builds a Metrics on a manual reader and an observed Loader wired to
-// it. Call it inside the synctest bubble; both are closed when the test ends.
-func setup(t *testing.T, d slow, opts flightcache.Options[string, string]) (*Metrics[string], *flightcache.Loader[string, string], *sdkmetric.ManualReader) {
-	t.Helper()
-	reader := sdkmetric.NewManualReader()
-	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
-	t.Cleanup(func() { mp.Shutdown(context.Background()) })
-	m, err := New[string](mp, Options{Name: "test"})
-	if err != nil {
-		t.Fatalf("New: %v", err)
-	}
-	if opts.TTL == 0 {
-		opts.TTL = time.Minute
-	}
-	opts.OnLoad = m.OnLoad
-	l, err := flightcache.New(d.load, opts)
-	if err != nil {
-		t.Fatalf("flightcache.New: %v", err)
-	}
-	t.Cleanup(func() { l.Close() })
-	if err := m.Observe(l); err != nil {
-		t.Fatalf("Observe: %v", err)
-	}
-	t.Cleanup(func() { m.Close() })
-	return m, l, reader
-}
-
 // point is one data point, flattened for assertions.
 type point struct {
 	value        float64 // sum or gauge value; histogram sum
@@ -163,19 +136,18 @@ func keys(m map[string]point) string {
 	return strings.Join(ks, "\n")
 }
 
+// One load shared by three Gets, a hit, and a not-found load: the loads'
+// durations and callers by outcome, the waits by source (a hit waits for
+// nothing), and the counters and gauges read from the Loader's Stats.
 func TestLoadsWaitsAndStats(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		m, l, reader := setup(t, slow{delay: 50 * time.Millisecond}, flightcache.Options[string, string]{NotFoundTTL: time.Minute})
+		r, l := wired(t, slow{delay: 50 * time.Millisecond}.load, flightcache.Options[string, string]{NotFoundTTL: time.Minute})
 		ctx := context.Background()
 
 		// Three concurrent Gets of one cold key share one 50 ms load.
 		var wg sync.WaitGroup
-		infos := make([]flightcache.Info, 3)
-		for i := range infos {
-			wg.Go(func() {
-				_, infos[i], _ = l.GetInfo(ctx, "a")
-				m.RecordWait(ctx, infos[i])
-			})
+		for range 3 {
+			wg.Go(func() { l.GetInfo(ctx, "a") })
 		}
 		wg.Wait()
 		// Then a hit, which waits for nothing, and a not-found load.
@@ -183,41 +155,38 @@ func TestLoadsWaitsAndStats(t *testing.T) {
 		if err != nil || info.Source != flightcache.SourceHit {
 			t.Fatalf(`GetInfo("a") = %v, %v; want a hit`, info, err)
 		}
-		m.RecordWait(ctx, info)
-		_, info, err = l.GetInfo(ctx, "missing")
-		if !errors.Is(err, flightcache.ErrNotFound) {
-			t.Fatalf(`GetInfo("missing") = %v; want ErrNotFound`, err)
+		if _, err := l.Get(ctx, "missing"); !errors.Is(err, flightcache.ErrNotFound) {
+			t.Fatalf(`Get("missing") = %v; want ErrNotFound`, err)
 		}
-		m.RecordWait(ctx, info)
-		synctest.Wait() // OnLoad runs after the waiters are released
+		synctest.Wait() // LoadEnd runs after the waiters are released
 
-		got := collect(t, reader)
-		wantHistogram(t, got, `flightcache.load.duration{background=false,cache=test,outcome=ok}`, 1, 0.05)
-		wantHistogram(t, got, `flightcache.load.duration{background=false,cache=test,outcome=not_found}`, 1, 0.05)
-		wantHistogram(t, got, `flightcache.load.callers{cache=test,outcome=ok}`, 1, 3)
-		wantHistogram(t, got, `flightcache.load.callers{cache=test,outcome=not_found}`, 1, 1)
-		wantHistogram(t, got, `flightcache.wait.duration{cache=test,source=loaded}`, 2, 0.1)
-		wantHistogram(t, got, `flightcache.wait.duration{cache=test,source=shared}`, 2, 0.1)
-		if _, ok := got[`flightcache.wait.duration{cache=test,source=hit}`]; ok {
+		got := collect(t, r.reader)
+		wantHistogram(t, got, `flightcache.load.duration{flightcache.load.background=false,flightcache.load.outcome=ok,flightcache.name=test}`, 1, 0.05)
+		wantHistogram(t, got, `flightcache.load.duration{flightcache.load.background=false,flightcache.load.outcome=not_found,flightcache.name=test}`, 1, 0.05)
+		wantHistogram(t, got, `flightcache.load.callers{flightcache.load.outcome=ok,flightcache.name=test}`, 1, 3)
+		wantHistogram(t, got, `flightcache.load.callers{flightcache.load.outcome=not_found,flightcache.name=test}`, 1, 1)
+		wantHistogram(t, got, `flightcache.get.wait.duration{flightcache.get.source=loaded,flightcache.name=test}`, 2, 0.1)
+		wantHistogram(t, got, `flightcache.get.wait.duration{flightcache.get.source=shared,flightcache.name=test}`, 2, 0.1)
+		if _, ok := got[`flightcache.get.wait.duration{flightcache.get.source=hit,flightcache.name=test}`]; ok {
 			t.Errorf("a hit was recorded as a wait")
 		}
 
-		wantValue(t, got, `flightcache.gets{cache=test,result=hit}`, 1)
-		wantValue(t, got, `flightcache.gets{cache=test,result=miss}`, 4)
-		wantValue(t, got, `flightcache.gets{cache=test,result=stale}`, 0)
-		wantValue(t, got, `flightcache.loads{cache=test}`, 2)
-		wantValue(t, got, `flightcache.load.errors{cache=test}`, 1)
-		wantValue(t, got, `flightcache.shared{cache=test}`, 2)
-		wantValue(t, got, `flightcache.shared.errors{cache=test}`, 0)
-		wantValue(t, got, `flightcache.load.max_callers{cache=test}`, 3)
-		wantValue(t, got, `flightcache.loads.in_flight{cache=test}`, 0)
-		wantValue(t, got, `flightcache.waiting{cache=test}`, 0)
-		wantValue(t, got, `flightcache.breaker.state{cache=test,state=closed}`, 1)
-		wantValue(t, got, `flightcache.breaker.state{cache=test,state=open}`, 0)
+		wantValue(t, got, `flightcache.gets{flightcache.get.result=hit,flightcache.name=test}`, 1)
+		wantValue(t, got, `flightcache.gets{flightcache.get.result=miss,flightcache.name=test}`, 4)
+		wantValue(t, got, `flightcache.gets{flightcache.get.result=stale,flightcache.name=test}`, 0)
+		wantValue(t, got, `flightcache.loads{flightcache.name=test}`, 2)
+		wantValue(t, got, `flightcache.load.errors{flightcache.name=test}`, 0) // a not-found is an answer
+		wantValue(t, got, `flightcache.load.not_founds{flightcache.name=test}`, 1)
+		wantValue(t, got, `flightcache.shared{flightcache.name=test}`, 2)
+		wantValue(t, got, `flightcache.shared.errors{flightcache.name=test}`, 0)
+		wantValue(t, got, `flightcache.load.active{flightcache.name=test}`, 0)
+		wantValue(t, got, `flightcache.get.active{flightcache.name=test}`, 0)
+		wantValue(t, got, `flightcache.breaker.state{flightcache.breaker.state=closed,flightcache.name=test}`, 1)
+		wantValue(t, got, `flightcache.breaker.state{flightcache.breaker.state=open,flightcache.name=test}`, 0)
 	})
 }
 
-// fakeStats is a StatsReader that returns the snapshots a test sets.
+// fakeStats returns the snapshots a test sets.
 type fakeStats struct {
 	mu sync.Mutex
 	s  flightcache.Stats
@@ -236,40 +205,32 @@ func (f *fakeStats) set(s flightcache.Stats) {
 }
 
 // A Get counted as a miss in one snapshot can be a hit in the next; the
-// miss counter must not go down with it. Gauges report what they read.
+// miss counter must not go down with it. Up-down counters report what
+// they read.
 func TestCountersNeverGoDown(t *testing.T) {
-	reader := sdkmetric.NewManualReader()
-	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
-	defer mp.Shutdown(context.Background())
-	m, err := New[string](mp, Options{Name: "test"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer m.Close()
+	r := newRig(t)
 	stats := &fakeStats{s: flightcache.Stats{Gets: 5, Misses: 5, Loads: 1, InFlight: 1, Waiting: 5}}
-	if err := m.Observe(stats); err != nil {
-		t.Fatal(err)
-	}
-	got := collect(t, reader)
-	wantValue(t, got, `flightcache.gets{cache=test,result=miss}`, 5)
-	wantValue(t, got, `flightcache.waiting{cache=test}`, 5)
+	r.obs.ObserveStats(stats.Stats)
+	got := collect(t, r.reader)
+	wantValue(t, got, `flightcache.gets{flightcache.get.result=miss,flightcache.name=test}`, 5)
+	wantValue(t, got, `flightcache.get.active{flightcache.name=test}`, 5)
 
 	stats.set(flightcache.Stats{Gets: 5, Hits: 1, Misses: 4, Loads: 1})
-	got = collect(t, reader)
-	wantValue(t, got, `flightcache.gets{cache=test,result=miss}`, 5)
-	wantValue(t, got, `flightcache.gets{cache=test,result=hit}`, 1)
-	wantValue(t, got, `flightcache.loads.in_flight{cache=test}`, 0)
-	wantValue(t, got, `flightcache.waiting{cache=test}`, 0)
+	got = collect(t, r.reader)
+	wantValue(t, got, `flightcache.gets{flightcache.get.result=miss,flightcache.name=test}`, 5)
+	wantValue(t, got, `flightcache.gets{flightcache.get.result=hit,flightcache.name=test}`, 1)
+	wantValue(t, got, `flightcache.load.active{flightcache.name=test}`, 0)
+	wantValue(t, got, `flightcache.get.active{flightcache.name=test}`, 0)
 
 	stats.set(flightcache.Stats{Gets: 7, Hits: 1, Misses: 6, Loads: 2})
-	got = collect(t, reader)
-	wantValue(t, got, `flightcache.gets{cache=test,result=miss}`, 6)
-	wantValue(t, got, `flightcache.loads{cache=test}`, 2)
+	got = collect(t, r.reader)
+	wantValue(t, got, `flightcache.gets{flightcache.get.result=miss,flightcache.name=test}`, 6)
+	wantValue(t, got, `flightcache.loads{flightcache.name=test}`, 2)
 }
 
 func TestBreakerOpen(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		_, l, reader := setup(t, slow{delay: time.Millisecond, fail: errBoom},
+		r, l := wired(t, slow{delay: time.Millisecond, fail: errBoom}.load,
 			flightcache.Options[string, string]{Breaker: flightcache.Breaker{ConsecutiveFailures: 1, OpenTimeout: time.Hour}})
 		ctx := context.Background()
 		if _, err := l.Get(ctx, "a"); !errors.Is(err, errBoom) {
@@ -280,62 +241,14 @@ func TestBreakerOpen(t *testing.T) {
 		}
 		synctest.Wait()
 
-		got := collect(t, reader)
-		wantHistogram(t, got, `flightcache.load.duration{background=false,cache=test,outcome=error}`, 1, 0.001)
-		wantHistogram(t, got, `flightcache.load.duration{background=false,cache=test,outcome=breaker_open}`, 1, 0)
-		wantValue(t, got, `flightcache.breaker.rejected{cache=test}`, 1)
-		wantValue(t, got, `flightcache.load.errors{cache=test}`, 2)
-		wantValue(t, got, `flightcache.breaker.state{cache=test,state=open}`, 1)
-		wantValue(t, got, `flightcache.breaker.state{cache=test,state=closed}`, 0)
+		got := collect(t, r.reader)
+		wantHistogram(t, got, `flightcache.load.duration{flightcache.load.background=false,flightcache.load.outcome=error,flightcache.name=test}`, 1, 0.001)
+		wantHistogram(t, got, `flightcache.load.duration{flightcache.load.background=false,flightcache.load.outcome=breaker_open,flightcache.name=test}`, 1, 0)
+		wantValue(t, got, `flightcache.breaker.rejected{flightcache.name=test}`, 1)
+		wantValue(t, got, `flightcache.load.errors{flightcache.name=test}`, 2)
+		wantValue(t, got, `flightcache.breaker.state{flightcache.breaker.state=open,flightcache.name=test}`, 1)
+		wantValue(t, got, `flightcache.breaker.state{flightcache.breaker.state=closed,flightcache.name=test}`, 0)
 	})
-}
-
-func TestObserveOnceAndClose(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		m, l, reader := setup(t, slow{}, flightcache.Options[string, string]{})
-		if err := m.Observe(l); err == nil || !strings.HasPrefix(err.Error(), "otelflightcache: ") {
-			t.Errorf("second Observe = %v; want an otelflightcache error", err)
-		}
-		if err := m.Observe(nil); err == nil {
-			t.Errorf("Observe(nil) = nil; want an error")
-		}
-		if _, ok := collect(t, reader)[`flightcache.gets{cache=test,result=hit}`]; !ok {
-			t.Fatalf("no gets counter before Close")
-		}
-		if err := m.Close(); err != nil {
-			t.Fatalf("Close: %v", err)
-		}
-		if err := m.Close(); err != nil {
-			t.Fatalf("second Close: %v", err)
-		}
-		if _, ok := collect(t, reader)[`flightcache.gets{cache=test,result=hit}`]; ok {
-			t.Errorf("gets counter still reported after Close")
-		}
-	})
-}
-
-func TestNewValidates(t *testing.T) {
-	mp := sdkmetric.NewMeterProvider()
-	defer mp.Shutdown(context.Background())
-	for _, tc := range []struct {
-		opts  Options
-		field string
-	}{
-		{Options{DurationBuckets: []float64{1, 1}}, "DurationBuckets"},
-		{Options{DurationBuckets: []float64{math.NaN()}}, "DurationBuckets"},
-		{Options{CallerBuckets: []float64{5, 1}}, "CallerBuckets"},
-	} {
-		_, err := New[string](mp, tc.opts)
-		if err == nil || !strings.Contains(err.Error(), "Options."+tc.field) || !strings.HasPrefix(err.Error(), "otelflightcache: ") {
-			t.Errorf("New(%+v) = %v; want an error naming %s", tc.opts, err, tc.field)
-		}
-	}
-	if _, err := New[string](nil, Options{}); err == nil {
-		t.Errorf("New(nil provider) = nil error")
-	}
-	if _, err := New[string](mp, Options{DurationBuckets: []float64{}, CallerBuckets: []float64{1}}); err != nil {
-		t.Errorf("New with valid buckets: %v", err)
-	}
 }
 
 // A load error that only the Loader's IsNotFound calls a not-found is
@@ -343,16 +256,16 @@ func TestNewValidates(t *testing.T) {
 func TestOwnNotFoundOutcome(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		errNoRow := errors.New("db: no row")
-		_, l, reader := setup(t, slow{delay: 10 * time.Millisecond, fail: errNoRow}, flightcache.Options[string, string]{
+		r, l := wired(t, slow{delay: 10 * time.Millisecond, fail: errNoRow}.load, flightcache.Options[string, string]{
 			IsNotFound: func(err error) bool { return errors.Is(err, errNoRow) },
 		})
 		if _, err := l.Get(context.Background(), "a"); !errors.Is(err, errNoRow) {
 			t.Fatalf(`Get("a") = %v; want the LoadFunc's error`, err)
 		}
-		synctest.Wait() // OnLoad runs after the waiters are released
-		got := collect(t, reader)
-		wantHistogram(t, got, `flightcache.load.callers{cache=test,outcome=not_found}`, 1, 1)
-		if _, ok := got[`flightcache.load.callers{cache=test,outcome=error}`]; ok {
+		synctest.Wait() // LoadEnd runs after the waiters are released
+		got := collect(t, r.reader)
+		wantHistogram(t, got, `flightcache.load.callers{flightcache.load.outcome=not_found,flightcache.name=test}`, 1, 1)
+		if _, ok := got[`flightcache.load.callers{flightcache.load.outcome=error,flightcache.name=test}`]; ok {
 			t.Errorf("the not-found was recorded as an error")
 		}
 	})
@@ -386,26 +299,20 @@ func TestPrometheusExposition(t *testing.T) {
 		}
 		mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(exporter))
 		defer mp.Shutdown(context.Background())
-		m, err := New[string](mp, Options{Name: "prices"})
+		obs, err := NewObserver[string](WithName("prices"), WithMeterProvider(mp))
 		if err != nil {
 			t.Fatal(err)
 		}
 		l, err := flightcache.New(slow{delay: 20 * time.Millisecond}.load,
-			flightcache.Options[string, string]{TTL: time.Minute, OnLoad: m.OnLoad})
+			flightcache.Options[string, string]{TTL: time.Minute, Observer: obs})
 		if err != nil {
 			t.Fatal(err)
 		}
 		defer l.Close()
-		if err := m.Observe(l); err != nil {
-			t.Fatal(err)
-		}
-		defer m.Close()
 		for range 2 {
-			_, info, err := l.GetInfo(context.Background(), "a")
-			if err != nil {
+			if _, err := l.Get(context.Background(), "a"); err != nil {
 				t.Fatal(err)
 			}
-			m.RecordWait(context.Background(), info)
 		}
 		synctest.Wait()
 
@@ -413,17 +320,16 @@ func TestPrometheusExposition(t *testing.T) {
 		promhttp.HandlerFor(reg, promhttp.HandlerOpts{}).ServeHTTP(rec, httptest.NewRequest("GET", "/metrics", nil))
 		body := rec.Body.String()
 		for _, want := range []string{
-			`flightcache_gets_total{cache="prices",result="hit"} 1`,
-			`flightcache_gets_total{cache="prices",result="miss"} 1`,
-			`flightcache_loads_total{cache="prices"} 1`,
-			`flightcache_load_duration_seconds_count{background="false",cache="prices",outcome="ok"} 1`,
-			`flightcache_load_duration_seconds_bucket{background="false",cache="prices",outcome="ok",le="0.025"} 1`,
-			`flightcache_load_callers_sum{cache="prices",outcome="ok"} 1`,
-			`flightcache_wait_duration_seconds_count{cache="prices",source="loaded"} 1`,
-			`flightcache_breaker_state{cache="prices",state="closed"} 1`,
-			`flightcache_load_max_callers{cache="prices"} 1`,
-			`flightcache_loads_in_flight{cache="prices"} 0`,
-			`flightcache_waiting{cache="prices"} 0`,
+			`flightcache_gets_total{flightcache_get_result="hit",flightcache_name="prices"} 1`,
+			`flightcache_gets_total{flightcache_get_result="miss",flightcache_name="prices"} 1`,
+			`flightcache_loads_total{flightcache_name="prices"} 1`,
+			`flightcache_load_duration_seconds_count{flightcache_load_background="false",flightcache_load_outcome="ok",flightcache_name="prices"} 1`,
+			`flightcache_load_duration_seconds_bucket{flightcache_load_background="false",flightcache_load_outcome="ok",flightcache_name="prices",le="0.025"} 1`,
+			`flightcache_load_callers_sum{flightcache_load_outcome="ok",flightcache_name="prices"} 1`,
+			`flightcache_get_wait_duration_seconds_count{flightcache_get_source="loaded",flightcache_name="prices"} 1`,
+			`flightcache_breaker_state{flightcache_breaker_state="closed",flightcache_name="prices"} 1`,
+			`flightcache_load_active{flightcache_name="prices"} 0`,
+			`flightcache_get_active{flightcache_name="prices"} 0`,
 		} {
 			if !strings.Contains(body, want+"\n") {
 				t.Errorf("exposition lacks %s", want)
