@@ -1,6 +1,10 @@
 package flightcache
 
-import "reflect"
+import (
+	"reflect"
+
+	"github.com/flightcache/flightcache/internal/queue"
+)
 
 // How the writer reports what left the cache, and why an EvictionObserver
 // that writes to its Loader cannot wedge it.
@@ -87,16 +91,16 @@ func (l *Loader[K, V]) reportLeft() {
 // until its turn comes instead of waiting.
 func (l *Loader[K, V]) takeWrite(cost int64) (place, bool) {
 	p := place{kind: writePlace, cost: cost}
-	w, ok := l.writer.turns.ask(cost)
+	w, st := l.writer.turns.Ask(cost)
 	switch {
 	case w == nil:
-		return p, ok
+		return p, st == queue.Taken
 	case l.obs.observesEvictions() && onWriterGoroutine():
-		l.workOff(w.ready)
+		l.workOff(w.Ready())
 	default:
-		<-w.ready
+		<-w.Ready()
 	}
-	return p, w.ok
+	return p, w.Granted()
 }
 
 // workOff does the writer's rounds until ready closes. When a round finds

@@ -52,9 +52,8 @@ func acquireAsync(ctx context.Context, lm *limiter) <-chan acquired {
 
 // limitState reads the limiter's state under its lock.
 func limitState(lm *limiter) (bound, inUse, bgInUse, waiting int) {
-	lm.mu.Lock()
-	defer lm.mu.Unlock()
-	return lm.bound, lm.inUse, lm.bgInUse, lm.waiting
+	s := lm.q.State()
+	return s.Places, s.Held, int(s.Spent), s.Waiting
 }
 
 // Many loads at once, each holding its slot through three attempts: never
@@ -250,11 +249,7 @@ func TestLimiterCancelWhileQueued(t *testing.T) {
 		//  3. it takes the lock: the grant must pass on to the next waiter,
 		//     not be lost.
 		held = mustAcquire(t, lm)
-		w := &limitWaiter{ready: make(chan struct{})}
-		lm.mu.Lock()
-		lm.pushLocked(w)
-		lm.updateLocked()
-		lm.mu.Unlock()
+		w, _ := lm.q.Ask(0) // queued: the slot is held
 		after := acquireAsync(context.Background(), lm)
 		synctest.Wait()
 		held.release() // step 2: w is granted
@@ -272,7 +267,9 @@ func TestLimiterCancelWhileQueued(t *testing.T) {
 	})
 }
 
-// Many waiters that leave behind one that stays do not grow the queue.
+// Many waiters that leave behind one that stays do not grow the queue
+// (internal/queue's TestQueueCompacts counts its entries), and the one
+// that stays gets the slot.
 func TestLimiterQueueCompacts(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		lm := testLimiter(t, Limit{MaxLoads: 1, MaxQueue: 10})
@@ -285,11 +282,8 @@ func TestLimiterQueueCompacts(t *testing.T) {
 			cancel()
 			<-ch
 		}
-		lm.mu.Lock()
-		n := len(lm.waiters) - lm.head
-		lm.mu.Unlock()
-		if n > 64 {
-			t.Errorf("%d entries in the queue for 1 waiter; want it compacted", n)
+		if _, _, _, waiting := limitState(lm); waiting != 1 {
+			t.Errorf("%d waiting; want the 1 that stays", waiting)
 		}
 		held.release()
 		if r := <-stays; r.err != nil {

@@ -672,7 +672,7 @@ func (l *Loader[K, V]) Peek(key K) (v V, info Info, ok bool) {
 func (l *Loader[K, V]) Stats() Stats {
 	s := l.stats.snapshot()
 	s.PendingWrites = l.writer.backlog.Load()
-	s.WriteWaits = l.writer.turns.waited()
+	s.WriteWaits = l.writer.turns.Waits()
 	l.lim.fill(&s)
 	l.guard(func() { s.Breaker = l.breaker.State() }, nil)
 	return s

@@ -3,6 +3,8 @@ package flightcache
 import (
 	"sync"
 	"sync/atomic"
+
+	"github.com/flightcache/flightcache/internal/queue"
 )
 
 // The write path. ristretto applies a Set of a key it does not hold from a
@@ -65,7 +67,7 @@ import (
 //     (Stats.FillsDropped), as ristretto's admission may refuse one; the
 //     key's older value is dropped all the same, so no Get serves a value
 //     older than one a Get has been given.
-//   - Set, Invalidate and a Remote's Drop wait their turn (turns.go) when
+//   - Set, Invalidate and a Remote's Drop wait their turn (writer.turns) when
 //     their share is full, before they lock anything, so a storm of them
 //     runs at the pace of the writer; no load is ever behind them. One
 //     made by an EvictionObserver on the writer's own goroutine takes its
@@ -153,7 +155,14 @@ type writer[K comparable, V any] struct {
 	wake    chan struct{}  // buffered(1): the queue is not empty, or a clear is asked for
 	backlog atomic.Int64   // writes handed over and not yet closed
 
-	turns    turns        // the writes' share: the places of Set, Invalidate and Drop
+	// turns is the writes' share: the places of Set, Invalidate and Drop,
+	// handed out first come first served. Only the writer gives places
+	// back, and it never waits for a producer, so a waiting producer is
+	// always woken by the writer's progress or by Close. A producer that
+	// runs on the writer's goroutine (an Evicted callback) cannot wait for
+	// it: it asks without waiting and does the writer's work until it is
+	// answered (takeWrite).
+	turns    queue.Queue
 	fills    atomic.Int64 // the fills' share: places held
 	fillCost atomic.Int64 // and their cost
 	maxFills int64
@@ -171,7 +180,7 @@ type writer[K comparable, V any] struct {
 
 func (wr *writer[K, V]) init(places int, cost int64) {
 	wr.wake = make(chan struct{}, 1)
-	wr.turns.init(places, cost)
+	wr.turns.Init(places, cost, 0)
 	wr.maxFills, wr.maxCost = int64(places), cost
 }
 
@@ -194,7 +203,7 @@ func (wr *writer[K, V]) release(n int, nCost int64, m int, mCost int64) {
 		wr.fills.Add(int64(-n))
 		wr.fillCost.Add(-nCost)
 	}
-	wr.turns.give(m, mCost)
+	wr.turns.Give(m, mCost)
 }
 
 // giveBack releases one place (none for noPlace).

@@ -258,9 +258,8 @@ func TestPendingWriteAnswersAsTheCache(t *testing.T) {
 // nothing is pending and nothing leaked.
 func placesFree[K comparable, V any](l *Loader[K, V]) bool {
 	wr := &l.writer
-	wr.turns.mu.Lock()
-	free, room := wr.turns.free, wr.turns.room
-	wr.turns.mu.Unlock()
+	st := wr.turns.State()
+	free, room := st.Places-st.Held, st.Room-st.Spent
 	return wr.fills.Load() == 0 && wr.fillCost.Load() == 0 &&
 		free == l.opts.MaxPendingWrites && room == l.opts.MaxCost
 }
@@ -356,46 +355,5 @@ func TestSetWaitsItsTurn(t *testing.T) {
 		go l.Close()
 		<-closed // Close refuses the waiting Set
 		hold()
-	})
-}
-
-// turns serves waiters in order of arrival: a later, smaller request never
-// passes an earlier one that does not fit yet.
-func TestTurnsAreFirstComeFirstServed(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		var tu turns
-		tu.init(4, 10)
-		if !tu.take(8) {
-			t.Fatal("take(8) of 10 refused")
-		}
-		var order []int64
-		var mu sync.Mutex
-		for _, c := range []int64{5, 1} {
-			go func() {
-				if tu.take(c) {
-					mu.Lock()
-					order = append(order, c)
-					mu.Unlock()
-				}
-			}()
-			synctest.Wait()
-		}
-		if len(order) != 0 {
-			t.Fatalf("%v served while the first waiter (5) does not fit", order)
-		}
-		tu.give(1, 3) // room 5: the first waiter fits, and then the second does not
-		synctest.Wait()
-		if len(order) != 1 || order[0] != 5 {
-			t.Fatalf("served %v; want [5]", order)
-		}
-		tu.give(1, 5)
-		synctest.Wait()
-		if len(order) != 2 || order[1] != 1 {
-			t.Fatalf("served %v; want [5 1]", order)
-		}
-		tu.close()
-		if tu.take(1) {
-			t.Fatal("take after close granted")
-		}
 	})
 }
