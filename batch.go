@@ -74,7 +74,7 @@ func (b *batch[K, V]) full() bool { return b != nil && len(b.calls) >= b.l.opts.
 func (b *batch[K, V]) add(c *call[K, V]) {
 	if b.leader == nil {
 		b.leader = c
-		c.lctx.marker.call = b // a Get from inside LoadMany of any of its keys is recursive
+		c.vals.marker.call = b // a Get from inside LoadMany of any of its keys is recursive
 	}
 	c.batch = b
 	b.calls = append(b.calls, c)
@@ -126,10 +126,10 @@ func (l *Loader[K, V]) runBatch(b *batch[K, V]) {
 		out.took = l.now() - start - out.down.queued
 		l.completeBatch(b, &out)
 	}()
-	l.takeLabels(b.leader.lctx.caller)
+	l.takeLabels(b.leader.vals.caller)
 	var ctx context.Context = &b.leader.lctx
 	if l.obs != nil {
-		ctx = l.observeStart(&b.leader.lctx, &b.octx, LoadStartEvent[K]{Key: b.leader.key, Keys: len(keys), Background: b.background})
+		ctx = l.observeStart(&b.leader.lctx, b.leader.vals.caller, &b.octx, LoadStartEvent[K]{Key: b.leader.key, Keys: len(keys), Background: b.background})
 	}
 	rm, ok := l.opts.Remote.(RemoteMany[K, V])
 	if !ok {

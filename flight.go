@@ -5,6 +5,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/flightcache/flightcache/internal/loadctx"
 )
 
 // flightShards is the number of independent in-flight maps. A key's shard
@@ -96,7 +98,8 @@ type call[K comparable, V any] struct {
 	// Set before the call is published in a shard map; read-only after
 	// (lctx's deadline and causer: set by the load goroutine, before user
 	// code, with ready).
-	lctx       loadCtx
+	lctx       loadctx.Context
+	vals       loadValues   // what lctx's Value answers
 	background bool         // a refresh nobody waited on when it started
 	gen        uint32       // the fleet generation when it started: its entry's (fleet.go)
 	from       *entry[K, V] // the value held for the key when the load started (a refresh's, a Reload's old value), or nil
@@ -384,7 +387,8 @@ func (f *flights[K, V]) start(sh *shard[K, V], r *request[K, V], n newLoad[K, V]
 		// WithoutCancel calls no method of ctx: it only wraps it.
 		ctx = context.WithoutCancel(ctx)
 	}
-	c.lctx.caller, c.lctx.marker = ctx, loadMarker{call: c, parent: marker}
+	c.vals = loadValues{caller: ctx, marker: loadMarker{call: c, parent: marker}}
+	c.lctx.Init(&c.vals)
 	sh.loads[r.key] = c
 	grew(&sh.peakLoads, len(sh.loads))
 	if !batched {

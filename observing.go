@@ -5,6 +5,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/flightcache/flightcache/internal/loadctx"
 )
 
 // observing is how a Loader calls its Observer: every call through the
@@ -172,16 +174,16 @@ func (s *statsSource) freeze() {
 // none is on the hit path.
 
 // observeStart calls LoadStart for a load about to make its first
-// downstream call under lctx, and publishes the context it returns in
+// downstream call under lctx, started by caller, and publishes the context it returns in
 // *at, where the load's waiters find it (call.observed), a waiter that
 // leaves meanwhile included. It returns the load's context from then on.
 // A background load's Trigger is the context of the Get, GetMany or
 // Refresh that started it (its values only). The caller checks that
 // there is an Observer (without one the load's context is lctx itself),
 // so that an unobserved load builds no event.
-func (l *Loader[K, V]) observeStart(lctx *loadCtx, at *atomic.Pointer[context.Context], ev LoadStartEvent[K]) context.Context {
+func (l *Loader[K, V]) observeStart(lctx *loadctx.Context, caller context.Context, at *atomic.Pointer[context.Context], ev LoadStartEvent[K]) context.Context {
 	if ev.Background {
-		ev.Trigger = lctx.caller
+		ev.Trigger = caller
 	}
 	ctx := l.obs.loadStart(lctx, ev)
 	at.Store(&ctx)
