@@ -96,14 +96,7 @@ func (b *batch[K, V]) abandon() {
 
 // cancel cancels b's context, its leader's. The caller holds no lock.
 func (b *batch[K, V]) cancel(cause error) {
-	c := b.leader
-	sh := b.l.flights.shard(c.h)
-	sh.mu.Lock()
-	cancel := c.cancelLocked(cause)
-	sh.mu.Unlock()
-	if cancel != nil {
-		cancel(cause)
-	}
+	b.l.flights.cancelLoad(b.leader, cause)
 }
 
 // launchBatch starts b's goroutine, counted on s (see launch).

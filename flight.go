@@ -578,6 +578,30 @@ func (f *flights[K, V]) cancelAll(cause error) {
 	}
 }
 
+// markReady records that c's context is built (buildContext): from here
+// it can be cancelled at once. It returns the cause of a cancellation
+// asked for before, if any, for the caller to apply.
+func (f *flights[K, V]) markReady(c *call[K, V]) (cause error) {
+	sh := f.shard(c.h)
+	sh.mu.Lock()
+	c.ready = true
+	cause = c.cause
+	sh.mu.Unlock()
+	return cause
+}
+
+// cancelLoad cancels c's context with cause, or records cause for
+// buildContext if it is not built yet. The caller holds no lock.
+func (f *flights[K, V]) cancelLoad(c *call[K, V], cause error) {
+	sh := f.shard(c.h)
+	sh.mu.Lock()
+	cancel := c.cancelLocked(cause)
+	sh.mu.Unlock()
+	if cancel != nil {
+		cancel(cause)
+	}
+}
+
 // pending reports whether key has a load in flight or a write not yet
 // applied (for tests).
 func (f *flights[K, V]) pending(key K) bool {
@@ -671,6 +695,29 @@ func (f *flights[K, V]) settle(w *write[K, V], keepLive bool) (p place, closed b
 		sh.settles.Add(1)
 	}
 	return w.place, true
+}
+
+// markIssued returns w's latest value, with its cost, for the writer to
+// hand to ristretto, and records it as the one issued (settle).
+func (f *flights[K, V]) markIssued(w *write[K, V]) (e *entry[K, V], cost int64) {
+	sh := f.shard(w.h)
+	sh.mu.Lock()
+	e, cost = w.entry, w.cost
+	w.issued = e
+	sh.mu.Unlock()
+	return e, cost
+}
+
+// unmarkIssued records that e, which ristretto refused, was not issued
+// after all (so the next batch issues it again), unless w has been issued
+// since.
+func (f *flights[K, V]) unmarkIssued(w *write[K, V], e *entry[K, V]) {
+	sh := f.shard(w.h)
+	sh.mu.Lock()
+	if w.issued == e {
+		w.issued = nil
+	}
+	sh.mu.Unlock()
 }
 
 // cached returns key's entry in the cache, or nil if there is none (or only

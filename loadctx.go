@@ -54,12 +54,7 @@ func newTimeouts(timeout time.Duration, epoch time.Time) *loadctx.Timeouts {
 // applied at once.
 func (c *call[K, V]) buildContext(start time.Duration) {
 	c.l.timeouts.Add(&c.lctx, start)
-	sh := c.l.flights.shard(c.h)
-	sh.mu.Lock()
-	c.ready = true
-	cause := c.cause
-	sh.mu.Unlock()
-	if cause != nil {
+	if cause := c.l.flights.markReady(c); cause != nil {
 		c.lctx.Cancel(cause)
 	}
 }

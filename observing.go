@@ -144,10 +144,10 @@ type statsSource struct {
 }
 
 // read returns the Stats now, or the final ones.
-func (s *statsSource) read() Stats {
-	s.mu.Lock()
-	live, final := s.live, s.final
-	s.mu.Unlock()
+func (src *statsSource) read() Stats {
+	src.mu.Lock()
+	live, final := src.live, src.final
+	src.mu.Unlock()
 	if live == nil {
 		return final
 	}
@@ -156,17 +156,17 @@ func (s *statsSource) read() Stats {
 
 // freeze reads the Stats once more and keeps them; later calls do
 // nothing.
-func (s *statsSource) freeze() {
-	s.mu.Lock()
-	live := s.live
-	s.mu.Unlock()
+func (src *statsSource) freeze() {
+	src.mu.Lock()
+	live := src.live
+	src.mu.Unlock()
 	if live == nil {
 		return
 	}
 	final := live() // outside mu: a read meanwhile calls live too
-	s.mu.Lock()
-	s.live, s.final = nil, final
-	s.mu.Unlock()
+	src.mu.Lock()
+	src.live, src.final = nil, final
+	src.mu.Unlock()
 }
 
 // The Loader's side: the few places of the core that call observing, in
