@@ -74,7 +74,7 @@ func (b *batch[K, V]) full() bool { return b != nil && len(b.calls) >= b.l.opts.
 func (b *batch[K, V]) add(c *call[K, V]) {
 	if b.leader == nil {
 		b.leader = c
-		c.lctx.marker.call = b // a Get from inside LoadMany of any of its keys is recursive
+		c.vals.marker.call = b // a Get from inside LoadMany of any of its keys is recursive
 	}
 	c.batch = b
 	b.calls = append(b.calls, c)
@@ -96,14 +96,7 @@ func (b *batch[K, V]) abandon() {
 
 // cancel cancels b's context, its leader's. The caller holds no lock.
 func (b *batch[K, V]) cancel(cause error) {
-	c := b.leader
-	sh := b.l.flights.shard(c.h)
-	sh.mu.Lock()
-	cancel := c.cancelLocked(cause)
-	sh.mu.Unlock()
-	if cancel != nil {
-		cancel(cause)
-	}
+	b.l.flights.cancelLoad(b.leader, cause)
 }
 
 // launchBatch starts b's goroutine, counted on s (see launch).
@@ -126,10 +119,10 @@ func (l *Loader[K, V]) runBatch(b *batch[K, V]) {
 		out.took = l.now() - start - out.down.queued
 		l.completeBatch(b, &out)
 	}()
-	l.takeLabels(b.leader.lctx.caller)
+	l.takeLabels(b.leader.vals.caller)
 	var ctx context.Context = &b.leader.lctx
 	if l.obs != nil {
-		ctx = l.observeStart(&b.leader.lctx, &b.octx, LoadStartEvent[K]{Key: b.leader.key, Keys: len(keys), Background: b.background})
+		ctx = l.observeStart(&b.leader.lctx, b.leader.vals.caller, &b.octx, LoadStartEvent[K]{Key: b.leader.key, Keys: len(keys), Background: b.background})
 	}
 	rm, ok := l.opts.Remote.(RemoteMany[K, V])
 	if !ok {

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/cenkalti/backoff/v4"
+	"github.com/flightcache/flightcache/internal/loadctx"
 	"github.com/sony/gobreaker/v2"
 )
 
@@ -41,7 +42,7 @@ type loaded[V any] struct {
 
 // fetch gets key's value for one load, into r: through the Remote if there
 // is one, else straight down the downstream path. start is when the load
-// started (its deadline counts from it: timeouts.add). r.attempts counts
+// started (its deadline counts from it: timeouts.Add). r.attempts counts
 // LoadFunc calls as they start; the other fields are set when fetch
 // returns (a callee that ends the goroutine leaves them as they were).
 func (l *Loader[K, V]) fetch(ctx context.Context, key K, old *entry[K, V], start time.Duration, r *loaded[V]) {
@@ -109,10 +110,10 @@ func (r *loaded[V]) fromRemote(rr RemoteResult[V], here time.Duration) {
 // tally is what one load's downstream calls did, kept as they happen, so
 // that a call that ends the goroutine leaves it as it was.
 type tally struct {
-	lctx       *loadCtx      // the load's own context: its LoadTimeout starts again when a queued load gets its slot
-	queued     time.Duration // how long the load waited for a slot of Options.Limit; not part of its took
-	calls      int32         // LoadFunc (or Reload, or LoadMany) calls made, saturating at MaxInt32
-	background bool          // a refresh, which holds its Limit slot since it was published (flights.start)
+	lctx       *loadctx.Context // the load's own context: its LoadTimeout starts again when a queued load gets its slot
+	queued     time.Duration    // how long the load waited for a slot of Options.Limit; not part of its took
+	calls      int32            // LoadFunc (or Reload, or LoadMany) calls made, saturating at MaxInt32
+	background bool             // a refresh, which holds its Limit slot since it was published (flights.start)
 }
 
 // load runs the LoadFunc for key with retries and the breaker, under ctx.
@@ -192,12 +193,12 @@ func (l *Loader[K, V]) admit(ctx context.Context, t *tally) (slot, error) {
 	waited := false
 	s, queued, err := l.lim.acquire(ctx, func() {
 		if waited = t.lctx != nil; waited {
-			l.timeouts.remove(t.lctx)
+			l.timeouts.Remove(t.lctx)
 		}
 	})
 	t.queued = queued
 	if waited && err == nil {
-		l.timeouts.add(t.lctx, l.now())
+		l.timeouts.Add(t.lctx, l.now())
 	}
 	return s, err
 }
@@ -468,14 +469,14 @@ func (l *Loader[K, V]) run(c *call[K, V]) {
 	c.buildContext(start)
 	r := loaded[V]{err: ErrGoexit, down: tally{lctx: &c.lctx, background: c.background}} // err stays if fetch ends the goroutine
 	defer l.complete(c, &r)
-	l.takeLabels(c.lctx.caller)
+	l.takeLabels(c.vals.caller)
 	old := c.from // the value a Reload revalidates
 	if l.opts.Reload == nil {
 		old = nil
 	}
 	var ctx context.Context = &c.lctx
 	if l.obs != nil {
-		ctx = l.observeStart(&c.lctx, &c.octx, LoadStartEvent[K]{Key: c.key, Keys: 1, Background: c.background, Reload: old != nil})
+		ctx = l.observeStart(&c.lctx, c.vals.caller, &c.octx, LoadStartEvent[K]{Key: c.key, Keys: 1, Background: c.background, Reload: old != nil})
 	}
 	l.fetch(ctx, c.key, old, start, &r)
 }

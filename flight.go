@@ -5,6 +5,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/flightcache/flightcache/internal/loadctx"
 )
 
 // flightShards is the number of independent in-flight maps. A key's shard
@@ -96,7 +98,8 @@ type call[K comparable, V any] struct {
 	// Set before the call is published in a shard map; read-only after
 	// (lctx's deadline and causer: set by the load goroutine, before user
 	// code, with ready).
-	lctx       loadCtx
+	lctx       loadctx.Context
+	vals       loadValues   // what lctx's Value answers
 	background bool         // a refresh nobody waited on when it started
 	gen        uint32       // the fleet generation when it started: its entry's (fleet.go)
 	from       *entry[K, V] // the value held for the key when the load started (a refresh's, a Reload's old value), or nil
@@ -384,7 +387,8 @@ func (f *flights[K, V]) start(sh *shard[K, V], r *request[K, V], n newLoad[K, V]
 		// WithoutCancel calls no method of ctx: it only wraps it.
 		ctx = context.WithoutCancel(ctx)
 	}
-	c.lctx.caller, c.lctx.marker = ctx, loadMarker{call: c, parent: marker}
+	c.vals = loadValues{caller: ctx, marker: loadMarker{call: c, parent: marker}}
+	c.lctx.Init(&c.vals)
 	sh.loads[r.key] = c
 	grew(&sh.peakLoads, len(sh.loads))
 	if !batched {
@@ -574,6 +578,30 @@ func (f *flights[K, V]) cancelAll(cause error) {
 	}
 }
 
+// markReady records that c's context is built (buildContext): from here
+// it can be cancelled at once. It returns the cause of a cancellation
+// asked for before, if any, for the caller to apply.
+func (f *flights[K, V]) markReady(c *call[K, V]) (cause error) {
+	sh := f.shard(c.h)
+	sh.mu.Lock()
+	c.ready = true
+	cause = c.cause
+	sh.mu.Unlock()
+	return cause
+}
+
+// cancelLoad cancels c's context with cause, or records cause for
+// buildContext if it is not built yet. The caller holds no lock.
+func (f *flights[K, V]) cancelLoad(c *call[K, V], cause error) {
+	sh := f.shard(c.h)
+	sh.mu.Lock()
+	cancel := c.cancelLocked(cause)
+	sh.mu.Unlock()
+	if cancel != nil {
+		cancel(cause)
+	}
+}
+
 // pending reports whether key has a load in flight or a write not yet
 // applied (for tests).
 func (f *flights[K, V]) pending(key K) bool {
@@ -667,6 +695,29 @@ func (f *flights[K, V]) settle(w *write[K, V], keepLive bool) (p place, closed b
 		sh.settles.Add(1)
 	}
 	return w.place, true
+}
+
+// markIssued returns w's latest value, with its cost, for the writer to
+// hand to ristretto, and records it as the one issued (settle).
+func (f *flights[K, V]) markIssued(w *write[K, V]) (e *entry[K, V], cost int64) {
+	sh := f.shard(w.h)
+	sh.mu.Lock()
+	e, cost = w.entry, w.cost
+	w.issued = e
+	sh.mu.Unlock()
+	return e, cost
+}
+
+// unmarkIssued records that e, which ristretto refused, was not issued
+// after all (so the next batch issues it again), unless w has been issued
+// since.
+func (f *flights[K, V]) unmarkIssued(w *write[K, V], e *entry[K, V]) {
+	sh := f.shard(w.h)
+	sh.mu.Lock()
+	if w.issued == e {
+		w.issued = nil
+	}
+	sh.mu.Unlock()
 }
 
 // cached returns key's entry in the cache, or nil if there is none (or only

@@ -223,7 +223,7 @@ func (l *Loader[K, V]) checkIdle() {
 // closed and idle, so nothing else can be inside ristretto.
 func (l *Loader[K, V]) teardown() {
 	l.tearingDown.Store(true)
-	l.timeouts.stop()
+	l.timeouts.Stop()
 	l.cache.Close()
 	l.workers.running.Wait() // idle ones leave at ctx's end; busy ones are done
 	l.obs.close()            // every counter is final: a StatsObserver's stats freeze

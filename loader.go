@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/dgraph-io/ristretto/v2"
+	"github.com/flightcache/flightcache/internal/loadctx"
 )
 
 // LoadFunc loads the value of key from the downstream. It runs on a
@@ -62,10 +63,10 @@ type Loader[K comparable, V any] struct {
 	opts     Options[K, V] // validated, defaults applied
 	win      windows
 	cache    *ristretto.Cache[uint64, *entry[K, V]]
-	flights  flights[K, V] // loads in flight and writes ristretto has not applied (flight.go)
-	writer   writer[K, V]  // the goroutine that writes ristretto (write.go)
-	workers  workers       // the load goroutines (lifecycle.go)
-	timeouts *timeouts     // ends loads at LoadTimeout (loadctx.go); apart from the Loader (newTimeouts)
+	flights  flights[K, V]     // loads in flight and writes ristretto has not applied (flight.go)
+	writer   writer[K, V]      // the goroutine that writes ristretto (write.go)
+	workers  workers           // the load goroutines (lifecycle.go)
+	timeouts *loadctx.Timeouts // ends loads at LoadTimeout (loadctx.go); apart from the Loader (newTimeouts)
 	breaker  CircuitBreaker
 	stats    counters
 	obs      *observing[K] // calls Options.Observer (observing.go); nil when nothing is observed

@@ -5,6 +5,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/flightcache/flightcache/internal/loadctx"
 )
 
 // observing is how a Loader calls its Observer: every call through the
@@ -142,10 +144,10 @@ type statsSource struct {
 }
 
 // read returns the Stats now, or the final ones.
-func (s *statsSource) read() Stats {
-	s.mu.Lock()
-	live, final := s.live, s.final
-	s.mu.Unlock()
+func (src *statsSource) read() Stats {
+	src.mu.Lock()
+	live, final := src.live, src.final
+	src.mu.Unlock()
 	if live == nil {
 		return final
 	}
@@ -154,17 +156,17 @@ func (s *statsSource) read() Stats {
 
 // freeze reads the Stats once more and keeps them; later calls do
 // nothing.
-func (s *statsSource) freeze() {
-	s.mu.Lock()
-	live := s.live
-	s.mu.Unlock()
+func (src *statsSource) freeze() {
+	src.mu.Lock()
+	live := src.live
+	src.mu.Unlock()
 	if live == nil {
 		return
 	}
 	final := live() // outside mu: a read meanwhile calls live too
-	s.mu.Lock()
-	s.live, s.final = nil, final
-	s.mu.Unlock()
+	src.mu.Lock()
+	src.live, src.final = nil, final
+	src.mu.Unlock()
 }
 
 // The Loader's side: the few places of the core that call observing, in
@@ -172,16 +174,16 @@ func (s *statsSource) freeze() {
 // none is on the hit path.
 
 // observeStart calls LoadStart for a load about to make its first
-// downstream call under lctx, and publishes the context it returns in
+// downstream call under lctx, started by caller, and publishes the context it returns in
 // *at, where the load's waiters find it (call.observed), a waiter that
 // leaves meanwhile included. It returns the load's context from then on.
 // A background load's Trigger is the context of the Get, GetMany or
 // Refresh that started it (its values only). The caller checks that
 // there is an Observer (without one the load's context is lctx itself),
 // so that an unobserved load builds no event.
-func (l *Loader[K, V]) observeStart(lctx *loadCtx, at *atomic.Pointer[context.Context], ev LoadStartEvent[K]) context.Context {
+func (l *Loader[K, V]) observeStart(lctx *loadctx.Context, caller context.Context, at *atomic.Pointer[context.Context], ev LoadStartEvent[K]) context.Context {
 	if ev.Background {
-		ev.Trigger = lctx.caller
+		ev.Trigger = caller
 	}
 	ctx := l.obs.loadStart(lctx, ev)
 	at.Store(&ctx)

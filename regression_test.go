@@ -883,7 +883,10 @@ func (e apiError) Error() string { return fmt.Sprintf("api error %d", e.Code) }
 // new one each time Err is called.
 type apiErrCtx struct{ context.Context }
 
-func (apiErrCtx) Done() <-chan struct{} { return closedDone }
+// apiErrDone is the Done channel of an apiErrCtx: closed.
+var apiErrDone = func() chan struct{} { ch := make(chan struct{}); close(ch); return ch }()
+
+func (apiErrCtx) Done() <-chan struct{} { return apiErrDone }
 func (apiErrCtx) Err() error            { return apiError{Code: 499, Details: map[string]any{"why": "left"}} }
 
 // Reading a GetMany error must not panic when its keys failed with error

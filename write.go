@@ -369,11 +369,7 @@ var testHookWriter atomic.Pointer[func()]
 
 // issue hands w's latest value to ristretto.
 func (l *Loader[K, V]) issue(w *write[K, V]) {
-	sh := l.flights.shard(w.h)
-	sh.mu.Lock()
-	e, cost := w.entry, w.cost
-	w.issued = e
-	sh.mu.Unlock()
+	e, cost := l.flights.markIssued(w)
 	if e != nil && l.cleared(e) {
 		l.left(e, EvictionInvalidated, cost)
 		e = nil // written before an InvalidateAll: dead, only to be removed
@@ -390,11 +386,7 @@ func (l *Loader[K, V]) issue(w *write[K, V]) {
 		// only new keys, so ristretto holds nothing for this one): issue it
 		// again in the next batch, never lose it.
 		l.stats.setsDropped.Add(1)
-		sh.mu.Lock()
-		if w.issued == e {
-			w.issued = nil
-		}
-		sh.mu.Unlock()
+		l.flights.unmarkIssued(w, e)
 	}
 }
 
