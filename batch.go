@@ -1,6 +1,8 @@
 package flightcache
 
 import (
+	"github.com/flightcache/flightcache/internal/life"
+
 	"context"
 	"fmt"
 	"slices"
@@ -21,7 +23,7 @@ import (
 // A GetMany, step by step:
 //
 //  1. Each distinct key is hashed (distinct); the caller's context is read
-//     (callerOf) and the keys are counted in (enterGet).
+//     (callerOf) and the keys are counted in (the gate: EnterGets).
 //  2. Each key is asked as a Get asks (askOne): judge decides from its
 //     cached entry; a value it may return answers it at once (without a
 //     request when no refresh is due, as in GetInfo; else serve: a stale
@@ -48,7 +50,7 @@ type batch[K comparable, V any] struct {
 	calls  []*call[K, V]
 	leader *call[K, V] // calls[0]: its context is the batch's
 	wanted atomic.Int32
-	slot   *stripe // the stripe the goroutine is counted on (lifecycle)
+	slot   *life.Stripe // the stripe the goroutine is counted on (lifecycle)
 
 	abandoned atomic.Bool
 	slotted   bool                            // a background batch holds a MaxRefreshes slot, taken by its first call (flights.start)
@@ -100,7 +102,7 @@ func (b *batch[K, V]) cancel(cause error) {
 }
 
 // launchBatch starts b's goroutine, counted on s (see launch).
-func (l *Loader[K, V]) launchBatch(b *batch[K, V], s *stripe) {
+func (l *Loader[K, V]) launchBatch(b *batch[K, V], s *life.Stripe) {
 	b.slot = s
 	l.spawn(b, s)
 }
@@ -278,28 +280,28 @@ func (l *Loader[K, V]) getMany(ctx context.Context, keys []K, withInfo bool) (ma
 	// The caller's context is user code: read before anything is counted
 	// or published (rule 23).
 	cl := callerOf(ctx, revalidating(ctx))
-	var in gets
-	if !l.enterGet(&in, uint64(len(ks))) {
+	var in life.Gets
+	if !l.gate.EnterGets(&in, uint64(len(ks))) {
 		return nil, nil, ErrClosed
 	}
-	defer l.exitGet(&in)
+	defer l.exitGets(&in)
 	res := newMany[K, V](len(ks), withInfo)
 	now := l.now()
-	asks := request[K, V]{cl: cl, s: in.s, start: now, many: l.newBatches()} // what each key's request shares
+	asks := request[K, V]{cl: cl, s: in.Stripe(), start: now, many: l.newBatches()} // what each key's request shares
 	waits := ks[:0]
 	for i := range ks {
 		if !l.askOne(&ks[i], &asks, &in, &res) {
 			waits = append(waits, ks[i])
 		}
 	}
-	asks.many.launch(in.s)
+	asks.many.launch(in.Stripe())
 	var left []manyLeft[K, V] // the waits ctx ended, for the Observer once ctx.Err() is read
 	for i := range waits {
 		k := &waits[i]
 		r := asks
 		r.key, r.h, r.many = k.key, k.h, nil
 		a := l.collect(&r, &k.j)
-		in.answer(a.outcome())
+		answered(&in, a.outcome())
 		res.add(k.key, a)
 		switch {
 		case l.obs == nil || !a.waited:
@@ -330,11 +332,11 @@ type manyLeft[K comparable, V any] struct {
 // is what the GetMany's requests share; k's own is built from it only when
 // needed: as in GetInfo, a value that answers with no refresh due is
 // served without one.
-func (l *Loader[K, V]) askOne(k *manyKey[K, V], asks *request[K, V], in *gets, res *manyResult[K, V]) bool {
+func (l *Loader[K, V]) askOne(k *manyKey[K, V], asks *request[K, V], in *life.Gets, res *manyResult[K, V]) bool {
 	g := l.flights.glance(k.h, k.key)
 	src := l.judge(&asks.cl, g.e, asks.start)
 	if src != SourceNone && asks.start < g.e.refreshAt() {
-		in.answer(src)
+		answered(in, src)
 		res.hit(k.key, g.e, Info{Source: src, Age: asks.start - g.e.loadedAt})
 		return true
 	}
@@ -342,14 +344,14 @@ func (l *Loader[K, V]) askOne(k *manyKey[K, V], asks *request[K, V], in *gets, r
 	r.key, r.h, r.g = k.key, k.h, g
 	if src != SourceNone {
 		v, info, err := l.serve(&r, g.e, src)
-		in.answer(src)
+		answered(in, src)
 		res.add(k.key, answer[V]{v: v, info: info, nf: g.e.isNotFound(), err: err})
 		return true
 	}
 	r.many.open()
 	if l.ask(&r, &k.j); k.j.e != nil {
 		a := l.late(&r, &k.j, false)
-		in.answer(a.outcome())
+		answered(in, a.outcome())
 		res.add(k.key, a)
 		return true
 	}
@@ -509,7 +511,7 @@ func (bs *batches[K, V]) background() *batch[K, V] {
 }
 
 // launch starts every batch that got calls, counted on s.
-func (bs *batches[K, V]) launch(s *stripe) {
+func (bs *batches[K, V]) launch(s *life.Stripe) {
 	if bs == nil {
 		return
 	}

@@ -1,8 +1,7 @@
 package flightcache
 
 import (
-	"reflect"
-
+	"github.com/flightcache/flightcache/internal/life"
 	"github.com/flightcache/flightcache/internal/queue"
 )
 
@@ -41,27 +40,14 @@ import (
 // first come first served, so rule 19's bounds and fair turns hold; and
 // instead of waiting for its turn it does the writer's rounds until its
 // turn comes (takeWrite, workOff). The writer's goroutine is told by its
-// stack, as a load goroutine is (workers.go): it runs under
-// writerGoroutine. That tells a writer's goroutine, not which Loader's;
+// stack, as a load goroutine is: it runs under
+// life.RunWriter. That tells a writer's goroutine, not which Loader's;
 // each round holds its writer's rounds lock, so another Loader's writer
 // whose Evicted writes to this Loader does this Loader's rounds in turn
 // with this Loader's writer, never at once. A round calls no user code and
 // waits only for ristretto, so nothing waits in a cycle. Close called
 // there cannot wait for the writer either: it starts the shutdown and
 // returns (lifecycle.go).
-
-// writerGoroutine is the first frame of every Loader's writer goroutine,
-// so that onWriterGoroutine can find it.
-//
-//go:noinline
-func writerGoroutine(w interface{ runWriter() }) { w.runWriter() }
-
-// writerGoroutinePC is the entry address of writerGoroutine.
-var writerGoroutinePC = reflect.ValueOf(writerGoroutine).Pointer()
-
-// onWriterGoroutine reports whether the caller runs on the writer
-// goroutine of some Loader.
-func onWriterGoroutine() bool { return calledUnder(writerGoroutinePC) }
 
 // reportLeft reports, on the writer's goroutine, the events the last
 // round kept (left), and those of the rounds that Evicted's writes do
@@ -95,7 +81,7 @@ func (l *Loader[K, V]) takeWrite(cost int64) (place, bool) {
 	switch {
 	case w == nil:
 		return p, st == queue.Taken
-	case l.obs.observesEvictions() && onWriterGoroutine():
+	case l.obs.observesEvictions() && life.OnWriter():
 		l.workOff(w.Ready())
 	default:
 		<-w.Ready()

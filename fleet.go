@@ -64,7 +64,7 @@ func (x local[K, V]) Drop(key K) {
 }
 
 func (x local[K, V]) Distrust() {
-	if !x.l.closed.Load() {
+	if !x.l.gate.Closed() {
 		x.l.generation.Add(genUnit) // below it, an entry's mark holds other bits
 		x.l.stats.distrusts.Add(1)
 	}

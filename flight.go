@@ -1,6 +1,8 @@
 package flightcache
 
 import (
+	"github.com/flightcache/flightcache/internal/life"
+
 	"context"
 	"sync"
 	"sync/atomic"
@@ -103,7 +105,7 @@ type call[K comparable, V any] struct {
 	background bool         // a refresh nobody waited on when it started
 	gen        uint32       // the fleet generation when it started: its entry's (fleet.go)
 	from       *entry[K, V] // the value held for the key when the load started (a refresh's, a Reload's old value), or nil
-	slot       *stripe      // the stripe the load goroutine is counted on (lifecycle)
+	slot       *life.Stripe // the stripe the load goroutine is counted on (lifecycle)
 
 	// Guarded by the shard's mu (packed into two words: a call is
 	// allocated with every miss).
@@ -355,7 +357,7 @@ type newLoad[K comparable, V any] struct {
 // is either swept or never started.
 func (f *flights[K, V]) start(sh *shard[K, V], r *request[K, V], n newLoad[K, V]) (c *call[K, V], batched bool) {
 	l := f.l
-	if l.closed.Load() {
+	if l.gate.Closed() {
 		return nil, false
 	}
 	batched = n.into != nil && !n.into.full()
@@ -507,7 +509,7 @@ func (f *flights[K, V]) finish(c *call[K, V], r *delivery[K, V], e *entry[K, V],
 		owned := sh.loads[c.key] == c
 		sh.forget(c)
 		switch {
-		case !owned || l.closed.Load() || l.olderThanFloor(c.gen): // detached, closed, or from before an InvalidateAll
+		case !owned || l.gate.Closed() || l.olderThanFloor(c.gen): // detached, closed, or from before an InvalidateAll
 		case e != nil || r.drop: // the load's write: its value, or (drop) none
 			if e == nil {
 				cost = 0

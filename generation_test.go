@@ -224,7 +224,7 @@ func TestStartAfterInvalidateAllDropsTheOldValue(t *testing.T) {
 		l.InvalidateAll() // step 2
 		r := request[string, string]{key: "k", h: h, cl: caller{ctx: ctx}}
 		r.who()
-		s, open := l.enterOp()
+		s, open := l.gate.EnterOp()
 		if !open {
 			t.Fatal("closed")
 		}
@@ -239,7 +239,7 @@ func TestStartAfterInvalidateAllDropsTheOldValue(t *testing.T) {
 			t.Errorf("the load of the new generation carries %q, a value from before the InvalidateAll", c.from.val)
 		}
 		l.launch(c, s)
-		l.exitOp(s)
+		l.gate.ExitOp(s)
 		<-c.done
 		synctest.Wait()
 		if v, info, err := l.GetInfo(ctx, "k"); v != "k#2" || info.Source != SourceHit || err != nil {

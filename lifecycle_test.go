@@ -13,27 +13,29 @@ import (
 	"testing"
 	"testing/synctest"
 	"time"
+
+	"github.com/flightcache/flightcache/internal/life"
 )
 
 // Close called from a callback on a load goroutine must not wait for
 // itself, and the only way to tell is the goroutine's stack (lifecycle.go).
-// The lookup is by the address of loaderGoroutine, not by its name: this
+// The lookup is by the address of a marking function, not by its name: this
 // test fails if the lookup stops finding it (a rename that left a string
 // behind, an inlined frame), and if it finds it where it is not.
 func TestCloseFromLoaderGoroutine(t *testing.T) {
-	if onLoaderGoroutine() {
-		t.Fatal("onLoaderGoroutine() = true on a test goroutine")
+	if life.OnPool() {
+		t.Fatal("life.OnPool() = true on a test goroutine")
 	}
 	inLoad, inOnLoad := make(chan bool, 1), make(chan bool, 1)
 	closed := make(chan error, 1)
 	var l *Loader[string, string]
 	l, err := New(func(ctx context.Context, k string) (string, error) {
-		inLoad <- onLoaderGoroutine()
+		inLoad <- life.OnPool()
 		if k == "close" {
 			closed <- l.Close() // must return at once
 		}
 		return k, nil
-	}, Options[string, string]{TTL: time.Minute, OnLoad: func(LoadEvent[string]) { inOnLoad <- onLoaderGoroutine() }})
+	}, Options[string, string]{TTL: time.Minute, OnLoad: func(LoadEvent[string]) { inOnLoad <- life.OnPool() }})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -41,7 +43,7 @@ func TestCloseFromLoaderGoroutine(t *testing.T) {
 		t.Fatal(err)
 	}
 	if !<-inLoad || !<-inOnLoad {
-		t.Fatal("onLoaderGoroutine() = false inside a LoadFunc or OnLoad")
+		t.Fatal("life.OnPool() = false inside a LoadFunc or OnLoad")
 	}
 	if v, err := l.Get(t.Context(), "close"); v != "close" || err != nil {
 		t.Errorf(`Get("close") = %q, %v; want the value: Close only starts the shutdown`, v, err)
@@ -121,8 +123,8 @@ func TestLoadGoroutinesAreReused(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if n := l.workers.started.Load(); n > uint64(l.workers.maxIdle)+1 {
-		t.Fatalf("%d load goroutines started for 2000 misses one at a time; want at most %d", n, l.workers.maxIdle+1)
+	if n := l.pool.Started(); n > uint64(l.pool.MaxIdle())+1 {
+		t.Fatalf("%d load goroutines started for 2000 misses one at a time; want at most %d", n, l.pool.MaxIdle()+1)
 	}
 
 	// A burst of concurrent loads: more workers, then at most maxIdle stay.
@@ -137,11 +139,11 @@ func TestLoadGoroutinesAreReused(t *testing.T) {
 	wg.Wait()
 	waitFor(t, "no load in flight after the burst", 10*time.Second, func() bool { return l.Stats().InFlight == 0 })
 	time.Sleep(10 * time.Millisecond) // the workers go back to waiting, or leave
-	if n := int(l.workers.idle.Load()); n > int(l.workers.maxIdle) {
-		t.Fatalf("%d idle workers after a burst; want at most %d", n, l.workers.maxIdle)
+	if n := l.pool.Idle(); n > l.pool.MaxIdle() {
+		t.Fatalf("%d idle workers after a burst; want at most %d", n, l.pool.MaxIdle())
 	}
-	if n := runtime.NumGoroutine() - base; n > int(l.workers.maxIdle)+4 {
-		t.Fatalf("%d more goroutines after the burst; want at most maxIdle (%d) and a few", n, l.workers.maxIdle)
+	if n := runtime.NumGoroutine() - base; n > l.pool.MaxIdle()+4 {
+		t.Fatalf("%d more goroutines after the burst; want at most maxIdle (%d) and a few", n, l.pool.MaxIdle())
 	}
 
 	// A LoadFunc that calls Goexit ends its worker; the next load runs.
@@ -189,20 +191,20 @@ func TestLoadsTakeTheirCallersLabels(t *testing.T) {
 		if got, want := <-labels, `{"caller":"`+who+`"}`; got != want {
 			t.Fatalf("the load for caller %s ran with labels %s; want %s", who, got, want)
 		}
-		for deadline := time.Now().Add(10 * time.Second); l.workers.idle.Load() != 1; { // B's load goes to A's goroutine
+		for deadline := time.Now().Add(10 * time.Second); l.pool.Idle() != 1; { // B's load goes to A's goroutine
 			if time.Now().After(deadline) {
 				t.Fatal("the load goroutine did not go back to waiting")
 			}
 			time.Sleep(time.Millisecond)
 		}
 	}
-	if n := l.workers.started.Load(); n != 1 {
+	if n := l.pool.Started(); n != 1 {
 		t.Fatalf("%d load goroutines for two loads one after the other; want 1 (reused)", n)
 	}
 }
 
-// Of the load goroutines a burst leaves idle, all but keptIdle leave after
-// workerIdle: a Loader that is not loading keeps few goroutines.
+// Of the load goroutines a burst leaves idle, all but life.Kept leave after
+// life.IdleFor: a Loader that is not loading keeps few goroutines.
 func TestIdleLoadGoroutinesLeave(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		d := &downstream{gate: make(chan struct{})}
@@ -214,16 +216,16 @@ func TestIdleLoadGoroutinesLeave(t *testing.T) {
 		synctest.Wait()
 		close(d.gate)
 		synctest.Wait()
-		if n := l.workers.idle.Load(); n != burst {
+		if n := l.pool.Idle(); n != burst {
 			t.Fatalf("%d idle load goroutines after a burst of %d loads; want %d", n, burst, burst)
 		}
-		time.Sleep(workerIdle + time.Second)
+		time.Sleep(life.IdleFor + time.Second)
 		synctest.Wait()
-		if n := l.workers.idle.Load(); n != keptIdle {
-			t.Fatalf("%d idle load goroutines after %v; want %d", n, workerIdle, keptIdle)
+		if n := l.pool.Idle(); n != life.Kept {
+			t.Fatalf("%d idle load goroutines after %v; want %d", n, life.IdleFor, life.Kept)
 		}
 		l.Get(t.Context(), "next") // goes to one that stayed
-		if n := l.workers.started.Load(); n != burst {
+		if n := l.pool.Started(); n != burst {
 			t.Fatalf("load goroutines started = %d; want %d", n, burst)
 		}
 	})
@@ -262,7 +264,7 @@ func TestLabelsPanicIsContained(t *testing.T) {
 // Close and Shutdown finish while callers keep calling Set, Invalidate
 // and Refresh after them (each does nothing once the Loader is closed),
 // as they do while callers keep calling Peek. A call after Close is
-// refused before it touches a stripe, as a Get is (enterGet): counted in
+// refused before it touches a stripe, as a Get is (the gate): counted in
 // and out on the stripes, a stream of them kept Close from seeing every
 // stripe balance, and Shutdown did not finish. Once it has, the callers'
 // calls leave the stripes as they are.
@@ -332,9 +334,5 @@ func hammer(n int, call func(i int)) (calls *atomic.Int64, stop func()) {
 // opsCounted is how many operations other than Gets have counted in on
 // l's stripes.
 func opsCounted(l *Loader[string, string]) uint64 {
-	var n uint64
-	for i := range l.stats.stripes {
-		n += l.stats.stripes[i].opsIn.Load()
-	}
-	return n
+	return l.gate.OpsIn()
 }

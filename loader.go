@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/dgraph-io/ristretto/v2"
+
+	"github.com/flightcache/flightcache/internal/life"
 	"github.com/flightcache/flightcache/internal/loadctx"
 )
 
@@ -65,8 +67,9 @@ type Loader[K comparable, V any] struct {
 	cache    *ristretto.Cache[uint64, *entry[K, V]]
 	flights  flights[K, V]     // loads in flight and writes ristretto has not applied (flight.go)
 	writer   writer[K, V]      // the goroutine that writes ristretto (write.go)
-	workers  workers           // the load goroutines (lifecycle.go)
-	timeouts *loadctx.Timeouts // ends loads at LoadTimeout (loadctx.go); apart from the Loader (newTimeouts)
+	pool     life.Pool         // the load goroutines
+	gate     life.Gate         // counts calls in and out; refuses them after Close (lifecycle.go)
+	timeouts *loadctx.Timeouts // ends loads at LoadTimeout (loadctx.go); apart from the Loader
 	breaker  CircuitBreaker
 	stats    counters
 	obs      *observing[K] // calls Options.Observer (observing.go); nil when nothing is observed
@@ -86,12 +89,9 @@ type Loader[K comparable, V any] struct {
 	// Shutdown (lifecycle.go).
 	ctx         context.Context         // the Loader's own work (Remote.Set, Remote.Invalidate); ends at Close
 	stop        context.CancelCauseFunc // ends ctx
-	closed      atomic.Bool
-	idleOnce    atomic.Bool
-	idle        chan struct{} // closed once closed and nothing runs
-	tearingDown atomic.Bool   // ristretto's own Close evicts everything: do not count it
-	clearing    atomic.Bool   // nor its Clear, for InvalidateAll (write.go)
-	closeDone   chan struct{} // closed once everything has stopped
+	tearingDown atomic.Bool             // ristretto's own Close evicts everything: do not count it
+	clearing    atomic.Bool             // nor its Clear, for InvalidateAll (write.go)
+	closeDone   chan struct{}           // closed once everything has stopped
 }
 
 // New returns a Loader that loads missing keys with load.
@@ -121,29 +121,27 @@ func New[K comparable, V any](load LoadFunc[K, V], opts Options[K, V]) (*Loader[
 		breaker:   newBreaker(opts.Breaker),
 		seed:      maphash.MakeSeed(),
 		epoch:     time.Now(),
-		idle:      make(chan struct{}),
 		closeDone: make(chan struct{}),
 	}
 	if load == nil {
 		l.loadFn = l.loadOne
 	}
 	l.checkKeys, l.hashMayPanic, l.nanKeys = keyChecks[K](opts.Hash != nil)
-	l.stats.init()
 	l.refreshSlots.max = int64(opts.MaxRefreshes)
 	l.lim = newLimiter(opts.Limit, opts.LoadTimeout, l.now)
 	l.flights.init(l)
 	l.writer.init(opts.MaxPendingWrites, opts.MaxCost)
-	l.workers.init()
+	l.gate.Init()
 	l.timeouts = newTimeouts(opts.LoadTimeout, l.epoch)
 	if err := l.newCache(); err != nil {
 		return nil, err
 	}
 	l.ctx, l.stop = context.WithCancelCause(context.Background())
-	_ = l.ctx.Done() // made here, not by a load goroutine: it may run in a synctest bubble
+	l.pool.Init(l.ctx.Done()) // made here, not by a load goroutine: it may run in a synctest bubble
 	// Last, once Stats reads everything it reports; before anything can
 	// load, write or evict (the writer, a watching Remote).
 	l.obs = newObserving(opts.Observer, l.guard, l.Stats)
-	go writerGoroutine(l)
+	go life.RunWriter(l.runWriter)
 	if err := l.watch(); err != nil {
 		l.Close()
 		return nil, err
@@ -266,23 +264,23 @@ func (l *Loader[K, V]) GetInfo(ctx context.Context, key K) (v V, info Info, err 
 	// join anything. A hit builds no request unless a refresh is due: it
 	// is serve, on the Get's own variables.
 	cl := caller{ctx: ctx, revalidate: revalidating(ctx)}
-	var in gets
-	if !l.enterGet(&in, 1) {
+	var in life.Gets
+	if !l.gate.EnterGets(&in, 1) {
 		return v, info, ErrClosed
 	}
-	defer l.exitGet(&in)
+	defer l.exitGets(&in)
 	g := l.flights.glance(h, key)
 	now := l.now()
 	if src := l.judge(&cl, g.e, now); src != SourceNone {
-		in.answer(src)
+		answered(&in, src)
 		if e := g.e; now < e.refreshAt() {
 			return e.val, Info{Source: src, Age: now - e.loadedAt}, e.error()
 		}
-		return l.serve(&request[K, V]{key: key, h: h, cl: cl, s: in.s, g: g, start: now}, g.e, src)
+		return l.serve(&request[K, V]{key: key, h: h, cl: cl, s: in.Stripe(), g: g, start: now}, g.e, src)
 	}
-	r := request[K, V]{key: key, h: h, cl: cl, s: in.s, g: g, start: now}
+	r := request[K, V]{key: key, h: h, cl: cl, s: in.Stripe(), g: g, start: now}
 	a := l.wait(&r)
-	in.answer(a.outcome())
+	answered(&in, a.outcome())
 	if a.err == errLeft {
 		a.err = ctx.Err()
 	}
@@ -299,7 +297,7 @@ type request[K comparable, V any] struct {
 	key   K
 	h     uint64
 	cl    caller         // read from its ctx once, on first need (who); revalidate is set before
-	s     *stripe        // the stripe the Get is counted on: a load it starts is counted in there
+	s     *life.Stripe   // the stripe the Get is counted on: a load it starts is counted in there
 	g     glance[K, V]   // what the Get saw of key in the cache
 	start time.Duration  // when it looked: its waits and ages count from here
 	many  *batches[K, V] // the GetMany it belongs to, if batched: where its loads and refreshes go
@@ -627,11 +625,11 @@ func (l *Loader[K, V]) Refresh(ctx context.Context, key K) {
 	}
 	r := request[K, V]{key: key, h: h, cl: caller{ctx: ctx}}
 	r.who() // user code: before counting in (rule 23)
-	s, open := l.enterOp()
+	s, open := l.gate.EnterOp()
 	if !open {
 		return
 	}
-	defer l.exitOp(s)
+	defer l.gate.ExitOp(s)
 	r.s = s
 	if l.flights.refreshNow(&r) {
 		l.stats.refreshes.Add(1)
@@ -647,7 +645,7 @@ func (l *Loader[K, V]) Refresh(ctx context.Context, key K) {
 func (l *Loader[K, V]) Peek(key K) (v V, info Info, ok bool) {
 	l.stats.peeks.Add(1)
 	h, err := l.hash(key)
-	if err != nil || l.closed.Load() {
+	if err != nil || l.gate.Closed() {
 		return v, info, false
 	}
 	e := l.cached(h, key)
@@ -671,7 +669,7 @@ func (l *Loader[K, V]) Peek(key K) (v V, info Info, ok bool) {
 // Stats returns the Loader's counters. It never blocks Gets. It is safe to
 // call at any time, also after Close.
 func (l *Loader[K, V]) Stats() Stats {
-	s := l.stats.snapshot()
+	s := l.stats.snapshot(&l.gate)
 	s.PendingWrites = l.writer.backlog.Load()
 	s.WriteWaits = l.writer.turns.Waits()
 	l.lim.fill(&s)

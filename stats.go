@@ -1,7 +1,8 @@
 package flightcache
 
 import (
-	"runtime"
+	"github.com/flightcache/flightcache/internal/life"
+
 	"sync/atomic"
 	"time"
 )
@@ -198,9 +199,6 @@ type Stats struct {
 
 // counters are all of a Loader's statistics.
 type counters struct {
-	stripes []stripe
-	pool    *stripePool // allocated apart: see stripe
-
 	staleOnError, shared, sharedErrors, canceled   atomic.Uint64
 	loads, loadErrors, retries, maxCallers         atomic.Uint64
 	loadNotFounds, notFounds, downstreamCalls      atomic.Uint64
@@ -212,18 +210,6 @@ type counters struct {
 	invalidateAlls, fillsDropped                   atomic.Uint64
 	inFlight, waiting                              atomic.Int64
 	misses                                         atomic.Uint64 // Gets that waited for a load (or tried to)
-	closedEarly                                    atomic.Uint64 // Gets refused after Close before touching a stripe
-}
-
-func (c *counters) init() {
-	n := 8
-	for n < 4*runtime.GOMAXPROCS(0) && n < 256 {
-		n *= 2
-	}
-	c.stripes = make([]stripe, n)
-	p := &stripePool{stripes: c.stripes}
-	p.New = func() any { return &p.stripes[int(p.next.Add(1))%len(p.stripes)] }
-	c.pool = p
 }
 
 // noteCallers records how many Gets one load reached.
@@ -237,18 +223,10 @@ func (c *counters) noteCallers(n int) {
 	}
 }
 
-func (c *counters) snapshot() Stats {
+func (c *counters) snapshot(gate *life.Gate) Stats {
 	var s Stats
-	for i := range c.stripes {
-		st := &c.stripes[i]
-		s.Hits += st.hits.Load()
-		s.StaleHits += st.stale.Load()
-		s.Closed += st.closed.Load()
-		s.Gets += st.gets.Load()
-	}
-	early := c.closedEarly.Load()
-	s.Gets += early
-	s.Closed += early
+	g := gate.Counts()
+	s.Gets, s.Hits, s.StaleHits, s.Closed = g.Gets, g.Hits, g.Stale, g.Closed
 
 	s.Misses = c.misses.Load()
 	s.StaleOnError = c.staleOnError.Load()

@@ -1,107 +1,33 @@
 package flightcache
 
 import (
+	"github.com/flightcache/flightcache/internal/life"
+
 	"context"
-	"reflect"
-	"runtime"
 	"runtime/pprof"
-	"sync"
 	"sync/atomic"
-	"time"
 )
 
 // launch starts c's load goroutine, counting it in on s, the stripe of the
 // operation that starts it, which is still inside: the goroutine is counted
 // in before that operation is counted out, on one stripe, so Close (which
 // reads a stripe's outs before its ins) cannot see both out at once.
-func (l *Loader[K, V]) launch(c *call[K, V], s *stripe) {
+func (l *Loader[K, V]) launch(c *call[K, V], s *life.Stripe) {
 	c.slot = s
 	l.spawn(c, s)
 }
 
 // spawn runs a load (a call's, or a batch's), counted in on s, on a load
-// goroutine: an idle one if one waits now, else a new one.
-func (l *Loader[K, V]) spawn(b interface{ body() }, s *stripe) {
-	s.opsIn.Add(1)
+// goroutine of the pool.
+func (l *Loader[K, V]) spawn(j life.Job, s *life.Stripe) {
+	s.Enter()
 	l.stats.inFlight.Add(1)
-	select {
-	case l.workers.jobs <- b:
-	default:
-		l.workers.running.Add(1)
-		l.workers.started.Add(1)
-		go l.worker(b)
-	}
+	l.pool.Go(j)
 }
 
-// workers are the Loader's load goroutines. One that ends a load waits for
-// the next, if fewer than maxIdle already wait, rather than exit: a new
-// goroutine starts on a small stack, and a load grows it (a copy of the
-// whole stack, a fifth of a miss's CPU), where a reused one has grown
-// already. They all exit at Close; teardown waits for them (rule 8).
-type workers struct {
-	jobs    chan interface{ body() } // unbuffered: a load goes to a worker waiting now, or to a new one
-	idle    atomic.Int32             // workers waiting for a load
-	started atomic.Uint64            // workers started, ever (tests)
-	maxIdle int32
-	running sync.WaitGroup
-}
-
-func (w *workers) init() {
-	w.jobs = make(chan interface{ body() })
-	w.maxIdle = int32(max(8, 4*runtime.GOMAXPROCS(0)))
-}
-
-// worker runs b, then the loads handed to it, until it would wait for one
-// while maxIdle others wait too, has waited workerIdle while keptIdle
-// others waited, or the Loader closes.
-func (l *Loader[K, V]) worker(b interface{ body() }) {
-	w := &l.workers
-	defer w.running.Done()
-	var idle *time.Timer
-	for {
-		loaderGoroutine(b)
-		n := w.idle.Add(1)
-		if n > w.maxIdle {
-			w.idle.Add(-1)
-			return
-		}
-		var expired <-chan time.Time // nil: the first few wait without a timer, so a stream of misses pays none
-		if n > keptIdle {
-			if idle == nil {
-				idle = time.NewTimer(workerIdle)
-			} else {
-				idle.Reset(workerIdle)
-			}
-			expired = idle.C
-		}
-		select {
-		case b = <-w.jobs:
-		case <-expired:
-			b = nil
-		case <-l.ctx.Done():
-			b = nil
-		}
-		w.idle.Add(-1)
-		if expired != nil {
-			idle.Stop()
-		}
-		if b == nil {
-			return
-		}
-	}
-}
-
-// keptIdle load goroutines wait for a load until Close; the others of a
-// burst, up to maxIdle, leave after waiting workerIdle.
-const keptIdle = 2
-
-// workerIdle is how long an idle load goroutine beyond keptIdle waits for
-// a load before it leaves.
-const workerIdle = 10 * time.Second
-
-// body runs c's load; see loaderGoroutine.
-func (c *call[K, V]) body() {
-	defer c.l.exitChild(c.slot)
+// Run runs c's load, on a goroutine of the pool.
+func (c *call[K, V]) Run() {
+	defer c.l.gate.ExitChild(c.slot)
 	c.l.run(c)
 }
 
@@ -117,46 +43,9 @@ func (l *Loader[K, V]) takeLabels(ctx context.Context) {
 	}
 }
 
-// loaderGoroutine is the first frame of every load goroutine, so that
-// onLoaderGoroutine can find it.
-//
-//go:noinline
-func loaderGoroutine(b interface{ body() }) { b.body() }
-
-// loaderGoroutinePC is the entry address of loaderGoroutine.
-var loaderGoroutinePC = reflect.ValueOf(loaderGoroutine).Pointer()
-
-// onLoaderGoroutine reports whether the caller runs on a load goroutine of
-// some Loader.
-func onLoaderGoroutine() bool { return calledUnder(loaderGoroutinePC) }
-
-// calledUnder reports whether the function whose entry address is entry
-// is among the caller's callers.
-func calledUnder(entry uintptr) bool {
-	pcs := make([]uintptr, 64)
-	for {
-		n := runtime.Callers(2, pcs)
-		if n < len(pcs) {
-			pcs = pcs[:n]
-			break
-		}
-		pcs = make([]uintptr, 2*len(pcs))
-	}
-	frames := runtime.CallersFrames(pcs)
-	for {
-		f, more := frames.Next()
-		if f.Entry == entry {
-			return true
-		}
-		if !more {
-			return false
-		}
-	}
-}
-
-// body runs b's load; see loaderGoroutine.
-func (b *batch[K, V]) body() {
-	defer b.l.exitChild(b.slot)
+// Run runs b's load, on a goroutine of the pool.
+func (b *batch[K, V]) Run() {
+	defer b.l.gate.ExitChild(b.slot)
 	b.l.runBatch(b)
 }
 

@@ -240,7 +240,7 @@ func (wr *writer[K, V]) signal() {
 	}
 }
 
-// runWriter is the writer goroutine, under writerGoroutine. After each
+// runWriter is the writer goroutine, under life.RunWriter. After each
 // round it reports what left the cache (departures.go). When the Loader
 // has closed and gone idle, it tears the Loader down and returns
 // (lifecycle.go).
@@ -249,7 +249,7 @@ func (l *Loader[K, V]) runWriter() {
 	for {
 		select {
 		case <-l.writer.wake:
-		case <-l.idle:
+		case <-l.gate.Idle():
 			l.teardown()
 			return
 		}
@@ -478,11 +478,11 @@ func (l *Loader[K, V]) write(key K, h uint64, mk func() *entry[K, V], cost int64
 // writeIn is write's part that runs counted in: it returns the entry the
 // new value replaced (nil: none), and false after Close.
 func (l *Loader[K, V]) writeIn(key K, h uint64, mk func() *entry[K, V], cost int64) (*entry[K, V], bool) {
-	s, open := l.enterOp()
+	s, open := l.gate.EnterOp()
 	if !open {
 		return nil, false
 	}
-	defer l.exitOp(s)
+	defer l.gate.ExitOp(s)
 	p, ok := l.takeWrite(cost)
 	if !ok {
 		return nil, false // closed while waiting
@@ -511,7 +511,7 @@ func (l *Loader[K, V]) writeIn(key K, h uint64, mk func() *entry[K, V], cost int
 // cache with a shared entry from before the call. It counts in
 // Stats.InvalidateAlls; after Close it does nothing.
 func (l *Loader[K, V]) InvalidateAll() {
-	if l.closed.Load() {
+	if l.gate.Closed() {
 		return
 	}
 	l.remoteInvalidateAll()
@@ -521,11 +521,11 @@ func (l *Loader[K, V]) InvalidateAll() {
 // dropAll is InvalidateAll without the Remote. It reports false after
 // Close.
 func (l *Loader[K, V]) dropAll() bool {
-	s, open := l.enterOp()
+	s, open := l.gate.EnterOp()
 	if !open {
 		return false
 	}
-	defer l.exitOp(s)
+	defer l.gate.ExitOp(s)
 	l.writer.clears.Add(1) // before the floor moves: see write.go
 	l.raiseFloor()
 	l.stats.invalidateAlls.Add(1)
