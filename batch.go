@@ -124,7 +124,7 @@ func (l *Loader[K, V]) runBatch(b *batch[K, V]) {
 	l.takeLabels(b.leader.vals.caller)
 	var ctx context.Context = &b.leader.lctx
 	if l.obs != nil {
-		ctx = l.observeStart(&b.leader.lctx, b.leader.vals.caller, &b.octx, LoadStartEvent[K]{Key: b.leader.key, Keys: len(keys), Background: b.background})
+		ctx = l.obs.observeStart(&b.leader.lctx, b.leader.vals.caller, &b.octx, LoadStartEvent[K]{Key: b.leader.key, Keys: len(keys), Background: b.background})
 	}
 	rm, ok := l.opts.Remote.(RemoteMany[K, V])
 	if !ok {
@@ -166,7 +166,7 @@ func (l *Loader[K, V]) completeBatch(b *batch[K, V], out *batchResult[K, V]) {
 		for _, c := range b.calls[next:] {
 			l.complete(c, &loaded[V]{err: ErrGoexit, down: out.down, took: out.took})
 		}
-		l.handAll(b.writes) // one handover for the batch, not one per key
+		l.writer.handAll(b.writes) // one handover for the batch, not one per key
 		b.writes = nil
 		l.reportBatch(b, out)
 	}()
@@ -308,13 +308,13 @@ func (l *Loader[K, V]) getMany(ctx context.Context, keys []K, withInfo bool) (ma
 		case a.err == errLeft:
 			left = append(left, manyLeft[K, V]{k.key, a})
 		default:
-			l.waited(ctx, k.key, now, &a)
+			l.obs.waited(ctx, waitEvent(k.key, l.epoch.Add(now), &a))
 		}
 	}
 	err = res.err(ctx)
 	for _, w := range left {
 		w.a.err = err // ctx.Err(), read once (res.err)
-		l.waited(ctx, w.key, now, &w.a)
+		l.obs.waited(ctx, waitEvent(w.key, l.epoch.Add(now), &w.a))
 	}
 	return res.vals, res.infos, err
 }

@@ -118,7 +118,7 @@ func (l *Loader[K, V]) deliver(c *call[K, V], r *loaded[V], res *delivery[K, V],
 	case c.batch != nil:
 		c.batch.writes = append(c.batch.writes, w) // handed with the batch's others
 	default:
-		l.hand(w)
+		l.writer.hand(w)
 	}
 	if b := c.batch; b != nil {
 		// The batch's goroutine reports the batch once (completeBatch).
@@ -202,9 +202,9 @@ func (l *Loader[K, V]) depart(d departure[K, V]) {
 	if d.notFound { // the downstream dropped the key: no newer value took its place
 		cause = EvictionInvalidated
 	}
-	l.replaced(d.gone, cause)
+	l.writer.replaced(d.gone, cause)
 	if d.big > 0 {
-		l.tooBigFor(d.key, d.big)
+		l.obs.tooBigFor(d.key, d.big)
 	}
 }
 

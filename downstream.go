@@ -167,7 +167,7 @@ func callDownstream[T any, K comparable, V any](l *Loader[K, V], ctx context.Con
 	}
 	// backoff inspects an error it may retry (errors.As, for its
 	// Permanent): user code, so its loop runs through the guard too.
-	if perr := l.guard(func() { v, err = backoff.RetryNotifyWithData(op, policy, l.retried(ctx, t)) }, nil); perr != nil {
+	if perr := l.guard(func() { v, err = backoff.RetryNotifyWithData(op, policy, l.obs.retried(ctx, t)) }, nil); perr != nil {
 		var zero T
 		v, err, last = zero, perr, perr
 	}
@@ -187,7 +187,7 @@ func (l *Loader[K, V]) admit(ctx context.Context, t *tally) (slot, error) {
 	if l.breakerOpen() {
 		l.stats.breakerRejected.Add(1)
 		err := l.refusedOpen()
-		l.attempted(ctx, AttemptEvent[K]{Attempt: int(t.calls) + 1, Err: err, Rejected: true})
+		l.obs.attempted(ctx, AttemptEvent[K]{Attempt: int(t.calls) + 1, Err: err, Rejected: true})
 		return slot{}, err
 	}
 	waited := false
@@ -257,7 +257,7 @@ func attempt[T any, K comparable, V any](l *Loader[K, V], ctx context.Context, c
 	done, err := l.allow()
 	if err != nil {
 		l.stats.breakerRejected.Add(1)
-		l.attempted(ctx, AttemptEvent[K]{Attempt: int(t.calls) + 1, Err: err, Rejected: true})
+		l.obs.attempted(ctx, AttemptEvent[K]{Attempt: int(t.calls) + 1, Err: err, Rejected: true})
 		return v, true, err
 	}
 	l.stats.downstreamCalls.Add(1)
@@ -476,7 +476,7 @@ func (l *Loader[K, V]) run(c *call[K, V]) {
 	}
 	var ctx context.Context = &c.lctx
 	if l.obs != nil {
-		ctx = l.observeStart(&c.lctx, c.vals.caller, &c.octx, LoadStartEvent[K]{Key: c.key, Keys: 1, Background: c.background, Reload: old != nil})
+		ctx = l.obs.observeStart(&c.lctx, c.vals.caller, &c.octx, LoadStartEvent[K]{Key: c.key, Keys: 1, Background: c.background, Reload: old != nil})
 	}
 	l.fetch(ctx, c.key, old, start, &r)
 }

@@ -90,7 +90,6 @@ type Loader[K comparable, V any] struct {
 	ctx         context.Context         // the Loader's own work (Remote.Set, Remote.Invalidate); ends at Close
 	stop        context.CancelCauseFunc // ends ctx
 	tearingDown atomic.Bool             // ristretto's own Close evicts everything: do not count it
-	clearing    atomic.Bool             // nor its Clear, for InvalidateAll (write.go)
 	closeDone   chan struct{}           // closed once everything has stopped
 }
 
@@ -141,7 +140,8 @@ func New[K comparable, V any](load LoadFunc[K, V], opts Options[K, V]) (*Loader[
 	// Last, once Stats reads everything it reports; before anything can
 	// load, write or evict (the writer, a watching Remote).
 	l.obs = newObserving(opts.Observer, l.guard, l.Stats)
-	go life.RunWriter(l.runWriter)
+	l.writer.attach(l)
+	go life.RunWriter(func() { l.writer.run(l.gate.Idle(), l.teardown) })
 	if err := l.watch(); err != nil {
 		l.Close()
 		return nil, err
@@ -176,15 +176,17 @@ func (l *Loader[K, V]) newCache() error {
 			if l.tearingDown.Load() {
 				return
 			}
-			clearing := l.clearing.Load()
+			clearing := l.writer.clearing.Load()
 			if !clearing {
 				l.stats.evicted.Add(1)
 			}
-			l.leftCache(item.Value, item.Cost, clearing)
+			l.writer.leftCache(item.Value, item.Cost, clearing)
 		},
 		OnReject: func(item *ristretto.Item[*entry[K, V]]) {
 			l.stats.setsRejected.Add(1)
-			l.refused(item.Value, item.Cost)
+			if !l.tearingDown.Load() {
+				l.writer.refused(item.Value, item.Cost)
+			}
 		},
 	})
 	if err != nil {
@@ -284,8 +286,8 @@ func (l *Loader[K, V]) GetInfo(ctx context.Context, key K) (v V, info Info, err 
 	if a.err == errLeft {
 		a.err = ctx.Err()
 	}
-	if l.obs != nil {
-		l.waited(ctx, key, now, &a) // the wait began at now: a late answer moves r.start
+	if l.obs != nil && a.waited {
+		l.obs.waited(ctx, waitEvent(key, l.epoch.Add(now), &a)) // the wait began at now: a late answer moves r.start
 	}
 	return a.v, a.info, a.err
 }
@@ -370,6 +372,13 @@ type answer[V any] struct {
 	// load's, after collect's second try), read only when observed.
 	waited bool
 	load   context.Context
+}
+
+// waitEvent is the Waited event of a Get of key that waited on a load
+// since start (never a hit, a stale hit, nor a late one: a.waited), with
+// its answer a once final: a.err is ctx.Err() for a caller that left.
+func waitEvent[K comparable, V any](key K, start time.Time, a *answer[V]) WaitEvent[K] {
+	return WaitEvent[K]{Key: key, Info: a.info, Err: a.err, Start: start, Load: a.load}
 }
 
 // outcome is the Source a's Get is counted out by (gets.answer): its own

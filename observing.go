@@ -169,23 +169,19 @@ func (src *statsSource) freeze() {
 	src.mu.Unlock()
 }
 
-// The Loader's side: the few places of the core that call observing, in
-// the order a load meets them. Each does nothing without an Observer, and
-// none is on the hit path.
-
 // observeStart calls LoadStart for a load about to make its first
-// downstream call under lctx, started by caller, and publishes the context it returns in
-// *at, where the load's waiters find it (call.observed), a waiter that
-// leaves meanwhile included. It returns the load's context from then on.
-// A background load's Trigger is the context of the Get, GetMany or
-// Refresh that started it (its values only). The caller checks that
-// there is an Observer (without one the load's context is lctx itself),
-// so that an unobserved load builds no event.
-func (l *Loader[K, V]) observeStart(lctx *loadctx.Context, caller context.Context, at *atomic.Pointer[context.Context], ev LoadStartEvent[K]) context.Context {
+// downstream call under lctx, started by caller, and publishes the
+// context it returns in *at, where the load's waiters find it
+// (call.observed), a waiter that leaves meanwhile included. It returns
+// the load's context from then on. A background load's Trigger is the
+// context of the Get, GetMany or Refresh that started it (its values
+// only). The caller checks that ob is not nil, so that an unobserved load
+// builds no event.
+func (ob *observing[K]) observeStart(lctx *loadctx.Context, caller context.Context, at *atomic.Pointer[context.Context], ev LoadStartEvent[K]) context.Context {
 	if ev.Background {
 		ev.Trigger = caller
 	}
-	ctx := l.obs.loadStart(lctx, ev)
+	ctx := ob.loadStart(lctx, ev)
 	at.Store(&ctx)
 	return ctx
 }
@@ -204,15 +200,17 @@ func (c *call[K, V]) observed() context.Context {
 	return nil
 }
 
-// waited calls Waited for a Get of key that waited on a load (a.waited;
-// not a hit, a stale hit, nor a late one), on the Get's goroutine with
-// its context, once its answer is final: a.err is ctx.Err() for a caller
-// that left. start is when the Get began to wait.
-func (l *Loader[K, V]) waited(ctx context.Context, key K, start time.Duration, a *answer[V]) {
-	if l.obs == nil || !a.waited {
-		return
-	}
-	l.obs.waited(ctx, WaitEvent[K]{Key: key, Info: a.info, Err: a.err, Start: l.epoch.Add(start), Load: a.load})
+// observedLoad is a load as an AttemptEvent names it: a *call or a *batch.
+type observedLoad[K comparable] interface {
+	// observedAs returns the load's Key, its number of Keys, and its
+	// context as the Observer made it (nil: none yet).
+	observedAs() (key K, keys int, own context.Context)
+}
+
+func (c *call[K, V]) observedAs() (K, int, context.Context) { return c.key, 1, c.observed() }
+
+func (b *batch[K, V]) observedAs() (K, int, context.Context) {
+	return b.leader.key, len(b.calls), b.leader.observed()
 }
 
 // attempted calls Attempt for an attempt of the load whose context is
@@ -220,145 +218,40 @@ func (l *Loader[K, V]) waited(ctx context.Context, key K, start time.Duration, a
 // gets the load's Key and Keys, and the Observer the load's own context,
 // both found through the load's marker in ctx. A context without the
 // marker (a Remote that made its own) reports nothing.
-func (l *Loader[K, V]) attempted(ctx context.Context, ev AttemptEvent[K]) {
-	if !l.obs.observesAttempts() {
+func (ob *observing[K]) attempted(ctx context.Context, ev AttemptEvent[K]) {
+	if !ob.observesAttempts() {
 		return
 	}
 	var m *loadMarker
-	if l.guard(func() { m = markerOf(ctx) }, nil) != nil || m == nil {
+	if ob.guard(func() { m = markerOf(ctx) }, nil) != nil || m == nil {
 		return // ctx.Value is a Remote's code here
 	}
-	var own context.Context
-	switch c := m.call.(type) {
-	case *call[K, V]:
-		ev.Key, ev.Keys, own = c.key, 1, c.observed()
-	case *batch[K, V]:
-		ev.Key, ev.Keys, own = c.leader.key, len(c.calls), c.leader.observed()
+	ld, ok := m.call.(observedLoad[K])
+	if !ok {
+		return
 	}
-	if own != nil {
-		l.obs.attempt(own, ev)
+	var own context.Context
+	if ev.Key, ev.Keys, own = ld.observedAs(); own != nil {
+		ob.attempt(own, ev)
 	}
 }
 
 // retried returns the notify function of a retried downstream call
 // (backoff's, the one place the delay before the next attempt is known),
 // which reports each failed attempt that will be retried, numbered
-// *calls; nil when no Observer sees attempts.
-func (l *Loader[K, V]) retried(ctx context.Context, t *tally) func(error, time.Duration) {
-	if !l.obs.observesAttempts() {
+// t.calls; nil when no Observer sees attempts.
+func (ob *observing[K]) retried(ctx context.Context, t *tally) func(error, time.Duration) {
+	if !ob.observesAttempts() {
 		return nil
 	}
 	return func(err error, delay time.Duration) {
-		l.attempted(ctx, AttemptEvent[K]{Attempt: int(t.calls), Err: err, Delay: delay})
+		ob.attempted(ctx, AttemptEvent[K]{Attempt: int(t.calls), Err: err, Delay: delay})
 	}
-}
-
-// How an entry that leaves is reported, once: whoever marks it gone
-// reports it (entry.markGone). The write path marks an entry gone as it
-// always did, when a newer value takes its place (put); with an
-// EvictionObserver, the cache's callbacks and the writer mark the entries
-// they see leave too. Without one, nothing is marked that was not before.
-//
-//   - put (a fill, Set, Invalidate, a Remote's Drop) reports the entry it
-//     replaced, after unlocking (replaced), and a Set, Invalidate or Drop
-//     once it is counted out (write): EvictionReplaced, or
-//     EvictionInvalidated for Invalidate and Drop. A value whose load said
-//     ErrNotModified is renewed, not replaced: not reported.
-//   - ristretto's OnEvict (leftCache) is EvictionPolicy, its OnReject
-//     (refused) EvictionRejected; so is a value too big for the cache
-//     (tooBig), which never reaches it. Both run in the writer's rounds,
-//     OnEvict under ristretto's locks, and the writer waits for them: they
-//     only mark the entry gone and keep its event (left), which the writer
-//     reports after the round (departures.go).
-//   - An entry past its windows when a newer value or the policy makes it
-//     leave is EvictionExpired (leftBy).
-//   - InvalidateAll is O(1): an entry from before it is reported as
-//     EvictionInvalidated when it leaves, not at the call: at the Clear
-//     the writer runs soon after, when the writer deletes it from a
-//     pending write (issue), both reported after the writer's round, or
-//     before either if a newer value or the policy makes it leave first. A
-//     value written since, which the Clear drops and the writer issues
-//     again, has not left.
-//   - Nothing while the cache is torn down at Close.
-//
-// The Loader keeps no cost per entry (an entry fits a cache line): the
-// cost reported is ristretto's for an eviction or a refusal, the write's
-// for an entry a pending write held, and for an entry replaced or cleared
-// in the cache 1 without Options.Cost, 0 (unknown) with it: Cost is not
-// asked again.
-
-// replaced reports e (nil: none), an entry put marked gone, as having
-// left by cause: EvictionReplaced or EvictionInvalidated, refined by
-// leftBy.
-func (l *Loader[K, V]) replaced(e *entry[K, V], cause EvictionCause) {
-	if e != nil && l.obs.observesEvictions() {
-		l.obs.evicted(EvictionEvent[K]{Key: e.key, Cause: l.leftBy(e, cause), Cost: l.unknownCost()})
-	}
-}
-
-// unknownCost is the cost reported for an entry whose cost only the cache
-// knew: every entry costs 1 without Options.Cost.
-func (l *Loader[K, V]) unknownCost() int64 {
-	if l.opts.Cost == nil {
-		return 1
-	}
-	return 0
-}
-
-// leftBy refines cause for an entry that leaves now: one from before an
-// InvalidateAll left by it; one a newer value replaced or the policy
-// evicted past its windows had expired.
-func (l *Loader[K, V]) leftBy(e *entry[K, V], cause EvictionCause) EvictionCause {
-	switch {
-	case l.cleared(e):
-		return EvictionInvalidated
-	case (cause == EvictionReplaced || cause == EvictionPolicy) && l.phase(e, l.now()) == phaseExpired:
-		return EvictionExpired
-	}
-	return cause
-}
-
-// leftCache takes note of an entry ristretto's OnEvict hands over, with
-// its cost. While the writer clears the cache for an InvalidateAll
-// (clearing, in a round of the writer, under ristretto's locks), the
-// entries from before it are invalidated, and the others have not left:
-// they are issued again.
-func (l *Loader[K, V]) leftCache(e *entry[K, V], cost int64, clearing bool) {
-	switch {
-	case e == nil || !l.obs.observesEvictions():
-	case clearing:
-		if l.cleared(e) {
-			l.left(e, EvictionInvalidated, l.unknownCost())
-		}
-	default:
-		l.left(e, EvictionPolicy, cost)
-	}
-}
-
-// refused takes note of an entry ristretto's admission policy refused.
-func (l *Loader[K, V]) refused(e *entry[K, V], cost int64) {
-	if e != nil && !l.tearingDown.Load() {
-		l.left(e, EvictionRejected, cost)
-	}
-}
-
-// left marks e gone and, if an EvictionObserver is set and e was not
-// reported already, keeps its event, as having left by cause (leftBy),
-// for the writer to report after its round (reportLeft). It calls no user
-// code: it runs in the writer's rounds, on ristretto's goroutine too.
-func (l *Loader[K, V]) left(e *entry[K, V], cause EvictionCause, cost int64) {
-	if !l.obs.observesEvictions() || e.markGone() == nil {
-		return
-	}
-	ev := EvictionEvent[K]{Key: e.key, Cause: l.leftBy(e, cause), Cost: cost}
-	wr := &l.writer
-	wr.leftMu.Lock()
-	wr.left = append(wr.left, ev)
-	wr.leftMu.Unlock()
 }
 
 // tooBigFor reports a value of key too big for the cache, which never
-// reaches it, as rejected.
-func (l *Loader[K, V]) tooBigFor(key K, cost int64) {
-	l.obs.evicted(EvictionEvent[K]{Key: key, Cause: EvictionRejected, Cost: cost})
+// reaches it, as rejected. What else leaves is reported by the writer
+// (write.go).
+func (ob *observing[K]) tooBigFor(key K, cost int64) {
+	ob.evicted(EvictionEvent[K]{Key: key, Cause: EvictionRejected, Cost: cost})
 }

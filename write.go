@@ -4,116 +4,23 @@ import (
 	"sync"
 	"sync/atomic"
 
+	"github.com/dgraph-io/ristretto/v2"
+	"github.com/flightcache/flightcache/internal/life"
 	"github.com/flightcache/flightcache/internal/queue"
 )
 
-// The write path. ristretto applies a Set of a key it does not hold from a
-// buffer, later, on its own goroutine; it refuses a second such Set of a key
-// before it has applied the first; and it deletes whatever it holds when it
-// reaches a Del. Fills, Set and Invalidate therefore never write ristretto
-// themselves. Each one, under its key's shard lock (flights.put):
-//
-//  1. marks the key's entry a Get could still find (the cached one, or the
-//     one an earlier pending write left) gone: a Get treats a gone entry as
-//     absent and takes the locked path;
-//  2. records the key's new value (nil for Invalidate) in the key's pending
-//     write, opening one if there is none; the pending write is what a Get
-//     on the locked path finds (join, latest).
-//
-// A newly opened write is handed to the writer, one goroutine per Loader,
-// after unlocking (a batch's, together, once the batch has delivered all
-// of its keys). The writer works in batches: it hands each write's
-// latest value to ristretto (a Set, or a Del; a costed Set is preceded by a
-// Del so that it passes admission again), waits once for ristretto to apply
-// the batch, then closes every write whose value did not change meanwhile;
-// one that changed, or that ristretto refused, goes into the next batch. So:
-//
-//   - a writer of key K never waits for ristretto, nor holds a lock while
-//     ristretto works; a Get never waits for any write (rule 17);
-//   - a Get that starts after a write returned finds its value: the old
-//     entry is gone, and the new one is in the cache or in the pending write;
-//   - ristretto sees at most one unapplied Set per key, and every Del and
-//     Set of a key in the order the writes were made.
-//
-// Consider the following serialized event ordering, Set(K, v2) racing the
-// fill of v1:
-//
-//  1. load of K finishes: put marks nothing (K not cached), opens write W
-//     with v1, hands W to the writer; W's waiters get v1.
-//  2. writer: issue W: ristretto.Set(K, v1) is buffered.
-//  3. Set(K, v2): put finds W, marks v1 gone, W.entry = v2; Set returns.
-//     A Get now misses the cache (v1 not applied, or applied and gone) and
-//     finds v2 in W.
-//  4. writer: ristretto.Wait; v1 is applied; W.entry (v2) is not what was
-//     issued (v1), so W stays open for the next batch.
-//  5. writer: issue W again: ristretto.Set(K, v2) replaces v1 in place (K
-//     is held now, so this is not a second new item); Wait; W closes.
-
-// How far the writer may fall behind (rule 19 in docs/design.md). Every
-// write in the shard maps carries one place among the pending writes: a
-// place of the fills' share (a load's write, a batch's included) or of the
-// writes' share (Set, Invalidate, a Remote's Drop). Each share holds at
-// most Options.MaxPendingWrites places whose costs add up to at most
-// MaxCost, so pending writes never hold more than twice the cache. A
-// producer takes a place (of its value's cost) before it writes; a write
-// that replaces the value of one already open swaps places with it, so an
-// open write's place is always its last producer's and at least its
-// value's cost; the writer gives a place back when its write closes.
-//
-//   - A fill never waits: waking the load's waiters comes first (readers
-//     first), and a load goroutine that waited after it would leave its
-//     callers free to start the next miss, so goroutines would pile up
-//     instead of writes. When its share is full, the value is not cached
-//     (Stats.FillsDropped), as ristretto's admission may refuse one; the
-//     key's older value is dropped all the same, so no Get serves a value
-//     older than one a Get has been given.
-//   - Set, Invalidate and a Remote's Drop wait their turn (writer.turns) when
-//     their share is full, before they lock anything, so a storm of them
-//     runs at the pace of the writer; no load is ever behind them. One
-//     made by an EvictionObserver on the writer's own goroutine takes its
-//     turn the same way but, as it cannot wait for itself, does the
-//     writer's rounds until its turn comes (departures.go).
-//
-// Nothing else waits for the writer: a Get finds a pending write's value
-// in its shard (join, latest), and in its rounds the writer waits only
-// for ristretto and runs no user code (an EvictionObserver is called
-// between rounds). So a Get whose load has returned has its answer once
-// its own goroutine runs, whatever storm goes on.
-
-// InvalidateAll moves the fleet generation on and raises the floor below
-// which an entry counts as absent (fleet.go); the writer then clears
-// ristretto to give the memory back. Consider the following serialized
-// event ordering, InvalidateAll and then Set(K, v):
-//
-//  1. InvalidateAll: clears++ (a request to the writer), then the
-//     generation and the floor move to G; it wakes the writer. Every entry
-//     older than G, cached or pending, is absent to a Get from here on.
-//  2. Set(K, v): v's entry is of generation G (it read the generation
-//     after step 1); put opens write W and hands it over.
-//  3. writer: takes a batch, then reads clears. A batch that holds W, or
-//     any write of generation G, was taken after that write was queued,
-//     so after step 1: it sees the request and runs ristretto.Clear before
-//     it issues anything.
-//  4. writer: issues the batch into the emptied cache; W closes with v in
-//     it. A write whose entry is older than G is issued as a Del: its
-//     value is dead.
-//
-// A write can also gain a value of generation G after the writer took it:
-// Set(K, v) after step 1 folds v into a write W0 of K that sits in the
-// batch the writer took before step 1 (it read no request). The writer
-// then issues v with that batch, and a Clear at its next batch would drop
-// v. So, after its Wait, the writer reads clears again: if a request came
-// since the batch was taken, a write whose issued value is not older than
-// the floor stays open and goes into the next batch, which clears first
-// and issues it again; the others close (the Clear drops only dead values
-// of theirs). A request that comes after that second read finds every
-// write it could fold into applied and closed with an older value, or
-// changed since it was issued, and so not closed (settle). Under a storm
-// of InvalidateAll a value kept open this way is older than the floor by
-// the next one, and then closes: the writer never stops closing writes.
-//
-// So the Clear never drops a value written after the InvalidateAll, and no
-// value from before it is served, from the cache or from a pending write.
+// The write path (docs/design.md, "The write path"). Fills, Set and
+// Invalidate never write ristretto themselves: under the key's shard lock
+// (flights.put) each marks the entry a Get could still find gone and
+// records its value in the key's pending write, which a Get on the locked
+// path finds. A newly opened write is handed to the writer, one goroutine
+// per Loader, which issues each write's latest value to ristretto in
+// batches, waits once per batch, and closes the writes whose value did not
+// change meanwhile. Pending writes hold places of two shares, each bounded
+// by MaxPendingWrites and MaxCost (rule 19): a fill never waits for one;
+// Set, Invalidate and Drop wait their turn (takeWrite). The writer runs no
+// user code in a round: what left the cache is reported after it
+// (reportLeft).
 
 // maxWriterBatch bounds the writes the writer hands ristretto before it
 // waits for them. Only the writer feeds ristretto's set buffer, and every
@@ -133,7 +40,7 @@ type write[K comparable, V any] struct {
 	issued *entry[K, V] // what ristretto holds of this write: nil before the first batch, after a Del and after a refused Set
 }
 
-// place is a write's share of the bound on pending writes (see above).
+// place is a write's share of the bound on pending writes (rule 19).
 type place struct {
 	kind placeKind
 	cost int64 // at least the cost of the write's value
@@ -169,19 +76,38 @@ type writer[K comparable, V any] struct {
 	maxCost  int64
 	clears   atomic.Uint64 // InvalidateAll calls; the writer clears ristretto when it moves
 	cleared  uint64        // the clears the writer has acted on; guarded by rounds
+	clearing atomic.Bool   // ristretto's Clear is under way: its evictions are not counted
 
 	// rounds is held for each round of the writer (round), by the writer
 	// goroutine, or by the writer's own write that does a round itself
-	// (departures.go): one round at a time.
+	// (workOff): one round at a time.
 	rounds sync.Mutex
 	leftMu sync.Mutex
-	left   []EvictionEvent[K] // guarded by leftMu: what left the cache in the rounds, to report after them (departures.go)
+	left   []EvictionEvent[K] // guarded by leftMu: what left the cache in the rounds, to report after them
+
+	// What the writer uses of its Loader (attach).
+	cache       *ristretto.Cache[uint64, *entry[K, V]]
+	flights     *flights[K, V]
+	obs         *observing[K] // nil when nothing is observed
+	stats       *counters
+	costed      bool                    // Options.Cost is set
+	invalidated func(*entry[K, V]) bool // from before the last InvalidateAll (Loader.cleared)
+	expired     func(*entry[K, V]) bool // past its windows now
 }
 
 func (wr *writer[K, V]) init(places int, cost int64) {
 	wr.wake = make(chan struct{}, 1)
 	wr.turns.Init(places, cost, 0)
 	wr.maxFills, wr.maxCost = int64(places), cost
+}
+
+// attach gives the writer what it uses of l. New calls it once l is
+// complete, before the writer starts.
+func (wr *writer[K, V]) attach(l *Loader[K, V]) {
+	wr.cache, wr.flights, wr.obs, wr.stats = l.cache, &l.flights, l.obs, &l.stats
+	wr.costed = l.opts.Cost != nil
+	wr.invalidated = l.cleared
+	wr.expired = func(e *entry[K, V]) bool { return l.phase(e, l.now()) == phaseExpired }
 }
 
 // takeFill takes a place of the fills' share, if one of cost is free; it
@@ -216,15 +142,53 @@ func (wr *writer[K, V]) giveBack(p place) {
 	}
 }
 
+// takeWrite takes a place of the writes' share for a write of cost,
+// waiting its turn if the share is full; false after Close. On the
+// writer's goroutine (a write Evicted makes) it does the writer's rounds
+// until its turn comes instead of waiting (docs/design.md).
+func (wr *writer[K, V]) takeWrite(cost int64) (place, bool) {
+	p := place{kind: writePlace, cost: cost}
+	w, st := wr.turns.Ask(cost)
+	switch {
+	case w == nil:
+		return p, st == queue.Taken
+	case wr.obs.observesEvictions() && life.OnWriter():
+		wr.workOff(w.Ready())
+	default:
+		<-w.Ready()
+	}
+	return p, w.Granted()
+}
+
+// put makes the entry mk builds (mk nil: none) key's value, once it has a
+// place of the writes' share; the entry is built then, so that a write
+// that waited is of the moment it takes effect. It returns the entry the
+// new value replaced (nil: none), and false after Close.
+func (wr *writer[K, V]) put(key K, h uint64, mk func() *entry[K, V], cost int64) (*entry[K, V], bool) {
+	p, ok := wr.takeWrite(cost)
+	if !ok {
+		return nil, false // closed while waiting
+	}
+	var e *entry[K, V]
+	if mk != nil {
+		e = mk()
+	}
+	w, back, gone := wr.flights.overwrite(key, h, e, cost, p)
+	if w != nil {
+		wr.hand(w)
+	}
+	wr.giveBack(back) // the open write's old place, or p if there was nothing to drop
+	return gone, true
+}
+
 // hand gives w to the writer.
-func (l *Loader[K, V]) hand(w *write[K, V]) { l.handAll([]*write[K, V]{w}) }
+func (wr *writer[K, V]) hand(w *write[K, V]) { wr.handAll([]*write[K, V]{w}) }
 
 // handAll gives ws to the writer, in one critical section and one wakeup.
-func (l *Loader[K, V]) handAll(ws []*write[K, V]) {
+func (wr *writer[K, V]) handAll(ws []*write[K, V]) {
 	if len(ws) == 0 {
 		return
 	}
-	wr := &l.writer
 	wr.backlog.Add(int64(len(ws)))
 	wr.mu.Lock()
 	wr.queue = append(wr.queue, ws...)
@@ -240,70 +204,66 @@ func (wr *writer[K, V]) signal() {
 	}
 }
 
-// runWriter is the writer goroutine, under life.RunWriter. After each
-// round it reports what left the cache (departures.go). When the Loader
-// has closed and gone idle, it tears the Loader down and returns
-// (lifecycle.go).
-func (l *Loader[K, V]) runWriter() {
-	var batch, again []*write[K, V]
+// run is the writer goroutine, under life.RunWriter. After each round it
+// reports what left the cache. Once idle is closed (the Loader has closed
+// and gone idle), it calls teardown and returns.
+func (wr *writer[K, V]) run(idle <-chan struct{}, teardown func()) {
+	var ws, again []*write[K, V]
 	for {
 		select {
-		case <-l.writer.wake:
-		case <-l.gate.Idle():
-			l.teardown()
+		case <-wr.wake:
+		case <-idle:
+			teardown()
 			return
 		}
-		batch, again = l.round(batch, again)
-		l.reportLeft()
+		ws, again = wr.round(ws, again)
+		wr.reportLeft()
 	}
 }
 
-// round takes a batch from the queue, applies it, and puts back the
-// writes that stay open, holding the writer's rounds lock. It reuses the
-// memory of batch and again, and returns them: the batch returned is as
-// long as the one taken (its references dropped), empty if there was
-// nothing to take.
-func (l *Loader[K, V]) round(batch, again []*write[K, V]) ([]*write[K, V], []*write[K, V]) {
-	l.writer.rounds.Lock()
-	defer l.writer.rounds.Unlock()
+// round takes writes from the queue, applies them, and puts back those
+// that stay open, holding the rounds lock. It reuses the memory of ws and
+// again, and returns them: the ws returned is as long as the one taken
+// (its references dropped), empty if there was nothing to take.
+func (wr *writer[K, V]) round(ws, again []*write[K, V]) ([]*write[K, V], []*write[K, V]) {
+	wr.rounds.Lock()
+	defer wr.rounds.Unlock()
 	if hook := testHookWriter.Load(); hook != nil {
 		(*hook)()
 	}
-	batch = l.takeBatch(batch[:0])
-	again = l.apply(batch, again[:0])
-	l.requeue(len(batch), again)
-	clear(batch) // drop the references to values
-	return batch, again
+	ws = wr.takeBatch(ws[:0])
+	again = wr.apply(ws, again[:0])
+	wr.requeue(len(ws), again)
+	clear(ws) // drop the references to values
+	return ws, again
 }
 
-// apply issues batch to ristretto (after the Clear an InvalidateAll asked
-// for, if any), waits until ristretto has applied it, and settles each
+// apply issues ws to ristretto (after the Clear an InvalidateAll asked
+// for, if any), waits until ristretto has applied them, and settles each
 // write, giving back the places of those it closes. It returns, appended
 // to again, the writes that stay open: overwritten since they were taken,
-// or kept for after the next Clear.
-func (l *Loader[K, V]) apply(batch, again []*write[K, V]) []*write[K, V] {
-	wr := &l.writer
-	if n := wr.clears.Load(); n != wr.cleared { // after the batch is taken: see above
+// or kept for after the next Clear (docs/design.md).
+func (wr *writer[K, V]) apply(ws, again []*write[K, V]) []*write[K, V] {
+	if n := wr.clears.Load(); n != wr.cleared { // read after the batch is taken
 		wr.cleared = n
-		l.clearing.Store(true) // ristretto reports every entry it drops as evicted
-		l.cache.Clear()
-		l.clearing.Store(false)
+		wr.clearing.Store(true) // ristretto reports every entry it drops as evicted
+		wr.cache.Clear()
+		wr.clearing.Store(false)
 	}
 	if hook := testHookIssue.Load(); hook != nil {
 		(*hook)()
 	}
-	for _, w := range batch {
-		l.issue(w)
+	for _, w := range ws {
+		wr.issue(w)
 	}
-	l.cache.Wait() // everything issued above is applied (or refused) now
+	wr.cache.Wait() // everything issued above is applied (or refused) now
 	// An InvalidateAll since the batch was taken: the next batch clears,
-	// so a value of the batch newer than it stays open and is issued again
-	// after the Clear (see above).
+	// so a value of this one newer than it stays open, to be issued again.
 	keepLive := wr.clears.Load() != wr.cleared
 	var fills, writes int
 	var fillCost, writeCost int64
-	for _, w := range batch {
-		p, closed := l.flights.settle(w, keepLive)
+	for _, w := range ws {
+		p, closed := wr.flights.settle(w, keepLive)
 		switch {
 		case !closed:
 			again = append(again, w)
@@ -319,8 +279,7 @@ func (l *Loader[K, V]) apply(batch, again []*write[K, V]) []*write[K, V] {
 
 // requeue puts the writes of a batch of n that stayed open back at the end
 // of the queue, and wakes the writer again if the queue is not empty.
-func (l *Loader[K, V]) requeue(n int, again []*write[K, V]) {
-	wr := &l.writer
+func (wr *writer[K, V]) requeue(n int, again []*write[K, V]) {
 	wr.backlog.Add(int64(len(again) - n))
 	wr.mu.Lock()
 	wr.queue = append(wr.queue, again...)
@@ -331,13 +290,12 @@ func (l *Loader[K, V]) requeue(n int, again []*write[K, V]) {
 	}
 }
 
-// takeBatch moves up to maxWriterBatch writes from the queue into batch.
-func (l *Loader[K, V]) takeBatch(batch []*write[K, V]) []*write[K, V] {
-	wr := &l.writer
+// takeBatch moves up to maxWriterBatch writes from the queue into ws.
+func (wr *writer[K, V]) takeBatch(ws []*write[K, V]) []*write[K, V] {
 	wr.mu.Lock()
 	defer wr.mu.Unlock()
 	n := min(len(wr.queue)-wr.head, maxWriterBatch)
-	batch = append(batch, wr.queue[wr.head:wr.head+n]...)
+	ws = append(ws, wr.queue[wr.head:wr.head+n]...)
 	clear(wr.queue[wr.head : wr.head+n])
 	wr.head += n
 	switch {
@@ -355,7 +313,7 @@ func (l *Loader[K, V]) takeBatch(batch []*write[K, V]) []*write[K, V] {
 		clear(wr.queue[rest:])
 		wr.queue, wr.head = wr.queue[:rest], 0
 	}
-	return batch
+	return ws
 }
 
 // testHookIssue, when set by a test, runs after the writer has taken a
@@ -368,26 +326,147 @@ var testHookIssue atomic.Pointer[func()]
 var testHookWriter atomic.Pointer[func()]
 
 // issue hands w's latest value to ristretto.
-func (l *Loader[K, V]) issue(w *write[K, V]) {
-	e, cost := l.flights.markIssued(w)
-	if e != nil && l.cleared(e) {
-		l.left(e, EvictionInvalidated, cost)
+func (wr *writer[K, V]) issue(w *write[K, V]) {
+	e, cost := wr.flights.markIssued(w)
+	if e != nil && wr.invalidated(e) {
+		wr.noteLeft(e, EvictionInvalidated, cost)
 		e = nil // written before an InvalidateAll: dead, only to be removed
 	}
-	if e == nil || l.opts.Cost != nil {
+	if e == nil || wr.costed {
 		// A delete; or a costed write, which ristretto would apply in place
 		// without admission or eviction: delete first so it passes both.
-		if cur, ok := l.cache.Get(w.h); ok && cur.key == w.key {
-			l.cache.Del(w.h)
+		if cur, ok := wr.cache.Get(w.h); ok && cur.key == w.key {
+			wr.cache.Del(w.h)
 		}
 	}
-	if e != nil && !l.cache.Set(w.h, e, cost) {
+	if e != nil && !wr.cache.Set(w.h, e, cost) {
 		// Refused for want of room in the set buffer (a full buffer refuses
 		// only new keys, so ristretto holds nothing for this one): issue it
 		// again in the next batch, never lose it.
-		l.stats.setsDropped.Add(1)
-		l.flights.unmarkIssued(w, e)
+		wr.stats.setsDropped.Add(1)
+		wr.flights.unmarkIssued(w, e)
 	}
+}
+
+// workOff does the writer's rounds until ready closes: a write made on the
+// writer's goroutine whose turn has not come (takeWrite). When a round
+// finds nothing to take (a producer holds a place it has not handed over
+// yet), it waits for a write to be handed over, then takes it. The events
+// its rounds keep are reported by this writer after its next round, which
+// workOff wakes: it may run on another Loader's writer.
+func (wr *writer[K, V]) workOff(ready <-chan struct{}) {
+	defer wr.signal()
+	var ws, again []*write[K, V]
+	for {
+		ws, again = wr.round(ws, again)
+		select {
+		case <-ready:
+			return
+		default:
+		}
+		if len(ws) == 0 {
+			select {
+			case <-wr.wake: // the next round takes what it announced
+			case <-ready:
+				return
+			}
+		}
+	}
+}
+
+// Departures: how an entry that leaves is reported, once, by whoever marks
+// it gone (docs/design.md, "The Observer"). ristretto's callbacks and the
+// writer run in the writer's rounds, which call no user code: they keep
+// the event (noteLeft), and the writer reports it after the round.
+
+// reportLeft reports, on the writer's goroutine, the events the last
+// round kept (noteLeft), and those of the rounds that Evicted's writes do
+// meanwhile (workOff).
+func (wr *writer[K, V]) reportLeft() {
+	if !wr.obs.observesEvictions() {
+		return // nothing is kept (noteLeft)
+	}
+	for {
+		wr.leftMu.Lock()
+		evs := wr.left
+		wr.left = nil // a Clear's are a cache's worth: not kept for the next round
+		wr.leftMu.Unlock()
+		if len(evs) == 0 {
+			return
+		}
+		for _, ev := range evs {
+			wr.obs.evicted(ev)
+		}
+	}
+}
+
+// replaced reports e (nil: none), an entry put marked gone, as having
+// left by cause: EvictionReplaced or EvictionInvalidated, refined by
+// leftBy. The caller holds nothing: Evicted is user code.
+func (wr *writer[K, V]) replaced(e *entry[K, V], cause EvictionCause) {
+	if e != nil && wr.obs.observesEvictions() {
+		wr.obs.evicted(EvictionEvent[K]{Key: e.key, Cause: wr.leftBy(e, cause), Cost: wr.unknownCost()})
+	}
+}
+
+// unknownCost is the cost reported for an entry whose cost only the cache
+// knew: every entry costs 1 without Options.Cost, and the Loader keeps no
+// cost per entry (0, unknown, with it).
+func (wr *writer[K, V]) unknownCost() int64 {
+	if !wr.costed {
+		return 1
+	}
+	return 0
+}
+
+// leftBy refines cause for an entry that leaves now: one from before an
+// InvalidateAll left by it; one a newer value replaced or the policy
+// evicted past its windows had expired.
+func (wr *writer[K, V]) leftBy(e *entry[K, V], cause EvictionCause) EvictionCause {
+	switch {
+	case wr.invalidated(e):
+		return EvictionInvalidated
+	case (cause == EvictionReplaced || cause == EvictionPolicy) && wr.expired(e):
+		return EvictionExpired
+	}
+	return cause
+}
+
+// leftCache takes note of an entry ristretto's OnEvict hands over, with
+// its cost. While the writer clears the cache for an InvalidateAll
+// (clearing, in a round, under ristretto's locks), the entries from before
+// it are invalidated, and the others have not left: they are issued again.
+func (wr *writer[K, V]) leftCache(e *entry[K, V], cost int64, clearing bool) {
+	switch {
+	case e == nil || !wr.obs.observesEvictions():
+	case clearing:
+		if wr.invalidated(e) {
+			wr.noteLeft(e, EvictionInvalidated, wr.unknownCost())
+		}
+	default:
+		wr.noteLeft(e, EvictionPolicy, cost)
+	}
+}
+
+// refused takes note of an entry ristretto's admission policy refused.
+func (wr *writer[K, V]) refused(e *entry[K, V], cost int64) {
+	if e != nil {
+		wr.noteLeft(e, EvictionRejected, cost)
+	}
+}
+
+// noteLeft marks e gone and, if an EvictionObserver is set and e was not
+// reported already, keeps its event, as having left by cause (leftBy),
+// for reportLeft. It calls no user code: it runs in the writer's rounds,
+// on ristretto's goroutine too.
+func (wr *writer[K, V]) noteLeft(e *entry[K, V], cause EvictionCause, cost int64) {
+	if !wr.obs.observesEvictions() || e.markGone() == nil {
+		return
+	}
+	ev := EvictionEvent[K]{Key: e.key, Cause: wr.leftBy(e, cause), Cost: cost}
+	wr.leftMu.Lock()
+	wr.left = append(wr.left, ev)
+	wr.leftMu.Unlock()
 }
 
 // Set stores value for key as if it had just been loaded. A load of key in
@@ -426,7 +505,7 @@ func (l *Loader[K, V]) Set(key K, value V) {
 	var mk func() *entry[K, V] // nil: cannot be costed, never fits, or not to be cached: drop the old one
 	big := ok && keep && l.tooBig(cost)
 	if big {
-		l.tooBigFor(key, cost) // refused at once, as Stats.SetsRejected counts it
+		l.obs.tooBigFor(key, cost) // refused at once, as Stats.SetsRejected counts it
 	}
 	if ok && keep && !big {
 		mk = func() *entry[K, V] { return l.newEntry(key, value, life, born{at: l.now(), gen: l.generation.Load()}) }
@@ -462,41 +541,21 @@ func (l *Loader[K, V]) drop(key K) bool {
 }
 
 // write makes the entry mk builds (mk nil: none) key's value for Set and
-// Invalidate, once it has a place among the pending writes (write.go). The
-// entry is built then, so that a Set that waited is as new, and of the
-// generation, of the moment it takes effect. The value it drops leaves by
-// cause (EvictionReplaced for Set, EvictionInvalidated for Invalidate),
-// and is reported to an EvictionObserver once write is counted out: so
-// Evicted, which may call Close, never runs while the call is inside. It
-// reports false after Close.
-func (l *Loader[K, V]) write(key K, h uint64, mk func() *entry[K, V], cost int64, cause EvictionCause) bool {
-	gone, ok := l.writeIn(key, h, mk, cost)
-	l.replaced(gone, cause)
-	return ok
-}
-
-// writeIn is write's part that runs counted in: it returns the entry the
-// new value replaced (nil: none), and false after Close.
-func (l *Loader[K, V]) writeIn(key K, h uint64, mk func() *entry[K, V], cost int64) (*entry[K, V], bool) {
+// Invalidate (writer.put). The value it drops leaves by cause
+// (EvictionReplaced for Set, EvictionInvalidated for Invalidate), and is
+// reported to an EvictionObserver once write is counted out: so Evicted,
+// which may call Close, never runs while the call is inside. It reports
+// false after Close.
+func (l *Loader[K, V]) write(key K, h uint64, mk func() *entry[K, V], cost int64, cause EvictionCause) (ok bool) {
 	s, open := l.gate.EnterOp()
 	if !open {
-		return nil, false
+		return false
 	}
+	var gone *entry[K, V]
+	defer func() { l.writer.replaced(gone, cause) }() // after ExitOp, deferred below
 	defer l.gate.ExitOp(s)
-	p, ok := l.takeWrite(cost)
-	if !ok {
-		return nil, false // closed while waiting
-	}
-	var e *entry[K, V]
-	if mk != nil {
-		e = mk()
-	}
-	w, back, gone := l.flights.overwrite(key, h, e, cost, p)
-	if w != nil {
-		l.hand(w)
-	}
-	l.writer.giveBack(back) // the open write's old place, or p if there was nothing to drop
-	return gone, true
+	gone, ok = l.writer.put(key, h, mk, cost)
+	return ok
 }
 
 // InvalidateAll drops every key's value at once, in constant time whatever
@@ -526,7 +585,7 @@ func (l *Loader[K, V]) dropAll() bool {
 		return false
 	}
 	defer l.gate.ExitOp(s)
-	l.writer.clears.Add(1) // before the floor moves: see write.go
+	l.writer.clears.Add(1) // before the floor moves (docs/design.md)
 	l.raiseFloor()
 	l.stats.invalidateAlls.Add(1)
 	l.writer.signal()
