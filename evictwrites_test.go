@@ -239,7 +239,7 @@ func TestEvictedMayClose(t *testing.T) {
 
 // Two Loaders whose Evicted writes to the other: each writer may find the
 // other's share full, and does the other Loader's rounds itself, one at a
-// time with that Loader's own writer (departures.go). Neither wedges.
+// time with that Loader's own writer (write.go). Neither wedges.
 func TestEvictedWritesToAnotherLoader(t *testing.T) {
 	var ls [2]*Loader[string, string]
 	var ds [2]*dependents

@@ -14,38 +14,10 @@ import (
 // LoadStart's context applied (observer.go). A Loader holds one, made at
 // New, or nil when nothing is observed; every method is a no-op on a nil
 // *observing, so a caller needs no check of its own, and the hit path,
-// which calls none of them, costs nothing.
-//
-// Where the Loader calls each:
-//
-//   - newObserving, once in New, when Stats can be read (the stats
-//     function is handed to the StatsObserver members at once).
-//   - loadStart, on the load's goroutine, once its context has its
-//     deadline and the delivery of the load's result is deferred (a
-//     Goexit in an Observer then ends the load as one in the LoadFunc
-//     does), before the first downstream call, the Remote's included.
-//     Its result is the load's context from then on: the LoadFunc,
-//     ReloadFunc, LoadManyFunc and the Remote receive it, and it is kept
-//     with the load for loadEnd, attempt and the waiters' WaitEvent.Load,
-//     published so that a waiter leaving early reads it safely (nil
-//     before loadStart has returned). One LoadMany call is one load.
-//   - loadEnd, on the load's goroutine, after its waiters were woken,
-//     with the event OnLoad gets.
-//   - waited, on a Get's goroutine (once per key of a GetMany), for
-//     every Get that waited on a load, before it returns; never on a hit
-//     or a stale hit.
-//   - attempt, if observesAttempts, on the load's goroutine after each
-//     failed downstream call that will be retried (before its wait), and
-//     for each call the breaker refused.
-//   - evicted, if observesEvictions: from the write path (replaced), on
-//     the goroutine of the fill, Set, Invalidate or Drop, once it is
-//     counted out; and on the writer's goroutine after each of its rounds
-//     (reportLeft, departures.go), for what the cache's OnEvict and
-//     OnReject and the writer itself saw leave in the round; never on the
-//     cache's goroutine, nor in a round; nothing while the cache is torn
-//     down at Close.
-//   - close, in Close, once every counter is final: the stats function
-//     handed out at New freezes.
+// which calls none of them, costs nothing. Where and on which goroutine
+// the core calls each: docs/design.md, "The Observer". loadStart runs
+// once the load's delivery is deferred, so that a Goexit in an Observer
+// ends the load as one in the LoadFunc does.
 type observing[K comparable] struct {
 	f         *fanout[K] // the members; never nil
 	guard     guardFunc  // the Loader's guard
@@ -250,8 +222,7 @@ func (ob *observing[K]) retried(ctx context.Context, t *tally) func(error, time.
 }
 
 // tooBigFor reports a value of key too big for the cache, which never
-// reaches it, as rejected. What else leaves is reported by the writer
-// (write.go).
+// reaches it, as rejected. What else leaves is reported by the writer.
 func (ob *observing[K]) tooBigFor(key K, cost int64) {
 	ob.evicted(EvictionEvent[K]{Key: key, Cause: EvictionRejected, Cost: cost})
 }

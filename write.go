@@ -5,7 +5,6 @@ import (
 	"sync/atomic"
 
 	"github.com/dgraph-io/ristretto/v2"
-	"github.com/flightcache/flightcache/internal/life"
 	"github.com/flightcache/flightcache/internal/queue"
 )
 
@@ -63,12 +62,9 @@ type writer[K comparable, V any] struct {
 	backlog atomic.Int64   // writes handed over and not yet closed
 
 	// turns is the writes' share: the places of Set, Invalidate and Drop,
-	// handed out first come first served. Only the writer gives places
-	// back, and it never waits for a producer, so a waiting producer is
-	// always woken by the writer's progress or by Close. A producer that
-	// runs on the writer's goroutine (an Evicted callback) cannot wait for
-	// it: it asks without waiting and does the writer's work until it is
-	// answered (takeWrite).
+	// first come first served. Only the writer gives places back, and it
+	// never waits for a producer: a waiting one is woken by its progress
+	// or by Close.
 	turns    queue.Queue
 	fills    atomic.Int64 // the fills' share: places held
 	fillCost atomic.Int64 // and their cost
@@ -78,9 +74,8 @@ type writer[K comparable, V any] struct {
 	cleared  uint64        // the clears the writer has acted on; guarded by rounds
 	clearing atomic.Bool   // ristretto's Clear is under way: its evictions are not counted
 
-	// rounds is held for each round of the writer (round), by the writer
-	// goroutine, or by the writer's own write that does a round itself
-	// (workOff): one round at a time.
+	// rounds is held for each round, on the writer's goroutine or in a
+	// write made there (workOff): one round at a time.
 	rounds sync.Mutex
 	leftMu sync.Mutex
 	left   []EvictionEvent[K] // guarded by leftMu: what left the cache in the rounds, to report after them
@@ -140,24 +135,6 @@ func (wr *writer[K, V]) giveBack(p place) {
 	case writePlace:
 		wr.release(0, 0, 1, p.cost)
 	}
-}
-
-// takeWrite takes a place of the writes' share for a write of cost,
-// waiting its turn if the share is full; false after Close. On the
-// writer's goroutine (a write Evicted makes) it does the writer's rounds
-// until its turn comes instead of waiting (docs/design.md).
-func (wr *writer[K, V]) takeWrite(cost int64) (place, bool) {
-	p := place{kind: writePlace, cost: cost}
-	w, st := wr.turns.Ask(cost)
-	switch {
-	case w == nil:
-		return p, st == queue.Taken
-	case wr.obs.observesEvictions() && life.OnWriter():
-		wr.workOff(w.Ready())
-	default:
-		<-w.Ready()
-	}
-	return p, w.Granted()
 }
 
 // put makes the entry mk builds (mk nil: none) key's value, once it has a
@@ -346,127 +323,6 @@ func (wr *writer[K, V]) issue(w *write[K, V]) {
 		wr.stats.setsDropped.Add(1)
 		wr.flights.unmarkIssued(w, e)
 	}
-}
-
-// workOff does the writer's rounds until ready closes: a write made on the
-// writer's goroutine whose turn has not come (takeWrite). When a round
-// finds nothing to take (a producer holds a place it has not handed over
-// yet), it waits for a write to be handed over, then takes it. The events
-// its rounds keep are reported by this writer after its next round, which
-// workOff wakes: it may run on another Loader's writer.
-func (wr *writer[K, V]) workOff(ready <-chan struct{}) {
-	defer wr.signal()
-	var ws, again []*write[K, V]
-	for {
-		ws, again = wr.round(ws, again)
-		select {
-		case <-ready:
-			return
-		default:
-		}
-		if len(ws) == 0 {
-			select {
-			case <-wr.wake: // the next round takes what it announced
-			case <-ready:
-				return
-			}
-		}
-	}
-}
-
-// Departures: how an entry that leaves is reported, once, by whoever marks
-// it gone (docs/design.md, "The Observer"). ristretto's callbacks and the
-// writer run in the writer's rounds, which call no user code: they keep
-// the event (noteLeft), and the writer reports it after the round.
-
-// reportLeft reports, on the writer's goroutine, the events the last
-// round kept (noteLeft), and those of the rounds that Evicted's writes do
-// meanwhile (workOff).
-func (wr *writer[K, V]) reportLeft() {
-	if !wr.obs.observesEvictions() {
-		return // nothing is kept (noteLeft)
-	}
-	for {
-		wr.leftMu.Lock()
-		evs := wr.left
-		wr.left = nil // a Clear's are a cache's worth: not kept for the next round
-		wr.leftMu.Unlock()
-		if len(evs) == 0 {
-			return
-		}
-		for _, ev := range evs {
-			wr.obs.evicted(ev)
-		}
-	}
-}
-
-// replaced reports e (nil: none), an entry put marked gone, as having
-// left by cause: EvictionReplaced or EvictionInvalidated, refined by
-// leftBy. The caller holds nothing: Evicted is user code.
-func (wr *writer[K, V]) replaced(e *entry[K, V], cause EvictionCause) {
-	if e != nil && wr.obs.observesEvictions() {
-		wr.obs.evicted(EvictionEvent[K]{Key: e.key, Cause: wr.leftBy(e, cause), Cost: wr.unknownCost()})
-	}
-}
-
-// unknownCost is the cost reported for an entry whose cost only the cache
-// knew: every entry costs 1 without Options.Cost, and the Loader keeps no
-// cost per entry (0, unknown, with it).
-func (wr *writer[K, V]) unknownCost() int64 {
-	if !wr.costed {
-		return 1
-	}
-	return 0
-}
-
-// leftBy refines cause for an entry that leaves now: one from before an
-// InvalidateAll left by it; one a newer value replaced or the policy
-// evicted past its windows had expired.
-func (wr *writer[K, V]) leftBy(e *entry[K, V], cause EvictionCause) EvictionCause {
-	switch {
-	case wr.invalidated(e):
-		return EvictionInvalidated
-	case (cause == EvictionReplaced || cause == EvictionPolicy) && wr.expired(e):
-		return EvictionExpired
-	}
-	return cause
-}
-
-// leftCache takes note of an entry ristretto's OnEvict hands over, with
-// its cost. While the writer clears the cache for an InvalidateAll
-// (clearing, in a round, under ristretto's locks), the entries from before
-// it are invalidated, and the others have not left: they are issued again.
-func (wr *writer[K, V]) leftCache(e *entry[K, V], cost int64, clearing bool) {
-	switch {
-	case e == nil || !wr.obs.observesEvictions():
-	case clearing:
-		if wr.invalidated(e) {
-			wr.noteLeft(e, EvictionInvalidated, wr.unknownCost())
-		}
-	default:
-		wr.noteLeft(e, EvictionPolicy, cost)
-	}
-}
-
-// refused takes note of an entry ristretto's admission policy refused.
-func (wr *writer[K, V]) refused(e *entry[K, V], cost int64) {
-	if e != nil {
-		wr.noteLeft(e, EvictionRejected, cost)
-	}
-}
-
-// noteLeft marks e gone and, if an EvictionObserver is set and e was not
-// reported already, keeps its event, as having left by cause (leftBy),
-// for reportLeft. It calls no user code: it runs in the writer's rounds,
-// on ristretto's goroutine too.
-func (wr *writer[K, V]) noteLeft(e *entry[K, V], cause EvictionCause, cost int64) {
-	if !wr.obs.observesEvictions() || e.markGone() == nil {
-		return
-	}
-	ev := EvictionEvent[K]{Key: e.key, Cause: wr.leftBy(e, cause), Cost: cost}
-	wr.leftMu.Lock()
-	wr.left = append(wr.left, ev)
-	wr.leftMu.Unlock()
 }
 
 // Set stores value for key as if it had just been loaded. A load of key in

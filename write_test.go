@@ -90,7 +90,7 @@ func TestNoWriteWaitsForRistretto(t *testing.T) {
 }
 
 // docs/design.md rules 2 and 6 across the writer's batches, with the
-// writer held between them, step by step as write.go's top comment tells
+// writer held between them, step by step as docs/design.md's write path tells
 // it: a Set racing the fill of its key wins, and the later value reaches
 // ristretto in place of the earlier one (never as a second new item, which
 // ristretto would refuse).
