@@ -225,7 +225,7 @@ func (l *Loader[K, V]) attempted(ctx context.Context, ev AttemptEvent[K]) {
 		return
 	}
 	var m *loadMarker
-	if l.guard(func() { m = markerOf(ctx) }, nil) != nil || m == nil {
+	if l.user.guard(func() { m = markerOf(ctx) }, nil) != nil || m == nil {
 		return // ctx.Value is a Remote's code here
 	}
 	var own context.Context
