@@ -132,7 +132,7 @@ func (l *Loader[K, V]) runBatch(b *batch[K, V]) {
 		return
 	}
 	var res map[K]RemoteResult[V]
-	if perr := l.guard(func() {
+	if perr := l.user.guard(func() {
 		res = rm.LoadMany(ctx, keys, func(ctx context.Context, keys []K) (map[K]V, error) {
 			return l.loadMany(ctx, keys, &out.down)
 		})
@@ -171,7 +171,7 @@ func (l *Loader[K, V]) completeBatch(b *batch[K, V], out *batchResult[K, V]) {
 		l.reportBatch(b, out)
 	}()
 	if out.err != nil { // user code: after the defer, which covers a Goexit
-		out.nf = l.classifyLoad(&out.err, nil)
+		out.nf = l.callee.classifyLoad(&out.err, nil)
 		if out.nf { // the call's; each key's is counted as it is delivered
 			l.stats.loadNotFounds.Add(1)
 		}

@@ -32,7 +32,7 @@ func (l *Loader[K, V]) complete(c *call[K, V], r *loaded[V]) {
 		// Once per load, for all its callers. The error and IsNotFound are
 		// user code: if one panics, the error becomes the *PanicError; if
 		// one ends the goroutine, the waiters still get the error, uncached.
-		r.nf = l.classifyLoad(&r.err, func() {
+		r.nf = l.callee.classifyLoad(&r.err, func() {
 			var zero V
 			res.val = zero
 			l.deliver(c, r, &res, nil, 0)
@@ -213,7 +213,7 @@ func (l *Loader[K, V]) depart(d departure[K, V]) {
 // LoadStart never returned, and it gets no LoadEnd either).
 func (l *Loader[K, V]) report(ctx context.Context, ev LoadEvent[K]) {
 	if l.opts.OnLoad != nil {
-		l.guard(func() { l.opts.OnLoad(ev) }, nil)
+		l.user.guard(func() { l.opts.OnLoad(ev) }, nil)
 	}
 	if ctx != nil {
 		l.obs.loadEnd(ctx, ev)

@@ -3,13 +3,11 @@ package flightcache
 import (
 	"context"
 	"errors"
-	"fmt"
 	"math"
 	"time"
 
 	"github.com/cenkalti/backoff/v4"
 	"github.com/flightcache/flightcache/internal/loadctx"
-	"github.com/sony/gobreaker/v2"
 )
 
 // The downstream path of one load, outside in:
@@ -36,7 +34,7 @@ type loaded[V any] struct {
 	age      time.Duration   // how old the value already is (from a Remote)
 	remote   bool            // the value came from the Remote without a load here
 	fallback *RemoteValue[V] // with err: an older value the Remote offers to cover it
-	nf       bool            // err is a not-found (Loader.notFound), once judged
+	nf       bool            // err is a not-found (callee.notFound), once judged
 	judged   bool            // nf is set
 }
 
@@ -51,7 +49,7 @@ func (l *Loader[K, V]) fetch(ctx context.Context, key K, old *entry[K, V], start
 	}
 	defer func() {
 		if r.reload && r.err != nil { // a Remote's error may be its own: inspected here
-			l.inspect(&r.err, func() { r.notMod = errors.Is(r.err, ErrNotModified) }, nil)
+			l.user.inspect(&r.err, func() { r.notMod = errors.Is(r.err, ErrNotModified) }, nil)
 		}
 	}()
 	if l.opts.Remote == nil {
@@ -62,7 +60,7 @@ func (l *Loader[K, V]) fetch(ctx context.Context, key K, old *entry[K, V], start
 	}
 	var rv RemoteValue[V]
 	var err error
-	if perr := l.guard(func() {
+	if perr := l.user.guard(func() {
 		rv, err = l.opts.Remote.Load(ctx, key, func(ctx context.Context) (V, error) {
 			o := old
 			if fleet, ok := ctx.Value(reloadValueKey{}).(*reloadValue[V]); ok && l.opts.Reload != nil {
@@ -146,7 +144,7 @@ func callDownstream[T any, K comparable, V any](l *Loader[K, V], ctx context.Con
 	}
 	if l.opts.Retry.MaxAttempts <= 1 {
 		v, _, err = attempt(l, ctx, call, reload, t)
-		return v, l.stopped(ctx, err, err)
+		return v, l.callee.stopped(ctx, err, err)
 	}
 	bo := backoff.NewExponentialBackOff(
 		backoff.WithInitialInterval(min(l.opts.Retry.InitialInterval, maxBackoff)),
@@ -167,11 +165,11 @@ func callDownstream[T any, K comparable, V any](l *Loader[K, V], ctx context.Con
 	}
 	// backoff inspects an error it may retry (errors.As, for its
 	// Permanent): user code, so its loop runs through the guard too.
-	if perr := l.guard(func() { v, err = backoff.RetryNotifyWithData(op, policy, l.obs.retried(ctx, t)) }, nil); perr != nil {
+	if perr := l.user.guard(func() { v, err = backoff.RetryNotifyWithData(op, policy, l.obs.retried(ctx, t)) }, nil); perr != nil {
 		var zero T
 		v, err, last = zero, perr, perr
 	}
-	return v, l.stopped(ctx, err, last)
+	return v, l.callee.stopped(ctx, err, last)
 }
 
 // admit takes the slot of Options.Limit that a foreground load's
@@ -184,9 +182,9 @@ func callDownstream[T any, K comparable, V any](l *Loader[K, V], ctx context.Con
 // has its LoadTimeout started again once it has its slot. ErrLimited is
 // never retried and never reaches the breaker.
 func (l *Loader[K, V]) admit(ctx context.Context, t *tally) (slot, error) {
-	if l.breakerOpen() {
+	if l.callee.breakerIsOpen() {
 		l.stats.breakerRejected.Add(1)
-		err := l.refusedOpen()
+		err := l.callee.openRefusal()
 		l.obs.attempted(ctx, AttemptEvent[K]{Attempt: int(t.calls) + 1, Err: err, Rejected: true})
 		return slot{}, err
 	}
@@ -203,49 +201,11 @@ func (l *Loader[K, V]) admit(ctx context.Context, t *tally) (slot, error) {
 	return s, err
 }
 
-// refusedOpen is the error of a load admit fails because the breaker is
-// open, as the breaker would refuse it: the built-in one's names its last
-// failure.
-func (l *Loader[K, V]) refusedOpen() error {
-	if b, ok := l.breaker.(*gobreakerBreaker); ok {
-		return b.refusal(gobreaker.ErrOpenState)
-	}
-	return breakerOpen(gobreaker.ErrOpenState)
-}
-
-// breakerOpen reports whether the breaker is open now (State is user code
-// for a custom breaker: a panic says no).
-func (l *Loader[K, V]) breakerOpen() (open bool) {
-	l.guard(func() { open = l.breaker.State() == BreakerOpen }, nil)
-	return open
-}
-
 // maxBackoff caps the intervals handed to backoff/v4, which spreads an
 // interval to up to 1.5× in floating point and converts it back unchecked:
 // past about MaxInt64/1.5 the wait would overflow into a negative one, a
 // retry at once. Half of MaxInt64 (146 years) is as good as forever.
 const maxBackoff = time.Duration(math.MaxInt64 / 2)
-
-// stopped explains an error of a load whose context has ended: it keeps the
-// last real error (backoff reports only ctx.Err() when it stops between
-// attempts) and adds why the context ended, Close or LoadTimeout.
-func (l *Loader[K, V]) stopped(ctx context.Context, err, last error) error {
-	if err == nil || ctx.Err() == nil {
-		return err
-	}
-	if last != nil {
-		err = last
-	}
-	if cause := context.Cause(ctx); sameError(cause, ErrClosed) || sameError(cause, ErrLoadTimeout) {
-		e := err
-		l.inspect(&err, func() {
-			if !errors.Is(e, cause) {
-				err = fmt.Errorf("%w: %w", cause, e)
-			}
-		}, nil)
-	}
-	return err
-}
 
 // attempt makes one downstream call through the breaker, counting it in
 // t.calls and Stats.DownstreamCalls (and in Stats.Retries past the first)
@@ -254,7 +214,7 @@ func (l *Loader[K, V]) stopped(ctx context.Context, err, last error) error {
 // runtime.Goexit is reported to the breaker as a failure on its way out
 // (the load goroutine's deferred complete gives the waiters ErrGoexit).
 func attempt[T any, K comparable, V any](l *Loader[K, V], ctx context.Context, call func() (T, error), reload bool, t *tally) (v T, final bool, err error) {
-	done, err := l.allow()
+	done, err := l.callee.allow()
 	if err != nil {
 		l.stats.breakerRejected.Add(1)
 		l.obs.attempted(ctx, AttemptEvent[K]{Attempt: int(t.calls) + 1, Err: err, Rejected: true})
@@ -269,18 +229,18 @@ func attempt[T any, K comparable, V any](l *Loader[K, V], ctx context.Context, c
 	begun := l.lim.begin()
 	defer func() {
 		if !called {
-			l.keepCause(ErrGoexit)
+			l.callee.keepCause(ErrGoexit)
 		}
-		l.guard(func() { done(outcome) }, nil)
+		l.user.guard(func() { done(outcome) }, nil)
 		if l.lim != nil { // the attempt's latency and outcome, for an adaptive bound
 			l.lim.sample(begun, limitSample(outcome, timedOut(ctx)))
 		}
 	}()
-	perr := l.guard(func() { v, err = call() }, nil)
+	perr := l.user.guard(func() { v, err = call() }, nil)
 	called = true
 	if perr != nil {
 		var zero T
-		l.keepCause(perr)
+		l.callee.keepCause(perr)
 		return zero, true, perr
 	}
 	if err == nil {
@@ -288,177 +248,12 @@ func attempt[T any, K comparable, V any](l *Loader[K, V], ctx context.Context, c
 		return v, false, nil
 	}
 	var ok bool
-	if outcome, final, ok = l.classify(ctx, &err, reload); !ok {
+	if outcome, final, ok = l.callee.classify(ctx, &err, reload); !ok {
 		var zero T
-		l.keepCause(err)
+		l.callee.keepCause(err)
 		return zero, true, err // the *PanicError: a failure, as a panic of the LoadFunc
 	}
 	return v, final, err
-}
-
-// keepCause gives the built-in breaker the text of err, ErrGoexit or the
-// *PanicError of an attempt about to be reported as a failure, for the
-// refusals it may cause to name (gobreakerBreaker.failed; classify does
-// the same for an error the call returned). A *PanicError's text formats
-// its Value, which may run user code: read through the guard.
-func (l *Loader[K, V]) keepCause(err error) {
-	if b, ok := l.breaker.(*gobreakerBreaker); ok {
-		var text string
-		if l.guard(func() { text = err.Error() }, nil) == nil {
-			b.failed(text)
-		}
-	}
-}
-
-// classify is what err (not nil), the error of one attempt, says: outcome,
-// for the breaker; final, that it is not to be retried (a not-found, or
-// not retryable; every error is, without Retry). It also reads the
-// error's text, which reaches every caller (and ManyError's), and which
-// the built-in breaker keeps for its refusals to name if the attempt is a
-// failure. The error is user code's: everything is asked through the
-// guard, once per attempt, before the breaker hears the outcome. If
-// inspecting it panics, *err becomes the *PanicError and ok is false.
-func (l *Loader[K, V]) classify(ctx context.Context, err *error, reload bool) (outcome Outcome, final, ok bool) {
-	e := *err
-	var text string
-	ok = l.inspect(err, func() {
-		text = e.Error()
-		nf := l.notFound(e)
-		outcome = l.verdict(ctx, e, nf)
-		if reload && errors.Is(e, ErrNotModified) {
-			outcome = OutcomeSuccess // the downstream answered
-		}
-		final = nf || l.opts.Retry.MaxAttempts <= 1 || !l.retryable(ctx, e)
-	}, nil)
-	if !ok {
-		return OutcomeFailure, true, false
-	}
-	if b, own := l.breaker.(*gobreakerBreaker); own && outcome == OutcomeFailure {
-		b.failed(text)
-	}
-	return outcome, final, true
-}
-
-// allow asks the breaker for one call, wrapping a refusal so that it
-// matches ErrBreakerOpen (breakerOpen). A breaker that panics refuses.
-func (l *Loader[K, V]) allow() (done func(Outcome), err error) {
-	if perr := l.guard(func() { done, err = l.breaker.Allow() }, nil); perr != nil {
-		return nil, &breakerOpenError{refusal: perr}
-	}
-	if err != nil {
-		// A custom breaker's refusal is user code's error. It is read here
-		// as the load's error will be (classifyLoad), so that a method
-		// that panics makes the refusal a *PanicError, still a refusal.
-		refusal := err
-		if !l.inspect(&refusal, func() {
-			_ = refusal.Error()
-			plainNotFound(refusal)
-			err = breakerOpen(refusal) // errors.Is of it
-		}, nil) {
-			err = &breakerOpenError{refusal: refusal} // refusal is the *PanicError
-		}
-		return nil, err
-	}
-	if done == nil {
-		done = func(Outcome) {}
-	}
-	return done, nil
-}
-
-// verdict classifies a LoadFunc result for the breaker; nf: err is a
-// not-found (notFound). Not-found is a healthy answer; a caller leaving or
-// Close cancelling says nothing about the downstream; a load that ran past
-// LoadTimeout does.
-func (l *Loader[K, V]) verdict(ctx context.Context, err error, nf bool) Outcome {
-	// A load past LoadTimeout is the downstream's fault, whatever error the
-	// LoadFunc made of it.
-	switch {
-	case err == nil, nf:
-		return OutcomeSuccess
-	case !timedOut(ctx) && (ctx.Err() != nil || errors.Is(err, context.Canceled)):
-		return OutcomeIgnored
-	case l.opts.Breaker.IsFailure != nil && !l.userBool(l.opts.Breaker.IsFailure, err, true):
-		return OutcomeSuccess
-	}
-	return OutcomeFailure
-}
-
-// timedOut reports whether ctx, a load's context, ended at LoadTimeout.
-func timedOut(ctx context.Context) bool {
-	return ctx.Err() != nil && errors.Is(context.Cause(ctx), ErrLoadTimeout)
-}
-
-// retryable reports whether a failed attempt that is not a not-found (the
-// caller asked notFound) may be tried again. It inspects err: only within
-// an inspection (classify).
-func (l *Loader[K, V]) retryable(ctx context.Context, err error) bool {
-	var pe *PanicError
-	switch {
-	case ctx.Err() != nil,
-		errors.Is(err, ErrNotModified),
-		errors.Is(err, ErrBreakerOpen),
-		errors.Is(err, context.Canceled),
-		errors.Is(err, context.DeadlineExceeded),
-		errors.As(err, &pe):
-		return false
-	case l.opts.Retry.Retryable == nil:
-		return true
-	}
-	return l.userBool(l.opts.Retry.Retryable, err, false)
-}
-
-// notFound reports whether err means the key does not exist: it matches
-// ErrNotFound, or Options.IsNotFound (user code, through the guard: a
-// panic means no) says so (Options.NotFound is the same rule for a
-// Remote). nil, a panic of the LoadFunc and ErrGoexit never are. It
-// inspects err: only within an inspection (classify, classifyLoad).
-func (l *Loader[K, V]) notFound(err error) bool {
-	if nf, sure := plainNotFound(err); sure || l.opts.IsNotFound == nil {
-		return nf
-	}
-	return l.isNotFound(err, nil)
-}
-
-// classifyLoad is the judgement of a load's error *err (not nil), once for
-// all its callers: whether it is a not-found (notFound), with its text
-// read, as classify reads an attempt's. A not-found only IsNotFound
-// recognised becomes a *notFoundError, so that every caller's not-found
-// matches ErrNotFound: made here, once per load, it is what the cache
-// keeps, and a hit of it costs nothing more. The error is user code's: it
-// is inspected through the guard, and a panic makes *err the *PanicError
-// (no not-found). onGoexit is the guard's, for a caller that must leave
-// its state consistent if the error or IsNotFound ends the goroutine.
-func (l *Loader[K, V]) classifyLoad(err *error, onGoexit func()) (nf bool) {
-	e := *err
-	var sure bool
-	var text string
-	if !l.inspect(err, func() { text = e.Error(); nf, sure = plainNotFound(e) }, onGoexit) {
-		return false
-	}
-	if sure || l.opts.IsNotFound == nil {
-		return nf
-	}
-	if nf = l.isNotFound(e, onGoexit); nf {
-		*err = &notFoundError{err: e, text: ErrNotFound.Error() + ": " + text}
-	}
-	return nf
-}
-
-// isNotFound asks Options.IsNotFound about err, through the guard: a panic
-// means no.
-func (l *Loader[K, V]) isNotFound(err error, onGoexit func()) (nf bool) {
-	if l.guard(func() { nf = l.opts.IsNotFound(err) }, onGoexit) != nil {
-		return false
-	}
-	return nf
-}
-
-// userBool calls a user predicate through the guard; a panic gives onPanic.
-func (l *Loader[K, V]) userBool(f func(error) bool, err error, onPanic bool) (ok bool) {
-	if l.guard(func() { ok = f(err) }, nil) != nil {
-		return onPanic
-	}
-	return ok
 }
 
 // run is the body of one load goroutine: fetch the value, then deliver it.

@@ -146,7 +146,7 @@ func (l *Loader[K, V]) lifeOf(key K, v V, onGoexit func()) (life lifetime, keep 
 		return life, true
 	}
 	var f Freshness
-	if l.guard(func() { f = l.opts.Freshness(key, v) }, onGoexit) != nil {
+	if l.user.guard(func() { f = l.opts.Freshness(key, v) }, onGoexit) != nil {
 		return life, false
 	}
 	if f.TTL < 0 {
@@ -180,7 +180,7 @@ func (l *Loader[K, V]) costOf(v V, onGoexit func()) (cost int64, ok bool) {
 	if l.opts.Cost == nil {
 		return 1, true
 	}
-	if err := l.guard(func() { cost = l.opts.Cost(v) }, onGoexit); err != nil {
+	if err := l.user.guard(func() { cost = l.opts.Cost(v) }, onGoexit); err != nil {
 		return 0, false
 	}
 	return max(cost, 1), true

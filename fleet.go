@@ -79,7 +79,7 @@ func (l *Loader[K, V]) watch() error {
 	if !ok {
 		return nil
 	}
-	return l.guard(func() { w.Watch(local[K, V]{l}) }, nil)
+	return l.user.guard(func() { w.Watch(local[K, V]{l}) }, nil)
 }
 
 // raiseFloor moves the generation on and makes it the floor: every entry

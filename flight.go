@@ -113,7 +113,7 @@ type call[K comparable, V any] struct {
 	ready     bool  // the load goroutine has built lctx: it can be cancelled
 	abandoned bool  // cancelled because every waiter left (CancelAtZero)
 	finished  bool  // the result is set: a leaving waiter takes it instead
-	notFound  bool  // the result's err is a not-found (Loader.notFound); set with it, read-only after done
+	notFound  bool  // the result's err is a not-found (callee.notFound); set with it, read-only after done
 	cause     error // a cancellation asked for before that
 
 	// Written by finish before done is closed; read-only after.
@@ -493,7 +493,7 @@ type delivery[K comparable, V any] struct {
 	freshUntil time.Duration
 	fallback   *entry[K, V]
 	ended      time.Duration // when the load ended: a waiter's wait ends there
-	notFound   bool          // err is a not-found (Loader.notFound)
+	notFound   bool          // err is a not-found (callee.notFound)
 	drop       bool          // the value is not to be cached: the key keeps no older one either
 	big        int64         // with drop: the value's cost, too big for the cache (tooBig); 0: not that
 }

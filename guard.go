@@ -3,7 +3,16 @@ package flightcache
 import (
 	"bytes"
 	"runtime/debug"
+	"sync/atomic"
 )
+
+// userCode is how the Loader calls user code: through guard, and inspect
+// for the errors it makes. A Loader holds one, made in New, and hands it
+// to what calls user code for it (its downstream, its observing); it is
+// safe for concurrent use.
+type userCode struct {
+	panics *atomic.Uint64 // Stats.Panics: the Loader's counter of the panics guard recovers
+}
 
 // guard is the one way the Loader calls user code: the LoadFunc, Cost,
 // OnLoad, Retry.Retryable, Breaker.IsFailure, IsNotFound, Hash, a Remote
@@ -21,7 +30,7 @@ import (
 // golang.org/x/sync/singleflight's doCall does: the inner one sees a panic
 // (recover is not nil), the outer one sees neither a return nor a panic,
 // which is a Goexit.
-func (l *Loader[K, V]) guard(f func(), onGoexit func()) (err error) {
+func (u userCode) guard(f func(), onGoexit func()) (err error) {
 	returned, panicked := false, false
 	defer func() {
 		if !returned && !panicked && onGoexit != nil {
@@ -35,7 +44,7 @@ func (l *Loader[K, V]) guard(f func(), onGoexit func()) (err error) {
 			}
 			if r := recover(); r != nil { // since Go 1.21, panic(nil) recovers a *runtime.PanicNilError
 				panicked = true
-				l.stats.panics.Add(1)
+				u.panics.Add(1)
 				err = newPanicError(r)
 			}
 		}()
@@ -64,8 +73,8 @@ func newPanicError(v any) *PanicError {
 // f found is not to be used. A nil error needs no inspection: callers
 // call inspect only for a non-nil one, which keeps a successful load off
 // this path.
-func (l *Loader[K, V]) inspect(err *error, f func(), onGoexit func()) bool {
-	if perr := l.guard(f, onGoexit); perr != nil {
+func (u userCode) inspect(err *error, f func(), onGoexit func()) bool {
+	if perr := u.guard(f, onGoexit); perr != nil {
 		*err = perr
 		return false
 	}

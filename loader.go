@@ -70,9 +70,12 @@ type Loader[K comparable, V any] struct {
 	pool     life.Pool         // the load goroutines
 	gate     life.Gate         // counts calls in and out; refuses them after Close (lifecycle.go)
 	timeouts *loadctx.Timeouts // ends loads at LoadTimeout (loadctx.go); apart from the Loader
-	breaker  CircuitBreaker
+	user     userCode          // the one guard around user code (guard.go)
 	stats    counters
 	obs      *observing[K] // calls Options.Observer (observing.go); nil when nothing is observed
+	// callee holds the breaker, and says what a downstream call's error
+	// means (callee.go).
+	callee callee
 	// refreshSlots bounds the background loads (MaxRefreshes, workers.go).
 	refreshSlots refreshSlots
 	lim          *limiter // Options.Limit's slots for downstream calls; nil: no limit
@@ -117,7 +120,6 @@ func New[K comparable, V any](load LoadFunc[K, V], opts Options[K, V]) (*Loader[
 		loadFn:    load,
 		opts:      opts,
 		win:       windows{staleWhileRevalidate: opts.StaleWhileRevalidate, staleIfError: opts.StaleIfError},
-		breaker:   newBreaker(opts.Breaker),
 		seed:      maphash.MakeSeed(),
 		epoch:     time.Now(),
 		closeDone: make(chan struct{}),
@@ -125,6 +127,8 @@ func New[K comparable, V any](load LoadFunc[K, V], opts Options[K, V]) (*Loader[
 	if load == nil {
 		l.loadFn = l.loadOne
 	}
+	l.user = userCode{panics: &l.stats.panics}
+	l.callee = newCallee(l.user, opts.Breaker, opts.Retry, opts.IsNotFound)
 	l.checkKeys, l.hashMayPanic, l.nanKeys = keyChecks[K](opts.Hash != nil)
 	l.refreshSlots.max = int64(opts.MaxRefreshes)
 	l.lim = newLimiter(opts.Limit, opts.LoadTimeout, l.now)
@@ -139,7 +143,7 @@ func New[K comparable, V any](load LoadFunc[K, V], opts Options[K, V]) (*Loader[
 	l.pool.Init(l.ctx.Done()) // made here, not by a load goroutine: it may run in a synctest bubble
 	// Last, once Stats reads everything it reports; before anything can
 	// load, write or evict (the writer, a watching Remote).
-	l.obs = newObserving(opts.Observer, l.guard, l.Stats)
+	l.obs = newObserving(opts.Observer, l.user.guard, l.Stats)
 	l.writer.attach(l)
 	go life.RunWriter(func() { l.writer.run(l.gate.Idle(), l.teardown) })
 	if err := l.watch(); err != nil {
@@ -222,7 +226,7 @@ func (l *Loader[K, V]) hash(key K) (h uint64, err error) {
 	if !l.hashMayPanic {
 		return maphash.Comparable(l.seed, key), nil
 	}
-	err = l.guard(func() {
+	err = l.user.guard(func() {
 		if l.opts.Hash == nil {
 			h = maphash.Comparable(l.seed, key) // panics for a key no map could hold
 			return
@@ -554,7 +558,7 @@ func (l *Loader[K, V]) staleOnError(r *request[K, V], c *call[K, V], now time.Du
 		return v, 0, false
 	}
 	cover := true
-	if l.guard(func() { cover = StaleMayCover(c.err, c.notFound) }, nil); !cover {
+	if l.user.guard(func() { cover = StaleMayCover(c.err, c.notFound) }, nil); !cover {
 		return v, 0, false
 	}
 	e := l.flights.latest(r.key, r.h)
@@ -682,7 +686,7 @@ func (l *Loader[K, V]) Stats() Stats {
 	s.PendingWrites = l.writer.backlog.Load()
 	s.WriteWaits = l.writer.turns.Waits()
 	l.lim.fill(&s)
-	l.guard(func() { s.Breaker = l.breaker.State() }, nil)
+	l.user.guard(func() { s.Breaker = l.callee.breaker.State() }, nil)
 	return s
 }
 

@@ -306,7 +306,7 @@ type fanout[K comparable] struct {
 // fanout, so that a load inside a load of another fanout finds its own.
 type fanKey[K comparable] struct{ f *fanout[K] }
 
-// guardFunc is how a fanout calls user code: [Loader.guard] has this
+// guardFunc is how a fanout calls user code: [userCode.guard] has this
 // type. It returns a non-nil error if f panicked.
 type guardFunc = func(f func(), onGoexit func()) error
 

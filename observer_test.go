@@ -161,7 +161,7 @@ func TestObserversFanOut(t *testing.T) {
 	a := &capable{noted: noted{name: "a", j: j}}
 	b := &noted{name: "b", j: j} // no capabilities
 	c := &capable{noted: noted{name: "c", j: j}}
-	ob := newObserving(Observers[string](a, b, c), guarded(t).guard, func() Stats { return Stats{Gets: 7} })
+	ob := newObserving(Observers[string](a, b, c), guarded(t).user.guard, func() Stats { return Stats{Gets: 7} })
 	if got, want := j.String(), "a.ObserveStats; c.ObserveStats"; got != want {
 		t.Errorf("at New: %s; want %s", got, want)
 	}
@@ -284,7 +284,7 @@ func TestLoadStartContextRules(t *testing.T) {
 				o.panics = "LoadStart"
 			}
 			before := l.Stats().Panics
-			got := newObserving[string](o, l.guard, l.Stats).loadStart(in, LoadStartEvent[string]{Key: "k"})
+			got := newObserving[string](o, l.user.guard, l.Stats).loadStart(in, LoadStartEvent[string]{Key: "k"})
 			if tc.kept != (tagOf(got, "x") == "x") {
 				t.Errorf("returned context used: %v; want %v", !tc.kept, tc.kept)
 			}
@@ -316,7 +316,7 @@ func TestObserversPanicsAreContained(t *testing.T) {
 	for _, m := range methods {
 		obs = append(obs, &capable{noted: noted{name: m, j: j, panics: m}})
 	}
-	ob := newObserving(Observers(obs...), l.guard, l.Stats)
+	ob := newObserving(Observers(obs...), l.user.guard, l.Stats)
 	before := l.Stats().Panics
 	in := loadContext(t)
 	ctx := ob.loadStart(in, LoadStartEvent[string]{Key: "k"})

@@ -84,13 +84,13 @@ type RemoteValue[V any] struct {
 // Invalidate. They run on the caller's goroutine, outside every lock.
 func (l *Loader[K, V]) remoteSet(key K, v V) {
 	if l.opts.Remote != nil {
-		l.guard(func() { l.opts.Remote.Set(l.ctx, key, RemoteValue[V]{Value: v, LoadedAt: time.Now()}) }, nil)
+		l.user.guard(func() { l.opts.Remote.Set(l.ctx, key, RemoteValue[V]{Value: v, LoadedAt: time.Now()}) }, nil)
 	}
 }
 
 func (l *Loader[K, V]) remoteInvalidate(key K) {
 	if l.opts.Remote != nil {
-		l.guard(func() { l.opts.Remote.Invalidate(l.ctx, key) }, nil)
+		l.user.guard(func() { l.opts.Remote.Invalidate(l.ctx, key) }, nil)
 	}
 }
 
@@ -113,7 +113,7 @@ type RemoteInvalidateAll interface {
 // InvalidateAll.
 func (l *Loader[K, V]) remoteInvalidateAll() {
 	if r, ok := l.opts.Remote.(RemoteInvalidateAll); ok {
-		l.guard(func() { r.InvalidateAll(l.ctx) }, nil)
+		l.user.guard(func() { r.InvalidateAll(l.ctx) }, nil)
 	}
 }
 
@@ -184,7 +184,7 @@ func (l *Loader[K, V]) attachRemote() error {
 	}
 	r := l.opts.rules()
 	var err error
-	if perr := l.guard(func() { err = a.Attach(r) }, nil); perr != nil {
+	if perr := l.user.guard(func() { err = a.Attach(r) }, nil); perr != nil {
 		return perr
 	}
 	return err

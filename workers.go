@@ -38,7 +38,7 @@ func (c *call[K, V]) Run() {
 // labels, and the load goes on. Callers run it after deferring the load's
 // delivery, so a Goexit there reaches the waiters as ErrGoexit.
 func (l *Loader[K, V]) takeLabels(ctx context.Context) {
-	if l.guard(func() { pprof.SetGoroutineLabels(ctx) }, nil) != nil {
+	if l.user.guard(func() { pprof.SetGoroutineLabels(ctx) }, nil) != nil {
 		pprof.SetGoroutineLabels(context.Background())
 	}
 }

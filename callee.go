@@ -1,0 +1,242 @@
+package flightcache
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/sony/gobreaker/v2"
+)
+
+// callee is the Loader's side of its downstream calls: the breaker, which
+// says whether one may run (breakerIsOpen, allow), and what a call's error
+// says, for the breaker, for the retries and for the cache (classify,
+// classifyLoad, stopped). It knows nothing of keys, values, the cache or
+// the loads in flight. Every question it puts to user code (a custom
+// breaker, IsNotFound, Retryable, IsFailure, the methods of an error) goes
+// through the guard. A Loader holds one, made in New and never changed; it
+// is safe for concurrent use.
+type callee struct {
+	user         userCode         // the Loader's guard
+	breaker      CircuitBreaker   // the built-in one (newBreaker), a noBreaker, or Breaker.Custom; never nil
+	isNotFoundFn func(error) bool // Options.IsNotFound; nil: ErrNotFound alone
+	isFailureFn  func(error) bool // Options.Breaker.IsFailure; nil: every error verdict does not excuse
+	retryableFn  func(error) bool // Options.Retry.Retryable; nil: every error retryable does not exclude
+	maxAttempts  int              // Options.Retry.MaxAttempts, at least 1
+}
+
+// newCallee returns the callee of a Loader with options b, r and
+// isNotFound (defaults applied), whose guard is user.
+func newCallee(user userCode, b Breaker, r Retry, isNotFound func(error) bool) callee {
+	return callee{
+		user:         user,
+		breaker:      newBreaker(b),
+		isNotFoundFn: isNotFound,
+		isFailureFn:  b.IsFailure,
+		retryableFn:  r.Retryable,
+		maxAttempts:  r.MaxAttempts,
+	}
+}
+
+// openRefusal is the error of a load admit fails because the breaker is
+// open, as the breaker would refuse it: the built-in one's names its last
+// failure.
+func (c *callee) openRefusal() error {
+	if b, ok := c.breaker.(*gobreakerBreaker); ok {
+		return b.refusal(gobreaker.ErrOpenState)
+	}
+	return breakerOpen(gobreaker.ErrOpenState)
+}
+
+// breakerIsOpen reports whether the breaker is open now (State is user code
+// for a custom breaker: a panic says no).
+func (c *callee) breakerIsOpen() (open bool) {
+	c.user.guard(func() { open = c.breaker.State() == BreakerOpen }, nil)
+	return open
+}
+
+// stopped explains an error of a load whose context has ended: it keeps the
+// last real error (backoff reports only ctx.Err() when it stops between
+// attempts) and adds why the context ended, Close or LoadTimeout.
+func (c *callee) stopped(ctx context.Context, err, last error) error {
+	if err == nil || ctx.Err() == nil {
+		return err
+	}
+	if last != nil {
+		err = last
+	}
+	if cause := context.Cause(ctx); sameError(cause, ErrClosed) || sameError(cause, ErrLoadTimeout) {
+		e := err
+		c.user.inspect(&err, func() {
+			if !errors.Is(e, cause) {
+				err = fmt.Errorf("%w: %w", cause, e)
+			}
+		}, nil)
+	}
+	return err
+}
+
+// keepCause gives the built-in breaker the text of err, ErrGoexit or the
+// *PanicError of an attempt about to be reported as a failure, for the
+// refusals it may cause to name (gobreakerBreaker.failed; classify does
+// the same for an error the call returned). A *PanicError's text formats
+// its Value, which may run user code: read through the guard.
+func (c *callee) keepCause(err error) {
+	if b, ok := c.breaker.(*gobreakerBreaker); ok {
+		var text string
+		if c.user.guard(func() { text = err.Error() }, nil) == nil {
+			b.failed(text)
+		}
+	}
+}
+
+// classify is what err (not nil), the error of one attempt, says: outcome,
+// for the breaker; final, that it is not to be retried (a not-found, or
+// not retryable; every error is, without Retry). It also reads the
+// error's text, which reaches every caller (and ManyError's), and which
+// the built-in breaker keeps for its refusals to name if the attempt is a
+// failure. The error is user code's: everything is asked through the
+// guard, once per attempt, before the breaker hears the outcome. If
+// inspecting it panics, *err becomes the *PanicError and ok is false.
+func (c *callee) classify(ctx context.Context, err *error, reload bool) (outcome Outcome, final, ok bool) {
+	e := *err
+	var text string
+	ok = c.user.inspect(err, func() {
+		text = e.Error()
+		nf := c.notFound(e)
+		outcome = c.verdict(ctx, e, nf)
+		if reload && errors.Is(e, ErrNotModified) {
+			outcome = OutcomeSuccess // the downstream answered
+		}
+		final = nf || c.maxAttempts <= 1 || !c.retryable(ctx, e)
+	}, nil)
+	if !ok {
+		return OutcomeFailure, true, false
+	}
+	if b, own := c.breaker.(*gobreakerBreaker); own && outcome == OutcomeFailure {
+		b.failed(text)
+	}
+	return outcome, final, true
+}
+
+// allow asks the breaker for one call, wrapping a refusal so that it
+// matches ErrBreakerOpen (breakerOpen). A breaker that panics refuses.
+func (c *callee) allow() (done func(Outcome), err error) {
+	if perr := c.user.guard(func() { done, err = c.breaker.Allow() }, nil); perr != nil {
+		return nil, &breakerOpenError{refusal: perr}
+	}
+	if err != nil {
+		// A custom breaker's refusal is user code's error. It is read here
+		// as the load's error will be (classifyLoad), so that a method
+		// that panics makes the refusal a *PanicError, still a refusal.
+		refusal := err
+		if !c.user.inspect(&refusal, func() {
+			_ = refusal.Error()
+			plainNotFound(refusal)
+			err = breakerOpen(refusal) // errors.Is of it
+		}, nil) {
+			err = &breakerOpenError{refusal: refusal} // refusal is the *PanicError
+		}
+		return nil, err
+	}
+	if done == nil {
+		done = func(Outcome) {}
+	}
+	return done, nil
+}
+
+// verdict classifies a LoadFunc result for the breaker; nf: err is a
+// not-found (notFound). Not-found is a healthy answer; a caller leaving or
+// Close cancelling says nothing about the downstream; a load that ran past
+// LoadTimeout does.
+func (c *callee) verdict(ctx context.Context, err error, nf bool) Outcome {
+	// A load past LoadTimeout is the downstream's fault, whatever error the
+	// LoadFunc made of it.
+	switch {
+	case err == nil, nf:
+		return OutcomeSuccess
+	case !timedOut(ctx) && (ctx.Err() != nil || errors.Is(err, context.Canceled)):
+		return OutcomeIgnored
+	case c.isFailureFn != nil && !c.userBool(c.isFailureFn, err, true):
+		return OutcomeSuccess
+	}
+	return OutcomeFailure
+}
+
+// timedOut reports whether ctx, a load's context, ended at LoadTimeout.
+func timedOut(ctx context.Context) bool {
+	return ctx.Err() != nil && errors.Is(context.Cause(ctx), ErrLoadTimeout)
+}
+
+// retryable reports whether a failed attempt that is not a not-found (the
+// caller asked notFound) may be tried again. It inspects err: only within
+// an inspection (classify).
+func (c *callee) retryable(ctx context.Context, err error) bool {
+	var pe *PanicError
+	switch {
+	case ctx.Err() != nil,
+		errors.Is(err, ErrNotModified),
+		errors.Is(err, ErrBreakerOpen),
+		errors.Is(err, context.Canceled),
+		errors.Is(err, context.DeadlineExceeded),
+		errors.As(err, &pe):
+		return false
+	case c.retryableFn == nil:
+		return true
+	}
+	return c.userBool(c.retryableFn, err, false)
+}
+
+// notFound reports whether err means the key does not exist: it matches
+// ErrNotFound, or Options.IsNotFound (user code, through the guard: a
+// panic means no) says so (Options.NotFound is the same rule for a
+// Remote). nil, a panic of the LoadFunc and ErrGoexit never are. It
+// inspects err: only within an inspection (classify, classifyLoad).
+func (c *callee) notFound(err error) bool {
+	if nf, sure := plainNotFound(err); sure || c.isNotFoundFn == nil {
+		return nf
+	}
+	return c.isNotFound(err, nil)
+}
+
+// classifyLoad is the judgement of a load's error *err (not nil), once for
+// all its callers: whether it is a not-found (notFound), with its text
+// read, as classify reads an attempt's. A not-found only IsNotFound
+// recognised becomes a *notFoundError, so that every caller's not-found
+// matches ErrNotFound: made here, once per load, it is what the cache
+// keeps, and a hit of it costs nothing more. The error is user code's: it
+// is inspected through the guard, and a panic makes *err the *PanicError
+// (no not-found). onGoexit is the guard's, for a caller that must leave
+// its state consistent if the error or IsNotFound ends the goroutine.
+func (c *callee) classifyLoad(err *error, onGoexit func()) (nf bool) {
+	e := *err
+	var sure bool
+	var text string
+	if !c.user.inspect(err, func() { text = e.Error(); nf, sure = plainNotFound(e) }, onGoexit) {
+		return false
+	}
+	if sure || c.isNotFoundFn == nil {
+		return nf
+	}
+	if nf = c.isNotFound(e, onGoexit); nf {
+		*err = &notFoundError{err: e, text: ErrNotFound.Error() + ": " + text}
+	}
+	return nf
+}
+
+// isNotFound asks Options.IsNotFound about err, through the guard: a panic
+// means no.
+func (c *callee) isNotFound(err error, onGoexit func()) (nf bool) {
+	if c.user.guard(func() { nf = c.isNotFoundFn(err) }, onGoexit) != nil {
+		return false
+	}
+	return nf
+}
+
+// userBool calls a user predicate through the guard; a panic gives onPanic.
+func (c *callee) userBool(f func(error) bool, err error, onPanic bool) (ok bool) {
+	if c.user.guard(func() { ok = f(err) }, nil) != nil {
+		return onPanic
+	}
+	return ok
+}
