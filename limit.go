@@ -215,5 +215,5 @@ func limitSample(o Outcome, timedOut bool) limit.Sample {
 // limit), QueuedLoads, Limited, StaleLimited and RefreshesLimited.
 func (s *Stats) fillLimit(c limit.Counts) {
 	s.LoadLimit, s.QueuedLoads = int64(c.Bound), int64(c.Waiting)
-	s.Limited, s.StaleLimited, s.RefreshesLimited = c.Limited, c.StaleLimited, c.RefreshesLimited
+	s.Limited, s.StaleLimited, s.RefreshesLimited = c.Limited, c.StaleLimited, c.BackgroundRefused
 }

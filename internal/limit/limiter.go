@@ -71,7 +71,7 @@ type Limiter struct {
 	q    queue.Queue // the slots: places; the bound and its background share (q.Resize) are set from the gradient
 	grad gradient    // the adaptive bound; used only if adaptive, and only under q's lock (in q.Resize)
 
-	limited, refreshesLimited, staleLimited atomic.Uint64
+	limited, backgroundRefused, staleLimited atomic.Uint64
 }
 
 // Slot is one slot held, returned by Acquire, TryBackground and
@@ -121,8 +121,8 @@ func (lm *Limiter) CountStale() {
 // Acquire takes a slot for a foreground call: at once if one is free and
 // nobody waits, else after waiting its turn, for at most MaxWait, while
 // ctx (the call's context) lasts. queued is how long it waited. It fails
-// with ErrLimited when MaxWait passes or the queue is full (only at an
-// explicit MaxQueue), with ErrClosed after Close (both unwrapped), and
+// with ErrLimited when MaxWait passes or the queue is full (only with a
+// MaxQueue), with ErrClosed after Close (both unwrapped), and
 // with ctx's error (and its cause, when that says more) when ctx ends
 // while it waits.
 // Without an error, the slot must be released. A free slot costs no
@@ -204,7 +204,7 @@ func leftQueue(ctx context.Context) error {
 // TryBackground takes a slot for a background call, which never waits:
 // ok only while no foreground call waits, a slot is free, and background
 // work holds less than half the bound. A refusal is counted in
-// Counts.RefreshesLimited (not after Close). With ok, the slot must be
+// Counts.BackgroundRefused (not after Close). With ok, the slot must be
 // released.
 func (lm *Limiter) TryBackground() (s Slot, ok bool) {
 	if lm == nil {
@@ -214,7 +214,7 @@ func (lm *Limiter) TryBackground() (s Slot, ok bool) {
 	case queue.Taken:
 		return Slot{lm: lm, bg: true}, true
 	case queue.NoRoom:
-		lm.refreshesLimited.Add(1)
+		lm.backgroundRefused.Add(1)
 	}
 	return Slot{}, false
 }
@@ -270,11 +270,11 @@ func (lm *Limiter) Close() {
 
 // Counts is the state of a Limiter at one moment.
 type Counts struct {
-	Bound            int    // the slots the bound allows now
-	Waiting          int    // calls waiting for a slot
-	Limited          uint64 // Acquires failed with ErrLimited
-	StaleLimited     uint64 // CountStale's count
-	RefreshesLimited uint64 // TryBackground's refusals
+	Bound             int    // the slots the bound allows now
+	Waiting           int    // calls waiting for a slot
+	Limited           uint64 // Acquires failed with ErrLimited
+	StaleLimited      uint64 // CountStale's count
+	BackgroundRefused uint64 // TryBackground's refusals
 }
 
 // Counts returns the Limiter's state; the zero Counts for a nil Limiter.
@@ -284,10 +284,10 @@ func (lm *Limiter) Counts() Counts {
 	}
 	st := lm.q.State()
 	return Counts{
-		Bound:            st.Places,
-		Waiting:          st.Waiting,
-		Limited:          lm.limited.Load(),
-		StaleLimited:     lm.staleLimited.Load(),
-		RefreshesLimited: lm.refreshesLimited.Load(),
+		Bound:             st.Places,
+		Waiting:           st.Waiting,
+		Limited:           lm.limited.Load(),
+		StaleLimited:      lm.staleLimited.Load(),
+		BackgroundRefused: lm.backgroundRefused.Load(),
 	}
 }

@@ -342,8 +342,8 @@ func TestLimiterBackground(t *testing.T) {
 		if !ok {
 			t.Error("tryBackground with a slot free, none queued, background under half = refused")
 		}
-		if c := lm.Counts(); c.RefreshesLimited != 3 {
-			t.Errorf("Counts.RefreshesLimited = %d; want 3", c.RefreshesLimited)
+		if c := lm.Counts(); c.BackgroundRefused != 3 {
+			t.Errorf("Counts.BackgroundRefused = %d; want 3", c.BackgroundRefused)
 		}
 		for _, s := range []Slot{bg2, bg3, fg2, r.s} {
 			s.Release()
@@ -378,7 +378,7 @@ func TestLimiterClose(t *testing.T) {
 			t.Error("tryBackground after close = ok")
 		}
 		held.Release()
-		if c := lm.Counts(); c.RefreshesLimited != 0 || c.Waiting != 0 || c.Limited != 0 {
+		if c := lm.Counts(); c.BackgroundRefused != 0 || c.Waiting != 0 || c.Limited != 0 {
 			t.Errorf("Counts after close: %+v; want no refresh limited, none queued, none limited", c)
 		}
 	})
