@@ -2,6 +2,7 @@ package flightcache
 
 import (
 	"github.com/flightcache/flightcache/internal/life"
+	"github.com/flightcache/flightcache/internal/limit"
 
 	"context"
 	"fmt"
@@ -54,7 +55,7 @@ type batch[K comparable, V any] struct {
 
 	abandoned atomic.Bool
 	slotted   bool                            // a background batch holds a MaxRefreshes slot, taken by its first call (flights.start)
-	limSlot   slot                            // and its Limit slot, taken with it
+	limSlot   limit.Slot                      // and its Limit slot, taken with it
 	octx      atomic.Pointer[context.Context] // the LoadMany call's context as the Observer made it (call.octx)
 	// Written by the batch's goroutine as it delivers each call.
 	callers int

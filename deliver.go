@@ -98,7 +98,7 @@ func (l *Loader[K, V]) entryOf(c *call[K, V], r *loaded[V], res *delivery[K, V],
 func (l *Loader[K, V]) deliver(c *call[K, V], r *loaded[V], res *delivery[K, V], e *entry[K, V], cost int64) {
 	c.release()
 	if c.batch == nil { // a batch counts itself once (completeBatch)
-		l.loadEnded(res.err, c.background, l.backgroundSlot())
+		l.loadEnded(res.err, c.background, l.lim.Background())
 		if res.notFound {
 			l.stats.loadNotFounds.Add(1)
 		}

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/cenkalti/backoff/v4"
+	"github.com/flightcache/flightcache/internal/limit"
 	"github.com/flightcache/flightcache/internal/loadctx"
 )
 
@@ -140,7 +141,7 @@ func callDownstream[T any, K comparable, V any](l *Loader[K, V], ctx context.Con
 		if err != nil {
 			return v, err
 		}
-		defer s.release()
+		defer s.Release()
 	}
 	if l.opts.Retry.MaxAttempts <= 1 {
 		v, _, err = attempt(l, ctx, call, reload, t)
@@ -181,15 +182,15 @@ func callDownstream[T any, K comparable, V any](l *Loader[K, V], ctx context.Con
 // is bounded by MaxWait, and its context keeps the deadline it had), and
 // has its LoadTimeout started again once it has its slot. ErrLimited is
 // never retried and never reaches the breaker.
-func (l *Loader[K, V]) admit(ctx context.Context, t *tally) (slot, error) {
+func (l *Loader[K, V]) admit(ctx context.Context, t *tally) (limit.Slot, error) {
 	if l.callee.breakerIsOpen() {
 		l.stats.breakerRejected.Add(1)
 		err := l.callee.openRefusal()
 		l.obs.attempted(ctx, AttemptEvent[K]{Attempt: int(t.calls) + 1, Err: err, Rejected: true})
-		return slot{}, err
+		return limit.Slot{}, err
 	}
 	waited := false
-	s, queued, err := l.lim.acquire(ctx, func() {
+	s, queued, err := l.lim.Acquire(ctx, func() {
 		if waited = t.lctx != nil; waited {
 			l.timeouts.Remove(t.lctx)
 		}
@@ -198,7 +199,7 @@ func (l *Loader[K, V]) admit(ctx context.Context, t *tally) (slot, error) {
 	if waited && err == nil {
 		l.timeouts.Add(t.lctx, l.now())
 	}
-	return s, err
+	return s, limitError(err)
 }
 
 // maxBackoff caps the intervals handed to backoff/v4, which spreads an
@@ -226,14 +227,14 @@ func attempt[T any, K comparable, V any](l *Loader[K, V], ctx context.Context, c
 	}
 	outcome := OutcomeFailure // a panic or a Goexit
 	called := false           // the call returned or panicked: not a Goexit
-	begun := l.lim.begin()
+	begun := l.lim.Begin()
 	defer func() {
 		if !called {
 			l.callee.keepCause(ErrGoexit)
 		}
 		l.user.guard(func() { done(outcome) }, nil)
 		if l.lim != nil { // the attempt's latency and outcome, for an adaptive bound
-			l.lim.sample(begun, limitSample(outcome, timedOut(ctx)))
+			l.lim.Sample(begun, limitSample(outcome, timedOut(ctx)))
 		}
 	}()
 	perr := l.user.guard(func() { v, err = call() }, nil)

@@ -2,6 +2,7 @@ package flightcache
 
 import (
 	"github.com/flightcache/flightcache/internal/life"
+	"github.com/flightcache/flightcache/internal/limit"
 
 	"context"
 	"sync"
@@ -361,7 +362,7 @@ func (f *flights[K, V]) start(sh *shard[K, V], r *request[K, V], n newLoad[K, V]
 		return nil, false
 	}
 	batched = n.into != nil && !n.into.full()
-	var held slot // a background load's Limit slot: backgroundSlot, if not batched
+	var held limit.Slot // a background load's Limit slot, if not batched (its end gives back l.lim.Background())
 	if n.background && !(batched && n.into.slotted) {
 		var ok bool
 		if held, ok = l.takeBackground(); !ok {

@@ -79,7 +79,7 @@ func (l *Loader[K, V]) shutdown() {
 	}
 	l.stop(ErrClosed)      // the context Remote.Set and Remote.Invalidate run under
 	l.writer.turns.Close() // Sets and Invalidates waiting their turn do nothing
-	l.lim.close()          // loads waiting for a downstream slot get ErrClosed
+	l.lim.Close()          // loads waiting for a downstream slot get ErrClosed
 	l.flights.cancelAll(ErrClosed)
 	l.gate.CheckIdle()
 }

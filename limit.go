@@ -3,6 +3,8 @@ package flightcache
 import (
 	"math"
 	"time"
+
+	"github.com/flightcache/flightcache/internal/limit"
 )
 
 // DefaultAdaptiveMaxLoads is the ceiling of an adaptive [Limit] whose
@@ -171,4 +173,47 @@ func (l Limit) withDefaults(loadTimeout time.Duration) Limit {
 		l.MaxWait = loadTimeout
 	}
 	return l
+}
+
+// config is what the limiter of l bounds, with l's defaults set
+// (withDefaults; loadTimeout is the Loader's). A Limit that bounds nothing
+// gives a Config that bounds nothing: limit.New returns nil, no limit,
+// which every limiter method takes (the hit path never touches it).
+func (l Limit) config(loadTimeout time.Duration) limit.Config {
+	l = l.withDefaults(loadTimeout)
+	return limit.Config{MaxLoads: l.MaxLoads, Adaptive: l.Adaptive, MinLoads: l.MinLoads, MaxQueue: l.MaxQueue, MaxWait: l.MaxWait}
+}
+
+// limitError is the limiter's error as the Loader reports it: its
+// sentinels become ErrLimited and ErrClosed; a context's error (with the
+// cause the Loader gave it: ErrClosed, CancelAtZero's) stays as it is.
+func limitError(err error) error {
+	switch err {
+	case limit.ErrLimited:
+		return ErrLimited
+	case limit.ErrClosed:
+		return ErrClosed
+	}
+	return err
+}
+
+// limitSample is the sample of one attempt from the breaker's view of it:
+// its Outcome, and whether the load's context ended with ErrLoadTimeout.
+func limitSample(o Outcome, timedOut bool) limit.Sample {
+	switch {
+	case o == OutcomeFailure && timedOut:
+		return limit.SampleTimeout
+	case o == OutcomeFailure:
+		return limit.SampleFailure
+	case o == OutcomeIgnored:
+		return limit.SampleIgnored
+	}
+	return limit.SampleOK
+}
+
+// fillLimit copies the limiter's counts c into s: LoadLimit (0 without a
+// limit), QueuedLoads, Limited, StaleLimited and RefreshesLimited.
+func (s *Stats) fillLimit(c limit.Counts) {
+	s.LoadLimit, s.QueuedLoads = int64(c.Bound), int64(c.Waiting)
+	s.Limited, s.StaleLimited, s.RefreshesLimited = c.Limited, c.StaleLimited, c.BackgroundRefused
 }

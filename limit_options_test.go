@@ -10,6 +10,8 @@ import (
 	"testing"
 	"testing/synctest"
 	"time"
+
+	"github.com/flightcache/flightcache/internal/limit"
 )
 
 // New rejects a bad Limit with an error that names the field.
@@ -82,13 +84,13 @@ func TestLimitOptionsDefaults(t *testing.T) {
 	}
 }
 
-// newLimiter gives nil (no limit) for a Limit that bounds nothing, and the
-// bound a Limit asks for otherwise; a LoadTimeout of 0 leaves the wait
+// A Limit that bounds nothing gives no limiter (nil: no limit), and
+// another the bound it asks for; a LoadTimeout of 0 leaves the wait
 // unbounded but for the load's context.
 func TestNewLimiter(t *testing.T) {
 	now := func() time.Duration { return 0 }
-	if lm := newLimiter(Limit{}, time.Second, now); lm != nil {
-		t.Errorf("newLimiter(zero Limit) = %+v; want nil", lm)
+	if lm := limit.New(Limit{}.config(time.Second), now); lm != nil {
+		t.Errorf("limit.New(zero Limit) = %+v; want nil", lm)
 	}
 	for _, tt := range []struct {
 		limit   Limit
@@ -96,19 +98,19 @@ func TestNewLimiter(t *testing.T) {
 		maxWait time.Duration
 	}{
 		{Limit{MaxLoads: 50}, 50, time.Second},
-		{Limit{Adaptive: true}, gradientStart, time.Second},
+		{Limit{Adaptive: true}, limit.AdaptiveStart, time.Second},
 		{Limit{Adaptive: true, MaxLoads: 8}, 8, time.Second},
 		{Limit{Adaptive: true, MinLoads: 30, MaxLoads: 40}, 30, time.Second},
 	} {
-		lm := newLimiter(tt.limit, time.Second, now)
+		c := tt.limit.config(time.Second)
 		var s Stats
-		lm.fill(&s)
-		if s.LoadLimit != int64(tt.bound) || lm.maxWait != tt.maxWait {
-			t.Errorf("newLimiter(%+v): bound %d, MaxWait %v; want %d, %v", tt.limit, s.LoadLimit, lm.maxWait, tt.bound, tt.maxWait)
+		s.fillLimit(limit.New(c, now).Counts())
+		if s.LoadLimit != int64(tt.bound) || c.MaxWait != tt.maxWait {
+			t.Errorf("limit.New(%+v): bound %d, MaxWait %v; want %d, %v", tt.limit, s.LoadLimit, c.MaxWait, tt.bound, tt.maxWait)
 		}
 	}
-	if lm := newLimiter(Limit{MaxLoads: 1}, 0, now); lm.maxWait != 0 {
-		t.Errorf("newLimiter without a LoadTimeout: MaxWait %v; want 0 (no bound)", lm.maxWait)
+	if c := (Limit{MaxLoads: 1}).config(0); c.MaxWait != 0 {
+		t.Errorf("Limit without a LoadTimeout: MaxWait %v; want 0 (no bound)", c.MaxWait)
 	}
 }
 
@@ -139,8 +141,8 @@ func TestLimitOptionsHugeValues(t *testing.T) {
 		{"MaxLoads", Limit{MaxLoads: math.MaxInt}, math.MaxInt},
 		{"MaxLoads and MaxQueue", Limit{MaxLoads: math.MaxInt, MaxQueue: math.MaxInt}, math.MaxInt},
 		{"MaxQueue", Limit{MaxLoads: 1, MaxQueue: math.MaxInt}, 1},
-		{"adaptive MaxLoads", Limit{Adaptive: true, MaxLoads: math.MaxInt}, gradientStart},
-		{"adaptive MaxQueue", Limit{Adaptive: true, MaxQueue: math.MaxInt}, gradientStart},
+		{"adaptive MaxLoads", Limit{Adaptive: true, MaxLoads: math.MaxInt}, limit.AdaptiveStart},
+		{"adaptive MaxQueue", Limit{Adaptive: true, MaxQueue: math.MaxInt}, limit.AdaptiveStart},
 		{"adaptive MinLoads and MaxLoads", Limit{Adaptive: true, MinLoads: math.MaxInt, MaxLoads: math.MaxInt}, math.MaxInt},
 		{"adaptive, all three", Limit{Adaptive: true, MinLoads: math.MaxInt, MaxLoads: math.MaxInt, MaxQueue: math.MaxInt}, math.MaxInt},
 	}
@@ -169,24 +171,5 @@ func TestLimitOptionsHugeValues(t *testing.T) {
 				}
 			})
 		})
-	}
-}
-
-// The adaptive bound saturates at the largest int: its float arithmetic
-// never turns it negative, whatever it is fed.
-func TestGradientHugeBounds(t *testing.T) {
-	for _, lo := range []int{1, gradientStart, math.MaxInt} {
-		g := newGradient(lo, math.MaxInt)
-		now := time.Second
-		for i := range 1000 {
-			now += time.Millisecond
-			k := sampleOK
-			if i%7 == 6 {
-				k = sampleTimeout
-			}
-			if b := g.observe(now, time.Millisecond, k, max(g.bound(), 1)); b < min(lo, gradientStart) || b < 1 {
-				t.Fatalf("newGradient(%d, MaxInt): bound %d after %d samples; want at least %d", lo, b, i+1, min(lo, gradientStart))
-			}
-		}
 	}
 }

@@ -11,6 +11,7 @@ import (
 	"github.com/dgraph-io/ristretto/v2"
 
 	"github.com/flightcache/flightcache/internal/life"
+	"github.com/flightcache/flightcache/internal/limit"
 	"github.com/flightcache/flightcache/internal/loadctx"
 )
 
@@ -78,7 +79,7 @@ type Loader[K comparable, V any] struct {
 	callee callee
 	// refreshSlots bounds the background loads (MaxRefreshes, workers.go).
 	refreshSlots refreshSlots
-	lim          *limiter // Options.Limit's slots for downstream calls; nil: no limit
+	lim          *limit.Limiter // Options.Limit's slots for downstream calls; nil: no limit
 	seed         maphash.Seed
 	// hashMayPanic: a custom Hash, or keys whose dynamic type may not be
 	// comparable (an interface inside K): hashing goes through the guard.
@@ -131,7 +132,7 @@ func New[K comparable, V any](load LoadFunc[K, V], opts Options[K, V]) (*Loader[
 	l.callee = newCallee(l.user, opts.Breaker, opts.Retry, opts.IsNotFound)
 	l.checkKeys, l.hashMayPanic, l.nanKeys = keyChecks[K](opts.Hash != nil)
 	l.refreshSlots.max = int64(opts.MaxRefreshes)
-	l.lim = newLimiter(opts.Limit, opts.LoadTimeout, l.now)
+	l.lim = limit.New(opts.Limit.config(opts.LoadTimeout), l.now)
 	l.flights.init(l)
 	l.writer.init(opts.MaxPendingWrites, opts.MaxCost)
 	l.gate.Init()
@@ -342,7 +343,7 @@ func (l *Loader[K, V]) judgeStale(cl *caller, e *entry[K, V], now time.Duration)
 			return SourceStale
 		}
 	case phaseStaleIfError:
-		if l.lim.full() && cl.full().acceptsStale(e.freshUntil, now) {
+		if l.lim.Full() && cl.full().acceptsStale(e.freshUntil, now) {
 			return SourceStaleLimited
 		}
 	}
@@ -354,7 +355,7 @@ func (l *Loader[K, V]) judgeStale(cl *caller, e *entry[K, V], now time.Duration)
 func (l *Loader[K, V]) serve(r *request[K, V], e *entry[K, V], src Source) (V, Info, error) {
 	if r.start >= e.refreshAt() {
 		if src == SourceStaleLimited {
-			l.lim.countStale() // no load: the downstream is at its limit
+			l.lim.CountStale() // no load: the downstream is at its limit
 		} else {
 			l.refresh(r, e)
 		}
@@ -685,7 +686,7 @@ func (l *Loader[K, V]) Stats() Stats {
 	s := l.stats.snapshot(&l.gate)
 	s.PendingWrites = l.writer.backlog.Load()
 	s.WriteWaits = l.writer.turns.Waits()
-	l.lim.fill(&s)
+	s.fillLimit(l.lim.Counts())
 	l.user.guard(func() { s.Breaker = l.callee.breaker.State() }, nil)
 	return s
 }

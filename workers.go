@@ -2,6 +2,7 @@ package flightcache
 
 import (
 	"github.com/flightcache/flightcache/internal/life"
+	"github.com/flightcache/flightcache/internal/limit"
 
 	"context"
 	"runtime/pprof"
@@ -73,30 +74,25 @@ func (s *refreshSlots) give() { s.used.Add(-1) }
 
 // takeBackground takes what a background load holds while it runs, when
 // it is published (flights.start): a MaxRefreshes slot and, with a Limit,
-// a downstream slot, which a refresh never queues for (tryBackground). ok
+// a downstream slot, which a refresh never queues for (TryBackground). ok
 // false drops the refresh (counted in RefreshesDropped or
 // RefreshesLimited); the stale value keeps serving.
-func (l *Loader[K, V]) takeBackground() (s slot, ok bool) {
+func (l *Loader[K, V]) takeBackground() (s limit.Slot, ok bool) {
 	if !l.refreshSlots.take(&l.stats.refreshesDropped) {
-		return slot{}, false
+		return limit.Slot{}, false
 	}
-	if s, ok = l.lim.tryBackground(); !ok {
+	if s, ok = l.lim.TryBackground(); !ok {
 		l.refreshSlots.give()
 	}
 	return s, ok
 }
-
-// backgroundSlot is the Limit slot takeBackground took for a background
-// load, which its end gives back (loadEnded): every such slot is the same,
-// so a load keeps none of its own (a call is allocated with every miss).
-func (l *Loader[K, V]) backgroundSlot() slot { return slot{lm: l.lim, bg: true} }
 
 // loadEnded counts a load (a single key's, or a batch's LoadMany call) as
 // ended, before any of its waiters wakes, so that Stats read after a Get
 // returns include the load that answered it; a background load gives back
 // what takeBackground took, s its Limit slot. Whether its error is a
 // not-found is counted apart, once judged (deliver, completeBatch).
-func (l *Loader[K, V]) loadEnded(err error, background bool, s slot) {
+func (l *Loader[K, V]) loadEnded(err error, background bool, s limit.Slot) {
 	l.stats.inFlight.Add(-1)
 	l.stats.loads.Add(1)
 	if err != nil {
@@ -104,6 +100,6 @@ func (l *Loader[K, V]) loadEnded(err error, background bool, s slot) {
 	}
 	if background {
 		l.refreshSlots.give()
-		s.release()
+		s.Release()
 	}
 }

@@ -1,4 +1,4 @@
-package flightcache
+package limit
 
 import (
 	"context"
@@ -10,22 +10,40 @@ import (
 	"time"
 )
 
-// testLimiter is the limiter of l with the bubble's clock, as a Loader
+// withDefaults is c with the defaults a Loader gives its Limit, whose
+// LoadTimeout is maxWait: an adaptive bound's ceiling 200 and floor 1, and
+// MaxWait maxWait. (MaxQueue 0 is no bound, as its default.)
+func withDefaults(c Config, maxWait time.Duration) Config {
+	if c.Adaptive {
+		if c.MaxLoads == 0 {
+			c.MaxLoads = 200
+		}
+		if c.MinLoads == 0 {
+			c.MinLoads = 1
+		}
+	}
+	if c.MaxWait == 0 {
+		c.MaxWait = maxWait
+	}
+	return c
+}
+
+// testLimiter is the limiter of c with the bubble's clock, as a Loader
 // made in the bubble would have it (LoadTimeout 10s).
-func testLimiter(t *testing.T, l Limit) *limiter {
+func testLimiter(t *testing.T, c Config) *Limiter {
 	t.Helper()
 	epoch := time.Now()
-	lm := newLimiter(l, DefaultLoadTimeout, func() time.Duration { return time.Since(epoch) })
+	lm := New(withDefaults(c, 10*time.Second), func() time.Duration { return time.Since(epoch) })
 	if lm == nil {
-		t.Fatalf("newLimiter(%+v) = nil", l)
+		t.Fatalf("New(%+v) = nil", c)
 	}
 	return lm
 }
 
 // mustAcquire takes a slot that must be free.
-func mustAcquire(t *testing.T, lm *limiter) slot {
+func mustAcquire(t *testing.T, lm *Limiter) Slot {
 	t.Helper()
-	s, queued, err := lm.acquire(context.Background(), nil)
+	s, queued, err := lm.Acquire(context.Background(), nil)
 	if err != nil || queued != 0 {
 		t.Fatalf("acquire = %v after %v; want a free slot at once", err, queued)
 	}
@@ -34,24 +52,24 @@ func mustAcquire(t *testing.T, lm *limiter) slot {
 
 // acquired is what one acquire in a goroutine returned.
 type acquired struct {
-	s      slot
+	s      Slot
 	queued time.Duration
 	err    error
 }
 
 // acquireAsync acquires in a goroutine and returns at once; the result
 // arrives on the channel.
-func acquireAsync(ctx context.Context, lm *limiter) <-chan acquired {
+func acquireAsync(ctx context.Context, lm *Limiter) <-chan acquired {
 	ch := make(chan acquired, 1)
 	go func() {
-		s, q, err := lm.acquire(ctx, nil)
+		s, q, err := lm.Acquire(ctx, nil)
 		ch <- acquired{s, q, err}
 	}()
 	return ch
 }
 
 // limitState reads the limiter's state under its lock.
-func limitState(lm *limiter) (bound, inUse, bgInUse, waiting int) {
+func limitState(lm *Limiter) (bound, inUse, bgInUse, waiting int) {
 	s := lm.q.State()
 	return s.Places, s.Held, int(s.Spent), s.Waiting
 }
@@ -59,26 +77,26 @@ func limitState(lm *limiter) (bound, inUse, bgInUse, waiting int) {
 // Many loads at once, each holding its slot through three attempts: never
 // more in flight than the bound, and every load gets its turn.
 func TestLimiterBoundNeverExceeded(t *testing.T) {
-	for _, l := range []Limit{{MaxLoads: 5, MaxQueue: 1000}, {Adaptive: true, MaxLoads: 8, MaxQueue: 1000}} {
+	for _, l := range []Config{{MaxLoads: 5, MaxQueue: 1000}, {Adaptive: true, MaxLoads: 8, MaxQueue: 1000}} {
 		synctest.Test(t, func(t *testing.T) {
 			lm := testLimiter(t, l)
 			var inFlight, peak atomic.Int64
 			var wg sync.WaitGroup
 			for i := range 200 {
 				wg.Go(func() {
-					s, _, err := lm.acquire(context.Background(), nil)
+					s, _, err := lm.Acquire(context.Background(), nil)
 					if err != nil {
 						t.Errorf("load %d: acquire = %v", i, err)
 						return
 					}
-					defer s.release()
+					defer s.Release()
 					n := inFlight.Add(1)
 					for p := peak.Load(); n > p && !peak.CompareAndSwap(p, n); p = peak.Load() {
 					}
 					for a := range 3 { // a load and its two retries, in one slot
-						begun := lm.begin()
+						begun := lm.Begin()
 						time.Sleep(time.Duration(1+(i+a)%4) * time.Millisecond)
-						lm.sample(begun, sampleOK)
+						lm.Sample(begun, SampleOK)
 					}
 					inFlight.Add(-1)
 				})
@@ -98,14 +116,14 @@ func TestLimiterBoundNeverExceeded(t *testing.T) {
 // while others wait queues behind them even if a slot is free that moment.
 func TestLimiterFIFO(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		lm := testLimiter(t, Limit{MaxLoads: 1, MaxQueue: 5})
+		lm := testLimiter(t, Config{MaxLoads: 1, MaxQueue: 5})
 		held := mustAcquire(t, lm)
 		var order []int
 		var mu sync.Mutex
 		var wg sync.WaitGroup
 		for i := range 5 {
 			wg.Go(func() {
-				s, q, err := lm.acquire(context.Background(), nil)
+				s, q, err := lm.Acquire(context.Background(), nil)
 				if err != nil {
 					t.Errorf("waiter %d: %v", i, err)
 					return
@@ -117,22 +135,22 @@ func TestLimiterFIFO(t *testing.T) {
 					t.Errorf("waiter %d queued %v; want %v", i, q, want)
 				}
 				time.Sleep(time.Millisecond)
-				s.release()
+				s.Release()
 			})
 			synctest.Wait() // waiter i is queued before waiter i+1 comes
 		}
-		if !lm.full() {
+		if !lm.Full() {
 			t.Error("full() = false with a slot held and five loads queued")
 		}
 		time.Sleep(time.Millisecond)
-		held.release()
+		held.Release()
 		wg.Wait()
 		for i, got := range order {
 			if got != i {
 				t.Fatalf("grant order %v; want 0 1 2 3 4", order)
 			}
 		}
-		if lm.full() {
+		if lm.Full() {
 			t.Error("full() = true with every slot free")
 		}
 	})
@@ -144,18 +162,18 @@ func TestLimiterFIFO(t *testing.T) {
 // may be out of date by the time acquire runs.
 func TestLimiterWaitingIsCalledOnlyToWait(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		lm := testLimiter(t, Limit{MaxLoads: 1, MaxQueue: 1})
+		lm := testLimiter(t, Config{MaxLoads: 1, MaxQueue: 1})
 		calls := 0
 		count := func() { calls++ }
-		held, _, err := lm.acquire(context.Background(), count)
+		held, _, err := lm.Acquire(context.Background(), count)
 		if err != nil || calls != 0 {
 			t.Fatalf("acquire of a free slot = %v, waiting called %d times; want a slot, 0", err, calls)
 		}
-		full := lm.full() // no slot free now
+		full := lm.Full() // no slot free now
 		var waited atomic.Int64
 		got := make(chan acquired, 1)
 		go func() {
-			s, q, err := lm.acquire(context.Background(), func() {
+			s, q, err := lm.Acquire(context.Background(), func() {
 				if _, _, _, w := limitState(lm); w != 1 { // and no lock held: limitState takes it
 					t.Errorf("waiting called with %d loads queued; want 1, itself", w)
 				}
@@ -167,11 +185,11 @@ func TestLimiterWaitingIsCalledOnlyToWait(t *testing.T) {
 		if waited.Load() != 1 || !full {
 			t.Fatalf("waiting called %d times for a load that waits (full %v); want 1", waited.Load(), full)
 		}
-		if _, _, err := lm.acquire(context.Background(), count); !errors.Is(err, ErrLimited) || calls != 0 {
+		if _, _, err := lm.Acquire(context.Background(), count); !errors.Is(err, ErrLimited) || calls != 0 {
 			t.Errorf("acquire past MaxQueue = %v, waiting called %d times; want ErrLimited, 0", err, calls)
 		}
 		time.Sleep(time.Millisecond)
-		held.release()
+		held.Release()
 		if a := <-got; a.err != nil || a.queued != time.Millisecond || waited.Load() != 1 {
 			t.Errorf("the queued load = %v after %v, waiting called %d times; want its slot after 1ms, once", a.err, a.queued, waited.Load())
 		}
@@ -182,29 +200,26 @@ func TestLimiterWaitingIsCalledOnlyToWait(t *testing.T) {
 // fails it then. Neither leaks a slot or a place.
 func TestLimiterMaxQueueAndMaxWait(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		lm := testLimiter(t, Limit{MaxLoads: 1, MaxQueue: 2, MaxWait: 100 * time.Millisecond})
+		lm := testLimiter(t, Config{MaxLoads: 1, MaxQueue: 2, MaxWait: 100 * time.Millisecond})
 		held := mustAcquire(t, lm)
 		first, second := acquireAsync(context.Background(), lm), acquireAsync(context.Background(), lm)
 		synctest.Wait()
-		if _, q, err := lm.acquire(context.Background(), nil); !errors.Is(err, ErrLimited) || q != 0 {
+		if _, q, err := lm.Acquire(context.Background(), nil); !errors.Is(err, ErrLimited) || q != 0 {
 			t.Errorf("acquire with the queue full = %v after %v; want ErrLimited at once", err, q)
 		}
-		var s Stats
-		lm.fill(&s)
-		if s.QueuedLoads != 2 || s.Limited != 1 || s.LoadLimit != 1 {
-			t.Errorf("Stats: %d queued, %d limited, bound %d; want 2, 1, 1", s.QueuedLoads, s.Limited, s.LoadLimit)
+		if c := lm.Counts(); c.Waiting != 2 || c.Limited != 1 || c.Bound != 1 {
+			t.Errorf("Counts: %d queued, %d limited, bound %d; want 2, 1, 1", c.Waiting, c.Limited, c.Bound)
 		}
 		for _, ch := range []<-chan acquired{first, second} {
 			if r := <-ch; !errors.Is(r.err, ErrLimited) || r.queued != 100*time.Millisecond {
 				t.Errorf("a waiter past MaxWait = %v after %v; want ErrLimited after 100ms", r.err, r.queued)
 			}
 		}
-		lm.fill(&s)
-		if s.QueuedLoads != 0 || s.Limited != 3 {
-			t.Errorf("Stats after MaxWait: %d queued, %d limited; want 0, 3", s.QueuedLoads, s.Limited)
+		if c := lm.Counts(); c.Waiting != 0 || c.Limited != 3 {
+			t.Errorf("Counts after MaxWait: %d queued, %d limited; want 0, 3", c.Waiting, c.Limited)
 		}
-		held.release()
-		mustAcquire(t, lm).release()
+		held.Release()
+		mustAcquire(t, lm).Release()
 		if _, inUse, _, waiting := limitState(lm); inUse != 0 || waiting != 0 {
 			t.Errorf("%d slots in use, %d waiting; want none", inUse, waiting)
 		}
@@ -216,7 +231,7 @@ func TestLimiterMaxQueueAndMaxWait(t *testing.T) {
 // would have had goes to the next in line.
 func TestLimiterCancelWhileQueued(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		lm := testLimiter(t, Limit{MaxLoads: 1})
+		lm := testLimiter(t, Config{MaxLoads: 1})
 		held := mustAcquire(t, lm)
 		ctx, cancel := context.WithCancelCause(context.Background())
 		errGone := errors.New("every caller left")
@@ -232,12 +247,12 @@ func TestLimiterCancelWhileQueued(t *testing.T) {
 		if _, _, _, waiting := limitState(lm); waiting != 1 {
 			t.Errorf("%d loads waiting after one left; want 1", waiting)
 		}
-		held.release()
+		held.Release()
 		r = <-next
 		if r.err != nil {
 			t.Fatalf("the next waiter = %v; want the slot", r.err)
 		}
-		r.s.release()
+		r.s.Release()
 		if _, inUse, _, waiting := limitState(lm); inUse != 0 || waiting != 0 {
 			t.Errorf("%d slots in use, %d waiting; want none", inUse, waiting)
 		}
@@ -252,14 +267,14 @@ func TestLimiterCancelWhileQueued(t *testing.T) {
 		w, _ := lm.q.Ask(0) // queued: the slot is held
 		after := acquireAsync(context.Background(), lm)
 		synctest.Wait()
-		held.release() // step 2: w is granted
+		held.Release() // step 2: w is granted
 		if _, _, err := lm.leave(w, context.Canceled, 0); !errors.Is(err, context.Canceled) {
 			t.Errorf("leave after a grant = %v; want context.Canceled", err)
 		}
 		if r := <-after; r.err != nil {
 			t.Errorf("the waiter after = %v; want the slot passed on", r.err)
 		} else {
-			r.s.release()
+			r.s.Release()
 		}
 		if _, inUse, _, waiting := limitState(lm); inUse != 0 || waiting != 0 {
 			t.Errorf("%d slots in use, %d waiting; want none", inUse, waiting)
@@ -272,7 +287,7 @@ func TestLimiterCancelWhileQueued(t *testing.T) {
 // that stays gets the slot.
 func TestLimiterQueueCompacts(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		lm := testLimiter(t, Limit{MaxLoads: 1, MaxQueue: 10})
+		lm := testLimiter(t, Config{MaxLoads: 1, MaxQueue: 10})
 		held := mustAcquire(t, lm)
 		stays := acquireAsync(context.Background(), lm)
 		for range 1000 {
@@ -285,11 +300,11 @@ func TestLimiterQueueCompacts(t *testing.T) {
 		if _, _, _, waiting := limitState(lm); waiting != 1 {
 			t.Errorf("%d waiting; want the 1 that stays", waiting)
 		}
-		held.release()
+		held.Release()
 		if r := <-stays; r.err != nil {
 			t.Errorf("the waiter that stayed = %v", r.err)
 		} else {
-			r.s.release()
+			r.s.Release()
 		}
 	})
 }
@@ -299,41 +314,39 @@ func TestLimiterQueueCompacts(t *testing.T) {
 // slot given back goes to a queued foreground load first.
 func TestLimiterBackground(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		lm := testLimiter(t, Limit{MaxLoads: 4})
-		bg1, ok1 := lm.tryBackground()
-		bg2, ok2 := lm.tryBackground()
+		lm := testLimiter(t, Config{MaxLoads: 4})
+		bg1, ok1 := lm.TryBackground()
+		bg2, ok2 := lm.TryBackground()
 		if !ok1 || !ok2 {
 			t.Fatalf("tryBackground with every slot free = %v, %v; want two", ok1, ok2)
 		}
-		if _, ok := lm.tryBackground(); ok {
+		if _, ok := lm.TryBackground(); ok {
 			t.Error("tryBackground with background at half the bound = ok")
 		}
 		fg1, fg2 := mustAcquire(t, lm), mustAcquire(t, lm)
 		fg3 := acquireAsync(context.Background(), lm)
 		synctest.Wait()
-		if _, ok := lm.tryBackground(); ok {
+		if _, ok := lm.TryBackground(); ok {
 			t.Error("tryBackground with a foreground load queued = ok")
 		}
-		bg1.release() // to the queued foreground load
+		bg1.Release() // to the queued foreground load
 		r := <-fg3
 		if r.err != nil {
 			t.Fatalf("queued foreground load = %v; want the background's slot", r.err)
 		}
-		if _, ok := lm.tryBackground(); ok {
+		if _, ok := lm.TryBackground(); ok {
 			t.Error("tryBackground with every slot taken = ok")
 		}
-		fg1.release()
-		bg3, ok := lm.tryBackground()
+		fg1.Release()
+		bg3, ok := lm.TryBackground()
 		if !ok {
 			t.Error("tryBackground with a slot free, none queued, background under half = refused")
 		}
-		var s Stats
-		lm.fill(&s)
-		if s.RefreshesLimited != 3 {
-			t.Errorf("Stats.RefreshesLimited = %d; want 3", s.RefreshesLimited)
+		if c := lm.Counts(); c.BackgroundRefused != 3 {
+			t.Errorf("Counts.BackgroundRefused = %d; want 3", c.BackgroundRefused)
 		}
-		for _, s := range []slot{bg2, bg3, fg2, r.s} {
-			s.release()
+		for _, s := range []Slot{bg2, bg3, fg2, r.s} {
+			s.Release()
 		}
 		if _, inUse, bgInUse, _ := limitState(lm); inUse != 0 || bgInUse != 0 {
 			t.Errorf("%d slots in use (%d background); want none", inUse, bgInUse)
@@ -345,30 +358,28 @@ func TestLimiterBackground(t *testing.T) {
 // slots held are still given back.
 func TestLimiterClose(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		lm := testLimiter(t, Limit{MaxLoads: 1})
+		lm := testLimiter(t, Config{MaxLoads: 1})
 		held := mustAcquire(t, lm)
 		var chs []<-chan acquired
 		for range 3 {
 			chs = append(chs, acquireAsync(context.Background(), lm))
 		}
 		synctest.Wait()
-		lm.close()
+		lm.Close()
 		for i, ch := range chs {
 			if r := <-ch; r.err != ErrClosed {
 				t.Errorf("queued load %d after close = %v; want ErrClosed", i, r.err)
 			}
 		}
-		if _, _, err := lm.acquire(context.Background(), nil); err != ErrClosed {
+		if _, _, err := lm.Acquire(context.Background(), nil); err != ErrClosed {
 			t.Errorf("acquire after close = %v; want ErrClosed", err)
 		}
-		if _, ok := lm.tryBackground(); ok {
+		if _, ok := lm.TryBackground(); ok {
 			t.Error("tryBackground after close = ok")
 		}
-		held.release()
-		var s Stats
-		lm.fill(&s)
-		if s.RefreshesLimited != 0 || s.QueuedLoads != 0 || s.Limited != 0 {
-			t.Errorf("Stats after close: %+v; want no refresh limited, none queued, none limited", s)
+		held.Release()
+		if c := lm.Counts(); c.BackgroundRefused != 0 || c.Waiting != 0 || c.Limited != 0 {
+			t.Errorf("Counts after close: %+v; want no refresh limited, none queued, none limited", c)
 		}
 	})
 }
@@ -377,19 +388,19 @@ func TestLimiterClose(t *testing.T) {
 // granted until the slots in use are below it.
 func TestLimiterShrinkBelowInUse(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		lm := testLimiter(t, Limit{Adaptive: true, MaxLoads: 20, MaxQueue: 10})
-		var held []slot
+		lm := testLimiter(t, Config{Adaptive: true, MaxLoads: 20, MaxQueue: 10})
+		var held []Slot
 		for range 20 {
 			held = append(held, mustAcquire(t, lm))
 		}
 		time.Sleep(time.Second)
-		lm.sample(lm.begin()-time.Second, sampleTimeout) // 20 → 10
+		lm.Sample(lm.Begin()-time.Second, SampleTimeout) // 20 → 10
 		if b, _, _, _ := limitState(lm); b != 10 {
 			t.Fatalf("bound after a timeout = %d; want 10", b)
 		}
 		w := acquireAsync(context.Background(), lm)
 		for i := range 10 {
-			held[i].release()
+			held[i].Release()
 			synctest.Wait()
 			select {
 			case r := <-w:
@@ -397,14 +408,14 @@ func TestLimiterShrinkBelowInUse(t *testing.T) {
 			default:
 			}
 		}
-		held[10].release() // 9 in use
+		held[10].Release() // 9 in use
 		r := <-w
 		if r.err != nil {
 			t.Fatal(r.err)
 		}
-		r.s.release()
+		r.s.Release()
 		for _, s := range held[11:] {
-			s.release()
+			s.Release()
 		}
 	})
 }
@@ -414,25 +425,25 @@ func TestLimiterShrinkBelowInUse(t *testing.T) {
 // other load makes the downstream slower, and returns once it is gone.
 func TestLimiterAdaptiveFallsAndReturns(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		lm := testLimiter(t, Limit{Adaptive: true, MaxQueue: 1000})
+		lm := testLimiter(t, Config{Adaptive: true, MaxQueue: 1000})
 		var inFlight, peak, extra atomic.Int64
 		ctx, stop := context.WithCancel(context.Background())
 		var wg sync.WaitGroup
 		for range 150 { // more workers than the bound: it decides
 			wg.Go(func() {
 				for ctx.Err() == nil {
-					s, _, err := lm.acquire(ctx, nil)
+					s, _, err := lm.Acquire(ctx, nil)
 					if err != nil {
 						return
 					}
 					n := inFlight.Add(1)
 					for p := peak.Load(); n > p && !peak.CompareAndSwap(p, n); p = peak.Load() {
 					}
-					begun := lm.begin()
+					begun := lm.Begin()
 					time.Sleep(knee(int(extra.Load()))(int(n)))
-					lm.sample(begun, sampleOK)
+					lm.Sample(begun, SampleOK)
 					inFlight.Add(-1)
-					s.release()
+					s.Release()
 				}
 			})
 		}
@@ -472,7 +483,7 @@ func TestLimiterStorm(t *testing.T) {
 		peak, failed int64
 		bounds       []int
 	}
-	run := func(l Limit) (o outcome) {
+	run := func(l Config) (o outcome) {
 		synctest.Test(t, func(t *testing.T) {
 			lm := testLimiter(t, l)
 			var inFlight, peak, failed atomic.Int64
@@ -480,24 +491,24 @@ func TestLimiterStorm(t *testing.T) {
 			start := time.Now()
 			for range 2000 {
 				wg.Go(func() {
-					s, _, err := lm.acquire(context.Background(), nil)
+					s, _, err := lm.Acquire(context.Background(), nil)
 					if err != nil {
 						t.Errorf("acquire = %v", err)
 						return
 					}
-					defer s.release()
-					begun := lm.begin()
+					defer s.Release()
+					begun := lm.Begin()
 					n := inFlight.Add(1)
 					defer inFlight.Add(-1)
 					for p := peak.Load(); n > p && !peak.CompareAndSwap(p, n); p = peak.Load() {
 					}
 					if n > 100 {
 						failed.Add(1)
-						lm.sample(begun, sampleFailure) // at once: not a fast answer
+						lm.Sample(begun, SampleFailure) // at once: not a fast answer
 						return
 					}
 					time.Sleep(knee(0)(int(n)))
-					lm.sample(begun, sampleOK)
+					lm.Sample(begun, SampleOK)
 				})
 			}
 			done := make(chan struct{})
@@ -517,7 +528,7 @@ func TestLimiterStorm(t *testing.T) {
 		})
 		return o
 	}
-	fixed, adaptive := run(Limit{MaxLoads: 50, MaxQueue: 4000}), run(Limit{Adaptive: true, MaxQueue: 4000})
+	fixed, adaptive := run(Config{MaxLoads: 50, MaxQueue: 4000}), run(Config{Adaptive: true, MaxQueue: 4000})
 	t.Logf("MaxLoads 50: %v, peak %d; Adaptive: %v, peak %d, bound every 10ms %v",
 		fixed.wall, fixed.peak, adaptive.wall, adaptive.peak, adaptive.bounds)
 	for _, o := range []outcome{fixed, adaptive} {
@@ -535,45 +546,43 @@ func TestLimiterStorm(t *testing.T) {
 
 // A nil limiter is no limit.
 func TestLimiterNil(t *testing.T) {
-	var lm *limiter
-	s, q, err := lm.acquire(context.Background(), nil)
-	if err != nil || q != 0 || s != (slot{}) {
+	var lm *Limiter
+	s, q, err := lm.Acquire(context.Background(), nil)
+	if err != nil || q != 0 || s != (Slot{}) {
 		t.Errorf("nil acquire = %+v, %v, %v; want a zero slot at once", s, q, err)
 	}
-	s.release()
-	if b, ok := lm.tryBackground(); !ok || b != (slot{}) {
+	s.Release()
+	if b, ok := lm.TryBackground(); !ok || b != (Slot{}) {
 		t.Errorf("nil tryBackground = %+v, %v; want a zero slot, ok", b, ok)
 	}
-	lm.sample(lm.begin(), sampleFailure)
-	lm.countStale()
-	lm.close()
-	st := Stats{LoadLimit: -1}
-	lm.fill(&st)
-	if lm.full() || st.LoadLimit != -1 {
-		t.Errorf("nil full() = %v, fill wrote %+v; want false and nothing", lm.full(), st)
+	lm.Sample(lm.Begin(), SampleFailure)
+	lm.CountStale()
+	lm.Close()
+	if c := lm.Counts(); lm.Full() || c != (Counts{}) {
+		t.Errorf("nil Full() = %v, Counts() = %+v; want false and nothing", lm.Full(), c)
 	}
 }
 
 // A free slot costs no allocation.
 func TestLimiterFreeSlotAllocs(t *testing.T) {
-	lm := newLimiter(Limit{Adaptive: true}, time.Second, func() time.Duration { return time.Duration(time.Now().UnixNano()) })
+	lm := New(withDefaults(Config{Adaptive: true}, time.Second), func() time.Duration { return time.Duration(time.Now().UnixNano()) })
 	ctx := context.Background()
 	if n := testing.AllocsPerRun(100, func() {
-		s, _, _ := lm.acquire(ctx, nil)
-		lm.sample(lm.begin(), sampleOK)
-		s.release()
-		_ = lm.full()
+		s, _, _ := lm.Acquire(ctx, nil)
+		lm.Sample(lm.Begin(), SampleOK)
+		s.Release()
+		_ = lm.Full()
 	}); n != 0 {
 		t.Errorf("acquire, sample, release of a free slot: %v allocations; want 0", n)
 	}
 }
 
 func BenchmarkLimiterFull(b *testing.B) {
-	lm := newLimiter(Limit{MaxLoads: 50}, time.Second, func() time.Duration { return 0 })
+	lm := New(withDefaults(Config{MaxLoads: 50}, time.Second), func() time.Duration { return 0 })
 	b.ReportAllocs()
 	b.RunParallel(func(pb *testing.PB) {
 		for pb.Next() {
-			if lm.full() {
+			if lm.Full() {
 				b.Error("full")
 			}
 		}
@@ -581,23 +590,23 @@ func BenchmarkLimiterFull(b *testing.B) {
 }
 
 func BenchmarkLimiterAcquireRelease(b *testing.B) {
-	for _, l := range []Limit{{MaxLoads: 50}, {Adaptive: true}} {
+	for _, l := range []Config{{MaxLoads: 50}, {Adaptive: true}} {
 		name := "fixed"
 		if l.Adaptive {
 			name = "adaptive"
 		}
 		b.Run(name, func(b *testing.B) {
 			epoch := time.Now()
-			lm := newLimiter(l, time.Second, func() time.Duration { return time.Since(epoch) })
+			lm := New(withDefaults(l, time.Second), func() time.Duration { return time.Since(epoch) })
 			ctx := context.Background()
 			b.ReportAllocs()
 			for b.Loop() {
-				s, _, err := lm.acquire(ctx, nil)
+				s, _, err := lm.Acquire(ctx, nil)
 				if err != nil {
 					b.Fatal(err)
 				}
-				lm.sample(lm.begin(), sampleOK)
-				s.release()
+				lm.Sample(lm.Begin(), SampleOK)
+				s.Release()
 			}
 		})
 	}

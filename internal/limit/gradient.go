@@ -1,11 +1,11 @@
-package flightcache
+package limit
 
 import (
 	"math"
 	"time"
 )
 
-// gradient finds the adaptive bound of [Limit] from the downstream's
+// gradient finds the adaptive bound of a [Limiter] from the downstream's
 // latency, in the family of Envoy's adaptive concurrency filter and
 // Netflix's Gradient2: the bound grows while the calls' mean latency stays
 // near the lowest mean seen, and shrinks as it rises above it. It is pure
@@ -60,7 +60,7 @@ import (
 //
 // # The bound
 //
-// The first block is the Loader's start, not the downstream's steady mix
+// The first block is the Limiter's start, not the downstream's steady mix
 // (the first keys asked for may all be of one kind, all not-founds, say),
 // and sets no anchor. Until the second block has set it, the bound holds:
 // there is nothing to measure the mean against. Then each successful
@@ -74,8 +74,8 @@ import (
 // of it is in use: a trickle of misses says nothing about a larger bound
 // and leaves it where it is.
 //
-// A timeout cuts the bound by gradientTimeoutCut, and a failure the breaker
-// counts by gradientFailureCut, at once, while at least half of it is in
+// A timeout cuts the bound by gradientTimeoutCut, and a failure (one that
+// says the downstream is failing) by gradientFailureCut, at once, while at least half of it is in
 // use (a failing key in a trickle is not overload). One cut per
 // generation, as TCP halves its window once per round trip: a failure of a
 // call that started before the last cut has been answered by that cut.
@@ -87,7 +87,7 @@ type gradient struct {
 	sum     float64 // latencies of the current block's calls, in ns
 	count   int     // calls in the current block
 	busiest int     // most slots in use at the end of a call of the current block
-	started bool    // the first block, the Loader's start, is over
+	started bool    // the first block, the Limiter's start, is over
 
 	anchor   time.Duration // lowest block mean; 0 before the first block
 	anchorAt int           // most slots in use while a block was that fast
@@ -98,56 +98,45 @@ type gradient struct {
 	cut      bool          // lastCut is set
 }
 
+// AdaptiveStart is the bound an adaptive Limiter starts at, within
+// [Config.MinLoads, Config.MaxLoads].
+const AdaptiveStart = 20
+
 // Tuning of the adaptive bound (see gradient).
 const (
-	gradientStart      = 20               // the bound a Loader starts at, within [MinLoads, MaxLoads]
 	gradientTolerance  = 2.0              // a mean within this × the anchor is "near the minimum"
 	gradientFlat       = 1.1              // a block mean within this × the anchor is as fast as it
 	gradientMinGrad    = 0.5              // one sample never pulls harder than halving the bound per round trip
 	gradientRound      = 20               // fewest calls a round trip's mean spans (under a bound that low)
 	gradientRounds     = 10               // round trips an anchor's block spans
-	gradientFailureCut = 0.9              // × the bound on a failure the breaker counts
+	gradientFailureCut = 0.9              // × the bound on a failure (SampleFailure)
 	gradientTimeoutCut = 0.5              // × the bound on a timeout
 	gradientWindow     = 10 * time.Second // the re-anchoring window
 	gradientEvidence   = 10               // calls a window needs to re-anchor
 )
 
-// sampleKind is what one downstream attempt says to the adaptive bound.
-type sampleKind uint8
+// Sample is what one attempt says to the adaptive bound (Limiter.Sample).
+type Sample uint8
 
 const (
-	// sampleOK: the downstream answered (a value, a not-found, not
-	// modified, or an error the breaker does not count): its latency
-	// counts.
-	sampleOK sampleKind = iota
-	// sampleFailure: a failure the breaker counts, not a timeout.
-	sampleFailure
-	// sampleTimeout: the attempt ran past LoadTimeout.
-	sampleTimeout
-	// sampleIgnored: the attempt was cut short by its callers or Close;
-	// it says nothing and gives no sample.
-	sampleIgnored
+	// SampleOK: the downstream answered (a value, a not-found, or an
+	// error that says nothing of its load): its latency counts.
+	SampleOK Sample = iota
+	// SampleFailure: a failure that says the downstream is failing, not
+	// a timeout.
+	SampleFailure
+	// SampleTimeout: the attempt ran past its time.
+	SampleTimeout
+	// SampleIgnored: the attempt was cut short by its callers or a
+	// shutdown; it says nothing and gives no sample.
+	SampleIgnored
 )
 
-// limitSample is the sample of one attempt from the breaker's view of it:
-// its Outcome, and whether the load's context ended with ErrLoadTimeout.
-func limitSample(o Outcome, timedOut bool) sampleKind {
-	switch {
-	case o == OutcomeFailure && timedOut:
-		return sampleTimeout
-	case o == OutcomeFailure:
-		return sampleFailure
-	case o == OutcomeIgnored:
-		return sampleIgnored
-	}
-	return sampleOK
-}
-
 // newGradient returns the adaptive bound between minLoads and maxLoads
-// (1 <= minLoads <= maxLoads), starting at gradientStart.
+// (1 <= minLoads <= maxLoads), starting at AdaptiveStart.
 func newGradient(minLoads, maxLoads int) gradient {
 	lo, hi := float64(minLoads), float64(maxLoads)
-	return gradient{lo: lo, hi: hi, limit: min(max(gradientStart, lo), hi)}
+	return gradient{lo: lo, hi: hi, limit: min(max(AdaptiveStart, lo), hi)}
 }
 
 // bound is the slots the bound allows now. It saturates: a ceiling of
@@ -162,21 +151,21 @@ func (g *gradient) bound() int {
 // observe takes one attempt's sample: at now, an attempt of the given
 // latency ended as k, with inUse slots in use (its own included). It
 // returns the bound.
-func (g *gradient) observe(now, latency time.Duration, k sampleKind, inUse int) int {
+func (g *gradient) observe(now, latency time.Duration, k Sample, inUse int) int {
 	b := g.bound()
 	busy := inUse >= b-b/2 // at least half the bound is in use (2·inUse may overflow)
 	switch k {
-	case sampleIgnored:
-	case sampleFailure, sampleTimeout:
+	case SampleIgnored:
+	case SampleFailure, SampleTimeout:
 		if start := now - latency; busy && (!g.cut || start >= g.lastCut) {
 			f := gradientFailureCut
-			if k == sampleTimeout {
+			if k == SampleTimeout {
 				f = gradientTimeoutCut
 			}
 			g.limit = max(g.limit*f, g.lo)
 			g.lastCut, g.cut = now, true
 		}
-	case sampleOK:
+	case SampleOK:
 		g.average(now, max(latency, 1), inUse)
 		if g.anchor == 0 {
 			break // no anchor yet: nothing to measure the mean against
