@@ -77,7 +77,7 @@ func (b *batch[K, V]) full() bool { return b != nil && len(b.calls) >= b.l.opts.
 func (b *batch[K, V]) add(c *call[K, V]) {
 	if b.leader == nil {
 		b.leader = c
-		c.vals.marker.call = b // a Get from inside LoadMany of any of its keys is recursive
+		c.vals.marker.id = b // a Get from inside LoadMany of any of its keys is recursive
 	}
 	c.batch = b
 	b.calls = append(b.calls, c)

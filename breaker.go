@@ -4,10 +4,62 @@ import (
 	"errors"
 	"fmt"
 	"sync/atomic"
+	"time"
 	"unicode/utf8"
 
 	"github.com/sony/gobreaker/v2"
 )
+
+// Breaker configures the circuit breaker (github.com/sony/gobreaker/v2)
+// around the downstream call. While it is open, loads fail at once with an
+// error matching [ErrBreakerOpen], whose text names the last failure that
+// keeps it open, and never reach the LoadFunc. Context
+// cancellation (a caller leaving, Close) and a not-found
+// ([Options.IsNotFound]) never count as failures; a load that hits
+// LoadTimeout does.
+type Breaker struct {
+	// Disabled turns the breaker off.
+	Disabled bool
+	// ConsecutiveFailures opens the breaker after this many failures in a
+	// row of the downstream calls, in the order they end: a success in
+	// between starts the count again. Each attempt of a retried load is one
+	// call, so with Retry.MaxAttempts >= ConsecutiveFailures one failing
+	// load can open the breaker. 0 means DefaultConsecutiveFailures (5).
+	ConsecutiveFailures uint32
+	// OpenTimeout is how long the breaker stays open before it lets probe
+	// requests through (half-open). 0 means DefaultOpenTimeout (5s).
+	OpenTimeout time.Duration
+	// HalfOpenRequests is how many probe calls may run while half-open; that
+	// many successes close the breaker. 0 means DefaultHalfOpenRequests (1).
+	HalfOpenRequests uint32
+	// IsFailure, if set, reports whether a LoadFunc error counts against
+	// the downstream; errors it rejects count as successes (the downstream
+	// answered). nil means every error counts.
+	IsFailure func(error) bool
+	// Custom, if set, replaces the Loader's own breaker, and the fields
+	// above but IsFailure are ignored: for example a breaker whose state is
+	// shared by processes (the flightredis module has one).
+	Custom CircuitBreaker
+}
+
+// WithDefaults returns b with the default of every zero threshold set:
+// ConsecutiveFailures DefaultConsecutiveFailures, OpenTimeout
+// DefaultOpenTimeout, HalfOpenRequests DefaultHalfOpenRequests; the other
+// fields as they are. These are the settings the Loader's own breaker
+// runs with, for a [CircuitBreaker] of another kind (the shared breaker of
+// the flightredis module) to trip, wait and probe as it would.
+func (b Breaker) WithDefaults() Breaker {
+	if b.ConsecutiveFailures == 0 {
+		b.ConsecutiveFailures = DefaultConsecutiveFailures
+	}
+	if b.OpenTimeout == 0 {
+		b.OpenTimeout = DefaultOpenTimeout
+	}
+	if b.HalfOpenRequests == 0 {
+		b.HalfOpenRequests = DefaultHalfOpenRequests
+	}
+	return b
+}
 
 // This file holds the circuit breaker: the interface a Loader calls, and
 // its own implementation on gobreaker/v2. How a load uses it (retries

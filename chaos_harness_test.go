@@ -199,7 +199,7 @@ func (d *chaosDownstream) abandoned(key int, ctx context.Context) bool {
 	if m == nil {
 		return false
 	}
-	c := m.call.(*call[int, chaosVal])
+	c := m.id.(*call[int, chaosVal])
 	sh := d.l.flights.shard(c.h)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()

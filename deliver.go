@@ -96,7 +96,7 @@ func (l *Loader[K, V]) entryOf(c *call[K, V], r *loaded[V], res *delivery[K, V],
 
 // deliver hands res to c's waiters, e to the cache, and reports the load.
 func (l *Loader[K, V]) deliver(c *call[K, V], r *loaded[V], res *delivery[K, V], e *entry[K, V], cost int64) {
-	c.release()
+	c.endContext()
 	if c.batch == nil { // a batch counts itself once (completeBatch)
 		l.loadEnded(res.err, c.background, l.lim.Background())
 		if res.notFound {
@@ -137,9 +137,8 @@ func (l *Loader[K, V]) deliver(c *call[K, V], r *loaded[V], res *delivery[K, V],
 	close(c.done) // the waiters wake; this goroutine has little left to do
 	if l.opts.OnLoad != nil || l.obs != nil {
 		l.report(c.observed(), LoadEvent[K]{
-			Key: c.key, Duration: r.took, Err: res.err, NotFound: res.notFound, Attempts: int(r.down.calls), Background: c.background,
-			Callers: callers, Abandoned: c.abandoned, Stored: stored, Remote: r.remote,
-			Reload: r.reload, NotModified: r.notMod, Keys: 1, Queued: r.down.queued,
+			Key: c.key, Keys: 1, Duration: r.took, Err: res.err, NotFound: res.notFound, Attempts: int(r.down.calls), Queued: r.down.queued,
+			Background: c.background, Callers: callers, Abandoned: c.abandoned, Stored: stored, Remote: r.remote, Reload: r.reload, NotModified: r.notMod,
 		})
 	}
 	if left.any() {

@@ -4,11 +4,15 @@ import (
 	"context"
 	"errors"
 	"math"
+	"runtime/pprof"
+	"sync/atomic"
 	"time"
 
 	"github.com/cenkalti/backoff/v4"
 	"github.com/flightcache/flightcache/internal/limit"
 	"github.com/flightcache/flightcache/internal/loadctx"
+
+	"github.com/flightcache/flightcache/internal/life"
 )
 
 // The downstream path of one load, outside in:
@@ -144,7 +148,7 @@ func callDownstream[T any, K comparable, V any](l *Loader[K, V], ctx context.Con
 		defer s.Release()
 	}
 	if l.opts.Retry.MaxAttempts <= 1 {
-		v, _, err = attempt(l, ctx, call, reload, t)
+		v, _, err = callOnce(l, ctx, call, reload, t)
 		return v, l.callee.stopped(ctx, err, err)
 	}
 	bo := backoff.NewExponentialBackOff(
@@ -155,7 +159,7 @@ func callDownstream[T any, K comparable, V any](l *Loader[K, V], ctx context.Con
 	policy := backoff.WithContext(backoff.WithMaxRetries(bo, uint64(l.opts.Retry.MaxAttempts-1)), ctx)
 	var last error
 	op := func() (T, error) {
-		v, final, err := attempt(l, ctx, call, reload, t)
+		v, final, err := callOnce(l, ctx, call, reload, t)
 		if err != nil {
 			last = err
 			if final {
@@ -208,13 +212,13 @@ func (l *Loader[K, V]) admit(ctx context.Context, t *tally) (limit.Slot, error) 
 // retry at once. Half of MaxInt64 (146 years) is as good as forever.
 const maxBackoff = time.Duration(math.MaxInt64 / 2)
 
-// attempt makes one downstream call through the breaker, counting it in
+// callOnce makes one downstream call through the breaker, counting it in
 // t.calls and Stats.DownstreamCalls (and in Stats.Retries past the first)
 // unless the breaker refuses it; final reports that its error is not to be retried (classify). A panic
 // in the LoadFunc, or in a method of its error, becomes a *PanicError; a
 // runtime.Goexit is reported to the breaker as a failure on its way out
 // (the load goroutine's deferred complete gives the waiters ErrGoexit).
-func attempt[T any, K comparable, V any](l *Loader[K, V], ctx context.Context, call func() (T, error), reload bool, t *tally) (v T, final bool, err error) {
+func callOnce[T any, K comparable, V any](l *Loader[K, V], ctx context.Context, call func() (T, error), reload bool, t *tally) (v T, final bool, err error) {
 	done, err := l.callee.allow()
 	if err != nil {
 		l.stats.breakerRejected.Add(1)
@@ -275,4 +279,170 @@ func (l *Loader[K, V]) run(c *call[K, V]) {
 		ctx = l.obs.observeStart(&c.lctx, c.vals.caller, &c.octx, LoadStartEvent[K]{Key: c.key, Keys: 1, Background: c.background, Reload: old != nil})
 	}
 	l.fetch(ctx, c.key, old, start, &r)
+}
+
+// A load runs under a context of its own, a loadctx.Context that lives
+// inside its call (so a load allocates no context of its own). What ties
+// it to the call is here: its values (loadValues), its start
+// (buildContext), its cancellation (cancelLocked, endContext), and its
+// deadline, LoadTimeout after it started, kept by the Loader's timeouts
+// (a loadctx.Timeouts). It ends with a cause that context.Cause reports:
+// ErrLoadTimeout (and context.DeadlineExceeded as ctx.Err()), ErrClosed
+// (Close), errAbandoned (CancelAtZero, last waiter gone), or
+// context.Canceled once the load is over. Close reaches every running
+// load through the in-flight map (cancelAll), not through a parent
+// context.
+
+// loadValues is what a load's context answers Value with:
+//
+//   - the values of the Get that started the load (trace IDs, auth), never
+//     its cancellation;
+//   - the marker that recognises a Get made from inside the load.
+type loadValues struct {
+	caller context.Context // values only
+	marker loadMarker
+}
+
+// Value answers a load's context's Value calls (loadctx.Values).
+func (v *loadValues) Value(key any) any {
+	switch key {
+	case loadKey{}:
+		return &v.marker
+	case revalidateKey{}:
+		return nil // it applies to the Get it was passed to, not to the Gets a load makes
+	}
+	return v.caller.Value(key)
+}
+
+// newTimeouts returns the timeouts of a Loader: they end its loads at
+// LoadTimeout with ErrLoadTimeout. They are allocated apart from it, and
+// refer to nothing of it.
+func newTimeouts(timeout time.Duration, epoch time.Time) *loadctx.Timeouts {
+	return loadctx.NewTimeouts(timeout, epoch, ErrLoadTimeout)
+}
+
+// buildContext readies c's context on the load goroutine, before any user
+// code runs, outside every shard lock: it starts the deadline from start,
+// the load's start (the Loader's clock, read once for this and for the
+// load's duration). A cancellation asked for before (leave, Close) is
+// applied at once.
+func (c *call[K, V]) buildContext(start time.Duration) {
+	c.l.timeouts.Add(&c.lctx, start)
+	if cause := c.l.flights.markReady(c); cause != nil {
+		c.lctx.Cancel(cause)
+	}
+}
+
+// cancelLocked returns the function that cancels c with cause, or records
+// cause for buildContext if c's context is not ready. The caller holds c's
+// shard lock and calls the function after unlocking.
+func (c *call[K, V]) cancelLocked(cause error) func(error) {
+	if !c.ready {
+		if c.cause == nil {
+			c.cause = cause
+		}
+		return nil
+	}
+	return c.lctx.Cancel
+}
+
+// endContext ends the load's context; the load is over.
+func (c *call[K, V]) endContext() {
+	c.l.timeouts.Remove(&c.lctx)
+	c.lctx.Cancel(context.Canceled)
+}
+
+// launch starts c's load goroutine, counting it in on s, the stripe of the
+// operation that starts it, which is still inside: the goroutine is counted
+// in before that operation is counted out, on one stripe, so Close (which
+// reads a stripe's outs before its ins) cannot see both out at once.
+func (l *Loader[K, V]) launch(c *call[K, V], s *life.Stripe) {
+	c.slot = s
+	l.spawn(c, s)
+}
+
+// spawn runs a load (a call's, or a batch's), counted in on s, on a load
+// goroutine of the pool.
+func (l *Loader[K, V]) spawn(j life.Job, s *life.Stripe) {
+	s.Enter()
+	l.stats.inFlight.Add(1)
+	l.pool.Go(j)
+}
+
+// Run runs c's load, on a goroutine of the pool.
+func (c *call[K, V]) Run() {
+	defer c.l.gate.ExitChild(c.slot)
+	c.l.run(c)
+}
+
+// takeLabels gives the load goroutine the profiler labels of ctx, the
+// context of the Get that started the load, as a goroutine started for it
+// would have had them. Reading them calls ctx.Value, which is user code: a
+// panic there is counted (Stats.Panics) and leaves the goroutine without
+// labels, and the load goes on. Callers run it after deferring the load's
+// delivery, so a Goexit there reaches the waiters as ErrGoexit.
+func (l *Loader[K, V]) takeLabels(ctx context.Context) {
+	if l.user.guard(func() { pprof.SetGoroutineLabels(ctx) }, nil) != nil {
+		pprof.SetGoroutineLabels(context.Background())
+	}
+}
+
+// Run runs b's load, on a goroutine of the pool.
+func (b *batch[K, V]) Run() {
+	defer b.l.gate.ExitChild(b.slot)
+	b.l.runBatch(b)
+}
+
+// refreshSlots is the MaxRefreshes bound on background loads: a
+// background load takes a slot when it is published (flights.start: a
+// background batch takes one for all its calls) and gives it back when it
+// ends (loadEnded), and nowhere else.
+type refreshSlots struct {
+	max  int64
+	used atomic.Int64
+}
+
+// take takes a slot, or counts the load in dropped when all are used.
+func (s *refreshSlots) take(dropped *atomic.Uint64) bool {
+	if s.used.Add(1) > s.max {
+		s.used.Add(-1)
+		dropped.Add(1)
+		return false
+	}
+	return true
+}
+
+// give gives a slot back.
+func (s *refreshSlots) give() { s.used.Add(-1) }
+
+// takeBackground takes what a background load holds while it runs, when
+// it is published (flights.start): a MaxRefreshes slot and, with a Limit,
+// a downstream slot, which a refresh never queues for (TryBackground). ok
+// false drops the refresh (counted in RefreshesDropped or
+// RefreshesLimited); the stale value keeps serving.
+func (l *Loader[K, V]) takeBackground() (s limit.Slot, ok bool) {
+	if !l.refreshSlots.take(&l.stats.refreshesDropped) {
+		return limit.Slot{}, false
+	}
+	if s, ok = l.lim.TryBackground(); !ok {
+		l.refreshSlots.give()
+	}
+	return s, ok
+}
+
+// loadEnded counts a load (a single key's, or a batch's LoadMany call) as
+// ended, before any of its waiters wakes, so that Stats read after a Get
+// returns include the load that answered it; a background load gives back
+// what takeBackground took, s its Limit slot. Whether its error is a
+// not-found is counted apart, once judged (deliver, completeBatch).
+func (l *Loader[K, V]) loadEnded(err error, background bool, s limit.Slot) {
+	l.stats.inFlight.Add(-1)
+	l.stats.loads.Add(1)
+	if err != nil {
+		l.stats.loadErrors.Add(1)
+	}
+	if background {
+		l.refreshSlots.give()
+		s.Release()
+	}
 }

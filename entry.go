@@ -27,7 +27,7 @@ type entry[K comparable, V any] struct {
 	early uint32
 	// mark: bit 0, gone (replaced or invalidated: a Get treats it as
 	// absent, write.go); bits 1-4, the consecutive failed background
-	// refreshes (saturating at 15); above, the fleet generation (fleet.go).
+	// refreshes (saturating at 15); above, the fleet generation (remote.go).
 	mark atomic.Uint32
 }
 

@@ -188,3 +188,8 @@ func sameError(a, b error) bool {
 	v := reflect.ValueOf(a)
 	return v.Type() == reflect.TypeOf(b) && v.Comparable() && a == b
 }
+
+// optionError names the field that failed validation.
+func optionError(field, format string, args ...any) error {
+	return fmt.Errorf("flightcache: Options.%s %s", field, fmt.Sprintf(format, args...))
+}

@@ -104,7 +104,7 @@ type call[K comparable, V any] struct {
 	lctx       loadctx.Context
 	vals       loadValues   // what lctx's Value answers
 	background bool         // a refresh nobody waited on when it started
-	gen        uint32       // the fleet generation when it started: its entry's (fleet.go)
+	gen        uint32       // the fleet generation when it started: its entry's (remote.go)
 	from       *entry[K, V] // the value held for the key when the load started (a refresh's, a Reload's old value), or nil
 	slot       *life.Stripe // the stripe the load goroutine is counted on (lifecycle)
 
@@ -390,7 +390,7 @@ func (f *flights[K, V]) start(sh *shard[K, V], r *request[K, V], n newLoad[K, V]
 		// WithoutCancel calls no method of ctx: it only wraps it.
 		ctx = context.WithoutCancel(ctx)
 	}
-	c.vals = loadValues{caller: ctx, marker: loadMarker{call: c, parent: marker}}
+	c.vals = loadValues{caller: ctx, marker: loadMarker{id: c, parent: marker}}
 	c.lctx.Init(&c.vals)
 	sh.loads[r.key] = c
 	grew(&sh.peakLoads, len(sh.loads))

@@ -10,7 +10,7 @@ import (
 
 type ctxKey string
 
-// A load's context (loadctx.go) behaves as the standard contexts it
+// A load's context (buildContext, downstream.go; internal/loadctx) behaves as the standard contexts it
 // replaces: its deadline is LoadTimeout after the load began, and at the
 // deadline it ends with DeadlineExceeded and the cause ErrLoadTimeout, in
 // contexts derived from it too; it keeps the caller's values but neither

@@ -117,7 +117,7 @@ func guarded(t *testing.T) *Loader[string, string] {
 // loadContext returns a context standing for a load's: a marker and a
 // deadline, as a load's context has.
 func loadContext(t *testing.T) context.Context {
-	ctx := context.WithValue(context.Background(), loadKey{}, &loadMarker{call: t.Name()})
+	ctx := context.WithValue(context.Background(), loadKey{}, &loadMarker{id: t.Name()})
 	ctx, cancel := context.WithTimeout(ctx, time.Hour)
 	t.Cleanup(cancel)
 	return ctx

@@ -198,7 +198,7 @@ func (ob *observing[K]) attempted(ctx context.Context, ev AttemptEvent[K]) {
 	if ob.guard(func() { m = markerOf(ctx) }, nil) != nil || m == nil {
 		return // ctx.Value is a Remote's code here
 	}
-	ld, ok := m.call.(observedLoad[K])
+	ld, ok := m.id.(observedLoad[K])
 	if !ok {
 		return
 	}

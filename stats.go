@@ -199,7 +199,7 @@ type Stats struct {
 
 // counters are all of a Loader's statistics.
 type counters struct {
-	staleOnError, shared, sharedErrors, canceled   atomic.Uint64
+	staleOnErrors, shared, sharedErrors, canceled  atomic.Uint64
 	loads, loadErrors, retries, maxCallers         atomic.Uint64
 	loadNotFounds, notFounds, downstreamCalls      atomic.Uint64
 	refreshes, abandoned, breakerRejected, panics  atomic.Uint64
@@ -229,7 +229,7 @@ func (c *counters) snapshot(gate *life.Gate) Stats {
 	s.Gets, s.Hits, s.StaleHits, s.Closed = g.Gets, g.Hits, g.Stale, g.Closed
 
 	s.Misses = c.misses.Load()
-	s.StaleOnError = c.staleOnError.Load()
+	s.StaleOnError = c.staleOnErrors.Load()
 	s.Shared = c.shared.Load()
 	s.SharedErrors = c.sharedErrors.Load()
 	s.Canceled = c.canceled.Load()

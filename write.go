@@ -117,9 +117,9 @@ func (wr *writer[K, V]) takeFill(cost int64) bool {
 	return true
 }
 
-// release gives places back: n of the fills' share with the given cost
+// givePlaces gives places back: n of the fills' share with the given cost
 // in all, m of the writes' share with theirs.
-func (wr *writer[K, V]) release(n int, nCost int64, m int, mCost int64) {
+func (wr *writer[K, V]) givePlaces(n int, nCost int64, m int, mCost int64) {
 	if n > 0 {
 		wr.fills.Add(int64(-n))
 		wr.fillCost.Add(-nCost)
@@ -127,13 +127,13 @@ func (wr *writer[K, V]) release(n int, nCost int64, m int, mCost int64) {
 	wr.turns.Give(m, mCost)
 }
 
-// giveBack releases one place (none for noPlace).
+// giveBack gives one place back (none for noPlace).
 func (wr *writer[K, V]) giveBack(p place) {
 	switch p.kind {
 	case fillPlace:
-		wr.release(1, p.cost, 0, 0)
+		wr.givePlaces(1, p.cost, 0, 0)
 	case writePlace:
-		wr.release(0, 0, 1, p.cost)
+		wr.givePlaces(0, 0, 1, p.cost)
 	}
 }
 
@@ -250,7 +250,7 @@ func (wr *writer[K, V]) apply(ws, again []*write[K, V]) []*write[K, V] {
 			writes, writeCost = writes+1, writeCost+p.cost
 		}
 	}
-	wr.release(fills, fillCost, writes, writeCost)
+	wr.givePlaces(fills, fillCost, writes, writeCost)
 	return again
 }
 

@@ -36,7 +36,7 @@ func TestOnPoolAndOnWriter(t *testing.T) {
 }
 
 // Jobs one after another reuse one goroutine; a burst starts more, and
-// all but Kept of them leave after IdleFor; all leave once done closes.
+// all but at most Kept of them leave after IdleFor; all leave once done closes.
 func TestPoolReusesAndShrinks(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		done := make(chan struct{})
@@ -66,8 +66,11 @@ func TestPoolReusesAndShrinks(t *testing.T) {
 		}
 		time.Sleep(IdleFor + time.Second)
 		synctest.Wait()
-		if n := p.Idle(); n != Kept {
-			t.Fatalf("Idle = %d after IdleFor; want %d", n, Kept)
+		// A goroutine that finds at most Kept others idle waits with no
+		// timer; one that takes a job may still be counted idle for an
+		// instant, so fewer than Kept may have found room, never none.
+		if n := p.Idle(); n < 1 || n > Kept {
+			t.Fatalf("Idle = %d after IdleFor; want 1 to %d", n, Kept)
 		}
 		close(done)
 		p.Wait()
