@@ -51,17 +51,17 @@ type batch[K comparable, V any] struct {
 	calls  []*call[K, V]
 	leader *call[K, V] // calls[0]: its context is the batch's
 	wanted atomic.Int32
-	slot   *life.Stripe // the stripe the goroutine is counted on (lifecycle)
+	stripe *life.Stripe // the stripe the goroutine is counted on (lifecycle)
 
 	abandoned atomic.Bool
 	slotted   bool                            // a background batch holds a MaxRefreshes slot, taken by its first call (flights.start)
 	limSlot   limit.Slot                      // and its Limit slot, taken with it
 	octx      atomic.Pointer[context.Context] // the LoadMany call's context as the Observer made it (call.octx)
 	// Written by the batch's goroutine as it delivers each call.
-	callers int
-	stored  bool
-	writes  []*write[K, V]    // the writes its calls opened: handed to the writer together (completeBatch)
-	left    []departure[K, V] // what its calls made leave the cache, reported with the batch (EvictionObserver)
+	callers  int
+	stored   bool
+	writes   []*write[K, V]    // the writes its calls opened: handed to the writer together (completeBatch)
+	departed []departure[K, V] // what its calls made leave the cache, reported with the batch (EvictionObserver)
 }
 
 func (l *Loader[K, V]) newBatch(background bool) *batch[K, V] {
@@ -104,7 +104,7 @@ func (b *batch[K, V]) cancel(cause error) {
 
 // launchBatch starts b's goroutine, counted on s (see launch).
 func (l *Loader[K, V]) launchBatch(b *batch[K, V], s *life.Stripe) {
-	b.slot = s
+	b.stripe = s
 	l.spawn(b, s)
 }
 
@@ -223,9 +223,9 @@ func (l *Loader[K, V]) reportBatch(b *batch[K, V], out *batchResult[K, V]) {
 		Key: b.leader.key, Duration: out.took, Err: out.err, NotFound: out.nf, Attempts: int(out.down.calls), Background: b.background,
 		Callers: b.callers, Abandoned: b.abandoned.Load(), Stored: b.stored, Keys: len(b.calls), Queued: out.down.queued,
 	})
-	left := b.left
-	b.left = nil
-	for _, d := range left {
+	departed := b.departed
+	b.departed = nil
+	for _, d := range departed {
 		l.depart(d)
 	}
 }
@@ -296,7 +296,7 @@ func (l *Loader[K, V]) getMany(ctx context.Context, keys []K, withInfo bool) (ma
 		}
 	}
 	asks.many.launch(in.Stripe())
-	var left []manyLeft[K, V] // the waits ctx ended, for the Observer once ctx.Err() is read
+	var quit []manyCallerDone[K, V] // the waits ctx ended, for the Observer once ctx.Err() is read
 	for i := range waits {
 		k := &waits[i]
 		r := asks
@@ -306,23 +306,23 @@ func (l *Loader[K, V]) getMany(ctx context.Context, keys []K, withInfo bool) (ma
 		res.add(k.key, a)
 		switch {
 		case l.obs == nil || !a.waited:
-		case a.err == errLeft:
-			left = append(left, manyLeft[K, V]{k.key, a})
+		case a.err == errCallerDone:
+			quit = append(quit, manyCallerDone[K, V]{k.key, a})
 		default:
 			l.obs.waited(ctx, waitEvent(k.key, l.epoch.Add(now), &a))
 		}
 	}
 	err = res.err(ctx)
-	for _, w := range left {
+	for _, w := range quit {
 		w.a.err = err // ctx.Err(), read once (res.err)
 		l.obs.waited(ctx, waitEvent(w.key, l.epoch.Add(now), &w.a))
 	}
 	return res.vals, res.infos, err
 }
 
-// manyLeft is a key of a GetMany whose wait its context ended, with its
+// manyCallerDone is a key of a GetMany whose wait its context ended, with its
 // answer.
-type manyLeft[K comparable, V any] struct {
+type manyCallerDone[K comparable, V any] struct {
 	key K
 	a   answer[V]
 }
@@ -414,10 +414,10 @@ next:
 
 // manyResult is what a GetMany returns, gathered key by key.
 type manyResult[K comparable, V any] struct {
-	vals   map[K]V
-	infos  map[K]Info // nil: not asked for
-	failed map[K]error
-	left   bool // the caller's context ended: the GetMany left the loads it had not got yet
+	vals       map[K]V
+	infos      map[K]Info // nil: not asked for
+	failed     map[K]error
+	callerDone bool // the caller's context ended: the GetMany left the loads it had not got yet
 }
 
 func newMany[K comparable, V any](n int, withInfo bool) manyResult[K, V] {
@@ -448,8 +448,8 @@ func (m *manyResult[K, V]) add(key K, a answer[V]) {
 	switch {
 	case a.err == nil:
 		m.vals[key] = a.v
-	case a.err == errLeft:
-		m.left = true
+	case a.err == errCallerDone:
+		m.callerDone = true
 	case a.nf:
 	default:
 		if m.failed == nil {
@@ -463,7 +463,7 @@ func (m *manyResult[K, V]) add(key K, a answer[V]) {
 // answered) if it left, else the failed keys', else nil.
 func (m *manyResult[K, V]) err(ctx context.Context) error {
 	switch {
-	case m.left:
+	case m.callerDone:
 		return ctx.Err()
 	case m.failed != nil:
 		return &ManyError[K]{Errs: m.failed}

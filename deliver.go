@@ -112,7 +112,7 @@ func (l *Loader[K, V]) deliver(c *call[K, V], r *loaded[V], res *delivery[K, V],
 	}
 	callers, stored, w, back, gone := l.flights.finish(c, res, e, cost)
 	l.writer.giveBack(back)
-	left := l.departureOf(c.key, r, res, gone) // reported last: the Observer is user code
+	dep := l.departureOf(c.key, r, res, gone) // reported last: the Observer is user code
 	switch {
 	case w == nil:
 	case c.batch != nil:
@@ -124,8 +124,8 @@ func (l *Loader[K, V]) deliver(c *call[K, V], r *loaded[V], res *delivery[K, V],
 		// The batch's goroutine reports the batch once (completeBatch).
 		b.callers += callers
 		b.stored = b.stored || stored
-		if left.any() {
-			b.left = append(b.left, left)
+		if dep.any() {
+			b.departed = append(b.departed, dep)
 		}
 		close(c.done)
 		return
@@ -141,8 +141,8 @@ func (l *Loader[K, V]) deliver(c *call[K, V], r *loaded[V], res *delivery[K, V],
 			Background: c.background, Callers: callers, Abandoned: c.abandoned, Stored: stored, Remote: r.remote, Reload: r.reload, NotModified: r.notMod,
 		})
 	}
-	if left.any() {
-		l.depart(left)
+	if dep.any() {
+		l.depart(dep)
 	}
 }
 

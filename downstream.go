@@ -357,7 +357,7 @@ func (c *call[K, V]) endContext() {
 // in before that operation is counted out, on one stripe, so Close (which
 // reads a stripe's outs before its ins) cannot see both out at once.
 func (l *Loader[K, V]) launch(c *call[K, V], s *life.Stripe) {
-	c.slot = s
+	c.stripe = s
 	l.spawn(c, s)
 }
 
@@ -371,7 +371,7 @@ func (l *Loader[K, V]) spawn(j life.Job, s *life.Stripe) {
 
 // Run runs c's load, on a goroutine of the pool.
 func (c *call[K, V]) Run() {
-	defer c.l.gate.ExitChild(c.slot)
+	defer c.l.gate.ExitChild(c.stripe)
 	c.l.run(c)
 }
 
@@ -389,7 +389,7 @@ func (l *Loader[K, V]) takeLabels(ctx context.Context) {
 
 // Run runs b's load, on a goroutine of the pool.
 func (b *batch[K, V]) Run() {
-	defer b.l.gate.ExitChild(b.slot)
+	defer b.l.gate.ExitChild(b.stripe)
 	b.l.runBatch(b)
 }
 

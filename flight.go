@@ -106,7 +106,7 @@ type call[K comparable, V any] struct {
 	background bool         // a refresh nobody waited on when it started
 	gen        uint32       // the fleet generation when it started: its entry's (remote.go)
 	from       *entry[K, V] // the value held for the key when the load started (a refresh's, a Reload's old value), or nil
-	slot       *life.Stripe // the stripe the load goroutine is counted on (lifecycle)
+	stripe     *life.Stripe // the stripe the load goroutine is counted on (lifecycle)
 
 	// Guarded by the shard's mu (packed into two words: a call is
 	// allocated with every miss).

@@ -360,7 +360,7 @@ func (l *Loader[K, V]) GetInfo(ctx context.Context, key K) (v V, info Info, err 
 	r := request[K, V]{key: key, h: h, cl: cl, s: in.Stripe(), g: g, start: now}
 	a := l.wait(&r)
 	answered(&in, a.outcome())
-	if a.err == errLeft {
+	if a.err == errCallerDone {
 		a.err = ctx.Err()
 	}
 	if l.obs != nil && a.waited {
@@ -486,11 +486,11 @@ func (l *Loader[K, V]) ask(r *request[K, V], j *joined[K, V]) {
 	l.join(r, j)
 }
 
-// errLeft is what a wait returns when the caller's context ended first.
+// errCallerDone is what a wait returns when the caller's context ended first.
 // The caller returns ctx.Err() instead, read once it has settled
-// everything else (Err is the caller's code too: rule 23); errLeft never
+// everything else (Err is the caller's code too: rule 23); errCallerDone never
 // reaches the caller of a Get.
-var errLeft = errors.New("flightcache: the caller's context ended")
+var errCallerDone = errors.New("flightcache: the caller's context ended")
 
 // join is flights.join for a request the cache did not answer, but for a
 // key not equal to itself (selfUnequal): that one is loaded alone, through
@@ -586,7 +586,7 @@ func (l *Loader[K, V]) await(r *request[K, V], j *joined[K, V], again bool) (a a
 		if l.flights.leave(c) {
 			l.stats.waiting.Add(-1)
 			l.stats.canceled.Add(1)
-			return answer[V]{info: Info{Waited: l.now() - r.start}, err: errLeft}, false
+			return answer[V]{info: Info{Waited: l.now() - r.start}, err: errCallerDone}, false
 		}
 		<-c.done // the result was delivered as ctx ended: it is ours
 	}

@@ -232,7 +232,7 @@ func MaxStale(ctx context.Context) (d time.Duration, ok bool) {
 // before the Get publishes, joins or reserves anything, and never under a
 // lock; from there to the end of the Get the Loader calls no method of the
 // context but Err, once Done is closed and the Get has settled everything
-// (errLeft).
+// (errCallerDone).
 type caller struct {
 	ctx        context.Context // its values go with a load the Get starts (start); the Get calls no method of it again
 	done       <-chan struct{} // ctx.Done()
