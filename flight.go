@@ -114,16 +114,11 @@ type call[K comparable, V any] struct {
 	ready     bool  // the load goroutine has built lctx: it can be cancelled
 	abandoned bool  // cancelled because every waiter left (CancelAtZero)
 	finished  bool  // the result is set: a leaving waiter takes it instead
-	notFound  bool  // the result's err is a not-found (callee.notFound); set with it, read-only after done
 	cause     error // a cancellation asked for before that
 
-	// Written by finish before done is closed; read-only after.
-	val        V
-	err        error
-	loadedAt   time.Duration
-	freshUntil time.Duration // when val goes stale
-	fallback   *entry[K, V]  // with err: an older value a Remote offered; never cached
-	ended      time.Duration // when the load ended, its result ready (Info.Waited ends there)
+	// res is the load's result: written by finish under the lock, before
+	// done is closed; read-only after. The waiters read it from here.
+	res delivery[K, V]
 
 	w write[K, V] // the write this load leaves, if it fills the cache (no allocation of its own)
 
@@ -486,14 +481,17 @@ func (f *flights[K, V]) startAlone(r *request[K, V]) *call[K, V] {
 	return c
 }
 
-// delivery is what a load delivers to its waiters.
+// delivery is a load's result as its waiters read it: complete makes it
+// from what the downstream gave (loaded), finish stores it in the call
+// (call.res) under the lock, and each waiter judges it for its own caller
+// (await). The value's entry, if it is cached, goes to the writer.
 type delivery[K comparable, V any] struct {
 	val        V
 	err        error
 	loadedAt   time.Duration
-	freshUntil time.Duration
-	fallback   *entry[K, V]
-	ended      time.Duration // when the load ended: a waiter's wait ends there
+	freshUntil time.Duration // when val goes stale
+	fallback   *entry[K, V]  // with err: an older value a Remote offered; never cached
+	ended      time.Duration // when the load ended, its result ready: a waiter's wait (Info.Waited) ends there
 	notFound   bool          // err is a not-found (callee.notFound)
 	drop       bool          // the value is not to be cached: the key keeps no older one either
 	big        int64         // with drop: the value's cost, too big for the cache (tooBig); 0: not that
@@ -520,8 +518,7 @@ func (f *flights[K, V]) finish(c *call[K, V], r *delivery[K, V], e *entry[K, V],
 			opened, back, ok, gone = f.put(sh, seen.e, &c.w, &c.w)
 			stored = ok && e != nil
 		}
-		c.val, c.err, c.loadedAt, c.freshUntil, c.fallback, c.notFound = r.val, r.err, r.loadedAt, r.freshUntil, r.fallback, r.notFound
-		c.ended = r.ended
+		c.res = *r
 		c.finished = true // from here a leaving waiter takes the result: done is closed soon
 		callers = int(c.waiters)
 	})

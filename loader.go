@@ -594,25 +594,25 @@ func (l *Loader[K, V]) await(r *request[K, V], j *joined[K, V], again bool) (a a
 	// The wait ended with the load, not when this goroutine woke or, in a
 	// GetMany, got round to this key: Waited and Age are as of then (never
 	// before the caller started: the clock was read before the join).
-	end := max(min(c.ended, l.now()), r.start)
-	a = answer[V]{v: c.val, info: Info{Source: SourceShared, Waited: end - r.start}, nf: c.notFound, err: c.err}
+	end := max(min(c.res.ended, l.now()), r.start)
+	a = answer[V]{v: c.res.val, info: Info{Source: SourceShared, Waited: end - r.start}, nf: c.res.notFound, err: c.res.err}
 	if j.started {
 		a.info.Source = SourceLoaded
 	}
 	switch {
-	case c.err != nil:
+	case c.res.err != nil:
 		if v, age, ok := l.staleOnError(r, c, end); ok {
 			l.stats.staleOnErrors.Add(1)
 			return answer[V]{v: v, info: Info{Source: SourceStaleOnError, Age: age, Waited: a.info.Waited}}, false
 		}
-	case !again && end >= c.freshUntil && !r.cl.acceptsStale(c.freshUntil, end):
+	case !again && end >= c.res.freshUntil && !r.cl.acceptsStale(c.res.freshUntil, end):
 		return a, true
 	default:
-		a.info.Age = end - c.loadedAt
+		a.info.Age = end - c.res.loadedAt
 	}
 	if !j.started {
 		l.stats.shared.Add(1)
-		if c.err != nil {
+		if c.res.err != nil {
 			l.stats.sharedErrors.Add(1)
 		}
 	}
@@ -631,14 +631,14 @@ func (l *Loader[K, V]) staleOnError(r *request[K, V], c *call[K, V], now time.Du
 		return v, 0, false
 	}
 	cover := true
-	if l.user.guard(func() { cover = StaleMayCover(c.err, c.notFound) }, nil); !cover {
+	if l.user.guard(func() { cover = StaleMayCover(c.res.err, c.res.notFound) }, nil); !cover {
 		return v, 0, false
 	}
 	e := l.flights.latest(r.key, r.h)
 	if e != nil && e.isNotFound() {
 		e = nil // a cached not-found
 	}
-	for _, e := range [2]*entry[K, V]{e, c.fallback} {
+	for _, e := range [2]*entry[K, V]{e, c.res.fallback} {
 		if e == nil {
 			continue
 		}
