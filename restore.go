@@ -188,8 +188,10 @@ func windowOut(d time.Duration) time.Duration {
 // its turn when [Options.MaxPendingWrites] writes are waiting for the
 // cache, so a large Restore runs in bounded memory. It does not call
 // [Options.Freshness] (an Entry carries its own) nor the Remote: a
-// restored value stays in this process. A restored not-found is
-// [ErrNotFound] itself.
+// restored value stays in this process (with a Remote, the shared tier
+// is warm already, and may hold newer values than the saved ones: restore
+// only values nothing else writes). A restored not-found is [ErrNotFound]
+// itself.
 //
 // NOTE: an Invalidate that has been applied leaves nothing behind to
 // compare with, so Restore would then store the key's older value: call

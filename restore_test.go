@@ -305,3 +305,30 @@ func TestRestoreClosedAndInvalid(t *testing.T) {
 		t.Fatalf("after Close: Len %d, Entries %d; want 0, 0", n, len(es))
 	}
 }
+
+// TestRestoreBounded: a Restore far larger than MaxPendingWrites goes
+// through the bounded write path, waiting its turns, and stores every
+// entry (docs/design.md rule 29).
+func TestRestoreBounded(t *testing.T) {
+	const n = 2000
+	l := newLoader(t, &downstream{}, Options[string, string]{TTL: time.Hour, MaxPendingWrites: 2})
+	peak := int64(0)
+	n2, err := l.Restore(func(yield func(Entry[string, string]) bool) {
+		for i := range n {
+			peak = max(peak, l.Stats().PendingWrites)
+			if !yield(Entry[string, string]{Key: fmt.Sprint("k", i), Value: "v", LoadedAt: time.Now()}) {
+				return
+			}
+		}
+	})
+	if err != nil || n2 != n {
+		t.Fatalf("Restore = %d, %v; want %d, nil", n2, err, n)
+	}
+	if peak > 2*2 {
+		t.Errorf("pending writes peaked at %d; want at most 2 × MaxPendingWrites", peak)
+	}
+	waitFor(t, "the cache to apply every restored entry", 10*time.Second, func() bool { return l.Stats().PendingWrites == 0 })
+	if got := l.Len(); got != n {
+		t.Fatalf("Len = %d; want %d", got, n)
+	}
+}
