@@ -542,6 +542,40 @@ func (f *flights[K, V]) overwrite(key K, h uint64, e *entry[K, V], cost int64, p
 	return opened, back, gone, outdated
 }
 
+// fillEmpty makes e key's value, as overwrite does, only if the key holds
+// nothing: no live cached entry, no pending write (a Set's, a fill's, an
+// Invalidate's), no load in flight. Restore uses it: a restored value is
+// older than any of those. With stored false it did nothing and back is p.
+func (f *flights[K, V]) fillEmpty(key K, h uint64, e *entry[K, V], cost int64, p place) (opened *write[K, V], back place, gone *entry[K, V], stored bool) {
+	back = p
+	f.locked(h, key, glance[K, V]{}, func(sh *shard[K, V], seen glance[K, V]) {
+		if cur, running := f.current(sh, key, seen); cur != nil || running != nil || sh.writes[key] != nil {
+			return
+		}
+		next := write[K, V]{key: key, h: h, entry: e, cost: cost, place: p}
+		opened, back, _, gone = f.put(sh, seen.e, &next, nil)
+		stored = true
+	})
+	return opened, back, gone, stored
+}
+
+// pendingEntries appends to es the values of the pending writes: the
+// newest value of each key that has one, which the cache may not hold yet
+// (Entries).
+func (f *flights[K, V]) pendingEntries(es []*entry[K, V]) []*entry[K, V] {
+	for i := range f.shards {
+		sh := &f.shards[i]
+		sh.mu.Lock()
+		for _, w := range sh.writes {
+			if w.entry != nil {
+				es = append(es, w.entry)
+			}
+		}
+		sh.mu.Unlock()
+	}
+	return es
+}
+
 // latest returns key's current entry: the one a pending write leaves, or
 // the cached one. Used when a load failed, to find a value to cover it.
 func (f *flights[K, V]) latest(key K, h uint64) (cur *entry[K, V]) {

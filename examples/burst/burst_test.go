@@ -160,7 +160,7 @@ func TestWall(t *testing.T) {
 
 func TestRunFlagsAndJSON(t *testing.T) {
 	for _, args := range [][]string{
-		{"-only", "x"}, {"-only", "g"}, {"-only", ""}, {"-duration", "0s"}, {"-readers", "0"}, {"-keys", "0"}, {"extra"},
+		{"-only", "x"}, {"-only", "h"}, {"-only", ""}, {"-duration", "0s"}, {"-readers", "0"}, {"-keys", "0"}, {"extra"},
 	} {
 		if err := run(args, io.Discard, io.Discard); err == nil {
 			t.Errorf("run(%q) = nil; want an error", args)
@@ -329,5 +329,24 @@ func TestStormPart(t *testing.T) {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("output lacks %q:\n%s", want, out.String())
 		}
+	}
+}
+
+func TestRestart(t *testing.T) {
+	cfg := quick()
+	cfg.restartKeys, cfg.restartWindow = 200, 200*time.Millisecond
+	res, err := runRestart(cfg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Saved != cfg.restartKeys || len(res.Rows) != 2 {
+		t.Fatalf("saved %d entries, %d rows; want %d, 2", res.Saved, len(res.Rows), cfg.restartKeys)
+	}
+	cold, warm := res.Rows[0], res.Rows[1]
+	if cold.Calls < 1 || cold.Calls > int64(cfg.restartKeys) || int64(cold.Loads) != cold.Calls {
+		t.Errorf("cold start: %d downstream calls, %d loads; want 1 to %d, reconciled", cold.Calls, cold.Loads, cfg.restartKeys)
+	}
+	if warm.Restored != cfg.restartKeys || warm.Calls != 0 || warm.Misses != 0 || warm.Gets == 0 {
+		t.Errorf("restored: %+v; want %d restored, Gets and no downstream call", warm, cfg.restartKeys)
 	}
 }

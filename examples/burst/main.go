@@ -20,13 +20,16 @@
 //     downstream that slows with its concurrency and fails past 100 calls
 //     at once, with no limit, with Options.Limit.MaxLoads 50 and with an
 //     adaptive Limit: Gets answered, calls past capacity, calls at once,
-//     wall time, p99 wait, and the adaptive bound over time.
+//     wall time, p99 wait, and the adaptive bound over time;
+//   - g. a warm restart: downstream calls in the first moments of a new
+//     process, started cold and restored from what the old one saved at
+//     shutdown (Loader.Entries, gob, Loader.Restore).
 //
 // Usage:
 //
-//	go run ./examples/burst [-duration 3s] [-readers 8] [-keys 3] [-only abcdef] [-json]
+//	go run ./examples/burst [-duration 3s] [-readers 8] [-keys 3] [-only abcdefg] [-json]
 //
-// It needs no server and, with the defaults, takes about 12 seconds. A
+// It needs no server and, with the defaults, takes about 13 seconds. A
 // progress line is drawn on stderr; the tables (or, with -json, one JSON
 // document) go to stdout.
 package main
@@ -48,7 +51,7 @@ type config struct {
 	duration time.Duration // c's runs; b's reader runs last twice as long, its control run a third
 	readers  int           // concurrent readers in b and c
 	keys     int           // hot keys in b
-	only     string        // which parts to run: letters of "abcdef"
+	only     string        // which parts to run: letters of "abcdefg"
 
 	// Part b: the downstream of the blast-radius experiment.
 	loadMin, loadMax time.Duration // each load takes a duration in [loadMin, loadMax)
@@ -77,6 +80,10 @@ type config struct {
 	stormCapacity int           // past this many calls at once, a call fails at once
 	stormMaxLoads int           // the fixed Limit.MaxLoads
 	traceEvery    time.Duration // the bound is read this often during a storm
+
+	// Part g: the warm restart (its loads take roundTrip to twice that).
+	restartKeys   int           // keys the process served before it restarted
+	restartWindow time.Duration // how long the readers read after the restart
 }
 
 func defaultConfig() config {
@@ -84,7 +91,7 @@ func defaultConfig() config {
 		duration: 3 * time.Second,
 		readers:  8,
 		keys:     3,
-		only:     "abcdef",
+		only:     "abcdefg",
 
 		loadMin:     100 * time.Millisecond,
 		loadMax:     120 * time.Millisecond,
@@ -110,6 +117,9 @@ func defaultConfig() config {
 		stormCapacity: 100,
 		stormMaxLoads: 50,
 		traceEvery:    2 * time.Millisecond,
+
+		restartKeys:   2000,
+		restartWindow: time.Second,
 	}
 }
 
@@ -121,6 +131,7 @@ type results struct {
 	D *freshnessResult `json:"d,omitempty"`
 	E *nPlusOneResult  `json:"e,omitempty"`
 	F *stormResult     `json:"f,omitempty"`
+	G *restartResult   `json:"g,omitempty"`
 }
 
 func main() {
@@ -139,7 +150,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 	fs.DurationVar(&cfg.duration, "duration", cfg.duration, "length of part c's runs; part b's reader runs last twice as long, its control run a third, part d's runs half")
 	fs.IntVar(&cfg.readers, "readers", cfg.readers, "concurrent readers in parts b and c")
 	fs.IntVar(&cfg.keys, "keys", cfg.keys, "hot keys in part b")
-	fs.StringVar(&cfg.only, "only", cfg.only, "parts to run: any of a, b, c, d, e, f (e.g. -only b or -only a,c)")
+	fs.StringVar(&cfg.only, "only", cfg.only, "parts to run: any of a, b, c, d, e, f, g (e.g. -only b or -only a,c)")
 	asJSON := fs.Bool("json", false, "print one JSON document instead of tables")
 	if err := fs.Parse(args); err != nil {
 		return err
@@ -153,8 +164,8 @@ func run(args []string, stdout, stderr io.Writer) error {
 		return fmt.Errorf("-readers must be >= 1, got %d", cfg.readers)
 	case cfg.keys < 1:
 		return fmt.Errorf("-keys must be >= 1, got %d", cfg.keys)
-	case strings.Trim(cfg.only, "abcdef, ") != "" || strings.Trim(cfg.only, ", ") == "":
-		return fmt.Errorf("-only takes letters of a, b, c, d, e, f; got %q", cfg.only)
+	case strings.Trim(cfg.only, "abcdefg, ") != "" || strings.Trim(cfg.only, ", ") == "":
+		return fmt.Errorf("-only takes letters of a, b, c, d, e, f, g; got %q", cfg.only)
 	}
 
 	res, err := measure(cfg, newProgress(stderr))
@@ -204,6 +215,11 @@ func measure(cfg config, p *progress) (*results, error) {
 			return nil, err
 		}
 	}
+	if strings.Contains(cfg.only, "g") {
+		if res.G, err = runRestart(cfg, p); err != nil {
+			return nil, err
+		}
+	}
 	return res, nil
 }
 
@@ -236,5 +252,10 @@ func (r *results) print(w io.Writer) {
 	if r.F != nil {
 		fmt.Fprint(w, sep)
 		r.F.print(w)
+		sep = "\n"
+	}
+	if r.G != nil {
+		fmt.Fprint(w, sep)
+		r.G.print(w)
 	}
 }
