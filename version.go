@@ -1,6 +1,6 @@
 package flightcache
 
-// Versioned writes (docs/design.md rule 29). With Options.Version every
+// Versioned writes (docs/design.md rule 30). With Options.Version every
 // value entry carries its value's version, asked of Version once, when the
 // entry is built, outside every lock (Version is user code: versionOf,
 // through the guard). Every write of a key meets the value it would

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -85,7 +86,7 @@ func peekRow(l *Loader[string, row], key string) (row, bool) {
 	return r, ok
 }
 
-// docs/design.md rule 29: a Set never replaces a held value of a higher
+// docs/design.md rule 30: a Set never replaces a held value of a higher
 // version; an equal version wins, as without Version; each write dropped
 // counts once in Stats.WritesOutdated.
 func TestVersionSet(t *testing.T) {
@@ -121,7 +122,7 @@ func TestVersionSet(t *testing.T) {
 	}
 }
 
-// docs/design.md rule 29: a load that returns an older row than the one
+// docs/design.md rule 30: a load that returns an older row than the one
 // held (a replica lagging behind a Set) gives its callers what it read,
 // while the cache keeps the newer row with its freshness; the load's event
 // says it stored nothing. Each kind of load: a revalidating Get, Refresh,
@@ -177,7 +178,7 @@ func TestVersionFillKeepsNewer(t *testing.T) {
 	})
 }
 
-// docs/design.md rule 29: a background refresh whose row is outdated
+// docs/design.md rule 30: a background refresh whose row is outdated
 // leaves the stale row held and backs off like a failed one, so the stale
 // window does not turn into one refresh after another; after the backoff
 // the next stale Get refreshes again.
@@ -217,7 +218,7 @@ func TestVersionRefreshOutdatedBacksOff(t *testing.T) {
 	})
 }
 
-// docs/design.md rule 29: not-founds, Invalidate and InvalidateAll are not
+// docs/design.md rule 30: not-founds, Invalidate and InvalidateAll are not
 // versioned: each drops the row held, whatever its version, and a write
 // of any version after it is stored. So is a value not to be cached.
 func TestVersionDropsAreNotVersioned(t *testing.T) {
@@ -291,7 +292,7 @@ func TestVersionPanics(t *testing.T) {
 // loses.
 //
 //	A: the load starts, Set(v2), the load ends with v1: detached (rule 6).
-//	B: Set(v2), the load starts, ends with v1: outdated (rule 29).
+//	B: Set(v2), the load starts, ends with v1: outdated (rule 30).
 //	C: the load starts, ends with v1, Set(v2): the Set replaces it.
 func TestVersionSetRacingOlderLoad(t *testing.T) {
 	steps := map[string]func(l *Loader[string, row], src *rowSource, get func()){
@@ -344,7 +345,7 @@ func TestVersionSetRacingOlderLoad(t *testing.T) {
 	}
 }
 
-// docs/design.md rule 29 under -race: writers that each write the
+// docs/design.md rule 30 under -race: writers that each write the
 // database (a version counter) and then Set the row, racing loads from a
 // replica that returns any version up to the database's (revalidating
 // Gets, Refresh, GetMany). A reader sees each key's version only grow, and
@@ -507,4 +508,31 @@ func BenchmarkGetHitVersion(b *testing.B) {
 	opts := Options[string, string]{Version: func(s string) uint64 { return uint64(len(s)) }}
 	b.Run("mode=serial", func(b *testing.B) { loaderHits(b, opts, trace, false) })
 	b.Run("mode=parallel", func(b *testing.B) { loaderHits(b, opts, trace, true) })
+}
+
+// docs/design.md rules 29 and 30: a restored value carries its version (asked
+// of Version, as a Set's is), so an older write after Restore loses to it; a
+// restored entry never replaces a key held, whatever the versions.
+func TestVersionRestore(t *testing.T) {
+	l := newRowLoader(t, &rowSource{}, Options[string, row]{})
+	l.Set("held", row{1, "set"})
+	at := time.Now()
+	saved := []Entry[string, row]{
+		{Key: "k", Value: row{5, "restored"}, LoadedAt: at},
+		{Key: "held", Value: row{9, "restored"}, LoadedAt: at},
+	}
+	n, err := l.Restore(slices.Values(saved))
+	if err != nil || n != 1 {
+		t.Fatalf("Restore = %d, %v; want 1 stored (the held key skipped)", n, err)
+	}
+	l.Set("k", row{4, "older"})
+	if got, ok := peekRow(l, "k"); !ok || got != (row{5, "restored"}) {
+		t.Errorf(`Peek("k") after an older Set = %v, %v; want the restored {5 restored}`, got, ok)
+	}
+	if got, ok := peekRow(l, "held"); !ok || got != (row{1, "set"}) {
+		t.Errorf(`Peek("held") = %v, %v; want the Set's {1 set}: Restore never replaces`, got, ok)
+	}
+	if s := l.Stats(); s.WritesOutdated != 1 {
+		t.Errorf("Stats.WritesOutdated = %d; want 1 (the older Set)", s.WritesOutdated)
+	}
 }
