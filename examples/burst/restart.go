@@ -128,6 +128,12 @@ func restartOnce(cfg config, p *progress, saved []byte, restore bool) (restartRo
 	stop := p.start("g. "+row.Way, cfg.restartWindow, l.Stats)
 	row.Early = readRandom(l, svc, cfg)
 	stop()
+	// The readers are gone, but loads they started may still run (a Get
+	// whose context ended leaves its load to finish): wait for them, so
+	// that the Loader's count and the downstream's are of the same loads.
+	if err := l.Shutdown(context.Background()); err != nil {
+		return row, err
+	}
 	s := l.Stats()
 	row.Calls, row.Loads, row.Gets, row.Misses = svc.calls.Load(), s.Loads, s.Gets, s.Misses
 	return row, nil
