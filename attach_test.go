@@ -38,7 +38,7 @@ func (r *attachingRemote) Attach(rules Rules[string, string]) error {
 
 // New hands a RemoteAttacher the rules of the Options it validated, once,
 // after Watch: the windows with their defaults, each value's windows
-// (Freshness), the not-found rule and NotFoundTTL.
+// (Freshness), the not-found rule, NotFoundTTL and the Version.
 func TestNewAttachesTheRemote(t *testing.T) {
 	errMine := errors.New("mine")
 	r := &attachingRemote{fakeRemote: fakeRemote{shared: map[string]RemoteValue[string]{}}}
@@ -49,7 +49,8 @@ func TestNewAttachesTheRemote(t *testing.T) {
 				return Freshness{TTL: time.Second}
 			}
 			return Freshness{}
-		}}
+		},
+		Version: func(v string) uint64 { return uint64(len(v)) }}
 	want := opts.windows()
 	opts.Remote = r
 	newLoader(t, &downstream{}, opts)
@@ -66,6 +67,8 @@ func TestNewAttachesTheRemote(t *testing.T) {
 		t.Error("Attach: NotFound does not follow the Loader's IsNotFound")
 	case got.WindowsOf == nil:
 		t.Error("Attach: WindowsOf is nil; want the Loader's Freshness applied")
+	case got.Version == nil || got.Version("abc") != 3:
+		t.Error("Attach: Version does not follow the Loader's Version")
 	}
 	if w, ok := got.WindowsOf("short", "v"); !ok || w.Fresh != 500*time.Millisecond || w.StaleIfError != time.Hour {
 		t.Errorf("Attach: WindowsOf(short) = %+v, %v; want 500ms fresh (Jitter 0.5), the Options' StaleIfError", w, ok)

@@ -67,6 +67,7 @@ func (l *Loader[K, V]) entryOf(c *call[K, V], r *loaded[V], res *delivery[K, V],
 	case r.err == nil:
 		onGoexit := func() { l.deliver(c, r, res, nil, 0) }
 		life, keep := l.lifeOf(c.key, r.val, onGoexit)
+		keep = keep && l.versionOf(&life, r.val, onGoexit)
 		e = l.newEntry(c.key, r.val, life, born{at: res.loadedAt, took: r.took, gen: c.gen})
 		cost = 1
 		if l.opts.Cost != nil {
@@ -111,6 +112,9 @@ func (l *Loader[K, V]) deliver(c *call[K, V], r *loaded[V], res *delivery[K, V],
 		l.backOff(c.from)
 	}
 	callers, stored, w, back, gone := l.flights.finish(c, res, e, cost)
+	if c.background && res.outdated && c.from != nil {
+		l.backOff(c.from) // the value held is newer (version.go): it stays, and is not refreshed again at once
+	}
 	l.writer.giveBack(back)
 	dep := l.departureOf(c.key, r, res, gone) // reported last: the Observer is user code
 	switch {

@@ -74,10 +74,13 @@ func (e *entry[K, V]) failedRefresh() int {
 }
 
 // extra is what few entries need: a cached not-found's error, or a value's
-// own stale windows ([Options.Freshness]).
+// own stale windows ([Options.Freshness]), or its version
+// ([Options.Version]).
 type extra[K comparable, V any] struct {
-	notFound error   // a cached not-found error; nil for a value
-	win      windows // the entry's stale windows (none for a not-found)
+	notFound  error   // a cached not-found error; nil for a value
+	win       windows // the entry's stale windows (none for a not-found)
+	ver       uint64  // the value's version, if versioned
+	versioned bool    // the value has a version: every value of a Loader with Version (version.go)
 }
 
 // error returns the cached not-found error, or nil for a value.
@@ -116,8 +119,8 @@ func (l *Loader[K, V]) newEntry(key K, v V, life lifetime, b born) *entry[K, V] 
 	until := timing.Add(now, fresh)
 	e := &entry[K, V]{key: key, val: v, loadedAt: now, freshUntil: until}
 	e.mark.Store(b.gen)
-	if life.own {
-		e.extra = &extra[K, V]{win: life.win}
+	if life.own || life.versioned {
+		e.extra = &extra[K, V]{win: life.win, ver: life.ver, versioned: life.versioned}
 	}
 	if l.opts.EarlyRefresh > 0 {
 		// Rounded up to the microsecond: a lead of a fast load (under a
@@ -129,11 +132,14 @@ func (l *Loader[K, V]) newEntry(key K, v V, life lifetime, b born) *entry[K, V] 
 }
 
 // lifetime is how long one value lives: its TTL and, when own is set,
-// stale windows of its own rather than the Options'.
+// stale windows of its own rather than the Options'; and, when versioned
+// is set, its version (version.go).
 type lifetime struct {
-	ttl time.Duration
-	win windows
-	own bool
+	ttl       time.Duration
+	win       windows
+	own       bool
+	ver       uint64
+	versioned bool
 }
 
 // lifeOf asks Options.Freshness (user code, through the guard) how long v

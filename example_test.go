@@ -503,3 +503,46 @@ func ExampleLoader_Restore() {
 	// restored 3 <nil> held 3
 	// profile of bob (hit), downstream calls since the restart: 0
 }
+
+// Account is a row with a version column the database moves on each write.
+type Account struct {
+	ID      string
+	Balance int
+	Version uint64
+}
+
+// With Options.Version, Set of the row a database write returned is safe:
+// when two writers' Sets arrive in the other order than their writes, the
+// older row is dropped instead of replacing the newer one, and a load from
+// a lagging replica never puts an older row back either.
+func ExampleOptions_version() {
+	replica := Account{ID: "a-1", Balance: 100, Version: 1} // a replica, one write behind
+	accounts, err := flightcache.New(func(ctx context.Context, id string) (Account, error) {
+		return replica, nil
+	}, flightcache.Options[string, Account]{
+		TTL:     time.Minute,
+		Version: func(a Account) uint64 { return a.Version },
+	})
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer accounts.Close()
+
+	// Two writers: the second write (version 3) answers first.
+	accounts.Set("a-1", Account{ID: "a-1", Balance: 70, Version: 3})
+	accounts.Set("a-1", Account{ID: "a-1", Balance: 50, Version: 2}) // older: dropped
+	a, _ := accounts.Get(context.Background(), "a-1")
+	fmt.Println("after both Sets:", a.Balance, "version", a.Version)
+
+	// A revalidating Get reads the lagging replica: its caller gets what
+	// it read, the cache keeps the newer row.
+	r, _ := accounts.Get(flightcache.WithRevalidate(context.Background()), "a-1")
+	a, _ = accounts.Get(context.Background(), "a-1")
+	fmt.Println("the replica said:", r.Balance, "version", r.Version, "- cached:", a.Balance, "version", a.Version)
+	fmt.Println("writes dropped as outdated:", accounts.Stats().WritesOutdated)
+	// Output:
+	// after both Sets: 70 version 3
+	// the replica said: 100 version 1 - cached: 70 version 3
+	// writes dropped as outdated: 2
+}

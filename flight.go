@@ -495,6 +495,7 @@ type delivery[K comparable, V any] struct {
 	notFound   bool          // err is a not-found (callee.notFound)
 	drop       bool          // the value is not to be cached: the key keeps no older one either
 	big        int64         // with drop: the value's cost, too big for the cache (tooBig); 0: not that
+	outdated   bool          // the value was not cached: the one held has a higher version (version.go)
 }
 
 // finish sets c's result: it takes c out of the map and leaves e (if not
@@ -517,6 +518,7 @@ func (f *flights[K, V]) finish(c *call[K, V], r *delivery[K, V], e *entry[K, V],
 			var ok bool
 			opened, back, ok, gone = f.put(sh, seen.e, &c.w, &c.w)
 			stored = ok && e != nil
+			r.outdated = c.w.outdated
 		}
 		c.res = *r
 		c.finished = true // from here a leaving waiter takes the result: done is closed soon
@@ -527,14 +529,17 @@ func (f *flights[K, V]) finish(c *call[K, V], r *delivery[K, V], e *entry[K, V],
 
 // overwrite makes e (nil: nothing) key's value for Set and Invalidate,
 // which hold place p: the load in flight, if any, is detached, and the
-// write wins over it. It returns what put does.
-func (f *flights[K, V]) overwrite(key K, h uint64, e *entry[K, V], cost int64, p place) (opened *write[K, V], back place, gone *entry[K, V]) {
+// write wins over it, unless e is older than the value held (outdated,
+// version.go: then nothing changes). It returns what put does.
+func (f *flights[K, V]) overwrite(key K, h uint64, e *entry[K, V], cost int64, p place) (opened *write[K, V], back place, gone *entry[K, V], outdated bool) {
 	f.locked(h, key, glance[K, V]{}, func(sh *shard[K, V], seen glance[K, V]) {
-		sh.detach(key)
 		next := write[K, V]{key: key, h: h, entry: e, cost: cost, place: p}
 		opened, back, _, gone = f.put(sh, seen.e, &next, nil)
+		if outdated = next.outdated; !outdated {
+			sh.detach(key)
+		}
 	})
-	return opened, back, gone
+	return opened, back, gone, outdated
 }
 
 // fillEmpty makes e key's value, as overwrite does, only if the key holds
@@ -662,11 +667,23 @@ func (f *flights[K, V]) pending(key K) bool {
 // a cached entry is marked gone), so no Get serves a value older than the
 // load's.
 //
+// A write of a value older than the one held (Options.Version) records
+// nothing and changes nothing: put sets next.outdated and reports ok false
+// (version.go). Every write of a value goes through here, so through that
+// comparison.
+//
 // gone is the entry put marked gone, if it was the one to (an entry the
 // EvictionObserver was told of already is gone before), for the caller to
 // report after unlocking: that is where a replaced or invalidated value
 // leaves.
 func (f *flights[K, V]) put(sh *shard[K, V], cur *entry[K, V], next *write[K, V], rec *write[K, V]) (opened *write[K, V], back place, ok bool, gone *entry[K, V]) {
+	if f.superseded(sh, cur, next) {
+		next.outdated = true
+		if next.place.kind == fillPlace {
+			next.place = place{} // never taken
+		}
+		return nil, next.place, false, nil
+	}
 	w := sh.writes[next.key]
 	if w == nil && cur == nil && next.entry == nil {
 		if next.place.kind == fillPlace {

@@ -137,6 +137,31 @@ type Options[K comparable, V any] struct {
 	// StaleIfError. A cached not-found ([NotFoundTTL]) is not passed to it.
 	Freshness func(key K, v V) Freshness
 
+	// Version, if set, gives a value's version (a row's version column,
+	// its update time in nanoseconds, a sequence number): a write of a key
+	// never replaces a value held for it of a higher version. A write is
+	// a [Loader.Set], or the fill of any load (a miss, a background or
+	// early refresh, [Loader.Refresh], a reload, a revalidating Get,
+	// GetMany). An outdated write is dropped and counted in
+	// Stats.WritesOutdated (an outdated Set is not passed to the Remote);
+	// the callers of an outdated load still get its value, while the
+	// cache keeps the newer value with its freshness. An equal version
+	// wins, as every write does without Version. So two writers that each
+	// Set the row their database write returned leave the newer row
+	// cached, in whichever order their Sets come, and a load from a
+	// lagging replica never puts an older row back. Not versioned, and so
+	// never refused: a not-found, [Loader.Invalidate] and
+	// [Loader.InvalidateAll] drop the value held whatever its version, and
+	// so does a value not to be cached (a negative Freshness TTL, too big
+	// for the cache). A value held past every window, served by no Get,
+	// stops nothing, as if evicted. Version is called once per value
+	// written, on the goroutine that writes it, outside every lock and
+	// through the guard: if it panics, the value (of unknown version) is
+	// not cached and the value held is dropped, as when Freshness panics,
+	// and the panic counts in Stats.Panics; a load's callers still get
+	// its value. nil (the default) means no versions: the last write wins.
+	Version func(v V) uint64
+
 	// Reload, if set, is used instead of the LoadFunc for every load of a
 	// key the Loader holds a value for (fresh, stale, or within
 	// StaleIfError): a background or early refresh, [Loader.Refresh], a

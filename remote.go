@@ -155,6 +155,12 @@ type Rules[K comparable, V any] struct {
 	// NotFoundTTL is [Options.NotFoundTTL]: how long the Loader caches a
 	// not-found; 0: not cached.
 	NotFoundTTL time.Duration
+	// Version is [Options.Version]: a value's version, for a Remote that
+	// keeps it with the shared entry so that no write of the fleet
+	// replaces a value of a higher version (docs/design.md rule 30). It
+	// calls Version on the caller's goroutine; a panic there is the
+	// caller's to recover. nil when the Loader has no Version.
+	Version func(v V) uint64
 	// MaxWait is how long a load may wait for a downstream slot
 	// ([Options.Limit]'s MaxWait, its default applied) before its
 	// LoadTimeout starts: a Remote that holds a lease for a load holds it
@@ -164,7 +170,7 @@ type Rules[K comparable, V any] struct {
 
 // rules are the Rules of o, already validated.
 func (o Options[K, V]) rules() Rules[K, V] {
-	r := Rules[K, V]{NotFound: o.NotFound, NotFoundTTL: o.NotFoundTTL}
+	r := Rules[K, V]{NotFound: o.NotFound, NotFoundTTL: o.NotFoundTTL, Version: o.Version}
 	if o.Limit.enabled() {
 		r.MaxWait = o.Limit.MaxWait
 	}

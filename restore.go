@@ -181,8 +181,8 @@ func windowOut(d time.Duration) time.Duration {
 //     older than anything loaded or Set since, so it never replaces one;
 //     and a Set or Invalidate after it replaces it, as any value;
 //   - a not-found without a TTL when [Options.NotFoundTTL] is 0, a value
-//     [Options.Cost] cannot cost (a panic) or too big for the cache, and a
-//     key whose Hash panics or that is not equal to itself.
+//     [Options.Cost] or [Options.Version] panics on, or too big for the
+//     cache, and a key whose Hash panics or that is not equal to itself.
 //
 // Each stored entry goes through the write path of [Loader.Set]: it waits
 // its turn when [Options.MaxPendingWrites] writes are waiting for the
@@ -274,8 +274,9 @@ func (l *Loader[K, V]) restored(en *Entry[K, V]) (e *entry[K, V], cost int64, ok
 		return nil, 0, false
 	}
 	cost = 1
+	var life lifetime // its version (rule 30), asked as a Set asks it
 	if !en.NotFound {
-		if cost, ok = l.costOf(en.Value, nil); !ok || l.tooBig(cost) {
+		if cost, ok = l.costOf(en.Value, nil); !ok || l.tooBig(cost) || !l.versionOf(&life, en.Value, nil) {
 			return nil, 0, false
 		}
 		win = windows{
@@ -292,8 +293,8 @@ func (l *Loader[K, V]) restored(en *Entry[K, V]) (e *entry[K, V], cost int64, ok
 	switch {
 	case en.NotFound:
 		e.extra = &extra[K, V]{notFound: ErrNotFound}
-	case win != l.win:
-		e.val, e.extra = en.Value, &extra[K, V]{win: win}
+	case win != l.win || life.versioned:
+		e.val, e.extra = en.Value, &extra[K, V]{win: win, ver: life.ver, versioned: life.versioned}
 	default:
 		e.val = en.Value
 	}

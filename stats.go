@@ -183,6 +183,7 @@ type Stats struct {
 	PendingWrites     int64  // fills, Sets and Invalidates not yet applied by the cache (Gets find them meanwhile); at most 2 × Options.MaxPendingWrites
 	WriteWaits        uint64 // Sets, Invalidates and Drops that waited their turn because MaxPendingWrites of them were pending
 	FillsDropped      uint64 // loaded values not cached because MaxPendingWrites fills were pending (their callers got them)
+	WritesOutdated    uint64 // writes dropped because the value held had a higher version (Options.Version): Sets, and fills whose callers got them
 	Waiting           int64  // Gets waiting on a load now, a GetMany once per key it waits for: the blast radius if they fail
 	LoadLimit         int64  // the bound on downstream calls at once now (Options.Limit; the adaptive bound as it moves); 0 without a Limit
 	QueuedLoads       int64  // loads waiting now for a downstream slot (Options.Limit)
@@ -208,6 +209,7 @@ type counters struct {
 	revalidations, remoteDrops, distrusts, rereads atomic.Uint64
 	setsDropped, setsRejected, evicted             atomic.Uint64
 	invalidateAlls, fillsDropped                   atomic.Uint64
+	writesOutdated                                 atomic.Uint64
 	inFlight, waiting                              atomic.Int64
 	misses                                         atomic.Uint64 // Gets that waited for a load (or tried to)
 }
@@ -263,5 +265,6 @@ func (c *counters) snapshot(gate *life.Gate) Stats {
 	s.Evicted = c.evicted.Load()
 	s.InvalidateAlls = c.invalidateAlls.Load()
 	s.FillsDropped = c.fillsDropped.Load()
+	s.WritesOutdated = c.writesOutdated.Load()
 	return s
 }

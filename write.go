@@ -37,6 +37,8 @@ type write[K comparable, V any] struct {
 	cost   int64
 	place  place        // the place it holds among the pending writes: its last producer's
 	issued *entry[K, V] // what ristretto holds of this write: nil before the first batch, after a Del and after a refused Set
+
+	outdated bool // put refused it: the value held has a higher version (version.go)
 }
 
 // place is a write's share of the bound on pending writes (rule 19).
@@ -140,7 +142,8 @@ func (wr *writer[K, V]) giveBack(p place) {
 // put makes the entry mk builds (mk nil: none) key's value, once it has a
 // place of the writes' share; the entry is built then, so that a write
 // that waited is of the moment it takes effect. It returns the entry the
-// new value replaced (nil: none), and false after Close.
+// new value replaced (nil: none), and false after Close or when the new
+// value is older than the one held (Options.Version: nothing changed).
 func (wr *writer[K, V]) put(key K, h uint64, mk func() *entry[K, V], cost int64) (*entry[K, V], bool) {
 	p, ok := wr.takeWrite(cost)
 	if !ok {
@@ -150,12 +153,12 @@ func (wr *writer[K, V]) put(key K, h uint64, mk func() *entry[K, V], cost int64)
 	if mk != nil {
 		e = mk()
 	}
-	w, back, gone := wr.flights.overwrite(key, h, e, cost, p)
+	w, back, gone, outdated := wr.flights.overwrite(key, h, e, cost, p)
 	if w != nil {
 		wr.hand(w)
 	}
-	wr.giveBack(back) // the open write's old place, or p if there was nothing to drop
-	return gone, true
+	wr.giveBack(back) // the open write's old place, or p if there was nothing to drop (or it was outdated)
+	return gone, !outdated
 }
 
 // hand gives w to the writer.
@@ -346,7 +349,11 @@ func (wr *writer[K, V]) issue(w *write[K, V]) {
 // older row then serves as a hit until it expires. Invalidate has no order
 // to lose: whichever comes last, the next Get loads the row as the
 // database has it then. Set is for a value nothing else writes
-// concurrently (a row this process alone owns, a computed value).
+// concurrently (a row this process alone owns, a computed value), or for
+// a Loader with [Options.Version] whose rows carry a version the database
+// moves with each write: then the older of two racing Sets is dropped,
+// whichever comes last (Stats.WritesOutdated), and Set of the written row
+// is safe.
 //
 // Set after Close does nothing; so does Set of a key whose Hash panics, and
 // of a key not equal to itself (see [Options.Hash]).
@@ -358,6 +365,7 @@ func (l *Loader[K, V]) Set(key K, value V) {
 	// User code first, before counting in.
 	cost, ok := l.costOf(value, nil)
 	life, keep := l.lifeOf(key, value, nil)
+	keep = keep && l.versionOf(&life, value, nil)
 	var mk func() *entry[K, V] // nil: cannot be costed, never fits, or not to be cached: drop the old one
 	big := ok && keep && l.tooBig(cost)
 	if big {
@@ -401,7 +409,8 @@ func (l *Loader[K, V]) drop(key K) bool {
 // (EvictionReplaced for Set, EvictionInvalidated for Invalidate), and is
 // reported to an EvictionObserver once write is counted out: so Evicted,
 // which may call Close, never runs while the call is inside. It reports
-// false after Close.
+// false after Close, and for a value older than the one held
+// (Options.Version): nothing changed.
 func (l *Loader[K, V]) write(key K, h uint64, mk func() *entry[K, V], cost int64, cause EvictionCause) (ok bool) {
 	s, open := l.gate.EnterOp()
 	if !open {
