@@ -549,3 +549,125 @@ func stormWindow(t *testing.T, p Policy) {
 		t.Errorf("Stats = %+v; want loads made, none in flight", s)
 	}
 }
+
+// Rule 31 with a Remote: a window goes through a RemoteMany as a GetMany's
+// batch does (the keys the tier has come from it, the others go down in
+// one LoadMany call); with a Remote that is not a RemoteMany, each key
+// goes alone through Remote.Load, without waiting, as a GetMany's would.
+func TestBatchWindowRemote(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		r := &fakeRemoteMany{fakeRemote: fakeRemote{shared: map[string]RemoteValue[string]{
+			"peer": {Value: "from-peer", LoadedAt: time.Now()},
+		}}}
+		m := &many{}
+		l := windowLoader(t, m, Options[string, string]{Remote: r})
+		res := getAll(t, l, []string{"peer", "a", "b"}, nil)
+		time.Sleep(time.Second)
+		for k, ch := range res {
+			if want := map[string]string{"peer": "from-peer", "a": "a@1", "b": "b@1"}[k]; (<-ch).v != want {
+				t.Errorf("Get(%q) != %q", k, want)
+			}
+		}
+		if len(r.batches) != 1 || len(r.batches[0]) != 2 || len(m.all()) != 1 {
+			t.Errorf("RemoteMany batches %v, LoadMany calls %v; want one of each, for a and b", r.batches, m.all())
+		}
+	})
+	synctest.Test(t, func(t *testing.T) {
+		r := &fakeRemote{shared: map[string]RemoteValue[string]{}}
+		m := &many{}
+		l := windowLoader(t, m, Options[string, string]{Remote: r, BatchWindow: time.Hour})
+		for _, k := range []string{"a", "b"} {
+			if v, err := l.Get(t.Context(), k); err != nil || v == "" {
+				t.Errorf("Get(%q) = %q, %v; want it loaded at once", k, v, err)
+			}
+		}
+		if calls := m.all(); len(calls) != 2 {
+			t.Errorf("LoadMany calls %v; want one per key", calls)
+		}
+	})
+}
+
+// Rule 31: an Observer sees one LoadStart and one LoadEnd per window's
+// call, with its Keys.
+func TestBatchWindowObserved(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		o := &keysObserver{}
+		l := windowLoader(t, &many{}, Options[string, string]{Observer: o})
+		res := getAll(t, l, keyRange("k", 5), nil)
+		time.Sleep(time.Second)
+		for _, ch := range res {
+			<-ch
+		}
+		o.mu.Lock()
+		defer o.mu.Unlock()
+		if !slices.Equal(o.starts, []int{5}) || !slices.Equal(o.ends, []int{5}) {
+			t.Errorf("LoadStart Keys %v, LoadEnd Keys %v; want [5] and [5]", o.starts, o.ends)
+		}
+	})
+}
+
+// keysObserver records the Keys of each LoadStart and LoadEnd.
+type keysObserver struct {
+	mu           sync.Mutex
+	starts, ends []int
+}
+
+func (o *keysObserver) LoadStart(ctx context.Context, ev LoadStartEvent[string]) context.Context {
+	o.mu.Lock()
+	o.starts = append(o.starts, ev.Keys)
+	o.mu.Unlock()
+	return ctx
+}
+
+func (o *keysObserver) LoadEnd(_ context.Context, ev LoadEvent[string]) {
+	o.mu.Lock()
+	o.ends = append(o.ends, ev.Keys)
+	o.mu.Unlock()
+}
+
+func (o *keysObserver) Waited(context.Context, WaitEvent[string]) {}
+
+// BenchmarkMissBatchWindow: a Get of a never-seen key per op through an
+// instant LoadMany, without a window and with one of 1ms; serial (every
+// miss waits out its window alone: the latency cost) and from 32
+// goroutines per core (the misses of a window share one call).
+func BenchmarkMissBatchWindow(b *testing.B) {
+	loadMany := func(_ context.Context, keys []uint64) (map[uint64]uint64, error) {
+		m := make(map[uint64]uint64, len(keys))
+		for _, k := range keys {
+			m[k] = k
+		}
+		return m, nil
+	}
+	for _, w := range []time.Duration{0, time.Millisecond} {
+		for _, parallel := range []bool{false, true} {
+			b.Run(fmt.Sprintf("window=%v/parallel=%v", w, parallel), func(b *testing.B) {
+				l, err := New(nil, Options[uint64, uint64]{TTL: time.Hour, MaxCost: 1 << 16, LoadMany: loadMany, BatchWindow: w})
+				if err != nil {
+					b.Fatal(err)
+				}
+				defer l.Close()
+				var next atomic.Uint64
+				b.ReportAllocs()
+				if !parallel {
+					for b.Loop() {
+						if _, err := l.Get(context.Background(), next.Add(1)); err != nil {
+							b.Fatal(err)
+						}
+					}
+				} else {
+					b.SetParallelism(32)
+					b.RunParallel(func(pb *testing.PB) {
+						for pb.Next() {
+							if _, err := l.Get(context.Background(), next.Add(1)); err != nil {
+								b.Error(err)
+							}
+						}
+					})
+				}
+				s := l.Stats()
+				b.ReportMetric(float64(s.Misses)/float64(max(s.Loads, 1)), "keys/load")
+			})
+		}
+	}
+}
