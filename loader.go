@@ -46,9 +46,10 @@
 //
 // [Loader.GetMany] answers many keys at once, each as Get would, and loads
 // the misses together through [Options.LoadMany], at most
-// [Options.MaxBatch] keys per downstream call. Coalescing stays per key,
-// across single and batch Gets; the keys that failed come back in a
-// [*ManyError]. [Loader.Peek] returns a value the Loader holds without
+// [Options.MaxBatch] keys per downstream call; with [Options.BatchWindow]
+// the misses and refreshes of single keys are gathered into such calls
+// too. Coalescing stays per key, across single and batch Gets; the keys
+// that failed come back in a [*ManyError]. [Loader.Peek] returns a value the Loader holds without
 // loading anything.
 //
 // # Per-call freshness

@@ -155,7 +155,8 @@ type Options[K comparable, V any] struct {
 	// A key with a value held is reloaded through Reload when Reload is set,
 	// alone. nil means GetMany loads each missing key through the LoadFunc,
 	// all at once. With LoadMany set, [New] needs no LoadFunc: a key loaded
-	// alone is then a LoadMany call for that one key. With a Remote, the
+	// alone is then a LoadMany call for that one key (BatchWindow gathers
+	// such keys into one call). With a Remote, the
 	// batch goes through it if it implements [RemoteMany]; otherwise
 	// GetMany loads key by key through Remote.Load.
 	LoadMany LoadManyFunc[K, V]
