@@ -52,6 +52,7 @@ type batch[K comparable, V any] struct {
 	leader *call[K, V] // calls[0]: its context is the batch's
 	wanted atomic.Int32
 	stripe *life.Stripe // the stripe the goroutine is counted on (lifecycle)
+	wait   *windowWait  // a window single-key loads join (batchwindow.go); nil for a GetMany's
 
 	abandoned atomic.Bool
 	slotted   bool                            // a background batch holds a MaxRefreshes slot, taken by its first call (flights.start)
@@ -88,9 +89,13 @@ func (b *batch[K, V]) add(c *call[K, V]) {
 	}
 }
 
-// abandon records that one of b's calls has no caller left (CancelAtZero),
-// and cancels b when none of them has.
-func (b *batch[K, V]) abandon() {
+// abandon records that c, one of b's calls, has no caller left
+// (CancelAtZero), and cancels b when none of them has. A window still
+// open drops c instead (batchWindows.drop).
+func (b *batch[K, V]) abandon(c *call[K, V]) {
+	if b.wait != nil && b.l.bwin.drop(b, c) {
+		return
+	}
 	if b.wanted.Add(-1) == 0 {
 		b.abandoned.Store(true)
 		b.cancel(errAbandoned)
@@ -113,19 +118,19 @@ func (l *Loader[K, V]) launchBatch(b *batch[K, V], s *life.Stripe) {
 func (l *Loader[K, V]) runBatch(b *batch[K, V]) {
 	start := l.now()
 	b.leader.buildContext(start)
-	keys := make([]K, len(b.calls))
-	for i, c := range b.calls {
-		keys[i] = c.key
-	}
+	keys := b.keys()
 	out := batchResult[K, V]{err: ErrGoexit, down: tally{lctx: &b.leader.lctx, background: b.background}} // err stays if LoadMany (or the Remote) ends the goroutine
 	defer func() {
 		out.took = l.now() - start - out.down.queued
+		if b.wait != nil && b.wait.leaderGone { // dropped from its window: no delivery ends its context
+			b.leader.endContext()
+		}
 		l.completeBatch(b, &out)
 	}()
 	l.takeLabels(b.leader.vals.caller)
 	var ctx context.Context = &b.leader.lctx
 	if l.obs != nil {
-		ctx = l.obs.observeStart(&b.leader.lctx, b.leader.vals.caller, &b.octx, LoadStartEvent[K]{Key: b.leader.key, Keys: len(keys), Background: b.background})
+		ctx = l.obs.observeStart(&b.leader.lctx, b.leader.vals.caller, &b.octx, LoadStartEvent[K]{Key: keys[0], Keys: len(keys), Background: b.background})
 	}
 	rm, ok := l.opts.Remote.(RemoteMany[K, V])
 	if !ok {
@@ -220,7 +225,7 @@ func (l *Loader[K, V]) reportBatch(b *batch[K, V], out *batchResult[K, V]) {
 		return
 	}
 	l.report(b.leader.observed(), LoadEvent[K]{
-		Key: b.leader.key, Duration: out.took, Err: out.err, NotFound: out.nf, Attempts: int(out.down.calls), Background: b.background,
+		Key: b.calls[0].key, Duration: out.took, Err: out.err, NotFound: out.nf, Attempts: int(out.down.calls), Background: b.background,
 		Callers: b.callers, Abandoned: b.abandoned.Load(), Stored: b.stored, Keys: len(b.calls), Queued: out.down.queued,
 	})
 	departed := b.departed

@@ -390,6 +390,9 @@ func (l *Loader[K, V]) takeLabels(ctx context.Context) {
 // Run runs b's load, on a goroutine of the pool.
 func (b *batch[K, V]) Run() {
 	defer b.l.gate.ExitChild(b.stripe)
+	if b.wait != nil && !b.l.bwin.hold(b) {
+		return // every caller of the window left: no call
+	}
 	b.l.runBatch(b)
 }
 

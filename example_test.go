@@ -354,6 +354,41 @@ func ExampleLoader_GetMany() {
 	// LoadMany calls: 1 Gets: 4
 }
 
+// With a BatchWindow, concurrent Gets of distinct cold keys (the N+1 of
+// a page rendered by goroutines, each asking for its own row) wait up to
+// the window and go out as one LoadMany call: here at once when the 20th
+// key joins (MaxBatch), else a second after the first did.
+func ExampleOptions_batchWindow() {
+	var calls atomic.Int32
+	l, _ := flightcache.New(nil, flightcache.Options[string, int]{
+		TTL:         time.Minute,
+		BatchWindow: time.Second,
+		MaxBatch:    20,
+		LoadMany: func(ctx context.Context, ids []string) (map[string]int, error) {
+			calls.Add(1)
+			prices := map[string]int{}
+			for _, id := range ids {
+				prices[id] = 100
+			}
+			return prices, nil
+		},
+	})
+	defer l.Close()
+
+	var wg sync.WaitGroup
+	for i := range 20 {
+		wg.Go(func() {
+			if _, err := l.Get(context.Background(), fmt.Sprintf("p-%d", i)); err != nil {
+				fmt.Println(err)
+			}
+		})
+	}
+	wg.Wait()
+	fmt.Println("Gets: 20, LoadMany calls:", calls.Load())
+	// Output:
+	// Gets: 20, LoadMany calls: 1
+}
+
 // GetManyInfo says of each key what GetInfo would have: p-1 was cached,
 // this call loaded p-2, and its load of p-404 answered not found (absent
 // from the values, not an error).

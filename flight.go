@@ -237,34 +237,36 @@ func (f *flights[K, V]) current(sh *shard[K, V], key K, seen glance[K, V]) (cur 
 // What it found goes in *j.
 func (f *flights[K, V]) join(r *request[K, V], j *joined[K, V]) {
 	var launch bool
+	var act windowAct[K, V]
 	f.locked(r.h, r.key, r.g, func(sh *shard[K, V], seen glance[K, V]) {
-		launch = f.joinLocked(sh, seen, r, j)
+		launch, act = f.joinLocked(sh, seen, r, j)
 	})
 	if launch {
 		f.l.launch(j.c, r.s)
 	}
+	act.do(f.l, r.s)
 }
 
 // joinLocked is join's decision, under the key's shard lock, into *j;
 // launch reports a load started alone, which join launches after
-// unlocking.
-func (f *flights[K, V]) joinLocked(sh *shard[K, V], seen glance[K, V], r *request[K, V], j *joined[K, V]) (launch bool) {
+// unlocking, and act what a load started in a batch window leaves to do.
+func (f *flights[K, V]) joinLocked(sh *shard[K, V], seen glance[K, V], r *request[K, V], j *joined[K, V]) (launch bool, act windowAct[K, V]) {
 	l := f.l
 	cur, c := f.current(sh, r.key, seen)
 	if src := l.judge(&r.cl, cur, r.start); src != SourceNone {
 		*j = joined[K, V]{e: cur, src: src}
-		return false
+		return false, act
 	}
 	reread := cur != nil && !r.cl.revalidate && l.distrusted(cur) // rule 18
 	if c != nil {
 		if r.cl.marker.waitsOn(c) || (c.batch != nil && r.cl.marker.waitsOn(c.batch)) {
 			*j = joined[K, V]{err: ErrRecursiveLoad}
-			return false
+			return false, act
 		}
 		if !f.outdated(sh, c) {
 			c.waiters++
 			*j = joined[K, V]{c: c, reread: reread}
-			return false
+			return false, act
 		}
 		reread = true
 	}
@@ -272,32 +274,33 @@ func (f *flights[K, V]) joinLocked(sh *shard[K, V], seen glance[K, V], r *reques
 	if r.many != nil && n.from == nil { // a Reload goes alone
 		n.into = r.many.fg // open (batches.open)
 	}
-	c, batched := f.start(sh, r, n)
+	c, batched, act := f.start(sh, r, n)
 	if c == nil {
 		*j = joined[K, V]{err: ErrClosed}
-		return false
+		return false, act
 	}
 	*j = joined[K, V]{c: c, started: true, reread: reread}
-	return !batched
+	return !batched, act
 }
 
 // startRefresh starts a background load of r's key to replace from, unless
 // from is no longer the key's entry, a load of the key is in flight, or
-// MaxRefreshes are running. It reports whether it started one. With into
-// not nil, the load is one of into's calls, launched with it by the
-// GetMany.
-func (f *flights[K, V]) startRefresh(r *request[K, V], from *entry[K, V], into *batch[K, V]) bool {
+// MaxRefreshes are running. It reports whether it started one, and
+// whether in a batch: with into not nil, the load is one of into's calls,
+// launched with it by the GetMany; else it may wait in a batch window.
+func (f *flights[K, V]) startRefresh(r *request[K, V], from *entry[K, V], into *batch[K, V]) (started, batched bool) {
 	var c *call[K, V]
-	var batched bool
+	var act windowAct[K, V]
 	f.locked(r.h, r.key, glance[K, V]{}, func(sh *shard[K, V], seen glance[K, V]) {
 		if cur, running := f.current(sh, r.key, seen); cur == from && running == nil {
-			c, batched = f.start(sh, r, newLoad[K, V]{seen: seen, from: from, background: true, into: into})
+			c, batched, act = f.start(sh, r, newLoad[K, V]{seen: seen, from: from, background: true, into: into})
 		}
 	})
 	if c != nil && !batched {
 		f.l.launch(c, r.s)
 	}
-	return c != nil
+	act.do(f.l, r.s)
+	return c != nil, batched
 }
 
 // refreshNow is what Refresh does: start a background load of r's key,
@@ -305,19 +308,23 @@ func (f *flights[K, V]) startRefresh(r *request[K, V], from *entry[K, V], into *
 // is in flight (it then joins it, doing nothing) or MaxRefreshes are
 // running (it is dropped). One from before a Distrust or an InvalidateAll
 // is detached (outdated), and a new load starts. It reports whether it
-// started one.
+// started one alone: one that waits in a batch window is counted with its
+// window.
 func (f *flights[K, V]) refreshNow(r *request[K, V]) bool {
 	now := f.l.now()
 	var c *call[K, V]
+	var batched bool
+	var act windowAct[K, V]
 	f.locked(r.h, r.key, glance[K, V]{}, func(sh *shard[K, V], seen glance[K, V]) {
 		if cur, running := f.current(sh, r.key, seen); running == nil || f.outdated(sh, running) {
-			c, _ = f.start(sh, r, newLoad[K, V]{seen: seen, from: f.l.held(cur, now), background: true})
+			c, batched, act = f.start(sh, r, newLoad[K, V]{seen: seen, from: f.l.held(cur, now), background: true})
 		}
 	})
-	if c != nil {
+	if c != nil && !batched {
 		f.l.launch(c, r.s)
 	}
-	return c != nil
+	act.do(f.l, r.s)
+	return c != nil && !batched
 }
 
 // outdated reports whether c, the load in flight for its key, started
@@ -346,22 +353,26 @@ type newLoad[K comparable, V any] struct {
 // start publishes a new load of r's key in sh, under sh.mu, for r's caller,
 // whose context was read before locking (request.who: its methods are
 // user code). It reports whether the load is one of n.into's calls (the
-// caller launches it with the batch) rather than alone (the caller launches
-// it). It returns nil after Close, and for a background load that finds
-// every MaxRefreshes slot taken (a batch takes one for all its calls).
-// Close sets its flag before it sweeps the shards (cancelAll), so a load
-// is either swept or never started.
-func (f *flights[K, V]) start(sh *shard[K, V], r *request[K, V], n newLoad[K, V]) (c *call[K, V], batched bool) {
+// caller launches it with the batch), or of a batch window's (act says
+// what the caller does for the window after unlocking), rather than alone
+// (the caller launches it). It returns nil after Close, and for a
+// background load that finds every MaxRefreshes slot taken (a batch takes
+// one for all its calls). Close sets its flag before it sweeps the shards
+// (cancelAll), so a load is either swept or never started.
+func (f *flights[K, V]) start(sh *shard[K, V], r *request[K, V], n newLoad[K, V]) (c *call[K, V], batched bool, act windowAct[K, V]) {
 	l := f.l
-	if l.gate.Closed() {
-		return nil, false
+	switch {
+	case l.gate.Closed():
+		return nil, false, act
+	case l.bwin.takes(r.key, &n): // it waits in a batch window
+		return l.bwin.start(f, sh, r, n)
 	}
 	batched = n.into != nil && !n.into.full()
 	var held limit.Slot // a background load's Limit slot, if not batched (its end gives back l.lim.Background())
 	if n.background && !(batched && n.into.slotted) {
 		var ok bool
 		if held, ok = l.takeBackground(); !ok {
-			return nil, false
+			return nil, false, act
 		}
 	}
 	gen := l.generation.Load()
@@ -390,13 +401,13 @@ func (f *flights[K, V]) start(sh *shard[K, V], r *request[K, V], n newLoad[K, V]
 	sh.loads[r.key] = c
 	grew(&sh.peakLoads, len(sh.loads))
 	if !batched {
-		return c, false
+		return c, false, act
 	}
 	if n.background && !n.into.slotted {
 		n.into.limSlot = held
 	}
 	n.into.add(c)
-	return c, true
+	return c, true, act
 }
 
 // leave withdraws a waiter whose context ended. It returns false if the
@@ -429,7 +440,7 @@ func (f *flights[K, V]) leave(c *call[K, V]) bool {
 		cancel(errAbandoned)
 	}
 	if unwanted != nil {
-		unwanted.abandon()
+		unwanted.abandon(c)
 	}
 	return true
 }
@@ -470,7 +481,7 @@ func (f *flights[K, V]) startAlone(r *request[K, V]) *call[K, V] {
 	defer sh.mu.Unlock()
 	loads := sh.loads
 	sh.loads = make(map[K]*call[K, V], 1)
-	c, _ := f.start(sh, r, newLoad[K, V]{})
+	c, _, _ := f.start(sh, r, newLoad[K, V]{})
 	sh.loads = loads
 	if c != nil {
 		if sh.detached == nil {

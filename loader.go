@@ -46,9 +46,10 @@
 //
 // [Loader.GetMany] answers many keys at once, each as Get would, and loads
 // the misses together through [Options.LoadMany], at most
-// [Options.MaxBatch] keys per downstream call. Coalescing stays per key,
-// across single and batch Gets; the keys that failed come back in a
-// [*ManyError]. [Loader.Peek] returns a value the Loader holds without
+// [Options.MaxBatch] keys per downstream call; with [Options.BatchWindow]
+// the misses and refreshes of single keys are gathered into such calls
+// too. Coalescing stays per key, across single and batch Gets; the keys
+// that failed come back in a [*ManyError]. [Loader.Peek] returns a value the Loader holds without
 // loading anything.
 //
 // # Per-call freshness
@@ -149,6 +150,9 @@ type Loader[K comparable, V any] struct {
 	// callee holds the breaker, and says what a downstream call's error
 	// means (callee.go).
 	callee callee
+	// bwin holds the open windows single-key loads wait in
+	// (Options.BatchWindow, batchwindow.go).
+	bwin batchWindows[K, V]
 	// refreshSlots bounds the background loads (MaxRefreshes, downstream.go).
 	refreshSlots refreshSlots
 	lim          *limit.Limiter // Options.Limit's slots for downstream calls; nil: no limit
@@ -206,6 +210,7 @@ func New[K comparable, V any](load LoadFunc[K, V], opts Options[K, V]) (*Loader[
 	l.refreshSlots.max = int64(opts.MaxRefreshes)
 	l.lim = limit.New(opts.Limit.config(opts.LoadTimeout), l.now)
 	l.flights.init(l)
+	l.bwin.init(l)
 	l.writer.init(opts.MaxPendingWrites, opts.MaxCost)
 	l.gate.Init()
 	l.timeouts = newTimeouts(opts.LoadTimeout, l.epoch)
@@ -680,11 +685,12 @@ func (l *Loader[K, V]) refresh(r *request[K, V], e *entry[K, V]) {
 		into = r.many.background()
 	}
 	r.who() // before the lock: its context is user code
-	if !l.flights.startRefresh(r, e, into) {
+	started, batched := l.flights.startRefresh(r, e, into)
+	if !started {
 		e.refreshAfter.Store(after)
 		return
 	}
-	if into == nil {
+	if !batched { // a batch counts as one refresh (batches.launch, batchWindows.hold)
 		l.stats.refreshes.Add(1)
 	}
 }

@@ -180,7 +180,8 @@ type Options[K comparable, V any] struct {
 	// A key with a value held is reloaded through Reload when Reload is set,
 	// alone. nil means GetMany loads each missing key through the LoadFunc,
 	// all at once. With LoadMany set, [New] needs no LoadFunc: a key loaded
-	// alone is then a LoadMany call for that one key. With a Remote, the
+	// alone is then a LoadMany call for that one key (BatchWindow gathers
+	// such keys into one call). With a Remote, the
 	// batch goes through it if it implements [RemoteMany]; otherwise
 	// GetMany loads key by key through Remote.Load.
 	LoadMany LoadManyFunc[K, V]
@@ -188,6 +189,35 @@ type Options[K comparable, V any] struct {
 	// MaxBatch bounds the keys of one LoadMany call. 0 means
 	// DefaultMaxBatch (100).
 	MaxBatch int
+
+	// BatchWindow, with LoadMany set, gathers the loads of single keys into
+	// LoadMany calls: a Get's or GetInfo's miss, a revalidating Get
+	// ([WithRevalidate]), [Loader.Refresh], a background or early refresh
+	// each wait up to BatchWindow (or until MaxBatch keys wait) in an open
+	// window, and go out together in one LoadMany call under
+	// [Loader.GetMany]'s rules: coalescing stays per key (a Get of a key
+	// already waiting joins it), and the retries, the breaker, one
+	// [Options.Limit] slot, [Options.LoadTimeout] (counted from when the
+	// call goes out) and one [LoadEvent] (its Keys) are per call. Misses
+	// and background refreshes wait in windows of their own: a window of
+	// refreshes takes one MaxRefreshes place, as a GetMany's refreshes do.
+	// Under [CancelAtZero] a key whose callers all left before its window
+	// went out is dropped from the call, and a window left empty makes no
+	// call; under [FinishAndFill] the key stays.
+	//
+	// What does not wait: a key the Loader holds a value for, loaded
+	// through Reload (it takes the old value, so it goes alone), GetMany's
+	// own batches (they go out at once), a key not equal to itself (see
+	// [Options.Hash]), and every load when a Remote is set that is not a
+	// [RemoteMany].
+	//
+	// NOTE: the window is latency: a miss waits up to BatchWindow before its
+	// call even starts (part of its [Info.Waited]; not of
+	// [LoadEvent.Duration], which is the downstream call's). At Close an
+	// open window goes out at once, and its keys get what any load in
+	// flight at Close gets. 0 (the default) means no waiting: a key loaded
+	// alone is its own call. It needs LoadMany; New rejects a negative value.
+	BatchWindow time.Duration
 
 	// MaxPendingWrites bounds the writes waiting for the cache to apply
 	// them, and so the memory they hold (one value each), whatever storm of
@@ -371,6 +401,10 @@ func (o *Options[K, V]) validate() error {
 		return optionError("MaxRefreshes", "must be >= 0, got %d", o.MaxRefreshes)
 	case o.MaxBatch < 0:
 		return optionError("MaxBatch", "must be >= 0, got %d", o.MaxBatch)
+	case o.BatchWindow < 0:
+		return optionError("BatchWindow", "must be >= 0, got %v", o.BatchWindow)
+	case o.BatchWindow > 0 && o.LoadMany == nil:
+		return optionError("BatchWindow", "needs LoadMany, which is nil")
 	case o.MaxPendingWrites < 0:
 		return optionError("MaxPendingWrites", "must be >= 0, got %d", o.MaxPendingWrites)
 	case o.NotFoundTTL < 0:

@@ -164,7 +164,7 @@ type Stats struct {
 	DownstreamCalls   uint64 // LoadFunc, LoadMany and Reload calls made, retries included: what the downstream saw; a call the breaker or Options.Limit refused is not one
 	Retries           uint64 // of DownstreamCalls, those beyond the first of their load
 	MaxCallersPerLoad uint64 // the most Gets one load's result reached (a LoadMany call's: summed over its keys)
-	Refreshes         uint64 // background loads started: refreshes, early refreshes and Refresh calls (a GetMany's refreshes batched in one LoadMany call: one)
+	Refreshes         uint64 // background loads started: refreshes, early refreshes and Refresh calls (a GetMany's refreshes batched in one LoadMany call, or a batch window's: one)
 	RefreshesDropped  uint64 // background loads not started because MaxRefreshes were running
 	Reloads           uint64 // of Loads, those of a key whose value was held, to be made with Options.Reload (whether or not the Reload was called: the breaker, Options.Limit or a Remote may answer first)
 	NotModified       uint64 // of Reloads, those whose Reload returned ErrNotModified

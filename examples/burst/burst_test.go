@@ -203,15 +203,19 @@ func TestFreshnessPart(t *testing.T) {
 
 // Part e: a Get per id is a downstream call per id, one after another;
 // GetMany without LoadMany makes as many calls, at once; with LoadMany the
-// page is ⌈page / MaxBatch⌉ calls.
+// page is ⌈page / MaxBatch⌉ calls. Gets at once over a downstream that
+// answers only LoadMany are a LoadMany call each; with a BatchWindow
+// (docs/design.md rule 31) they share one: the page fills MaxBatch (100)
+// and goes out at once, or a straggler that missed the window (two round
+// trips) makes a second call.
 func TestNPlusOnePart(t *testing.T) {
 	cfg := quick()
 	res, err := runNPlusOne(cfg, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(res.Rows) != 4 {
-		t.Fatalf("%d rows; want 4", len(res.Rows))
+	if len(res.Rows) != 6 {
+		t.Fatalf("%d rows; want 6", len(res.Rows))
 	}
 	page := cfg.page
 	for _, row := range res.Rows {
@@ -239,6 +243,15 @@ func TestNPlusOnePart(t *testing.T) {
 				want.calls, want.batchLoads, want.batchKeys, want.largest)
 		}
 	}
+	if alone := res.Rows[4]; alone.Calls != int64(page) || alone.ManyCalls != int64(page) || alone.BatchLoads != 0 || alone.LargestIn != 1 {
+		t.Errorf("%s: %d calls, %d LoadMany, %d batches, largest %d; want %d LoadMany calls of 1 id, no batch", alone.Way,
+			alone.Calls, alone.ManyCalls, alone.BatchLoads, alone.LargestIn, page)
+	}
+	if win := res.Rows[5]; win.Calls < 1 || win.Calls > 2 || win.ManyCalls != win.Calls || win.BatchLoads != uint64(win.Calls) ||
+		win.BatchKeys != uint64(page) || win.Window != 2*cfg.roundTrip {
+		t.Errorf("%s: %d calls, %d LoadMany, %d batches of %d keys in all; want 1 (at most 2) LoadMany calls of the %d ids",
+			win.Way, win.Calls, win.ManyCalls, win.BatchLoads, win.BatchKeys, page)
+	}
 	oneByOne, concurrent, batched, small := res.Rows[0], res.Rows[1], res.Rows[2], res.Rows[3]
 	if oneByOne.PeakCalls != 1 || batched.PeakCalls != 1 {
 		t.Errorf("calls at once: %d one by one, %d with LoadMany; want 1 and 1", oneByOne.PeakCalls, batched.PeakCalls)
@@ -260,7 +273,7 @@ func TestNPlusOnePart(t *testing.T) {
 
 	var out bytes.Buffer
 	res.print(&out)
-	for _, want := range []string{"e. The N+1 problem", "GetMany, LoadMany, MaxBatch 25", "Stats.Loads matches"} {
+	for _, want := range []string{"e. The N+1 problem", "GetMany, LoadMany, MaxBatch 25", "BatchWindow", "Stats.Loads matches"} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("output lacks %q:\n%s", want, out.String())
 		}
@@ -274,7 +287,7 @@ func TestNPlusOnePart(t *testing.T) {
 	if err := json.Unmarshal(out.Bytes(), &all); err != nil {
 		t.Fatalf("-json output: %v\n%s", err, out.String())
 	}
-	if all.A != nil || all.D != nil || all.E == nil || len(all.E.Rows) != 4 {
+	if all.A != nil || all.D != nil || all.E == nil || len(all.E.Rows) != 6 {
 		t.Errorf("-only e -json: got %+v", all)
 	}
 }

@@ -14,8 +14,9 @@
 //     all serves some past it; Options.Freshness none), and what reloading
 //     with ErrNotModified saves over full reloads;
 //   - e. the N+1 problem: a page of 100 ids through Get one by one, through
-//     GetMany without LoadMany, and with LoadMany: downstream calls and wall
-//     time;
+//     GetMany without LoadMany, and with LoadMany, and through a Get per id
+//     at once without and with Options.BatchWindow: downstream calls and
+//     wall time;
 //   - f. a storm of many keys: 2,000 distinct cold keys at once against a
 //     downstream that slows with its concurrency and fails past 100 calls
 //     at once, with no limit, with Options.Limit.MaxLoads 50 and with an
