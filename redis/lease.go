@@ -69,8 +69,9 @@ return 1
 // it always writes. Either way it drops the lease, so a load in flight
 // elsewhere will not overwrite it. With a version (ARGV[12], see
 // version.go) it writes only over an entry whose "ver" is not higher;
-// else it answers writeOutdated and changes no entry: a fill still drops
-// its lease and wakes the waiters, a Set changes nothing.
+// else it answers {writeOutdated, the entry's id} and changes no entry: a
+// fill still drops its lease and wakes the waiters, a Set changes nothing
+// (see writeAnswer).
 var writeScript = redis.NewScript(`
 if ARGV[1] ~= '' and redis.call('GET', KEYS[2]) ~= ARGV[1] then return 0 end
 if ARGV[12] ~= '' then
@@ -83,7 +84,7 @@ if ARGV[12] ~= '' then
         redis.call('DEL', KEYS[2], KEYS[3])
         redis.call('PUBLISH', ARGV[9], ARGV[10])
       end
-      return 2
+      return {2, redis.call('HGET', KEYS[1], 'id') or ''}
     end
   end
 end
@@ -515,13 +516,15 @@ func (t *Tier[K, V]) write(ctx context.Context, ks keys, key K, tok string, rv f
 	}
 	id, args := t.writeArgs(ks, enc)
 	c, cancel := t.op(ctx)
-	n, err := writeScript.Run(c, t.rdb, writeKeys(ks), append([]any{tok}, args...)...).Int()
+	n, held, err := writeAnswer(writeScript.Run(c, t.rdb, writeKeys(ks), append([]any{tok}, args...)...))
 	cancel()
 	switch {
 	case err != nil:
 		t.failed()
 	case t.stored(n):
 		t.served.put(ks.base, id)
+	case n == writeOutdated:
+		t.outdatedFill(ks, key, held)
 	}
 }
 
@@ -773,7 +776,7 @@ func (t *Tier[K, V]) Set(ctx context.Context, key K, v flightcache.RemoteValue[V
 		t.keep(name, key)
 		return
 	}
-	if n, _ := cmd.Int(); n == writeOutdated {
+	if n, _, _ := writeAnswer(cmd); n == writeOutdated {
 		t.outdatedSet(key)
 		return
 	}

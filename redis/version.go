@@ -4,6 +4,7 @@ import (
 	"fmt"
 
 	"github.com/flightcache/flightcache"
+	"github.com/redis/go-redis/v9"
 )
 
 // Versioned writes through the tier (docs/design.md rule 30). With the
@@ -26,9 +27,17 @@ import (
 //     process's copy is out of date), but does what a write does for the
 //     lease: it drops it and publishes on the loaded channel, so the
 //     processes waiting on it look at the entry again at once (a wakeup,
-//     not a poll) and judge it by their own rules. The value still goes
-//     to the holder's Loader, which applies rule 30 to its own copy; its
-//     callers get what the load read.
+//     not a poll) and judge it by their own rules (a waiter that finds
+//     the entry usable now is handed it; one that does not, a stale entry
+//     under WithMaxStale(ctx, 0), takes the lease and loads). The value
+//     still goes to the holder's Loader, whose callers get what the load
+//     read, as rule 30 has it. If the tier handed this process the entry
+//     that refused the fill, the Loader may hold it and judges the fill
+//     against it by rule 30. If not, the Loader holds nothing newer and
+//     would keep the older value: the tier has it drop the key
+//     (flightcache.LocalCache.Drop, during the load, so the load answers
+//     its callers but does not fill the cache), and its next Get reads
+//     the fleet's entry.
 //   - A refused Set changes nothing in Redis: no entry, no lease (a load
 //     in flight elsewhere is compared in its turn when it writes), no
 //     message. The Set's process has its own Loader drop the key
@@ -60,6 +69,37 @@ func (a *attachment[K, V]) versionText(v V) string {
 		return ""
 	}
 	return fmt.Sprintf("%020d", a.rules.Version(v))
+}
+
+// writeAnswer reads writeScript's reply: writeLost or writeDone, or
+// writeOutdated with held, the id of the entry that refused the write.
+func writeAnswer(cmd *redis.Cmd) (n int, held string, err error) {
+	v, err := cmd.Result()
+	if err != nil {
+		return 0, "", err
+	}
+	switch r := v.(type) {
+	case int64:
+		return int(r), "", nil
+	case []any:
+		if len(r) == 2 && r[0] == int64(writeOutdated) {
+			held, _ = r[1].(string)
+			return writeOutdated, held, nil
+		}
+	}
+	return 0, "", fmt.Errorf("flightredis: unexpected reply from the write script: %v", v)
+}
+
+// outdatedFill is what a lease holder's fill refused by writeScript does
+// (stored counted it): unless the tier handed this process the entry that
+// refused it (held, its id), which the Loader then judges the fill
+// against, it has the Loader drop key, so the older value the load read
+// reaches its callers but not the cache.
+func (t *Tier[K, V]) outdatedFill(ks keys, key K, held string) {
+	if held != "" && t.served.get(ks.base) == held {
+		return
+	}
+	t.fleet.each(func(l flightcache.LocalCache[K]) { l.Drop(key) })
 }
 
 // outdatedSet is what a Set refused by writeScript does: it counts it, and
