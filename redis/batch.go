@@ -526,12 +526,14 @@ func (b *batchRun[K, V]) loadAndStore(leased, local []*slot[K]) {
 				if !share {
 					return cmd.Err() == nil
 				}
-				n, werr := cmd.Int()
+				n, held, werr := writeAnswer(cmd)
 				if werr != nil {
 					return false
 				}
 				if t.stored(n) {
 					t.served.put(s.ks.base, id)
+				} else if n == writeOutdated {
+					t.outdatedFill(s.ks, s.key, held)
 				}
 				return true
 			}

@@ -326,24 +326,24 @@ func (t *Tier[K, V]) evalAtGen(ctx context.Context, call evalCall) (*redis.Cmd, 
 // atGen runs the script call that build makes for a generation: under the
 // newest generation the tier knows, and again under a newer one if the
 // generation read with it says so, at most maxGenTries times. It reports
-// whether the call ran under the current generation; a Redis failure is
-// recorded as for a Set (writeFailed).
-func (t *Tier[K, V]) atGen(ctx context.Context, build func(gen int64) evalCall) bool {
+// whether the call ran under the current generation, and returns that
+// call's reply; a Redis failure is recorded as for a Set (writeFailed).
+func (t *Tier[K, V]) atGen(ctx context.Context, build func(gen int64) evalCall) (*redis.Cmd, bool) {
 	gen := t.gen.Load()
 	for try := 1; ; try++ {
-		_, g, err := t.evalAtGen(ctx, build(gen))
+		cmd, g, err := t.evalAtGen(ctx, build(gen))
 		if err != nil {
 			t.writeFailed(ctx, err)
-			return false
+			return nil, false
 		}
 		cur, ok := t.seen(ctx, g, gen)
 		switch {
 		case !ok:
-			return false
+			return nil, false
 		case cur == gen:
-			return true
+			return cmd, true
 		case try == maxGenTries:
-			return false // kept for replay, as a write that missed Redis
+			return nil, false // kept for replay, as a write that missed Redis
 		}
 		gen = cur
 	}

@@ -314,7 +314,7 @@ func (t *Tier[K, V]) dropPending() {
 // whether Redis did it.
 func (t *Tier[K, V]) invalidate(ctx context.Context, name string, key K) bool {
 	msg := t.invalidation(name, key)
-	ok := t.atGen(ctx, func(gen int64) evalCall {
+	_, ok := t.atGen(ctx, func(gen int64) evalCall {
 		ks := keysAt(t.opts.Prefix, name, gen)
 		t.served.drop(ks.base)
 		return evalCall{invalidateScript, []string{ks.entry, ks.lease, ks.alive},

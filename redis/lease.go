@@ -65,15 +65,35 @@ return 1
 `)
 
 // writeScript stores an entry. With a token (ARGV[1]) it writes only while
-// that lease is still held; without one (Set) it always writes. Either way
-// it drops the lease, so a load in flight elsewhere will not overwrite it.
+// that lease is still held (else it answers writeLost); without one (Set)
+// it always writes. Either way it drops the lease, so a load in flight
+// elsewhere will not overwrite it. With a version (ARGV[12], see
+// version.go) it writes only over an entry whose "ver" is not higher;
+// else it answers {writeOutdated, the entry's id} and changes no entry: a
+// fill still drops its lease and wakes the waiters, a Set changes nothing
+// (see writeAnswer).
 var writeScript = redis.NewScript(`
 if ARGV[1] ~= '' and redis.call('GET', KEYS[2]) ~= ARGV[1] then return 0 end
+if ARGV[12] ~= '' then
+  local held = redis.call('HGET', KEYS[1], 'ver')
+  if held then
+    local hh, hl = tonumber(string.sub(held, 1, 10)), tonumber(string.sub(held, 11))
+    local wh, wl = tonumber(string.sub(ARGV[12], 1, 10)), tonumber(string.sub(ARGV[12], 11))
+    if hh > wh or (hh == wh and hl > wl) then
+      if ARGV[1] ~= '' then
+        redis.call('DEL', KEYS[2], KEYS[3])
+        redis.call('PUBLISH', ARGV[9], ARGV[10])
+      end
+      return {2, redis.call('HGET', KEYS[1], 'id') or ''}
+    end
+  end
+end
 redis.call('DEL', KEYS[1], KEYS[2], KEYS[3])
 redis.call('HSET', KEYS[1], 'id', ARGV[2], 'v', ARGV[3], 'at', ARGV[4], 'took', ARGV[5], 'fresh', ARGV[6], 'stale', ARGV[7], 'until', ARGV[11])
+if ARGV[12] ~= '' then redis.call('HSET', KEYS[1], 'ver', ARGV[12]) end
 redis.call('PEXPIRE', KEYS[1], ARGV[8])
 redis.call('PUBLISH', ARGV[9], ARGV[10])
-if ARGV[13] then redis.call('PUBLISH', ARGV[12], ARGV[13]) end
+if ARGV[14] then redis.call('PUBLISH', ARGV[13], ARGV[14]) end
 return 1
 `)
 
@@ -160,9 +180,15 @@ var ErrPeerFailed = errors.New("flightredis: the load failed in another process"
 // entry for NotFoundTTL, and a Load that finds a live marker returns
 // [ErrSharedNotFound] without calling load.
 //
+// With the Loader's Options.Version, the value Load's own load returned
+// does not replace a shared entry of a higher version (docs/design.md
+// rule 30, see version.go): Load returns it all the same, for the Loader
+// to judge against its own copy, and the lease is released, which wakes
+// the processes waiting on it (Stats.WritesOutdated).
+//
 // When the user code Load runs on the value its load returned,
-// Options.Freshness (through the Loader's Rules.WindowsOf) and the Codec's Marshal,
-// fails or panics, Load returns the value all the same and shares nothing
+// Options.Freshness (through the Loader's Rules.WindowsOf), Options.Version
+// and the Codec's Marshal, fails or panics, Load returns the value all the same and shares nothing
 // (Stats.EncodeErrors): it releases the lease, so the processes waiting on
 // it load for themselves at once. The Loader then applies its own rule to
 // the value (a Freshness that panics: served, not cached). Whatever ends
@@ -427,11 +453,16 @@ func (t *Tier[K, V]) writeNotFound(ctx context.Context, ks keys, tok string) {
 }
 
 // stored reports whether a write (or a not-found marker) made under a
-// lease took effect: n is the script's answer, 0 when the lease was gone,
-// which Stats.WritesLost counts.
+// lease took effect: n is the script's answer, writeLost when the lease
+// was gone, which Stats.WritesLost counts, or writeOutdated when the entry
+// holds a higher version, which Stats.WritesOutdated counts.
 func (t *Tier[K, V]) stored(n int) bool {
-	if n == 0 {
+	switch n {
+	case writeLost:
 		t.stats.writesLost.Add(1)
+		return false
+	case writeOutdated:
+		t.stats.writesOutdated.Add(1)
 		return false
 	}
 	return true
@@ -470,7 +501,9 @@ func (t *Tier[K, V]) beat(ks keys, tok string) (stop func()) {
 // stored: the lease is released instead, which wakes the processes waiting
 // on it, so they load for themselves at once. Nor is a value loaded under
 // the lease of a generation that has ended (an InvalidateAll during the
-// load): it is counted in WritesLost.
+// load): it is counted in WritesLost. Nor is a value of a lower version
+// than the entry's (version.go): the script drops the lease and wakes the
+// waiters all the same, and it is counted in WritesOutdated.
 func (t *Tier[K, V]) write(ctx context.Context, ks keys, key K, tok string, rv flightcache.RemoteValue[V]) {
 	enc, ok := t.encode(key, rv, rand.Float64())
 	if ok && t.dead(ks) {
@@ -483,13 +516,15 @@ func (t *Tier[K, V]) write(ctx context.Context, ks keys, key K, tok string, rv f
 	}
 	id, args := t.writeArgs(ks, enc)
 	c, cancel := t.op(ctx)
-	n, err := writeScript.Run(c, t.rdb, writeKeys(ks), append([]any{tok}, args...)...).Int()
+	n, held, err := writeAnswer(writeScript.Run(c, t.rdb, writeKeys(ks), append([]any{tok}, args...)...))
 	cancel()
 	switch {
 	case err != nil:
 		t.failed()
 	case t.stored(n):
 		t.served.put(ks.base, id)
+	case n == writeOutdated:
+		t.outdatedFill(ks, key, held)
 	}
 }
 
@@ -499,6 +534,7 @@ type encoded struct {
 	data                          []byte
 	at, took, fresh, stale, until int64
 	life                          time.Duration
+	ver                           string // the value's version (versionText); "" without Version
 }
 
 // encode prepares the write of rv as the entry of key, its windows'
@@ -517,7 +553,7 @@ func (t *Tier[K, V]) encode(key K, rv flightcache.RemoteValue[V], u float64) (en
 	if t.attached() == nil { // no rules to write it by: not shared
 		return encoded{}, false
 	}
-	w, data, ok := t.prepare(key, rv.Value)
+	w, data, ver, ok := t.prepare(key, rv.Value)
 	if !ok {
 		return encoded{}, false
 	}
@@ -529,7 +565,7 @@ func (t *Tier[K, V]) encode(key K, rv flightcache.RemoteValue[V], u float64) (en
 	// 292 years.
 	life := b.UsableUntil.Sub(at)
 	return encoded{data: data, at: micros(at), took: rv.Took.Microseconds(),
-		fresh: micros(b.FreshUntil), stale: micros(b.StaleUntil), until: micros(b.UsableUntil), life: life}, true
+		fresh: micros(b.FreshUntil), stale: micros(b.StaleUntil), until: micros(b.UsableUntil), life: life, ver: ver}, true
 }
 
 // writeArgs are writeScript's arguments after the token, to write enc as
@@ -537,30 +573,32 @@ func (t *Tier[K, V]) encode(key K, rv flightcache.RemoteValue[V], u float64) (en
 func (t *Tier[K, V]) writeArgs(ks keys, enc encoded) (id string, args []any) {
 	id = token(8)
 	return id, []any{id, enc.data, enc.at, enc.took, enc.fresh, enc.stale, px(enc.life),
-		t.channel, ks.base, enc.until}
+		t.channel, ks.base, enc.until, enc.ver}
 }
 
 // prepare runs the user code of encode: the windows of v (Rules.WindowsOf,
-// which calls Options.Freshness) and its encoding. ok is false when v is
-// not to be shared; a failure or a panic of either is counted in
-// EncodeErrors, and a panic does not go on.
-func (t *Tier[K, V]) prepare(key K, v V) (w flightcache.Windows, data []byte, ok bool) {
+// which calls Options.Freshness), its version (Rules.Version, see
+// version.go) and its encoding. ok is false when v is not to be shared; a
+// failure or a panic of any of them is counted in EncodeErrors, and a
+// panic does not go on.
+func (t *Tier[K, V]) prepare(key K, v V) (w flightcache.Windows, data []byte, ver string, ok bool) {
 	defer func() {
 		if r := recover(); r != nil {
 			t.stats.encodeErrors.Add(1)
-			w, data, ok = flightcache.Windows{}, nil, false
+			w, data, ver, ok = flightcache.Windows{}, nil, "", false
 		}
 	}()
 	w, keep := t.attached().windowsOf(key, v)
 	if !keep {
-		return w, nil, false
+		return w, nil, "", false
 	}
+	ver = t.attached().versionText(v)
 	data, err := t.codec.Marshal(v)
 	if err != nil {
 		t.stats.encodeErrors.Add(1)
-		return w, nil, false
+		return w, nil, "", false
 	}
-	return w, data, true
+	return w, data, ver, true
 }
 
 // decode has the Codec decode an entry's value. A panic of Unmarshal is
@@ -704,6 +742,12 @@ func (t *Tier[K, V]) local(ctx context.Context, load func(context.Context) (V, e
 // has no windows to write it with) is not shared: key's shared entry is
 // deleted instead. A Set that cannot reach Redis is replayed as an
 // invalidation once it can.
+//
+// With the Loader's Options.Version, a Set does not replace a shared entry
+// of a higher version (docs/design.md rule 30, see version.go): it then
+// changes nothing in Redis and tells no process, counts in
+// Stats.WritesOutdated, and has this process's Loader drop its copy of
+// key, so that its next Get reads the fleet's newer value.
 func (t *Tier[K, V]) Set(ctx context.Context, key K, v flightcache.RemoteValue[V]) {
 	t.used.Store(true)
 	name := t.key(key)
@@ -721,7 +765,7 @@ func (t *Tier[K, V]) Set(ctx context.Context, key K, v flightcache.RemoteValue[V
 	}
 	msg := t.invalidation(name, key)
 	var id, base string // of the write under the current generation
-	ok = t.atGen(ctx, func(gen int64) evalCall {
+	cmd, ok := t.atGen(ctx, func(gen int64) evalCall {
 		ks := keysAt(t.opts.Prefix, name, gen)
 		var args []any
 		id, args = t.writeArgs(ks, enc)
@@ -730,6 +774,10 @@ func (t *Tier[K, V]) Set(ctx context.Context, key K, v flightcache.RemoteValue[V
 	})
 	if !ok {
 		t.keep(name, key)
+		return
+	}
+	if n, _, _ := writeAnswer(cmd); n == writeOutdated {
+		t.outdatedSet(key)
 		return
 	}
 	t.reached(name)

@@ -45,6 +45,14 @@ type Stats struct {
 	// whose marker could not be stored for the same reasons count here
 	// too.
 	WritesLost uint64
+	// WritesOutdated counts writes of this process that the shared entry
+	// refused because it holds a value of a higher version (the Loader's
+	// Options.Version, docs/design.md rule 30): a lease holder's fill,
+	// which still dropped its lease and woke the processes waiting on it,
+	// and Sets, which changed nothing in Redis and had this process's
+	// Loader drop its copy. The value of a refused fill still reached this
+	// process's callers. Always 0 for a Loader without Version.
+	WritesOutdated uint64
 	// RedisErrors counts Redis round trips that failed or timed out (the
 	// Loader's own cancellations aside). Each one steps the tier aside for
 	// Options.RetryAfter.
@@ -144,6 +152,7 @@ type Stats struct {
 type counters struct {
 	hits, staleHits, leases, takeovers, waits, shared, peerErrors atomic.Uint64
 	wakeups, polls, writesLost, redisErrors, localLoads, skipped  atomic.Uint64
+	writesOutdated                                                atomic.Uint64
 	decodeErrors, encodeErrors, staleOffers, notFoundHits         atomic.Uint64
 	batches, batchRoundTrips                                      atomic.Uint64
 	invalidationsSent, invalidationsHeard, undecodedInvalidations atomic.Uint64
@@ -161,7 +170,7 @@ func (t *Tier[K, V]) Stats() Stats {
 		Hits: c.hits.Load(), StaleHits: c.staleHits.Load(), Leases: c.leases.Load(),
 		Takeovers: c.takeovers.Load(), Waits: c.waits.Load(), Shared: c.shared.Load(),
 		PeerErrors: c.peerErrors.Load(), StaleOffers: c.staleOffers.Load(), NotFoundHits: c.notFoundHits.Load(), Wakeups: c.wakeups.Load(), Polls: c.polls.Load(),
-		WritesLost: c.writesLost.Load(), RedisErrors: c.redisErrors.Load(),
+		WritesLost: c.writesLost.Load(), WritesOutdated: c.writesOutdated.Load(), RedisErrors: c.redisErrors.Load(),
 		LocalLoads: c.localLoads.Load(), Skipped: c.skipped.Load(),
 		DecodeErrors: c.decodeErrors.Load(), EncodeErrors: c.encodeErrors.Load(),
 		Batches: c.batches.Load(), BatchRoundTrips: c.batchRoundTrips.Load(),

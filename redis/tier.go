@@ -17,7 +17,10 @@
 //     Its freshness is drawn once, as the Loader draws each entry's
 //     ([flightcache.Windows.Draw]: with Jitter, anywhere from TTL·(1−Jitter)
 //     to TTL), and Redis keeps it until it is past that freshness and its
-//     windows;
+//     windows. With the Loader's [flightcache.Options.Version] it keeps the
+//     value's version too, and no write of the fleet (a lease holder's
+//     fill, a Set) replaces it with a value of a lower version
+//     ([Stats].WritesOutdated);
 //   - a lease: the process that holds it loads the key for the fleet, writes
 //     the entry and publishes; the others wait for the publish (pub/sub) or
 //     poll, and take the lease over if its holder stops proving it is alive.
