@@ -137,10 +137,12 @@ type reading struct {
 	wakeups int64   // loaded-channel messages the first real process heard
 	light   []int64 // messages each light process heard
 	load1   string  // the machine's load average over the last minute
+	cpu     float64 // seconds of CPU this benchmark process has used
 }
 
 func (fl *fleet) read(ctx context.Context) (r reading, err error) {
 	r.at = time.Now()
+	r.cpu = cpuSeconds()
 	for _, p := range fl.reals {
 		r.real = append(r.real, p.heard.total())
 	}

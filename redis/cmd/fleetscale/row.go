@@ -30,6 +30,7 @@ type row struct {
 	callsPerCold       float64
 	mostPerCold        int
 	load1              [2]string // load average at start and end
+	benchCPU           float64   // this process's CPU, % of a core
 }
 
 // figures works out a row from the readings before and after a run.
@@ -38,7 +39,7 @@ func (fl *fleet) figures(b, a reading, writes, loads int64) row {
 	r := row{procs: len(fl.reals) + len(fl.light), real: len(fl.reals), light: len(fl.light),
 		mode: fl.cfg.mode, secs: secs, writes: float64(writes) / secs, loads: float64(loads) / secs,
 		wakeups: float64(a.wakeups-b.wakeups) / secs, tracking: "—", load1: [2]string{b.load1, a.load1},
-		cpuMain: true, busPublishes: -1}
+		cpuMain: true, busPublishes: -1, benchCPU: 100 * (a.cpu - b.cpu) / secs}
 	perMaster := map[string]int64{}
 	for i := range a.real {
 		n := a.real[i] - b.real[i]
@@ -72,7 +73,7 @@ func (fl *fleet) figures(b, a reading, writes, loads int64) row {
 
 // header prints the table's header.
 func header(w io.Writer) {
-	fmt.Fprintln(w, "| P (real+light) | mode | writes/s, loads/s achieved | msgs heard /proc/s: real; light mean / max (lost) | wake-up broadcasts/s | deliveries/s per master | main-thread CPU % per master (max/mean) | cluster-bus publishes | Invalidate→last holder's drop p50 / p90 / p99 (timed, unheard) | tracking memory | downstream calls per cold key (most) | load avg start→end |")
+	fmt.Fprintln(w, "| P (real+light) | mode | writes/s, loads/s achieved | msgs heard /proc/s: real; light mean / max (lost) | wake-up broadcasts/s | deliveries/s per master | main-thread CPU % per master (max/mean) | cluster-bus publishes | Invalidate→last holder's drop p50 / p90 / p99 (timed, unheard) | tracking memory | downstream calls per cold key (most) | load avg start→end; benchmark's CPU % |")
 	fmt.Fprintln(w, "|---|---|---|---|---|---|---|---|---|---|---|---|")
 }
 
@@ -86,11 +87,11 @@ func (r row) print(w io.Writer) {
 	if r.busPublishes >= 0 {
 		bus = fmt.Sprint(r.busPublishes)
 	}
-	fmt.Fprintf(w, "| %d (%d+%d) | %s | %.0f, %.0f | %.0f; %.0f / %.0f (%d) | %.0f | %s | %s (%s, %.1f×) | %s | %s / %s / %s (%d, %d) | %s | %.2f (%d) over %d keys | %s→%s |\n",
+	fmt.Fprintf(w, "| %d (%d+%d) | %s | %.0f, %.0f | %.0f; %.0f / %.0f (%d) | %.0f | %s | %s (%s, %.1f×) | %s | %s / %s / %s (%d, %d) | %s | %.2f (%d) over %d keys | %s→%s; %.0f |\n",
 		r.procs, r.real, r.light, r.mode, r.writes, r.loads, r.realHeard, r.lightMean, r.lightMax, r.lightLost,
 		r.wakeups, join(r.deliveries, "%.0f"), join(r.cpu, "%.1f"), cpuName, maxOverMean(r.cpu), bus,
 		ms(r.drop[0]), ms(r.drop[1]), ms(r.drop[2]), r.dropN, r.dropUnheard, r.tracking,
-		r.callsPerCold, r.mostPerCold, r.coldKeys, r.load1[0], r.load1[1])
+		r.callsPerCold, r.mostPerCold, r.coldKeys, r.load1[0], r.load1[1], r.benchCPU)
 }
 
 func join(vs []float64, format string) string {

@@ -13,3 +13,12 @@ func raiseFileLimit() {
 		_ = syscall.Setrlimit(syscall.RLIMIT_NOFILE, &l)
 	}
 }
+
+// cpuSeconds returns the CPU time this process has used, user and system.
+func cpuSeconds() float64 {
+	var u syscall.Rusage
+	if syscall.Getrusage(syscall.RUSAGE_SELF, &u) != nil {
+		return 0
+	}
+	return float64(u.Utime.Nano()+u.Stime.Nano()) / 1e9
+}
