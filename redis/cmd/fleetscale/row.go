@@ -1,0 +1,117 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"strings"
+	"time"
+)
+
+// row is one run's figures: a line of the table.
+type row struct {
+	procs, real, light int
+	mode               string
+	secs               float64
+	writes, loads      float64 // achieved, per second
+	realHeard          float64 // messages per real process per second (mean)
+	lightMean          float64 // ... per light process per second
+	lightMax           float64
+	lightLost          int     // light connections Redis closed
+	wakeups            float64 // loaded-channel messages per second
+	masters            []string
+	deliveries         []float64 // per master, per second (the fleet's listeners)
+	cpu                []float64 // per master, % of a core
+	cpuMain            bool      // cpu is the main thread's
+	busPublishes       int64     // -1: not a Cluster
+	drop               [3]time.Duration
+	dropN, dropUnheard int
+	tracking           string // tracking memory, or "—"
+	coldKeys           int
+	callsPerCold       float64
+	mostPerCold        int
+	load1              [2]string // load average at start and end
+	benchCPU           float64   // this process's CPU, % of a core
+}
+
+// figures works out a row from the readings before and after a run.
+func (fl *fleet) figures(b, a reading, writes, loads int64) row {
+	secs := a.at.Sub(b.at).Seconds()
+	r := row{procs: len(fl.reals) + len(fl.light), real: len(fl.reals), light: len(fl.light),
+		mode: fl.cfg.mode, secs: secs, writes: float64(writes) / secs, loads: float64(loads) / secs,
+		wakeups: float64(a.wakeups-b.wakeups) / secs, tracking: "—", load1: [2]string{b.load1, a.load1},
+		cpuMain: true, busPublishes: -1, benchCPU: 100 * (a.cpu - b.cpu) / secs}
+	perMaster := map[string]int64{}
+	for i := range a.real {
+		n := a.real[i] - b.real[i]
+		r.realHeard += float64(n) / secs / float64(len(a.real))
+		perMaster[fl.subNode] += n // the tier subscribes as broadcast does
+	}
+	for i, l := range fl.light {
+		n := float64(a.light[i]-b.light[i]) / secs
+		r.lightMean += n / float64(len(fl.light))
+		r.lightMax = max(r.lightMax, n)
+		perMaster[l.Node()] += a.light[i] - b.light[i]
+		if l.Lost() {
+			r.lightLost++
+		}
+	}
+	r.masters = masters(a.nodes)
+	for _, m := range r.masters {
+		r.deliveries = append(r.deliveries, float64(perMaster[m])/secs)
+		r.cpu = append(r.cpu, 100*(a.nodes[m].cpu-b.nodes[m].cpu)/secs)
+		r.cpuMain = r.cpuMain && a.nodes[m].mainThread
+	}
+	for addr, n := range a.nodes {
+		if n.busPublish >= 0 {
+			r.busPublishes = max(r.busPublishes, 0) + n.busPublish - b.nodes[addr].busPublish
+		}
+	}
+	r.drop, r.dropN, r.dropUnheard = fl.drops.result()
+	r.coldKeys, r.callsPerCold, r.mostPerCold = fl.down.perKey()
+	return r
+}
+
+// header prints the table's header.
+func header(w io.Writer) {
+	fmt.Fprintln(w, "| P (real+light) | mode | writes/s, loads/s achieved | msgs heard /proc/s: real; light mean / max (lost) | wake-up broadcasts/s | deliveries/s per master | main-thread CPU % per master (max/mean) | cluster-bus publishes | Invalidate→last holder's drop p50 / p90 / p99 (timed, unheard) | tracking memory | downstream calls per cold key (most) | load avg start→end; benchmark's CPU % |")
+	fmt.Fprintln(w, "|---|---|---|---|---|---|---|---|---|---|---|---|")
+}
+
+// print prints r as a line of the table.
+func (r row) print(w io.Writer) {
+	cpuName := "main thread"
+	if !r.cpuMain {
+		cpuName = "whole process"
+	}
+	bus := "n/a (one node)"
+	if r.busPublishes >= 0 {
+		bus = fmt.Sprint(r.busPublishes)
+	}
+	fmt.Fprintf(w, "| %d (%d+%d) | %s | %.0f, %.0f | %.0f; %.0f / %.0f (%d) | %.0f | %s | %s (%s, %.1f×) | %s | %s / %s / %s (%d, %d) | %s | %.2f (%d) over %d keys | %s→%s; %.0f |\n",
+		r.procs, r.real, r.light, r.mode, r.writes, r.loads, r.realHeard, r.lightMean, r.lightMax, r.lightLost,
+		r.wakeups, join(r.deliveries, "%.0f"), join(r.cpu, "%.1f"), cpuName, maxOverMean(r.cpu), bus,
+		ms(r.drop[0]), ms(r.drop[1]), ms(r.drop[2]), r.dropN, r.dropUnheard, r.tracking,
+		r.callsPerCold, r.mostPerCold, r.coldKeys, r.load1[0], r.load1[1], r.benchCPU)
+}
+
+func join(vs []float64, format string) string {
+	s := make([]string, len(vs))
+	for i, v := range vs {
+		s[i] = fmt.Sprintf(format, v)
+	}
+	return strings.Join(s, " / ")
+}
+
+func maxOverMean(vs []float64) float64 {
+	var sum, most float64
+	for _, v := range vs {
+		sum += v
+		most = max(most, v)
+	}
+	if sum == 0 {
+		return 0
+	}
+	return most / (sum / float64(len(vs)))
+}
+
+func ms(d time.Duration) string { return fmt.Sprintf("%.2fms", float64(d)/float64(time.Millisecond)) }
