@@ -140,13 +140,19 @@ func (l *Loader[K, V]) deliver(c *call[K, V], r *loaded[V], res *delivery[K, V],
 	l.stats.noteCallers(callers)
 	close(c.done) // the waiters wake; this goroutine has little left to do
 	if l.opts.OnLoad != nil || l.obs != nil {
-		l.report(c.observed(), LoadEvent[K]{
-			Key: c.key, Keys: 1, Duration: r.took, Err: res.err, NotFound: res.notFound, Attempts: int(r.down.calls), Queued: r.down.queued,
-			Background: c.background, Callers: callers, Abandoned: c.abandoned, Stored: stored, Remote: r.remote, Reload: r.reload, NotModified: r.notMod,
-		})
+		l.report(c.observed(), c.event(r, res, callers, stored))
 	}
 	if dep.any() {
 		l.depart(dep)
+	}
+}
+
+// event is the LoadEvent of c, a single key's load, which r and res
+// describe and callers waited for.
+func (c *call[K, V]) event(r *loaded[V], res *delivery[K, V], callers int, stored bool) LoadEvent[K] {
+	return LoadEvent[K]{
+		Key: c.key, Keys: 1, Duration: r.took, Err: res.err, NotFound: res.notFound, Attempts: int(r.down.calls), Queued: r.down.queued,
+		Background: c.background, Callers: callers, Abandoned: c.abandoned, Stored: stored, Remote: r.remote, Reload: r.reload, NotModified: r.notMod,
 	}
 }
 

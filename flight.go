@@ -688,19 +688,13 @@ func (f *flights[K, V]) pending(key K) bool {
 // report after unlocking: that is where a replaced or invalidated value
 // leaves.
 func (f *flights[K, V]) put(sh *shard[K, V], cur *entry[K, V], next *write[K, V], rec *write[K, V]) (opened *write[K, V], back place, ok bool, gone *entry[K, V]) {
-	if f.superseded(sh, cur, next) {
-		next.outdated = true
-		if next.place.kind == fillPlace {
-			next.place = place{} // never taken
-		}
-		return nil, next.place, false, nil
-	}
 	w := sh.writes[next.key]
-	if w == nil && cur == nil && next.entry == nil {
+	next.outdated = f.superseded(sh, cur, next)
+	if next.outdated || (w == nil && cur == nil && next.entry == nil) { // nothing to change
 		if next.place.kind == fillPlace {
 			next.place = place{} // never taken
 		}
-		return nil, next.place, true, nil
+		return nil, next.place, !next.outdated, nil
 	}
 	ok = next.place.kind != fillPlace || f.l.writer.takeFill(next.place.cost)
 	if !ok {
