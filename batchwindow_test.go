@@ -217,6 +217,7 @@ func TestBatchWindowCancelAtZeroDrops(t *testing.T) {
 		if calls := m.all(); len(calls) != 1 || !slices.Equal(calls[0], []string{"b"}) {
 			t.Fatalf("LoadMany calls %v; want [[b]]: a dropped", calls)
 		}
+		synctest.Wait() // the batch reports after its callers have their answers
 		if evs := events.all(); len(evs) != 1 || evs[0].Key != "b" || evs[0].Keys != 1 {
 			t.Fatalf("load events %+v; want one, of b alone", evs)
 		}
