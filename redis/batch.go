@@ -140,7 +140,7 @@ func (t *Tier[K, V]) LoadMany(ctx context.Context, keys []K, load func(context.C
 		b.loadAndStore(nil, slots)
 		return b.out
 	}
-	t.events.awaitStartup(ctx)
+	t.awaitStartup(ctx)
 	t.listening()
 	b.gen = t.gen.Load()
 	for _, s := range slots {
@@ -150,6 +150,7 @@ func (t *Tier[K, V]) LoadMany(ctx context.Context, keys []K, load func(context.C
 	}
 	b.w = t.events.watchAll(bases(slots))
 	defer func() { t.events.unwatchAll(bases(slots), b.w) }()
+	defer t.takeoffAll(slots)()
 
 	open, local := b.read(slots)
 	var leased, waiting []*slot[K]
@@ -243,14 +244,7 @@ func (b *batchRun[K, V]) read(slots []*slot[K]) (open, local []*slot[K]) {
 // round trip. It fails if the generation could not be read or, found
 // lost, set back (errNotRestored).
 func (b *batchRun[K, V]) readAt(slots []*slot[K]) ([]*redis.SliceCmd, error) {
-	cmds := make([]*redis.SliceCmd, len(slots))
-	var gcmd *redis.StringCmd
-	b.t.pipelined(b.ctx, &b.t.stats.batchRoundTrips, func(c context.Context, p redis.Pipeliner) {
-		for i, s := range slots {
-			cmds[i] = p.HMGet(c, s.ks.entry, entryFields...)
-		}
-		gcmd = p.Get(c, b.t.genKey)
-	})
+	cmds, gcmd := b.t.readMany(b.ctx, slots)
 	g, err := genOf(gcmd)
 	if err != nil {
 		return cmds, err
@@ -445,7 +439,7 @@ func (b *batchRun[K, V]) loadAndStore(leased, local []*slot[K]) {
 		keys = append(keys, s.key)
 	}
 	t.stats.leases.Add(uint64(len(leased)))
-	t.stats.localLoads.Add(uint64(len(local)))
+	t.localLoads(len(local))
 	bg := context.WithoutCancel(b.ctx) // the leases must be released even if ctx ended
 	stop := t.beatMany(leased)
 	done := false
@@ -517,6 +511,7 @@ func (b *batchRun[K, V]) loadAndStore(leased, local []*slot[K]) {
 			if share {
 				var args []any
 				id, args = t.writeArgs(s.ks, enc)
+				t.filling(s.ks.entry)
 				calls[i] = evalCall{writeScript, writeKeys(s.ks), append([]any{s.tok}, args...)}
 			} else {
 				release("", false)

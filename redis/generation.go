@@ -285,12 +285,8 @@ func (t *Tier[K, V]) dead(ks keys) bool { return ks.gen < t.gen.Load() }
 // readEntry reads the entry of ks, then the shared generation, in one
 // round trip.
 func (t *Tier[K, V]) readEntry(ctx context.Context, ks keys) (vals []any, gen int64, err error) {
-	var hm *redis.SliceCmd
-	var g *redis.StringCmd
-	t.pipelined(ctx, nil, func(c context.Context, p redis.Pipeliner) {
-		hm = p.HMGet(c, ks.entry, entryFields...)
-		g = p.Get(c, t.genKey)
-	})
+	cmds, g := t.readEntries(ctx, nil, ks.entry) // tracked too (tracked.go)
+	hm := cmds[0]
 	if err := hm.Err(); err != nil {
 		return nil, 0, err
 	}

@@ -15,35 +15,69 @@ import (
 )
 
 // This file is fleet-wide invalidation: a Set or Invalidate in one process
-// drops the key's local copy in every process of the fleet.
+// drops the key's local copy in the processes that hold it.
 //
-//   - The write's script (writeScript for Set, invalidateScript) publishes,
-//     in the same step as it changes the shared entry, a message on the
-//     "invalidated" channel: the writing tier's origin, the key as JSON,
-//     and the key's name.
-//   - Every tier that hears it drops the key from its Loader
-//     (flightcache.LocalCache.Drop), the writer's own included: a Get
-//     that raced the write may have read the old shared entry back into
-//     the writer's cache. The next Get reads the shared entry the write
-//     left. The key is the JSON one if it decodes to a key with the
-//     published name and the key type survives JSON (no interface or
-//     pointer in it); otherwise the one this tier handed over under that
-//     name, if it remembers it; otherwise the tier cannot tell which copy
-//     to drop, and distrusts every copy instead.
-//   - Pub/sub delivers at most once. When the subscription is found lost,
-//     the tier distrusts every copy its Loader holds
-//     (flightcache.LocalCache.Distrust: each is read again before it is
-//     served). Until it is confirmed again, it distrusts again, at each
-//     failed attempt (about once a second), whatever it handed over since
-//     the last time, and once more when the subscription is back.
+//   - Tracking (tracking.go, tracked.go): the tier reads a key's shared
+//     entry tracked (CLIENT CACHING yes, then HMGET of the entry alone, on
+//     its master's tracked connection, which redirects to the tier's
+//     invalidation connection there), so Redis itself sends the entry's
+//     name to this process, and to no other, the next time the entry
+//     changes: another process's write, and also its expiry, its eviction,
+//     and this process's own later write. Only the holders of a key hear
+//     of it. The scripts of Set and Invalidate then publish nothing (their
+//     Go callers pass no invalidation message); a lease holder's fill never
+//     did.
+//   - A Load reads the entry tracked before it reads anything else of the
+//     key, and the copy it hands over comes from that read or a later one:
+//     any change after the tracked read comes back as an invalidation, so
+//     no copy is kept untracked. A value handed over without a tracked
+//     read (a local load, a master not armed yet, a slot that moved) has
+//     the next health check distrust every copy.
+//   - On an invalidation the tier drops the key's copy, unless it can show
+//     the copy is still the entry's current version: a tracked read of the
+//     entry's id (off the listener's goroutine) that finds the version it
+//     handed over keeps it, tracked again. This process's own fill, and a
+//     value it waited for, come back that way once. While a Load of the key
+//     runs here, the check waits for its end. A name the tier cannot map
+//     back to a key (for a key type other than a string named by default,
+//     it remembers the last 65,536 names it handed over) distrusts every
+//     copy; a null (FLUSHALL, FLUSHDB) too.
+//   - The writer's own Set or Invalidate drops its own copy once, as
+//     before: by the invalidation Redis sends back when this process
+//     tracked the entry, else at once.
+//   - Where Redis refuses CLIENT TRACKING (an ACL, a proxy), the tier falls
+//     back to a fixed number of sharded invalidation channels (sharded.go):
+//     every process hears every Set and Invalidate, which the writer
+//     publishes right after its write. Before the tier knows which (its
+//     first Timeout), and with a client it cannot track per master (a
+//     Ring), a write publishes on the classic "invalidated" channel, which
+//     every process still hears, as older versions do.
+//   - A Set or Invalidate message on a channel carries the writing tier's
+//     origin, the key as JSON, and the key's name. The key is the JSON one
+//     if it decodes to a key with the published name and the key type
+//     survives JSON (no interface or pointer in it); otherwise the one this
+//     tier handed over under that name, if it remembers it; otherwise the
+//     tier cannot tell which copy to drop, and distrusts every copy
+//     instead.
+//   - Invalidations are delivered at most once. When the classic
+//     subscription, a master's invalidation connection (or its tracked
+//     connection's redirect, checked with CLIENT TRACKINGINFO at every
+//     health check), or an invalidation channel is found lost, the tier
+//     distrusts every copy its Loader holds (flightcache.LocalCache.Distrust:
+//     each is read again before it is served) and makes it again (tracking
+//     re-armed on the new connection). Until it is confirmed again, it
+//     distrusts again, at each failed attempt (about once a second),
+//     whatever it handed over since the last time, and once more when it is
+//     back.
 //   - A Set or Invalidate that cannot reach Redis (the tier is stepping
 //     aside, or the round trip failed) is kept, and replayed as an
-//     invalidation (the shared entry deleted, the message published) once
-//     the subscription is confirmed again, and then at each health check
-//     while some are left, on a goroutine of its own; at most maxPending
-//     keys are kept, and Stats.InvalidationsLost counts the rest.
-//   - An InvalidateAll publishes, on the same channel, the writing tier's
-//     origin and "*" with the new generation (two lines, which no Set or
+//     invalidation (the shared entry deleted, and with channels the message
+//     published) once the subscription is confirmed again, and then at each
+//     health check while some are left, on a goroutine of its own; at most
+//     maxPending keys are kept, and Stats.InvalidationsLost counts the rest.
+//   - An InvalidateAll stays a classic broadcast, rare as it is: it
+//     publishes, on the "invalidated" channel, the writing tier's origin
+//     and "*" with the new generation (two lines, which no Set or
 //     Invalidate message is: a tier of an earlier version takes it for a
 //     message it cannot read, and distrusts every copy). See generation.go.
 
@@ -106,7 +140,7 @@ func jsonSafe(t reflect.Type) bool {
 // handed remembers, for a key type JSON does not carry, the key this tier
 // handed over (or wrote) under name, so an invalidation can name it.
 func (t *Tier[K, V]) handed(name string, key K) {
-	if t.fleet.jsonKeys {
+	if !t.remembersNames() {
 		return
 	}
 	t.fleet.mu.Lock()
@@ -221,7 +255,7 @@ func (t *Tier[K, V]) onUp() {
 // listening notes, at the start of a Load, whether the subscription is up:
 // a value the tier hands over while it is not may have missed a write.
 func (t *Tier[K, V]) listening() {
-	if !t.events.up.Load() {
+	if !t.hearing() {
 		t.fleet.missed.Store(true)
 	}
 }
@@ -229,6 +263,7 @@ func (t *Tier[K, V]) listening() {
 // distrust has every copy the Loaders hold read again before it is served.
 func (t *Tier[K, V]) distrust() {
 	t.stats.distrusts.Add(1)
+	t.track.echoes.reset() // an echo expected may never come
 	t.fleet.each(func(l flightcache.LocalCache[K]) { l.Distrust() })
 	t.served.reset() // what was handed over is read again, not reloaded
 }
@@ -236,6 +271,7 @@ func (t *Tier[K, V]) distrust() {
 // keep records a Set or Invalidate of key that did not reach Redis, to be
 // replayed as an invalidation.
 func (t *Tier[K, V]) keep(name string, key K) {
+	t.track.epoch.Add(1) // the Loader holds a copy the tier did not hand over
 	t.fleet.mu.Lock()
 	defer t.fleet.mu.Unlock()
 	if t.fleet.pending == nil {
@@ -313,18 +349,42 @@ func (t *Tier[K, V]) dropPending() {
 // generation, and publishes the invalidation, in one step. It reports
 // whether Redis did it.
 func (t *Tier[K, V]) invalidate(ctx context.Context, name string, key K) bool {
-	msg := t.invalidation(name, key)
+	quiet := t.quiet() // tracking or channels: no message on the classic channel
+	var entry string
+	echo := false
 	_, ok := t.atGen(ctx, func(gen int64) evalCall {
 		ks := keysAt(t.opts.Prefix, name, gen)
+		entry = ks.entry
+		echo = t.writing(entry)
 		t.served.drop(ks.base)
-		return evalCall{invalidateScript, []string{ks.entry, ks.lease, ks.alive},
-			[]any{t.channel, ks.base, t.invChannel, msg}}
+		args := []any{t.channel, ks.base}
+		if !quiet {
+			args = append(args, t.invChannel, t.invalidation(name, key))
+		}
+		return evalCall{invalidateScript, []string{ks.entry, ks.lease, ks.alive}, args}
 	})
+	ok = ok && t.published(ctx, name, key)
+	t.wrote(key, entry, echo, ok)
 	if !ok {
 		return false
 	}
 	t.reached(name)
 	return true
+}
+
+// published sends, in channels mode, the invalidation of a write of key
+// (named name) that reached Redis on its channel (sharded.go). It reports
+// false when that failed: the write is kept, and replayed as an
+// invalidation.
+func (t *Tier[K, V]) published(ctx context.Context, name string, key K) bool {
+	if t.track.mode.Load() != invChannels {
+		return true
+	}
+	if t.publishShard(ctx, name, key) {
+		return true
+	}
+	t.writeFailed(ctx, errors.New("flightredis: the invalidation was not published"))
+	return false
 }
 
 // writeFailed records a Set or Invalidate that did not reach Redis. A

@@ -203,7 +203,7 @@ func (t *Tier[K, V]) Load(ctx context.Context, key K, load func(context.Context)
 		t.handed(t.key(key), key)
 		return t.local(ctx, load)
 	}
-	t.events.awaitStartup(ctx)
+	t.awaitStartup(ctx)
 	t.listening()
 	name := t.key(key)
 	t.handed(name, key)
@@ -225,6 +225,7 @@ func (t *Tier[K, V]) loadAt(ctx context.Context, key K, name string, gen int64, 
 	ks := keysAt(t.opts.Prefix, name, gen)
 	w := t.events.watch(ks.base)
 	defer t.events.unwatch(ks.base, w)
+	defer t.takeoff(key, ks)()
 
 	vals, g, err := t.readEntry(ctx, ks)
 	if err != nil {
@@ -515,6 +516,7 @@ func (t *Tier[K, V]) write(ctx context.Context, ks keys, key K, tok string, rv f
 		return
 	}
 	id, args := t.writeArgs(ks, enc)
+	t.filling(ks.entry)
 	c, cancel := t.op(ctx)
 	n, held, err := writeAnswer(writeScript.Run(c, t.rdb, writeKeys(ks), append([]any{tok}, args...)...))
 	cancel()
@@ -723,6 +725,7 @@ func (t *Tier[K, V]) localUnlessDone(ctx context.Context, load func(context.Cont
 // local calls load without the tier.
 func (t *Tier[K, V]) local(ctx context.Context, load func(context.Context) (V, error)) (flightcache.RemoteValue[V], error) {
 	t.stats.localLoads.Add(1)
+	t.untracked()
 	start := time.Now()
 	v, err := load(ctx)
 	end := time.Now()
@@ -763,25 +766,34 @@ func (t *Tier[K, V]) Set(ctx context.Context, key K, v flightcache.RemoteValue[V
 		}
 		return
 	}
-	msg := t.invalidation(name, key)
-	var id, base string // of the write under the current generation
+	quiet := t.quiet() // tracking or channels: no message on the classic channel
+	var id string
+	var ks keys // of the write under the current generation
+	echo := false
 	cmd, ok := t.atGen(ctx, func(gen int64) evalCall {
-		ks := keysAt(t.opts.Prefix, name, gen)
+		ks = keysAt(t.opts.Prefix, name, gen)
 		var args []any
 		id, args = t.writeArgs(ks, enc)
-		base = ks.base
-		return evalCall{writeScript, writeKeys(ks), append(append([]any{""}, args...), t.invChannel, msg)}
+		args = append([]any{""}, args...)
+		if !quiet {
+			args = append(args, t.invChannel, t.invalidation(name, key))
+		}
+		echo = t.writing(ks.entry)
+		return evalCall{writeScript, writeKeys(ks), args}
 	})
-	if !ok {
-		t.keep(name, key)
-		return
-	}
-	if n, _, _ := writeAnswer(cmd); n == writeOutdated {
+	outdated := ok && writeOutdated == first(writeAnswer(cmd))
+	ok = ok && !outdated && t.published(ctx, name, key)
+	t.wrote(key, ks.entry, echo, ok)
+	switch {
+	case outdated:
 		t.outdatedSet(key)
-		return
+	case !ok:
+		t.keep(name, key)
+	default:
+		t.reached(name)
+		t.served.put(ks.base, id)
+		t.trackWritten(ctx, key, ks, id)
 	}
-	t.reached(name)
-	t.served.put(base, id)
 }
 
 // Invalidate implements [flightcache.Remote]: it deletes key's shared entry

@@ -83,26 +83,51 @@ type Stats struct {
 	BatchRoundTrips uint64
 
 	// Listening is true while the tier's pub/sub subscription is confirmed
-	// and healthy: it hears the fleet's invalidations. While it is false,
-	// what the tier hands the Loader may miss one, and is read again after
-	// the next attempt to subscribe, about a second later (see Distrusts).
+	// and healthy and, by Invalidations, every master's invalidation
+	// connection is armed, or every invalidation channel subscribed: it
+	// hears the fleet's invalidations. While it is false, what the tier
+	// hands the Loader may miss one, and is read again after the next
+	// attempt to subscribe, about a second later (see Distrusts).
 	Listening bool
+	// Invalidations is how the tier hears the fleet's Sets and
+	// Invalidates: "tracking" (Redis tells each process of the keys it
+	// read only, see docs/distributed.md), "channels" (Redis refused
+	// CLIENT TRACKING: every process hears every write, on sharded
+	// channels), "classic" (a client the tier cannot track per master, a
+	// Ring: every process hears every write, on one channel), or "" while
+	// it is not known yet.
+	Invalidations string
+	// Rearms counts the times a master's tracking was made again on a new
+	// invalidation connection, after the old one was lost (or found with
+	// a broken redirect); each loss distrusted every local copy
+	// (SubscriptionLosses counts it).
+	Rearms uint64
+	// TrackedReads counts the entries read tracked: Redis tells this
+	// process of their next change.
+	TrackedReads uint64
 	// InvalidationsSent counts this process's Sets and Invalidates that
 	// reached Redis, each published to the fleet with the write.
 	InvalidationsSent uint64
 	// InvalidationsHeard counts other processes' Sets and Invalidates
 	// heard on the subscription; each asked the Loader to drop the key
 	// (flightcache.Stats.RemoteDrops, which also counts this process's
-	// own writes echoed back).
+	// own writes echoed back). With tracking, it counts the invalidations
+	// of keys this process read, whatever changed them (another
+	// process's write, an expiry, an eviction), but its own writes; a
+	// copy still current (checked by a tracked read) is kept.
 	InvalidationsHeard uint64
 	// UndecodedInvalidations counts messages (heard, or this process's
 	// own) whose key could not be found: its JSON did not decode to a key
 	// with the published name, or, for a key type JSON does not carry
-	// back, this tier had not handed that name over. Each distrusted
-	// every local copy instead.
+	// back, this tier had not handed that name over (with tracking: the
+	// key's Redis name, for a key type other than a string named by
+	// default); with tracking, also Redis's null invalidation of a
+	// FLUSHALL or FLUSHDB. Each distrusted every local copy instead.
 	UndecodedInvalidations uint64
 	// SubscriptionLosses counts the times the subscription was found lost
-	// (an error, or no answer to a ping): each distrusted every local copy.
+	// (an error, or no answer to a ping), and with tracking the times a
+	// master's invalidation connection was (or its redirect was found
+	// broken): each distrusted every local copy.
 	SubscriptionLosses uint64
 	// Distrusts counts the times the tier had its Loader distrust every
 	// local copy (flightcache.LocalCache.Distrust): at each subscription
@@ -174,12 +199,13 @@ func (t *Tier[K, V]) Stats() Stats {
 		LocalLoads: c.localLoads.Load(), Skipped: c.skipped.Load(),
 		DecodeErrors: c.decodeErrors.Load(), EncodeErrors: c.encodeErrors.Load(),
 		Batches: c.batches.Load(), BatchRoundTrips: c.batchRoundTrips.Load(),
-		Listening: t.events.up.Load(), InvalidationsSent: c.invalidationsSent.Load(),
+		Listening: t.hearing(), InvalidationsSent: c.invalidationsSent.Load(),
 		InvalidationsHeard: c.invalidationsHeard.Load(), UndecodedInvalidations: c.undecodedInvalidations.Load(),
 		SubscriptionLosses: c.subscriptionLosses.Load(), Distrusts: c.distrusts.Load(),
 		InvalidationsReplayed: c.invalidationsReplayed.Load(), InvalidationsLost: c.invalidationsLost.Load(),
 		Generation: t.gen.Load(), InvalidateAllsSent: c.invalidateAllsSent.Load(),
 		InvalidateAllsHeard: c.invalidateAllsHeard.Load(), InvalidateAllsReplayed: c.invalidateAllsReplayed.Load(),
 		InvalidateAllsLost: c.invalidateAllsLost.Load(), GenerationRestores: c.generationRestores.Load(),
+		Invalidations: invModes[t.track.mode.Load()], Rearms: t.track.rearms.Load(), TrackedReads: t.track.reads.Load(),
 	}
 }

@@ -33,12 +33,15 @@
 // # Invalidation
 //
 // A Tier is also a [flightcache.RemoteWatcher]: a Loader.Set or
-// Loader.Invalidate in one process drops the key's local copy in every
-// other process, through a pub/sub message published with the write. When
-// the tier's subscription is lost it has its Loader read every local copy
-// again before serving it, and a write that could not reach Redis is
-// replayed as an invalidation once it can. [Stats] says whether the tier
-// is listening.
+// Loader.Invalidate in one process drops the key's local copy in the
+// other processes that hold it. The tier reads shared entries with Redis's
+// client-side caching (CLIENT TRACKING), so Redis tells each process of
+// the keys it read, and no other; where Redis refuses it, every process
+// hears every write on a few sharded channels ([Stats].Invalidations
+// says which). When an invalidation connection or subscription is lost
+// the tier has its Loader read every local copy again before serving it,
+// and a write that could not reach Redis is replayed as an invalidation
+// once it can. [Stats] says whether the tier is listening.
 //
 // And a [flightcache.RemoteInvalidateAll]: a Loader.InvalidateAll moves
 // the shared tier on to a new generation in one Redis command
@@ -184,9 +187,13 @@ type Tier[K comparable, V any] struct {
 	ownAll    atomic.Int32 // this process's InvalidateAll moves in progress
 	used      atomic.Bool  // the Loader has called the tier: its cache may hold what a move drops
 
-	served served
-	events events
-	stats  counters
+	served  served
+	events  events
+	track   tracker       // how the tier hears the fleet's writes (tracking.go)
+	shards  shards        // the fallback of tracking (sharded.go)
+	flights flights       // the keys Loads read now (tracked.go)
+	checks  chan check[K] // copies to check against their entries (tracked.go)
+	stats   counters
 
 	downUntil atomic.Int64 // UnixNano until which Redis is skipped; 0 = up
 
@@ -262,8 +269,10 @@ func newTier[K comparable, V any](client redis.UniversalClient, opts Options[K, 
 	t.events.start(t.ctx, client, handlers{
 		loaded: t.channel, invalidated: t.invChannel,
 		onDrop: t.onInvalidated, onUp: t.onUp, onDown: t.onDown, onRetry: t.onRetry,
-		onTick: t.replay,
+		onTick: t.onTick,
 	}, opts.Timeout)
+	t.shards.init(opts.Prefix, client)
+	t.startTracking()
 	return t
 }
 
@@ -369,6 +378,8 @@ func (t *Tier[K, V]) Close() error {
 		t.closed.Store(true)
 		t.cancel()
 		t.events.stop()
+		t.track.stop()
+		t.shards.wg.Wait()
 		t.dropPending()
 	})
 	return nil

@@ -99,7 +99,7 @@ func (t *Tier[K, V]) outdatedFill(ks keys, key K, held string) {
 	if held != "" && t.served.get(ks.base) == held {
 		return
 	}
-	t.fleet.each(func(l flightcache.LocalCache[K]) { l.Drop(key) })
+	t.dropKey(key, ks)
 }
 
 // outdatedSet is what a Set refused by writeScript does: it counts it, and

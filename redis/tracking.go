@@ -1,0 +1,491 @@
+package flightredis
+
+import (
+	"context"
+	"errors"
+	"net"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/flightcache/flightcache/internal/timing"
+	"github.com/redis/go-redis/v9"
+)
+
+// This file is the tracking listener: Redis's server-assisted client-side
+// caching, so that an invalidation reaches only the processes that hold
+// the key (invalidate.go describes the protocol).
+//
+// Per master node the tier keeps an invalidation connection, a RESP2
+// subscription to "__redis__:invalidate" whose CLIENT ID it records, and a
+// small client for tracked reads whose connections run CLIENT TRACKING on
+// REDIRECT <that id> OPTIN. A tracked read is CLIENT CACHING yes then one
+// read of a key's entry, pipelined on one connection: Redis then sends the
+// entry key's name to the invalidation connection the next time the entry
+// changes, expires or is evicted. Never a script after CLIENT CACHING yes:
+// it would track every key it declares (leases, alive keys), whose churn
+// would come back as invalidations.
+//
+// go-redis has client-side caching of its own, which refuses a user's
+// CLIENT TRACKING, but only when it is enabled; the tier never enables it.
+
+// How the tier hears the fleet's Sets and Invalidates (Stats.Invalidations).
+const (
+	invUnknown  int32 = iota // not known yet: writes publish on the classic channel
+	invTracking              // server-assisted tracking
+	invChannels              // tracking refused: sharded channels (sharded.go)
+	invClassic               // a client the tier cannot track per node (a Ring): the classic channel
+)
+
+// invModes are the names of those modes in Stats.
+var invModes = [...]string{"", "tracking", "channels", "classic"}
+
+// trackChannel is where Redis sends the names of tracked keys that changed.
+const trackChannel = "__redis__:invalidate"
+
+// trackPoolSize is the size of each node's pool of tracked connections:
+// one, so that Redis tracks a key once per process (each tracked
+// connection is a client of its own in Redis's tracking table, and each
+// would send its own invalidation of the key). The process's tracked reads
+// of one master share that connection, a round trip at a time.
+const trackPoolSize = 1
+
+// trackHandlers are what the tier does with the listener's news.
+type trackHandlers struct {
+	onKeys            func(names []string) // the Redis names of tracked keys that changed
+	onFlush           func()               // a FLUSHALL or FLUSHDB: every tracked key
+	onUp, onDown      func()               // a node armed; a node's tracking lost
+	onRetry           func()               // an attempt that did not arm a node
+	onRefused         func()               // Redis refuses CLIENT TRACKING
+	timeout, interval time.Duration        // a round trip; the health check
+}
+
+// tracker owns the invalidation connections and tracked clients.
+type tracker struct {
+	mode    atomic.Int32
+	h       trackHandlers
+	single  *redis.Client // the client, when it is one node
+	cluster *redis.ClusterClient
+
+	mu    sync.Mutex
+	nodes map[string]*tnode // address → node; guarded by mu
+	wg    sync.WaitGroup
+
+	startup chan struct{} // closed when every node is first armed, tracking is refused, or a Timeout after start
+	once    sync.Once
+
+	echoes        echoes
+	epoch         atomic.Uint64 // of the dropped marks (Tier.droppedMark)
+	rearms, reads atomic.Uint64
+}
+
+// tnode is one master's invalidation connection and tracked client.
+type tnode struct {
+	opt      redis.Options // what its clients are made of
+	inv      *redis.Client // its connections record their CLIENT ID
+	id       atomic.Int64  // the CLIENT ID of the invalidation connection
+	reads    atomic.Pointer[redis.Client]
+	redirect int64       // the id reads redirect to; the node's loop only
+	up       atomic.Bool // armed and listening
+	armed    bool        // armed once; the node's loop only
+	cancel   context.CancelFunc
+}
+
+// start starts the listener for client, or reports (false) that the tier
+// cannot track per node with that kind of client.
+func (tr *tracker) start(ctx context.Context, client redis.UniversalClient, h trackHandlers) bool {
+	tr.h = h
+	tr.nodes = make(map[string]*tnode)
+	tr.startup = make(chan struct{})
+	switch c := client.(type) {
+	case *redis.Client:
+		tr.single = c
+		tr.add(ctx, c.Options())
+	case *redis.ClusterClient:
+		tr.cluster = c
+		tr.wg.Go(func() { tr.discover(ctx) })
+	default:
+		tr.mode.Store(invClassic)
+		tr.started()
+		return false
+	}
+	starting := time.AfterFunc(h.timeout, tr.started)
+	tr.wg.Go(func() {
+		<-ctx.Done()
+		starting.Stop()
+	})
+	return true
+}
+
+// stop waits for the listener's goroutines; ctx (start's) must have been
+// cancelled first.
+func (tr *tracker) stop() { tr.wg.Wait() }
+
+func (tr *tracker) started() { tr.once.Do(func() { close(tr.startup) }) }
+
+// awaitStartup waits, at most until ctx ends, for the listener's startup.
+func (tr *tracker) awaitStartup(ctx context.Context) {
+	if tr.startup == nil {
+		return
+	}
+	select {
+	case <-tr.startup:
+	case <-ctx.Done():
+	}
+}
+
+// discover keeps one node per master of a Cluster, checking the masters
+// every health check: a new master gets a node, a node whose address is
+// no longer a master's is stopped.
+func (tr *tracker) discover(ctx context.Context) {
+	for {
+		seen := make(map[string]bool)
+		var mu sync.Mutex
+		c, cancel := context.WithTimeout(ctx, tr.h.timeout)
+		err := tr.cluster.ForEachMaster(c, func(_ context.Context, m *redis.Client) error {
+			mu.Lock()
+			seen[m.Options().Addr] = true
+			mu.Unlock()
+			tr.add(ctx, m.Options())
+			return nil
+		})
+		cancel()
+		if err == nil {
+			tr.prune(seen)
+		}
+		t := time.NewTimer(jitter(tr.h.interval))
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// prune stops the nodes whose address is not in seen.
+func (tr *tracker) prune(seen map[string]bool) {
+	tr.mu.Lock()
+	defer tr.mu.Unlock()
+	for addr, n := range tr.nodes {
+		if !seen[addr] {
+			n.cancel()
+			delete(tr.nodes, addr)
+		}
+	}
+}
+
+// add starts a node for the master whose client options are src, unless
+// there is one.
+func (tr *tracker) add(ctx context.Context, src *redis.Options) {
+	tr.mu.Lock()
+	defer tr.mu.Unlock()
+	if _, ok := tr.nodes[src.Addr]; ok || ctx.Err() != nil || tr.mode.Load() == invChannels {
+		return
+	}
+	n := &tnode{opt: nodeOptions(src)}
+	o := n.opt
+	o.PoolSize = 1
+	o.OnConnect = func(ctx context.Context, cn *redis.Conn) error {
+		id, err := cn.ClientID(ctx).Result()
+		n.id.Store(id)
+		return err
+	}
+	n.inv = redis.NewClient(&o)
+	nctx, cancel := context.WithCancel(ctx)
+	n.cancel = cancel
+	tr.nodes[src.Addr] = n
+	tr.wg.Go(func() { tr.run(nctx, n) })
+}
+
+// nodeOptions are the options of a node's own clients: those of the
+// tier's client for that node (address, credentials, TLS, timeouts), in
+// RESP2, with no hook of the original.
+func nodeOptions(src *redis.Options) redis.Options {
+	return redis.Options{
+		Network: src.Network, Addr: src.Addr, Dialer: src.Dialer,
+		Username: src.Username, Password: src.Password, DB: src.DB,
+		CredentialsProvider:        src.CredentialsProvider,
+		CredentialsProviderContext: src.CredentialsProviderContext,
+		DialTimeout:                src.DialTimeout, ReadTimeout: src.ReadTimeout, WriteTimeout: src.WriteTimeout,
+		ContextTimeoutEnabled: true, TLSConfig: src.TLSConfig, MaxRetries: -1,
+		Protocol: 2, PoolSize: trackPoolSize, DisableIdentity: true,
+	}
+}
+
+// listenResult is how one attempt at a node's listener ended.
+type listenResult int
+
+const (
+	listenFailed  listenResult = iota // it never armed
+	listenLost                        // it had armed, then was lost
+	listenRefused                     // Redis refuses CLIENT TRACKING
+)
+
+// run arms and listens on n until ctx ends or tracking is refused; it
+// closes n's clients when it returns.
+func (tr *tracker) run(ctx context.Context, n *tnode) {
+	defer func() {
+		if r := n.reads.Swap(nil); r != nil {
+			_ = r.Close()
+		}
+		_ = n.inv.Close()
+	}()
+	pause := 50 * time.Millisecond
+	for ctx.Err() == nil {
+		switch tr.listen(ctx, n) {
+		case listenRefused:
+			tr.refused()
+			return
+		case listenLost:
+			pause = 50 * time.Millisecond
+		default:
+			if ctx.Err() == nil {
+				tr.h.onRetry()
+			}
+		}
+		t := time.NewTimer(jitter(pause))
+		select {
+		case <-ctx.Done():
+		case <-t.C:
+		}
+		t.Stop()
+		pause = min(2*pause, time.Second)
+	}
+}
+
+// refused switches the tier to sharded channels, once.
+func (tr *tracker) refused() {
+	if tr.mode.Swap(invChannels) != invChannels {
+		tr.h.onRefused()
+	}
+	tr.started()
+}
+
+// listen subscribes n's invalidation connection, arms n's tracked client
+// on it, and hands the invalidations it hears over until it fails.
+func (tr *tracker) listen(ctx context.Context, n *tnode) listenResult {
+	ps := n.inv.Subscribe(ctx)
+	defer func() { _ = ps.Close() }()
+	c, cancel := context.WithTimeout(ctx, tr.h.timeout)
+	err := ps.Subscribe(c, trackChannel)
+	var msg any
+	if err == nil {
+		msg, err = ps.ReceiveTimeout(c, tr.h.timeout)
+	}
+	cancel()
+	if s, ok := msg.(*redis.Subscription); err != nil || !ok || s.Kind != "subscribe" {
+		if trackingRefused(err) { // CLIENT ID, or the channel, refused
+			return listenRefused
+		}
+		return listenFailed
+	}
+	if res, ok := tr.arm(ctx, n, n.id.Load()); !ok {
+		return res
+	}
+	n.up.Store(true)
+	tr.h.onUp()
+	if tr.allUp() {
+		tr.started()
+	}
+	tr.receive(ctx, n, ps)
+	n.up.Store(false)
+	if ctx.Err() == nil {
+		tr.h.onDown()
+	}
+	return listenLost
+}
+
+// receive reads n's invalidations until the connection fails, a check
+// finds the redirect broken, or ctx ends.
+func (tr *tracker) receive(ctx context.Context, n *tnode, ps *redis.PubSub) {
+	pinged := false
+	tick := time.Now()
+	for ctx.Err() == nil {
+		if time.Since(tick) >= tr.h.interval {
+			tick = time.Now()
+			if tr.broken(ctx, n) {
+				return
+			}
+		}
+		msg, err := ps.ReceiveTimeout(ctx, tr.h.interval)
+		var ne net.Error
+		switch {
+		case err != nil && strings.Contains(err.Error(), "payload: <nil>"):
+			tr.h.onFlush() // a null array: FLUSHALL or FLUSHDB
+		case err != nil && ctx.Err() == nil && !pinged && errors.As(err, &ne) && ne.Timeout():
+			c, cancel := context.WithTimeout(ctx, tr.h.timeout)
+			err = ps.Ping(c)
+			cancel()
+			if err != nil {
+				return
+			}
+			pinged = true
+		case err != nil:
+			return
+		default:
+			pinged = false
+			if m, ok := msg.(*redis.Message); ok && m.Channel == trackChannel {
+				tr.h.onKeys(append(m.PayloadSlice, nonEmpty(m.Payload)...))
+			}
+		}
+	}
+}
+
+func nonEmpty(s string) []string {
+	if s == "" {
+		return nil
+	}
+	return []string{s}
+}
+
+// arm makes n a tracked client redirecting to id, and retires the one it
+// replaces. ok is false when Redis refused or could not be reached.
+func (tr *tracker) arm(ctx context.Context, n *tnode, id int64) (res listenResult, ok bool) {
+	o := n.opt
+	o.OnConnect = func(ctx context.Context, cn *redis.Conn) error {
+		return cn.Do(ctx, "CLIENT", "TRACKING", "on", "REDIRECT", id, "OPTIN").Err()
+	}
+	reads := redis.NewClient(&o)
+	c, cancel := context.WithTimeout(ctx, tr.h.timeout)
+	err := reads.Ping(c).Err()
+	cancel()
+	if err != nil {
+		_ = reads.Close()
+		if trackingRefused(err) {
+			return listenRefused, false
+		}
+		return listenFailed, false
+	}
+	n.redirect = id
+	if old := n.reads.Swap(reads); old != nil {
+		tr.retire(ctx, old)
+	}
+	if n.armed {
+		tr.rearms.Add(1)
+	}
+	n.armed = true
+	tr.mode.CompareAndSwap(invUnknown, invTracking)
+	return 0, true
+}
+
+// retire closes a tracked client that was replaced, once the reads in
+// flight on it are done (a Timeout later).
+func (tr *tracker) retire(ctx context.Context, old *redis.Client) {
+	tr.wg.Go(func() {
+		t := time.NewTimer(timing.Mul(tr.h.timeout, 2))
+		defer t.Stop()
+		select {
+		case <-ctx.Done():
+		case <-t.C:
+		}
+		_ = old.Close()
+	})
+}
+
+// trackingRefused reports whether err is Redis refusing CLIENT TRACKING
+// (an ACL without it, a server or proxy that does not know it), rather
+// than a failure to reach it.
+func trackingRefused(err error) bool {
+	var re redis.Error
+	if !errors.As(err, &re) {
+		return false
+	}
+	msg := strings.ToLower(err.Error())
+	return redis.HasErrorPrefix(err, "NOPERM") || strings.Contains(msg, "noperm") || strings.Contains(msg, "unknown command") ||
+		strings.Contains(msg, "unknown subcommand")
+}
+
+// broken reports whether n's tracked connections lost their redirect (the
+// invalidation connection they name is gone, or another one took its
+// place): CLIENT TRACKINGINFO, RESP2's form of the tracking-redir-broken
+// push. A check that fails to reach Redis reports nothing: the
+// subscription's own health says that.
+func (tr *tracker) broken(ctx context.Context, n *tnode) bool {
+	reads := n.reads.Load()
+	if reads == nil {
+		return true
+	}
+	c, cancel := context.WithTimeout(ctx, tr.h.timeout)
+	res, err := reads.Do(c, "CLIENT", "TRACKINGINFO").Slice()
+	cancel()
+	if err != nil {
+		return false
+	}
+	return trackingBroken(res, n.redirect)
+}
+
+// trackingBroken reads a CLIENT TRACKINGINFO reply: tracking off, a broken
+// redirect, or a redirect to another id than want.
+func trackingBroken(res []any, want int64) bool {
+	for i := 0; i+1 < len(res); i += 2 {
+		switch res[i] {
+		case "flags":
+			flags, _ := res[i+1].([]any)
+			for _, f := range flags {
+				if f == "off" || f == "broken_redirect" {
+					return true
+				}
+			}
+		case "redirect":
+			if id, ok := res[i+1].(int64); ok && id != want {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// allUp reports whether every node is armed and listening.
+func (tr *tracker) allUp() bool {
+	if tr.mode.Load() != invTracking {
+		return false
+	}
+	tr.mu.Lock()
+	defer tr.mu.Unlock()
+	if len(tr.nodes) == 0 {
+		return false
+	}
+	for _, n := range tr.nodes {
+		if !n.up.Load() {
+			return false
+		}
+	}
+	return true
+}
+
+// reader returns the tracked client of the master of key, or nil when it
+// is not armed (or not known yet: then the node is started).
+func (tr *tracker) reader(ctx context.Context, key string) *redis.Client {
+	if tr.mode.Load() != invTracking {
+		return nil
+	}
+	var src *redis.Options
+	if tr.single != nil {
+		src = tr.single.Options()
+	} else {
+		m, err := tr.cluster.MasterForKey(ctx, key)
+		if err != nil {
+			return nil
+		}
+		src = m.Options()
+	}
+	tr.mu.Lock()
+	n := tr.nodes[src.Addr]
+	tr.mu.Unlock()
+	if n == nil {
+		tr.add(ctx, src)
+		return nil
+	}
+	if !n.up.Load() {
+		return nil
+	}
+	return n.reads.Load()
+}
+
+// moved reports whether err says a key's slot is served by another node
+// (MOVED, ASK): the node map is out of date.
+func moved(err error) bool {
+	return redis.HasErrorPrefix(err, "MOVED") || redis.HasErrorPrefix(err, "ASK")
+}

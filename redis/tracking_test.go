@@ -1,0 +1,362 @@
+package flightredis
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/flightcache/flightcache"
+	"github.com/redis/go-redis/v9"
+)
+
+// trackingProcs starts n simulated processes on one prefix and waits
+// until every one tracks and listens.
+func trackingProcs(t *testing.T, n int, to Options[string, string]) ([]proc, *downstream) {
+	t.Helper()
+	addr := redisAddr(t)
+	to.Prefix = testPrefix(t, newClient(t, addr))
+	d := newDownstream()
+	lo := flightcache.Options[string, string]{TTL: time.Hour}
+	ps := make([]proc, n)
+	for i := range ps {
+		ps[i] = newProc(t, addr, to.Prefix, lo, to, d)
+	}
+	listening(t, ps...)
+	for _, p := range ps {
+		if s := p.t.Stats(); s.Invalidations != "tracking" {
+			t.Fatalf("Stats.Invalidations = %q, want tracking", s.Invalidations)
+		}
+	}
+	return ps, d
+}
+
+// An invalidation reaches only the processes that read the key: one that
+// never did hears nothing of it.
+func TestTrackingReachesHoldersOnly(t *testing.T) {
+	ps, _ := trackingProcs(t, 3, Options[string, string]{})
+	writer, holder, other := ps[0], ps[1], ps[2]
+	old, _ := holder.l.Get(ctx, "k")
+	other.l.Get(ctx, "j") // another key only
+	writer.l.Set("k", "new")
+	eventually(t, 5*time.Second, "the holder's drop", func() bool { return holder.l.Stats().RemoteDrops == 1 })
+	if v, _ := holder.l.Get(ctx, "k"); v != "new" || v == old {
+		t.Fatalf("the holder after the drop: %q, want new", v)
+	}
+	writer.l.Invalidate("j") // the other process holds j: it hears that one
+	eventually(t, 5*time.Second, "the other's drop of j", func() bool { return other.l.Stats().RemoteDrops == 1 })
+	if s := other.t.Stats(); s.InvalidationsHeard != 1 {
+		t.Fatalf("the process that never read k heard %d invalidations, want 1 (j's only)", s.InvalidationsHeard)
+	}
+	if s := holder.t.Stats(); s.InvalidationsHeard != 1 || s.TrackedReads == 0 || s.Distrusts != 0 {
+		t.Fatalf("the holder: heard %d, tracked reads %d, distrusts %d; want 1, > 0, 0", s.InvalidationsHeard, s.TrackedReads, s.Distrusts)
+	}
+}
+
+// Set and Invalidate in one process drop another's copy; once the drop is
+// heard, no Get returns the old value.
+func TestTrackingSetAndInvalidateDropCopies(t *testing.T) {
+	ps, d := trackingProcs(t, 2, Options[string, string]{})
+	a, b := ps[0], ps[1]
+	for round := range 20 {
+		k := fmt.Sprint("k", round%4)
+		old, _ := b.l.Get(ctx, k)
+		drops := b.l.Stats().RemoteDrops
+		var want string
+		if round%2 == 0 {
+			want = fmt.Sprint("set-", round)
+			a.l.Set(k, want)
+		} else {
+			a.l.Invalidate(k)
+		}
+		eventually(t, 5*time.Second, "b's drop", func() bool { return b.l.Stats().RemoteDrops > drops })
+		v, err := b.l.Get(ctx, k)
+		switch {
+		case err != nil:
+			t.Fatal(err)
+		case v == old:
+			t.Fatalf("round %d: b served the old %q after the drop", round, old)
+		case want != "" && v != want:
+			t.Fatalf("round %d: b got %q, want %q", round, v, want)
+		}
+	}
+	if n := d.calls.Load(); n < 10 {
+		t.Fatalf("downstream calls %d: every Invalidate should make a load", n)
+	}
+}
+
+// invNode is the only invalidation connection of a single-node tier, or
+// the one of the master of name on a Cluster.
+func invNode(t *testing.T, tier *Tier[string, string], name string) (*tnode, string) {
+	t.Helper()
+	ks := keysFor(tier.opts.Prefix, name)
+	addr := ""
+	if tier.track.single != nil {
+		addr = tier.track.single.Options().Addr
+	} else {
+		m, err := tier.track.cluster.MasterForKey(ctx, ks.entry)
+		if err != nil {
+			t.Fatal(err)
+		}
+		addr = m.Options().Addr
+	}
+	tier.track.mu.Lock()
+	defer tier.track.mu.Unlock()
+	n := tier.track.nodes[addr]
+	if n == nil {
+		t.Fatalf("no node for %s", addr)
+	}
+	return n, addr
+}
+
+// nodeClient is a plain client of the Redis node at addr, closed when the
+// test ends.
+func nodeClient(t *testing.T, addr string) *redis.Client {
+	c := redis.NewClient(clientOptions(addr))
+	t.Cleanup(func() { _ = c.Close() })
+	return c
+}
+
+// checkRearmed waits for the tier to have re-armed after a loss, then
+// checks that invalidations reach it again.
+func checkRearmed(t *testing.T, writer, holder proc, losses uint64) {
+	t.Helper()
+	eventually(t, 10*time.Second, "the loss and the re-arm", func() bool {
+		s := holder.t.Stats()
+		return s.SubscriptionLosses > losses && s.Rearms >= 1 && s.Listening
+	})
+	if s := holder.t.Stats(); s.Distrusts == 0 {
+		t.Fatal("the loss distrusted nothing")
+	}
+	holder.l.Get(ctx, "k")
+	drops := holder.l.Stats().RemoteDrops
+	writer.l.Set("k", "after")
+	eventually(t, 5*time.Second, "the drop after the re-arm", func() bool { return holder.l.Stats().RemoteDrops > drops })
+	if v, _ := holder.l.Get(ctx, "k"); v != "after" {
+		t.Fatalf("after the re-arm: %q, want after", v)
+	}
+}
+
+// A killed invalidation connection is a loss: every copy is distrusted,
+// tracking is armed again on a new connection, and works.
+func TestTrackingInvalidationConnectionKilled(t *testing.T) {
+	ps, _ := trackingProcs(t, 2, Options[string, string]{})
+	writer, holder := ps[0], ps[1]
+	holder.l.Get(ctx, "k")
+	n, addr := invNode(t, holder.t, "k")
+	losses := holder.t.Stats().SubscriptionLosses
+	if err := nodeClient(t, addr).ClientKillByFilter(ctx, "ID", fmt.Sprint(n.id.Load())).Err(); err != nil {
+		t.Fatal(err)
+	}
+	checkRearmed(t, writer, holder, losses)
+}
+
+// A tracked connection whose redirect is broken is found by the health
+// check (CLIENT TRACKINGINFO), which counts as a loss and re-arms.
+func TestTrackingBrokenRedirect(t *testing.T) {
+	ps, _ := trackingProcs(t, 2, Options[string, string]{})
+	writer, holder := ps[0], ps[1]
+	holder.l.Get(ctx, "k")
+	n, addr := invNode(t, holder.t, "k")
+	// Redirect the node's tracked connection (its pool holds one) to a
+	// client that then goes away.
+	other := nodeClient(t, addr)
+	conn := other.Conn()
+	id, err := conn.ClientID(ctx).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	reads := n.reads.Load()
+	if err := reads.Do(ctx, "CLIENT", "TRACKING", "off").Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := reads.Do(ctx, "CLIENT", "TRACKING", "on", "REDIRECT", id, "OPTIN").Err(); err != nil {
+		t.Fatal(err)
+	}
+	_ = conn.Close()
+	losses := holder.t.Stats().SubscriptionLosses
+	checkRearmed(t, writer, holder, losses)
+}
+
+// A FLUSHDB (of any database) invalidates every tracked key: Redis sends a
+// null, and every copy is distrusted.
+func TestTrackingFlush(t *testing.T) {
+	singleNodeOnly(t, "a Cluster has one database, which the other tests use")
+	ps, _ := trackingProcs(t, 1, Options[string, string]{})
+	p := ps[0]
+	p.l.Get(ctx, "k")
+	before := p.t.Stats().Distrusts
+	o := clientOptions(redisAddr(t))
+	o.DB = 15 // empty: the flush drops nothing of anyone
+	c := redis.NewClient(o)
+	defer func() { _ = c.Close() }()
+	if err := c.FlushDB(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 5*time.Second, "the distrust", func() bool { return p.t.Stats().Distrusts > before })
+	if _, info, _ := p.l.GetInfo(ctx, "k"); info.Source == flightcache.SourceHit {
+		t.Fatal("a distrusted copy was served without being read again")
+	}
+}
+
+// Where Redis refuses CLIENT TRACKING (an ACL user without
+// client|tracking), the tier falls back to invalidation channels, and
+// every process still hears every Set and Invalidate.
+func TestTrackingRefusedFallsBackToChannels(t *testing.T) {
+	addr := redisAddr(t)
+	admin := newClient(t, addr)
+	user, pass := "fctest-notrack-"+token(4), token(8)
+	acl := func(args ...any) {
+		err := forEachMaster(ctx, admin, func(ctx context.Context, n redis.UniversalClient) error {
+			return n.Do(ctx, append([]any{"ACL"}, args...)...).Err()
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	acl("SETUSER", user, "on", ">"+pass, "~*", "&*", "+@all", "-client|tracking")
+	t.Cleanup(func() { acl("DELUSER", user) })
+	prefix := testPrefix(t, admin)
+	d := newDownstream()
+	lo := flightcache.Options[string, string]{TTL: time.Hour}
+	var ps []proc
+	for range 3 {
+		tier, err := NewTier(userClient(t, addr, user, pass), Options[string, string]{Prefix: prefix})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ps = append(ps, startProc(t, tier, lo, d))
+	}
+	listening(t, ps...)
+	for _, p := range ps {
+		if s := p.t.Stats(); s.Invalidations != "channels" {
+			t.Fatalf("Stats.Invalidations = %q, want channels", s.Invalidations)
+		}
+	}
+	ps[1].l.Get(ctx, "k")
+	ps[0].l.Set("k", "v2")
+	eventually(t, 5*time.Second, "every process's drop", func() bool {
+		return ps[1].l.Stats().RemoteDrops == 1 && ps[2].l.Stats().RemoteDrops == 1
+	})
+	if v, _ := ps[1].l.Get(ctx, "k"); v != "v2" {
+		t.Fatalf("after the Set: %q, want v2", v)
+	}
+	ps[2].l.Invalidate("k")
+	eventually(t, 5*time.Second, "the drop of the Invalidate", func() bool { return ps[1].l.Stats().RemoteDrops == 2 })
+	if s := ps[1].t.Stats(); s.InvalidationsHeard != 2 || s.Distrusts != 0 {
+		t.Fatalf("heard %d, distrusts %d; want 2, 0", s.InvalidationsHeard, s.Distrusts)
+	}
+}
+
+// userClient is a client for addr that logs in as user, closed when the
+// test ends.
+func userClient(t *testing.T, addr, user, pass string) redis.UniversalClient {
+	var c redis.UniversalClient
+	if isCluster(addr) {
+		o := clusterOptions(addr)
+		o.Username, o.Password = user, pass
+		c = redis.NewClusterClient(o)
+	} else {
+		o := clientOptions(addr)
+		o.Username, o.Password = user, pass
+		c = redis.NewClient(o)
+	}
+	t.Cleanup(func() { _ = c.Close() })
+	return c
+}
+
+// InvalidateAll still reaches every process with tracking.
+func TestTrackingInvalidateAll(t *testing.T) {
+	ps, _ := trackingProcs(t, 2, Options[string, string]{})
+	old, _ := ps[1].l.Get(ctx, "k")
+	ps[0].l.InvalidateAll()
+	eventually(t, 5*time.Second, "the other's DropAll", func() bool { return ps[1].t.Stats().InvalidateAllsHeard == 1 })
+	if v, _ := ps[1].l.Get(ctx, "k"); v == old {
+		t.Fatalf("after InvalidateAll: %q, the old value", v)
+	}
+}
+
+// A storm of Sets and Invalidates in one process while others Get: every
+// Get answers within its deadline, and once the writes stop, every
+// process converges on the last value written.
+func TestTrackingStorm(t *testing.T) {
+	ps, _ := trackingProcs(t, 3, Options[string, string]{})
+	writer, readers := ps[0], ps[1:]
+	const keys = 40
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	var failures atomic.Int64
+	var firstErr atomic.Value
+	for w := range 4 {
+		wg.Go(func() {
+			for i := 0; ; i++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				k := fmt.Sprint("k", (i*7+w)%keys)
+				if i%3 == 0 {
+					writer.l.Invalidate(k)
+				} else {
+					writer.l.Set(k, fmt.Sprint(w, "-", i))
+				}
+			}
+		})
+	}
+	for _, r := range readers {
+		for g := range 4 {
+			wg.Go(func() {
+				for i := 0; ; i++ {
+					select {
+					case <-stop:
+						return
+					default:
+					}
+					c, cancel := context.WithTimeout(ctx, 5*time.Second)
+					_, err := r.l.Get(c, fmt.Sprint("k", (i+g)%keys))
+					cancel()
+					if err != nil {
+						failures.Add(1)
+						firstErr.CompareAndSwap(nil, err)
+					}
+				}
+			})
+		}
+	}
+	time.Sleep(2 * time.Second)
+	close(stop)
+	wg.Wait()
+	if n := failures.Load(); n > 0 {
+		t.Fatalf("%d Gets failed, the first: %v", n, firstErr.Load())
+	}
+	for i := range keys {
+		writer.l.Set(fmt.Sprint("k", i), fmt.Sprint("final-", i))
+	}
+	settle := time.Now()
+	eventually(t, 10*time.Second, "every reader to see the last Set", func() bool {
+		for _, r := range readers {
+			for i := range keys {
+				c, cancel := context.WithTimeout(ctx, 5*time.Second)
+				v, err := r.l.Get(c, fmt.Sprint("k", i))
+				cancel()
+				if err != nil && !errors.Is(err, context.DeadlineExceeded) {
+					t.Fatal(err)
+				}
+				if v != fmt.Sprint("final-", i) {
+					if time.Since(settle) > 9*time.Second {
+						rc := newClient(t, redisAddr(t))
+						ks := keysFor(r.t.opts.Prefix, fmt.Sprint("k", i))
+						cur, _ := rc.HGet(ctx, ks.entry, "id").Result()
+						t.Logf("k%d: %q served %q cur %q; %+v", i, v, r.t.served.get(ks.base), cur, r.t.Stats())
+					}
+					return false
+				}
+			}
+		}
+		return true
+	})
+}
