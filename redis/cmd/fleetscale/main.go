@@ -64,7 +64,9 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"maps"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -90,11 +92,12 @@ func parseFlags(args []string) (config, error) {
 	cluster := fs.String("cluster", os.Getenv("REDIS_CLUSTER"), "Redis Cluster node addresses, `host:port,...` (default $REDIS_CLUSTER)")
 	procs := fs.String("procs", "10,100,1000", "processes P of each run, comma-separated")
 	cfg := config{}
-	fs.StringVar(&cfg.mode, "mode", "broadcast", "how the light processes listen: broadcast")
+	fs.StringVar(&cfg.mode, "mode", "broadcast", "how the light processes listen: broadcast, tracking or sharded")
 	fs.IntVar(&cfg.real, "real", 3, "real processes per run (one drives, the others hold keys)")
 	fs.IntVar(&cfg.writes, "writes", 1000, "Sets+Invalidates per second across the fleet (R)")
 	fs.IntVar(&cfg.loads, "loads", 1000, "cold loads per second across the fleet (L)")
 	fs.IntVar(&cfg.entries, "entries", 10000, "entries each holding process holds")
+	fs.IntVar(&cfg.keys, "keys", 100000, "the fleet's keys: the writes go over them in turn, and each process holds -entries of them")
 	fs.DurationVar(&cfg.dur, "for", 10*time.Second, "measured time of each run")
 	if err := fs.Parse(args); err != nil {
 		return cfg, err
@@ -124,8 +127,8 @@ func parseFlags(args []string) (config, error) {
 func (c config) check() error {
 	switch {
 	case modes[c.mode] == nil:
-		return fmt.Errorf("-mode %q: not one of broadcast", c.mode)
-	case c.real < 1 || c.entries < 1 || c.writes < 0 || c.loads < 0 || c.dur <= 0:
+		return fmt.Errorf("-mode %q: not one of %s", c.mode, strings.Join(slices.Sorted(maps.Keys(modes)), ", "))
+	case c.real < 1 || c.entries < 1 || c.keys < 1 || c.writes < 0 || c.loads < 0 || c.dur <= 0:
 		return fmt.Errorf("-real and -entries must be >= 1, -writes and -loads >= 0, -for > 0")
 	}
 	return nil

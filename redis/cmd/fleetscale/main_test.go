@@ -37,7 +37,7 @@ func testTarget(t *testing.T) target {
 // messages, the light ones as the real ones, the holders' drops are
 // timed, and the tier still calls the downstream once per cold key.
 func TestBroadcastRow(t *testing.T) {
-	cfg := config{tgt: testTarget(t), procs: []int{5}, mode: "broadcast", real: 3,
+	cfg := config{tgt: testTarget(t), procs: []int{5}, mode: "broadcast", real: 3, keys: 200,
 		writes: 100, loads: 100, entries: 200, dur: time.Second}
 	var out bytes.Buffer
 	rows, err := run(context.Background(), cfg, &out)
@@ -82,5 +82,40 @@ func TestMatcherSplitReads(t *testing.T) {
 		if l, i, a := c.msgs[0].Load(), c.msgs[1].Load(), c.acks.Load(); l != 2 || i != 1 || a != 1 {
 			t.Fatalf("cut at %d: loaded %d, invalidated %d, acks %d; want 2, 1, 1", cut, l, i, a)
 		}
+	}
+}
+
+// TestTrackingRow runs the benchmark tiny in tracking mode: a light
+// process hears the writes of the keys it holds, about entries/keys of
+// them, not every message of the fleet, and Redis's tracking table grows
+// by the keys the light processes read.
+func TestTrackingRow(t *testing.T) {
+	cfg := config{tgt: testTarget(t), procs: []int{6}, mode: "tracking", real: 3,
+		writes: 400, loads: 50, entries: 100, keys: 1000, dur: 2 * time.Second}
+	var out bytes.Buffer
+	rows, err := run(context.Background(), cfg, &out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Log("\n" + out.String())
+	r := rows[0]
+	// Each light process holds 100 of the 1,000 keys, and the writes go
+	// over all of them: about a tenth of the writes reach it (fewer when
+	// a loaded machine delays them past the run's end), never all.
+	want := r.writes * float64(cfg.entries) / float64(cfg.keys)
+	if r.lightMean <= 0 || r.lightMean > 3*want {
+		t.Errorf("light processes heard %.1f msgs/s at %.0f writes/s; want about %.1f, and some", r.lightMean, r.writes, want)
+	}
+	if r.lightLost != 0 {
+		t.Errorf("%d light connections lost; want 0", r.lightLost)
+	}
+	if r.tracking == "—" {
+		t.Errorf("tracking memory not measured")
+	}
+	// One call per key is the tier's promise, tested in its own package;
+	// here, on a machine loaded enough for a round trip to outlast the
+	// tier's Timeout, a process may load for itself, but never twice.
+	if r.coldKeys == 0 || r.mostPerCold > r.real {
+		t.Errorf("downstream calls per cold key: most %d over %d keys; want at most one per real process (%d)", r.mostPerCold, r.coldKeys, r.real)
 	}
 }

@@ -47,10 +47,14 @@ func (fl *fleet) figures(b, a reading, writes, loads int64) row {
 		perMaster[fl.subNode] += n // the tier subscribes as broadcast does
 	}
 	for i, l := range fl.light {
-		n := float64(a.light[i]-b.light[i]) / secs
+		var heard int64
+		for node, n := range a.light[i] {
+			heard += n - b.light[i][node]
+			perMaster[node] += n - b.light[i][node]
+		}
+		n := float64(heard) / secs
 		r.lightMean += n / float64(len(fl.light))
 		r.lightMax = max(r.lightMax, n)
-		perMaster[l.Node()] += a.light[i] - b.light[i]
 		if l.Lost() {
 			r.lightLost++
 		}
@@ -65,6 +69,9 @@ func (fl *fleet) figures(b, a reading, writes, loads int64) row {
 		if n.busPublish >= 0 {
 			r.busPublishes = max(r.busPublishes, 0) + n.busPublish - b.nodes[addr].busPublish
 		}
+	}
+	if fl.cfg.mode == "tracking" {
+		r.tracking = fl.memory.String(int64(len(fl.light)) * int64(min(fl.cfg.entries, len(fl.universe))))
 	}
 	r.drop, r.dropN, r.dropUnheard = fl.drops.result()
 	r.coldKeys, r.callsPerCold, r.mostPerCold = fl.down.perKey()
