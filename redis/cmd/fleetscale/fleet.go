@@ -134,7 +134,7 @@ type reading struct {
 	at      time.Time
 	nodes   map[string]nodeStats
 	real    []int64 // messages each real process heard
-	wakeups int64   // loaded-channel messages the first real process heard
+	wakeups int64   // wake-ups the first real process heard (its tier's Stats.WakeupsHeard)
 	light   []int64 // messages each light process heard
 	load1   string  // the machine's load average over the last minute
 	cpu     float64 // seconds of CPU this benchmark process has used
@@ -146,7 +146,7 @@ func (fl *fleet) read(ctx context.Context) (r reading, err error) {
 	for _, p := range fl.reals {
 		r.real = append(r.real, p.heard.total())
 	}
-	r.wakeups = fl.reals[0].heard.msgs[0].Load()
+	r.wakeups = int64(fl.reals[0].tier.Stats().WakeupsHeard)
 	for _, l := range fl.light {
 		r.light = append(r.light, l.Count().total())
 	}

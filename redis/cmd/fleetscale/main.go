@@ -36,8 +36,9 @@
 //
 // Each run prints a markdown table line: messages heard per process per
 // second (the real processes', counted on their clients' connections,
-// and the light ones' mean and max); wake-up broadcasts per second (the
-// loaded channel's messages a real process heard); deliveries per
+// and the light ones' mean and max); wake-ups per second (those the first
+// real process's tier heard, Stats.WakeupsHeard: the tier hears a key's
+// wake-ups only while it waits on it); deliveries per
 // master per second (what the fleet's connections on it heard);
 // main-thread CPU per master (the delta of INFO cpu's
 // used_cpu_{sys,user}_main_thread over the run, or of used_cpu_{sys,user}

@@ -17,7 +17,7 @@ type row struct {
 	lightMean          float64 // ... per light process per second
 	lightMax           float64
 	lightLost          int     // light connections Redis closed
-	wakeups            float64 // loaded-channel messages per second
+	wakeups            float64 // wake-ups the first real process heard per second
 	masters            []string
 	deliveries         []float64 // per master, per second (the fleet's listeners)
 	cpu                []float64 // per master, % of a core
@@ -73,7 +73,7 @@ func (fl *fleet) figures(b, a reading, writes, loads int64) row {
 
 // header prints the table's header.
 func header(w io.Writer) {
-	fmt.Fprintln(w, "| P (real+light) | mode | writes/s, loads/s achieved | msgs heard /proc/s: real; light mean / max (lost) | wake-up broadcasts/s | deliveries/s per master | main-thread CPU % per master (max/mean) | cluster-bus publishes | Invalidate→last holder's drop p50 / p90 / p99 (timed, unheard) | tracking memory | downstream calls per cold key (most) | load avg start→end; benchmark's CPU % |")
+	fmt.Fprintln(w, "| P (real+light) | mode | writes/s, loads/s achieved | msgs heard /proc/s: real; light mean / max (lost) | wake-ups heard/s | deliveries/s per master | main-thread CPU % per master (max/mean) | cluster-bus publishes | Invalidate→last holder's drop p50 / p90 / p99 (timed, unheard) | tracking memory | downstream calls per cold key (most) | load avg start→end; benchmark's CPU % |")
 	fmt.Fprintln(w, "|---|---|---|---|---|---|---|---|---|---|---|---|")
 }
 
