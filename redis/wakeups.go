@@ -328,6 +328,7 @@ func (wk *wakeups) read(c *wakeConn) {
 				continue // a refused (un)subscription (MOVED): its waiters poll
 			}
 			if !wk.broken(c) {
+				_ = c.ps.Close() // outside mu: the sender may hold the PubSub's lock
 				return
 			}
 			t := time.NewTimer(jitter(pause))
@@ -417,7 +418,8 @@ func (wk *wakeups) confirm(c *wakeConn, m *redis.Subscription) {
 // at its next use (and subscribes again to every channel it was given):
 // the wake-ups meanwhile are lost, and the Loads that wait for a
 // confirmation go on. It reports whether c is kept: one with no channel
-// is dropped (its server may be gone for good: a Cluster failover).
+// is dropped (its server may be gone for good: a Cluster failover), and
+// the caller closes it.
 func (wk *wakeups) broken(c *wakeConn) (kept bool) {
 	wk.mu.Lock()
 	defer wk.mu.Unlock()
@@ -428,7 +430,6 @@ func (wk *wakeups) broken(c *wakeConn) (kept bool) {
 			c.gone = true
 			close(c.done)
 			delete(wk.conns, c.addr)
-			_ = c.ps.Close()
 		}
 		return false
 	}
