@@ -318,7 +318,7 @@ func (t *Tier[K, V]) invalidate(ctx context.Context, name string, key K) bool {
 		ks := keysAt(t.opts.Prefix, name, gen)
 		t.served.drop(ks.base)
 		return evalCall{invalidateScript, []string{ks.entry, ks.lease, ks.alive},
-			[]any{t.channel, ks.base, t.invChannel, msg}}
+			[]any{t.wakeCmd, ks.wake, t.invChannel, msg}}
 	})
 	if !ok {
 		return false

@@ -169,13 +169,14 @@ func (fl *fleet) coldLoad(i int) {
 
 // reading is what the fleet and its Redis have counted at one moment.
 type reading struct {
-	at      time.Time
-	nodes   map[string]nodeStats
-	real    []int64            // messages each real process heard
-	wakeups int64              // loaded-channel messages the first real process heard
-	light   []map[string]int64 // messages each light process heard, per master
-	load1   string             // the machine's load average over the last minute
-	cpu     float64            // seconds of CPU this benchmark process has used
+	at         time.Time
+	nodes      map[string]nodeStats
+	real       []int64            // messages each real process heard
+	broadcasts int64              // loaded-channel messages the first real process heard (wake-up broadcasts)
+	wakeups    int64              // wake-ups the first real process heard (its tier's Stats.WakeupsHeard)
+	light      []map[string]int64 // messages each light process heard, per master
+	load1      string             // the machine's load average over the last minute
+	cpu        float64            // seconds of CPU this benchmark process has used
 }
 
 func (fl *fleet) read(ctx context.Context) (r reading, err error) {
@@ -184,7 +185,8 @@ func (fl *fleet) read(ctx context.Context) (r reading, err error) {
 	for _, p := range fl.reals {
 		r.real = append(r.real, p.heard.total())
 	}
-	r.wakeups = fl.reals[0].heard.msgs[0].Load()
+	r.broadcasts = fl.reals[0].heard.msgs[0].Load()
+	r.wakeups = int64(fl.reals[0].tier.Stats().WakeupsHeard)
 	for _, l := range fl.light {
 		heard := map[string]int64{}
 		l.Heard(func(node string, n int64) { heard[node] += n })

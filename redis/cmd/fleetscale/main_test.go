@@ -49,8 +49,10 @@ func TestBroadcastRow(t *testing.T) {
 	if r.procs != 5 || r.real != 3 || r.light != 2 {
 		t.Errorf("P = %d (%d real + %d light); want 5 (3 + 2)", r.procs, r.real, r.light)
 	}
-	if r.realHeard <= 0 || r.lightMean <= 0 || r.wakeups <= 0 {
-		t.Errorf("heard per process per second: real %v, light %v, wake-ups %v; want > 0", r.realHeard, r.lightMean, r.wakeups)
+	// The tier hears a key's wake-ups only while it waits on the key
+	// (flightredis's per-key wake-up channels): none is a fair count.
+	if r.realHeard <= 0 || r.lightMean <= 0 || r.wakeups < 0 {
+		t.Errorf("heard per process per second: real %v, light %v, wake-ups %v; want > 0, > 0, >= 0", r.realHeard, r.lightMean, r.wakeups)
 	}
 	// Every listener hears every message: a light one hears what a real
 	// one does, give or take the messages in flight at either end.
