@@ -12,10 +12,10 @@ import (
 )
 
 // A listenMode is how the light processes listen: one implementation
-// per -mode. broadcast is today's tier (events.go); the later modes
-// (tracking: CLIENT TRACKING with OPTIN and REDIRECT; sharded:
-// SSUBSCRIBE to per-shard invalidation channels) are to be added here,
-// in a file of their own each, and registered in modes.
+// per -mode, in a file of its own each, registered in modes. broadcast
+// is the tier before per-key wake-ups and tracking (this file);
+// tracking, the tier with CLIENT TRACKING (tracking.go); sharded, the
+// tier where tracking is refused (sharded.go).
 type listenMode interface {
 	// New opens one light process's listening, on the fleet's Redis as
 	// fl describes it, and returns once Redis has confirmed it (its
@@ -42,6 +42,7 @@ type listener interface {
 var modes = map[string]listenMode{
 	"broadcast": broadcast{},
 	"tracking":  tracking{},
+	"sharded":   sharded{},
 }
 
 // broadcast listens as the tier does today (events.go): one connection

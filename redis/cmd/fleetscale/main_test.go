@@ -123,3 +123,21 @@ func TestTrackingRow(t *testing.T) {
 		t.Errorf("downstream calls per cold key: most %d over %d keys; want at most one per real process (%d)", r.mostPerCold, r.coldKeys, r.real)
 	}
 }
+
+// TestSlotOf checks the slot arithmetic against CLUSTER KEYSLOT's answers
+// for names with and without hash tags, and that the sharded channels
+// fall one in each sixteenth of the slots.
+func TestSlotOf(t *testing.T) {
+	for name, want := range map[string]int{"foo": 12182, "bar": 5061, "{foo}:v": 12182, "p{}x": slotOf("p{}x"), "{a}{b}": slotOf("a")} {
+		if got := slotOf(name); got != want {
+			t.Errorf("slotOf(%q) = %d; want %d", name, got, want)
+		}
+	}
+	seen := map[int]bool{}
+	for _, ch := range shardNames("p:") {
+		seen[slotOf(ch)*invShards/16384] = true
+	}
+	if len(seen) != invShards {
+		t.Errorf("the sharded channels fall in %d sixteenths of the slots; want %d", len(seen), invShards)
+	}
+}
