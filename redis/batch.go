@@ -37,10 +37,13 @@ import (
 //	         else release it with a failure marker (so that its waiters
 //	         elsewhere share the not-found); release with a failure
 //	         marker each key failed; plain release otherwise.
-//	wait     the keys held elsewhere wait together: a publish for any of
+//	wait     the keys held elsewhere wait together: a wake-up for any of
 //	         them, the earliest of their poll timers, or the end of the
 //	         context; then acquire for all of them, with the tokens they
-//	         wait on, and so on until every key has its result.
+//	         wait on, and so on until every key has its result. Before a
+//	         key's first wait the batch subscribes to its wake-up channel
+//	         (wakeups.go) and, once Redis has confirmed it, acquires again
+//	         at once instead of waiting.
 //
 // Load and store always end before a wait starts, so a batch never waits
 // while it holds a lease: two batches that hold leases on each other's
@@ -64,6 +67,7 @@ type slot[K comparable] struct {
 	stolen  bool   // the lease was taken over from a dead holder
 	attempt int    // waits so far, for the poll backoff
 	delay   time.Duration
+	watched bool // the batch is subscribed to the key's wake-ups
 }
 
 // batchRun is one LoadMany call.
@@ -71,7 +75,7 @@ type batchRun[K comparable, V any] struct {
 	t     *Tier[K, V]
 	ctx   context.Context
 	load  func(context.Context, []K) (map[K]V, error)
-	w     chan struct{} // pub/sub wake-ups for the keys not answered yet
+	w     chan struct{} // the wake-ups of the keys that wait (watched)
 	out   map[K]flightcache.RemoteResult[V]
 	gen   int64 // the generation the keys not answered yet are named in
 	moves int   // how many times they were named again in a newer one
@@ -148,8 +152,8 @@ func (t *Tier[K, V]) LoadMany(ctx context.Context, keys []K, load func(context.C
 		t.handed(s.name, s.key)
 		s.ks = keysAt(t.opts.Prefix, s.name, b.gen)
 	}
-	b.w = t.events.watchAll(bases(slots))
-	defer func() { t.events.unwatchAll(bases(slots), b.w) }()
+	b.w = make(chan struct{}, 1)
+	defer func() { b.unwatch(slots) }()
 	defer t.takeoffAll(slots)()
 
 	open, local := b.read(slots)
@@ -184,32 +188,59 @@ func (t *Tier[K, V]) LoadMany(ctx context.Context, keys []K, load func(context.C
 	}
 }
 
-// bases returns the bases of the keys of slots.
-func bases[K comparable](slots []*slot[K]) []string {
-	out := make([]string, len(slots))
-	for i, s := range slots {
-		out[i] = s.ks.base
+// unwatch drops the batch's subscriptions to the wake-ups of the keys of
+// slots.
+func (b *batchRun[K, V]) unwatch(slots []*slot[K]) {
+	var bases []string
+	for _, s := range slots {
+		if s.watched {
+			s.watched = false
+			bases = append(bases, s.ks.base)
+		}
 	}
-	return out
+	if len(bases) > 0 {
+		b.t.wake.unwatch(b.w, bases...)
+	}
+}
+
+// watch subscribes the batch to the wake-ups of the keys of waiting it does
+// not hear yet, and waits (at most Options.Timeout) for Redis to confirm
+// it. It reports whether there were any: those must be looked at once
+// more before the batch waits, as a wake-up published before the
+// subscription is not heard.
+func (b *batchRun[K, V]) watch(waiting []*slot[K]) bool {
+	var bases []string
+	for _, s := range waiting {
+		if !s.watched {
+			s.watched = true
+			s.attempt-- // the look after subscribing is not a wait
+			bases = append(bases, s.ks.base)
+		}
+	}
+	if len(bases) == 0 {
+		return false
+	}
+	b.t.wake.await(b.ctx, b.t.wake.watch(b.w, bases...))
+	return true
 }
 
 // regen names the keys of slots in generation gen (the batch's from now),
 // forgetting what was seen of them in the older one.
 func (b *batchRun[K, V]) regen(slots []*slot[K], gen int64) {
-	b.t.events.unwatchAll(bases(slots), b.w)
+	b.unwatch(slots)
 	b.gen = gen
 	b.moves++
 	for _, s := range slots {
 		*s = slot[K]{key: s.key, name: s.name, ks: keysAt(b.t.opts.Prefix, s.name, gen)}
 	}
-	b.t.events.watchMore(bases(slots), b.w)
 }
 
-// answer records s's result; s no longer needs pub/sub wake-ups.
+// answer records s's result; s no longer needs wake-ups.
 func (b *batchRun[K, V]) answer(s *slot[K], r flightcache.RemoteResult[V]) {
 	b.out[s.key] = r
-	if b.w != nil {
-		b.t.events.unwatch(s.ks.base, b.w)
+	if s.watched {
+		s.watched = false
+		b.t.wake.unwatch(b.w, s.ks.base)
 	}
 }
 
@@ -400,10 +431,14 @@ func (b *batchRun[K, V]) acquire(open, leased, local, waiting []*slot[K]) (again
 }
 
 // sleep is the wait step: it waits, for the keys of waiting, for a
-// publish about any key of the batch still unanswered, the earliest of
-// their poll timers, or the end of the load's context (then it returns
-// false).
+// wake-up of any of them, the earliest of their poll timers, or the end of
+// the load's context (then it returns false). When some of them were not
+// subscribed to yet, it subscribes instead, and returns at once for them
+// to be looked at again.
 func (b *batchRun[K, V]) sleep(waiting []*slot[K]) bool {
+	if b.watch(waiting) {
+		return b.ctx.Err() == nil
+	}
 	d := waiting[0].delay
 	for _, s := range waiting[1:] {
 		d = min(d, s.delay)
@@ -570,10 +605,8 @@ func (b *batchRun[K, V]) loadAndStore(leased, local []*slot[K]) {
 	}
 	done = true
 	stop()
-	// The batch's own publishes must not wake its wait for other keys.
-	for _, s := range leased {
-		t.events.unwatch(s.ks.base, b.w)
-	}
+	// The batch's own wake-ups must not wake its wait for other keys.
+	b.unwatch(leased)
 	cmds := t.evalAll(bg, calls, &t.stats.batchRoundTrips)
 	ok := true
 	for i := range leased {

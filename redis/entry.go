@@ -39,7 +39,8 @@ func (JSON[V]) Unmarshal(data []byte) (V, error) {
 // Redis Cluster slot and one Lua script may touch them all.
 type keys struct {
 	gen   int64  // the generation they belong to
-	base  string // the hash-tagged name; also the pub/sub message for the key
+	base  string // the hash-tagged name
+	wake  string // the key's wake-up channel (wakeups.go): base + ":w", of the key's slot
 	entry string // hash: the shared entry (fields below)
 	lease string // string: the token of the process loading the key
 	alive string // string: the same token while its holder proves it is alive
@@ -68,7 +69,7 @@ func keysAt(prefix, k string, gen int64) keys {
 	if gen != 0 {
 		base += ":g" + strconv.FormatInt(gen, 10)
 	}
-	return keys{gen: gen, base: base, entry: base + ":v", lease: base + ":l", alive: base + ":a", fail: base + ":f"}
+	return keys{gen: gen, base: base, wake: wakeChannel(base), entry: base + ":v", lease: base + ":l", alive: base + ":a", fail: base + ":f"}
 }
 
 // entry is the shared entry of one key, as stored in a Redis hash. Times are

@@ -12,23 +12,22 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// events owns the tier's pub/sub subscription: it routes the messages of
-// the "loaded" channel (the name of a key whose load ended) to the Loads of
-// this process that wait on that key, and hands those of the
-// "invalidated" channel (another process's Set or Invalidate) to onDrop.
+// events owns the tier's subscription to the "invalidated" channel: it
+// hands its messages (another process's Set or Invalidate, an
+// InvalidateAll) to onDrop. The wake-ups of waiting Loads are not here:
+// each key has its own channel, subscribed only while a Load waits on it
+// (wakeups.go).
 //
-// Wake-ups only shorten waits: one lost while the subscription is down
-// costs a poll, never a result. Invalidations must not be lost silently:
-// onUp and onDown are called when the subscription is confirmed (the first
-// time and after every reconnect) and when it is found lost, so the tier
-// can distrust what it may have missed (invalidate.go).
+// Invalidations must not be lost silently: onUp and onDown are called
+// when the subscription is confirmed (the first time and after every
+// reconnect) and when it is found lost, so the tier can distrust what it
+// may have missed (invalidate.go).
 type events struct {
 	done chan struct{} // closed when the loop has exited
 
 	mu      sync.Mutex
-	ps      *redis.PubSub                         // the current subscription; guarded by mu
-	stopped bool                                  // guarded by mu
-	subs    map[string]map[chan struct{}]struct{} // keys.base → waiting Loads; guarded by mu
+	ps      *redis.PubSub // the current subscription; guarded by mu
+	stopped bool          // guarded by mu
 
 	up      atomic.Bool   // the subscription is confirmed and healthy
 	startup chan struct{} // closed when it is first confirmed, or a Timeout after start
@@ -37,11 +36,11 @@ type events struct {
 
 // handlers are what the tier does with the subscription's news.
 type handlers struct {
-	loaded, invalidated string               // the channels
-	onDrop              func(payload string) // a message of the invalidated channel
-	onUp, onDown        func()
-	onRetry             func() // after an attempt that did not confirm the subscription
-	onTick              func() // every check while the subscription is up
+	invalidated  string               // the channel
+	onDrop       func(payload string) // a message of the invalidated channel
+	onUp, onDown func()
+	onRetry      func() // after an attempt that did not confirm the subscription
+	onTick       func() // every check while the subscription is up
 }
 
 // start starts the loop, which subscribes and resubscribes until stop. It
@@ -49,7 +48,6 @@ type handlers struct {
 // subscription found dead (an error, or no answer to a ping within check)
 // is dropped and made again, after a jittered pause.
 func (ev *events) start(ctx context.Context, rdb redis.UniversalClient, h handlers, timeout time.Duration) {
-	ev.subs = make(map[string]map[chan struct{}]struct{})
 	ev.done = make(chan struct{})
 	ev.startup = make(chan struct{})
 	starting := time.AfterFunc(timeout, ev.started)
@@ -98,12 +96,12 @@ func (ev *events) listen(ctx context.Context, rdb redis.UniversalClient, h handl
 		_ = ps.Close()
 	}()
 	c, cancel := context.WithTimeout(ctx, timeout)
-	err := ps.Subscribe(c, h.loaded, h.invalidated)
+	err := ps.Subscribe(c, h.invalidated)
 	cancel()
 	if err != nil {
 		return false
 	}
-	subscribed, pinged := 0, false
+	pinged := false
 	tick := time.Now()
 	for {
 		if confirmed && time.Since(tick) >= check {
@@ -128,9 +126,8 @@ func (ev *events) listen(ctx context.Context, rdb redis.UniversalClient, h handl
 		pinged = false
 		switch m := msg.(type) {
 		case *redis.Subscription:
-			if m.Kind == "subscribe" {
-				subscribed++
-				if subscribed == 2 && !confirmed {
+			if m.Kind == "subscribe" && m.Channel == h.invalidated {
+				if !confirmed {
 					confirmed = true
 					ev.up.Store(true)
 					h.onUp()
@@ -140,8 +137,6 @@ func (ev *events) listen(ctx context.Context, rdb redis.UniversalClient, h handl
 		case *redis.Message:
 			if m.Channel == h.invalidated {
 				h.onDrop(m.Payload)
-			} else {
-				ev.notify(m.Payload)
 			}
 		}
 	}
@@ -172,63 +167,5 @@ func (ev *events) awaitStartup(ctx context.Context) {
 	select {
 	case <-ev.startup:
 	case <-ctx.Done():
-	}
-}
-
-// watch registers a waiter for base; the channel receives (without
-// blocking the dispatcher) when a message for base arrives.
-func (ev *events) watch(base string) chan struct{} {
-	return ev.watchAll([]string{base})
-}
-
-// watchAll registers one waiter for every one of bases (a batch's keys):
-// the channel receives when a message for any of them arrives. unwatch
-// drops one base at a time.
-func (ev *events) watchAll(bases []string) chan struct{} {
-	w := make(chan struct{}, 1)
-	ev.watchMore(bases, w)
-	return w
-}
-
-// watchMore registers w, made by watchAll, for bases too.
-func (ev *events) watchMore(bases []string, w chan struct{}) {
-	ev.mu.Lock()
-	defer ev.mu.Unlock()
-	for _, base := range bases {
-		m := ev.subs[base]
-		if m == nil {
-			m = make(map[chan struct{}]struct{})
-			ev.subs[base] = m
-		}
-		m[w] = struct{}{}
-	}
-}
-
-func (ev *events) unwatch(base string, w chan struct{}) {
-	ev.unwatchAll([]string{base}, w)
-}
-
-// unwatchAll drops w's registration for each of bases (none is an error).
-func (ev *events) unwatchAll(bases []string, w chan struct{}) {
-	ev.mu.Lock()
-	defer ev.mu.Unlock()
-	for _, base := range bases {
-		if m := ev.subs[base]; m != nil {
-			delete(m, w)
-			if len(m) == 0 {
-				delete(ev.subs, base)
-			}
-		}
-	}
-}
-
-func (ev *events) notify(base string) {
-	ev.mu.Lock()
-	defer ev.mu.Unlock()
-	for w := range ev.subs[base] {
-		select {
-		case w <- struct{}{}:
-		default:
-		}
 	}
 }

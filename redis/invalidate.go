@@ -357,7 +357,7 @@ func (t *Tier[K, V]) invalidate(ctx context.Context, name string, key K) bool {
 		entry = ks.entry
 		echo = t.writing(entry)
 		t.served.drop(ks.base)
-		args := []any{t.channel, ks.base}
+		args := []any{t.wakeCmd, ks.wake}
 		if !quiet {
 			args = append(args, t.invChannel, t.invalidation(name, key))
 		}

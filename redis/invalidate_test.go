@@ -480,7 +480,7 @@ func TestSubscriptionThatNeverComesUp(t *testing.T) {
 	admin := newClient(t, addr)
 	prefix := testPrefix(t, admin)
 	user := "fctest-" + token(4)
-	if err := admin.Do(ctx, "ACL", "SETUSER", user, "on", ">fctest-pw", "~*", "resetchannels", "&"+prefix+"loaded", "+@all").Err(); err != nil {
+	if err := admin.Do(ctx, "ACL", "SETUSER", user, "on", ">fctest-pw", "~*", "resetchannels", "&"+prefix+"{*", "+@all").Err(); err != nil {
 		t.Skipf("this Redis has no ACLs: %v", err)
 	}
 	t.Cleanup(func() { admin.Do(context.Background(), "ACL", "DELUSER", user) })

@@ -23,12 +23,19 @@ import (
 //	         a lease is held, its holder is not        → take it over;
 //	         no lease                                  → take it.
 //	beat     the holder, every HolderTimeout/3: still mine → extend "alive".
-//	write    still mine → replace the entry, drop the lease, publish.
-//	release  still mine → drop the lease, note a shareable failure, publish;
+//	write    still mine → replace the entry, drop the lease, wake.
+//	release  still mine → drop the lease, note a shareable failure, wake;
 //	         after a failed load → also return the entry, to cover it.
 //	notfound still mine → replace the entry with a not-found marker that
-//	         expires after NotFoundTTL, drop the lease, publish (a load's
+//	         expires after NotFoundTTL, drop the lease, wake (a load's
 //	         not-found, by the Loader's rule, when its NotFoundTTL > 0).
+//
+// "Wake" publishes an empty message on the key's own wake-up channel,
+// keys.wake (wakeups.go), with the command the caller passes beside it:
+// SPUBLISH on a Cluster (the channel is of the script's own slot), PUBLISH
+// on a single node. Only the processes that wait on the key subscribe to
+// it. The invalidation publishes (writeScript's ARGV[13] and [14],
+// invalidateScript's ARGV[3] and [4]) go to <Prefix>invalidated, as ever.
 //
 // A lease is "SET NX PX LeaseTTL" with a random token; "alive" is a second
 // key with the same token and a PX of HolderTimeout, set with the lease and
@@ -67,8 +74,10 @@ return 1
 // writeScript stores an entry. With a token (ARGV[1]) it writes only while
 // that lease is still held (else it answers writeLost); without one (Set)
 // it always writes. Either way it drops the lease, so a load in flight
-// elsewhere will not overwrite it. With a version (ARGV[12], see
-// version.go) it writes only over an entry whose "ver" is not higher;
+// elsewhere will not overwrite it. It wakes the key's waiters with
+// ARGV[9] (PUBLISH or SPUBLISH) on ARGV[10] (keys.wake). With a version
+// (ARGV[12], see version.go) it writes only over an entry whose "ver" is
+// not higher;
 // else it answers {writeOutdated, the entry's id} and changes no entry: a
 // fill still drops its lease and wakes the waiters, a Set changes nothing
 // (see writeAnswer).
@@ -82,7 +91,7 @@ if ARGV[12] ~= '' then
     if hh > wh or (hh == wh and hl > wl) then
       if ARGV[1] ~= '' then
         redis.call('DEL', KEYS[2], KEYS[3])
-        redis.call('PUBLISH', ARGV[9], ARGV[10])
+        redis.call(ARGV[9], ARGV[10], '')
       end
       return {2, redis.call('HGET', KEYS[1], 'id') or ''}
     end
@@ -92,12 +101,13 @@ redis.call('DEL', KEYS[1], KEYS[2], KEYS[3])
 redis.call('HSET', KEYS[1], 'id', ARGV[2], 'v', ARGV[3], 'at', ARGV[4], 'took', ARGV[5], 'fresh', ARGV[6], 'stale', ARGV[7], 'until', ARGV[11])
 if ARGV[12] ~= '' then redis.call('HSET', KEYS[1], 'ver', ARGV[12]) end
 redis.call('PEXPIRE', KEYS[1], ARGV[8])
-redis.call('PUBLISH', ARGV[9], ARGV[10])
+redis.call(ARGV[9], ARGV[10], '')
 if ARGV[14] then redis.call('PUBLISH', ARGV[13], ARGV[14]) end
 return 1
 `)
 
-// releaseScript drops the lease if it is still the caller's. With ARGV[7]
+// releaseScript drops the lease if it is still the caller's, and wakes the
+// key's waiters with ARGV[4] (PUBLISH or SPUBLISH) on ARGV[5]. With ARGV[7]
 // set (the load found the key gone, and not-founds are not shared as
 // markers) it deletes the entry too: the downstream's not-found drops the
 // fleet's value, as it drops the Loader's. With ARGV[6] set it also
@@ -109,7 +119,7 @@ if redis.call('GET', KEYS[1]) == ARGV[1] then
   redis.call('DEL', KEYS[1], KEYS[2])
   if ARGV[7] == '1' then redis.call('DEL', KEYS[4]) end
   if ARGV[2] ~= '' then redis.call('SET', KEYS[3], ARGV[2], 'PX', ARGV[3]) end
-  redis.call('PUBLISH', ARGV[4], ARGV[5])
+  redis.call(ARGV[4], ARGV[5], '')
 end
 if ARGV[6] ~= '' then
   return redis.call('HMGET', KEYS[4], 'id', 'v', 'at', 'took', 'fresh', 'stale', 'until', 'nf')
@@ -119,19 +129,23 @@ return {}
 
 // notFoundScript stores a not-found marker as the entry (see entryFields),
 // if the lease ARGV[1] is still held: it replaces the entry, drops the
-// lease, expires the marker after NotFoundTTL (ARGV[5], ms) and publishes.
+// lease, expires the marker after NotFoundTTL (ARGV[5], ms) and wakes the
+// key's waiters (ARGV[6] on ARGV[7]).
 var notFoundScript = redis.NewScript(`
 if redis.call('GET', KEYS[2]) ~= ARGV[1] then return 0 end
 redis.call('DEL', KEYS[1], KEYS[2], KEYS[3])
 redis.call('HSET', KEYS[1], 'id', ARGV[2], 'nf', '1', 'at', ARGV[3], 'fresh', ARGV[4])
 redis.call('PEXPIRE', KEYS[1], ARGV[5])
-redis.call('PUBLISH', ARGV[6], ARGV[7])
+redis.call(ARGV[6], ARGV[7], '')
 return 1
 `)
 
+// invalidateScript deletes the entry and the lease, wakes the key's
+// waiters (ARGV[1] on ARGV[2]) and publishes the invalidation ARGV[4], if
+// any, on ARGV[3].
 var invalidateScript = redis.NewScript(`
 redis.call('DEL', KEYS[1], KEYS[2], KEYS[3])
-redis.call('PUBLISH', ARGV[1], ARGV[2])
+redis.call(ARGV[1], ARGV[2], '')
 if ARGV[4] then redis.call('PUBLISH', ARGV[3], ARGV[4]) end
 return 1
 `)
@@ -223,8 +237,12 @@ func (t *Tier[K, V]) Load(ctx context.Context, key K, load func(context.Context)
 // lease: Load then starts again under that one.
 func (t *Tier[K, V]) loadAt(ctx context.Context, key K, name string, gen int64, load func(context.Context) (V, error)) (rv flightcache.RemoteValue[V], err error, again bool) {
 	ks := keysAt(t.opts.Prefix, name, gen)
-	w := t.events.watch(ks.base)
-	defer t.events.unwatch(ks.base, w)
+	var w chan struct{} // the key's wake-ups, once the Load waits
+	defer func() {
+		if w != nil {
+			t.wake.unwatch(w, ks.base)
+		}
+	}()
 	defer t.takeoff(key, ks)()
 
 	vals, g, err := t.readEntry(ctx, ks)
@@ -291,12 +309,24 @@ func (t *Tier[K, V]) loadAt(ctx context.Context, key K, name string, gen int64, 
 			rv, err := t.hold(fctx, ks, key, tok, load, fleet)
 			return rv, err, false
 		}
-		// "held": wait for the holder's publish, a poll, or the holder's
+		// "held": wait for the holder's wake-up, a poll, or the holder's
 		// alive key to lapse, whichever comes first.
 		if waited == "" {
 			t.stats.waits.Add(1)
 		}
 		waited, _ = res[1].(string)
+		if w == nil {
+			// The first wait: subscribe to the key's wake-ups, and once
+			// Redis has confirmed it (a wake-up published before is not
+			// heard), look once more before waiting.
+			w = make(chan struct{}, 1)
+			t.wake.await(ctx, t.wake.watch(w, ks.base))
+			if ctx.Err() != nil {
+				return rv, ctxError(ctx), false
+			}
+			attempt-- // that look is not a wait: the backoff starts after it
+			continue
+		}
 		d := min(t.opts.PollInterval, t.opts.PollInterval/8<<min(attempt, 3))
 		if ttl, ok := res[2].(int64); ok && ttl >= 0 {
 			d = min(d, timing.Add(fromMS(ttl), time.Millisecond))
@@ -429,11 +459,11 @@ func (t *Tier[K, V]) notFoundCall(ks keys, tok string) evalCall {
 	// the Loader caches it.
 	b := flightcache.Windows{Fresh: ttl.Truncate(time.Microsecond)}.Bounds(at)
 	return evalCall{notFoundScript, writeKeys(ks), []any{tok, token(8), micros(at), micros(b.FreshUntil),
-		px(ttl), t.channel, ks.base}}
+		px(ttl), t.wakeCmd, ks.wake}}
 }
 
 // writeNotFound stores a not-found marker as the entry of ks if the lease
-// tok is still held, drops the lease and publishes, so every process (the
+// tok is still held, drops the lease and wakes its waiters, so every process (the
 // ones waiting on this lease included) gets the not-found from the tier.
 func (t *Tier[K, V]) writeNotFound(ctx context.Context, ks keys, tok string) {
 	if t.dead(ks) { // of a generation an InvalidateAll ended: not stored
@@ -575,7 +605,7 @@ func (t *Tier[K, V]) encode(key K, rv flightcache.RemoteValue[V], u float64) (en
 func (t *Tier[K, V]) writeArgs(ks keys, enc encoded) (id string, args []any) {
 	id = token(8)
 	return id, []any{id, enc.data, enc.at, enc.took, enc.fresh, enc.stale, px(enc.life),
-		t.channel, ks.base, enc.until, enc.ver}
+		t.wakeCmd, ks.wake, enc.until, enc.ver}
 }
 
 // prepare runs the user code of encode: the windows of v (Rules.WindowsOf,
@@ -621,7 +651,7 @@ func (t *Tier[K, V]) decode(data []byte) (v V, err error) {
 // writeKeys are writeScript's KEYS for ks.
 func writeKeys(ks keys) []string { return []string{ks.entry, ks.lease, ks.alive} }
 
-// release drops the lease tok and publishes, so waiters look again. A
+// release drops the lease tok and wakes the key's waiters, so they look again. A
 // non-empty fail is left for the waiters of this lease to share. With want,
 // it returns the key's entry as it is after the release (ok false if there
 // is none, or Redis failed): what may cover the failed load.
@@ -649,7 +679,7 @@ func (t *Tier[K, V]) releaseArgs(ks keys, tok, fail string, want bool) []any {
 	if strings.HasPrefix(fail, tok+"\nnf\n") { // a not-found (failure): the entry goes
 		drop = "1"
 	}
-	return []any{tok, fail, t.failMS, t.channel, ks.base, flag, drop}
+	return []any{tok, fail, t.failMS, t.wakeCmd, ks.wake, flag, drop}
 }
 
 // failure is what a failed load leaves for the processes that waited on it:

@@ -135,13 +135,13 @@ func TestRedisStoppedThenBack(t *testing.T) {
 	if s := b.t.Stats(); s.Hits == 0 {
 		t.Errorf("b stats after Redis came back %+v; want a hit", s)
 	}
-	// The pub/sub subscription reconnected by itself: a publish wakes a
-	// waiter again.
-	w := b.t.events.watch("probe")
-	defer b.t.events.unwatch("probe", w)
+	// The wake-up subscriptions work again: a publish wakes a waiter.
+	w := make(chan struct{}, 1)
+	b.t.wake.watch(w, "probe")
+	defer b.t.wake.unwatch(w, "probe")
 	pub := newClient(t, srv.addr)
 	eventually(t, 20*time.Second, "pub/sub to resume", func() bool {
-		pub.Publish(ctx, b.t.channel, "probe")
+		pub.Publish(ctx, wakeChannel("probe"), "")
 		select {
 		case <-w:
 			return true

@@ -34,10 +34,26 @@ type Stats struct {
 	// still inside StaleIfError, for the Loader to serve as stale-on-error
 	// within its window and the caller's max-stale.
 	StaleOffers uint64
-	// Wakeups and Polls count how waits resumed: by a pub/sub message, or
-	// by a poll timer. The keys of a batch that wait do so together: one
-	// resume of the batch counts once.
+	// Wakeups and Polls count how waits resumed: by a wake-up heard on the
+	// key's channel, or by a poll timer. The keys of a batch that wait do
+	// so together: one resume of the batch counts once.
 	Wakeups, Polls uint64
+	// WakeupSubscribes counts the subscriptions to a key's wake-up channel
+	// this process made because a Load (or a key of a batch) waited on the
+	// key and no other of its Loads was subscribed already: one per key
+	// and wait, however many Loads of the process wait on it together.
+	// Each is dropped when the last of them stops waiting.
+	WakeupSubscribes uint64
+	// WakeupsHeard counts the wake-ups this process heard: messages on the
+	// wake-up channels it was subscribed to, each published when a load of
+	// a key it waited on ended (or the key was Set or Invalidated). A
+	// process that waits on no key hears none.
+	WakeupsHeard uint64
+	// WakeupSubscriptionsLost counts wake-up subscriptions lost while a
+	// Load waited: the connection broke (go-redis makes it again), or
+	// Redis dropped the subscription because the key's slot moved to
+	// another master. A wake-up missed meanwhile costs its waiters a poll.
+	WakeupSubscriptionsLost uint64
 	// WritesLost counts values loaded here under a lease that was gone when
 	// they were written (Set or Invalidate elsewhere, or a takeover after
 	// this holder stopped beating), or of a generation an InvalidateAll had
@@ -180,6 +196,7 @@ type counters struct {
 	writesOutdated                                                atomic.Uint64
 	decodeErrors, encodeErrors, staleOffers, notFoundHits         atomic.Uint64
 	batches, batchRoundTrips                                      atomic.Uint64
+	wakeupSubscribes, wakeupsHeard, wakeupSubscriptionsLost       atomic.Uint64
 	invalidationsSent, invalidationsHeard, undecodedInvalidations atomic.Uint64
 	subscriptionLosses, distrusts                                 atomic.Uint64
 	invalidationsReplayed, invalidationsLost                      atomic.Uint64
@@ -199,7 +216,9 @@ func (t *Tier[K, V]) Stats() Stats {
 		LocalLoads: c.localLoads.Load(), Skipped: c.skipped.Load(),
 		DecodeErrors: c.decodeErrors.Load(), EncodeErrors: c.encodeErrors.Load(),
 		Batches: c.batches.Load(), BatchRoundTrips: c.batchRoundTrips.Load(),
-		Listening: t.hearing(), InvalidationsSent: c.invalidationsSent.Load(),
+		WakeupSubscribes: c.wakeupSubscribes.Load(), WakeupsHeard: c.wakeupsHeard.Load(),
+		WakeupSubscriptionsLost: c.wakeupSubscriptionsLost.Load(),
+		Listening:               t.hearing(), InvalidationsSent: c.invalidationsSent.Load(),
 		InvalidationsHeard: c.invalidationsHeard.Load(), UndecodedInvalidations: c.undecodedInvalidations.Load(),
 		SubscriptionLosses: c.subscriptionLosses.Load(), Distrusts: c.distrusts.Load(),
 		InvalidationsReplayed: c.invalidationsReplayed.Load(), InvalidationsLost: c.invalidationsLost.Load(),

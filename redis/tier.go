@@ -22,8 +22,10 @@
 //     fill, a Set) replaces it with a value of a lower version
 //     ([Stats].WritesOutdated);
 //   - a lease: the process that holds it loads the key for the fleet, writes
-//     the entry and publishes; the others wait for the publish (pub/sub) or
-//     poll, and take the lease over if its holder stops proving it is alive.
+//     the entry and publishes a wake-up on the key's own channel; the
+//     others wait for it (subscribed to that channel while they wait, see
+//     wakeups.go) or poll, and take the lease over if its holder stops
+//     proving it is alive.
 //
 // Redis down or slow never fails a Get: every round trip is bounded by
 // [Options.Timeout], and after a failure the tier steps aside for
@@ -100,8 +102,10 @@ const (
 // windows are not here: the tier is given the Loader's when it is
 // attached ([Tier.Attach]).
 type Options[K comparable, V any] struct {
-	// Prefix starts the name of every Redis key and of the pub/sub channel
-	// the tier uses, so several tiers (or programs) can share one Redis.
+	// Prefix starts the name of every Redis key and pub/sub channel the
+	// tier uses (the invalidation channel, <Prefix>invalidated, and each
+	// key's wake-up channel, named after the key's Redis keys), so several
+	// tiers (or programs) can share one Redis.
 	// It must not contain '{' or '}' (they delimit Redis Cluster hash
 	// tags). "" means DefaultPrefix ("flightcache:").
 	Prefix string
@@ -148,7 +152,10 @@ type Options[K comparable, V any] struct {
 	HolderTimeout time.Duration
 
 	// PollInterval caps the wait between two looks at Redis while a process
-	// waits for another's load; the publish usually wakes it sooner. Polls
+	// waits for another's load; the wake-up published on the key's own
+	// channel usually wakes it sooner, and one lost (or published by an
+	// older version of the tier, which broadcasts it on <Prefix>loaded
+	// instead) costs a poll. Polls
 	// start at PollInterval/8 and double, with jitter. It must be at
 	// least 1ms. 0 means DefaultPollInterval (100ms).
 	PollInterval time.Duration
@@ -158,7 +165,7 @@ type Options[K comparable, V any] struct {
 // shared by every process that uses the same Redis and Prefix. Create it
 // with [NewTier] and set it as [flightcache.Options.Remote]; it
 // serves the one Loader it is attached to. It is safe for concurrent use.
-// Close it after the Loader: Close stops its pub/sub subscription; the
+// Close it after the Loader: Close stops its pub/sub subscriptions; the
 // Redis client stays the caller's to close.
 type Tier[K comparable, V any] struct {
 	rdb   redis.UniversalClient
@@ -172,7 +179,7 @@ type Tier[K comparable, V any] struct {
 	claimed atomic.Bool // a Loader has attached the tier: another may not
 
 	aliveMS, failMS int64  // PX arguments (a lease's is the attachment's)
-	channel         string // wake-ups: the name of a key whose load ended
+	wakeCmd         string // PUBLISH, or SPUBLISH on a Cluster: how the scripts publish a key's wake-up (wakeups.go)
 	invChannel      string // fleet-wide invalidation (invalidate.go)
 	origin          string // this tier's name in its invalidations
 	fleet           fleetState[K]
@@ -188,7 +195,8 @@ type Tier[K comparable, V any] struct {
 	used      atomic.Bool  // the Loader has called the tier: its cache may hold what a move drops
 
 	served  served
-	events  events
+	events  events        // the classic invalidation channel's subscription
+	wake    wakeups       // the wake-up channels of the keys this process waits on
 	track   tracker       // how the tier hears the fleet's writes (tracking.go)
 	shards  shards        // the fallback of tracking (sharded.go)
 	flights flights       // the keys Loads read now (tracked.go)
@@ -252,7 +260,7 @@ func newTier[K comparable, V any](client redis.UniversalClient, opts Options[K, 
 		codec:      opts.Codec,
 		aliveMS:    px(opts.HolderTimeout),
 		failMS:     px(max(timing.Mul(opts.PollInterval, 4), time.Second)),
-		channel:    opts.Prefix + "loaded",
+		wakeCmd:    wakeCommand(client),
 		invChannel: opts.Prefix + "invalidated",
 		origin:     token(8),
 		genKey:     opts.Prefix + "generation",
@@ -266,9 +274,10 @@ func newTier[K comparable, V any](client redis.UniversalClient, opts Options[K, 
 	t.served.init()
 	t.fleet.jsonKeys = jsonSafe(reflect.TypeFor[K]())
 	t.ctx, t.cancel = context.WithCancel(context.Background())
+	t.wake.init(t.ctx, client, opts.Timeout, &t.stats)
 	t.events.start(t.ctx, client, handlers{
-		loaded: t.channel, invalidated: t.invChannel,
-		onDrop: t.onInvalidated, onUp: t.onUp, onDown: t.onDown, onRetry: t.onRetry,
+		invalidated: t.invChannel,
+		onDrop:      t.onInvalidated, onUp: t.onUp, onDown: t.onDown, onRetry: t.onRetry,
 		onTick: t.onTick,
 	}, opts.Timeout)
 	t.shards.init(opts.Prefix, client)
@@ -363,7 +372,7 @@ func (o Options[K, V]) leaseTTL(hold time.Duration) time.Duration {
 	return cmp(o.LeaseTTL, timing.Add(hold, max(hold/2, time.Second)))
 }
 
-// Close stops the tier's pub/sub subscription and its background work.
+// Close stops the tier's pub/sub subscriptions and its background work.
 // Call it after [flightcache.Loader.Close]; a Load after Close goes
 // straight to the downstream. Sets and Invalidates still waiting to be
 // replayed are dropped (Stats.InvalidationsLost), and so are
@@ -380,6 +389,7 @@ func (t *Tier[K, V]) Close() error {
 		t.events.stop()
 		t.track.stop()
 		t.shards.wg.Wait()
+		t.wake.close()
 		t.dropPending()
 	})
 	return nil

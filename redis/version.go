@@ -25,7 +25,7 @@ import (
 //     InvalidateAll are not versioned: they drop what is held.
 //   - A refused fill changes no entry and publishes no invalidation (no
 //     process's copy is out of date), but does what a write does for the
-//     lease: it drops it and publishes on the loaded channel, so the
+//     lease: it drops it and wakes the key's waiters, so the
 //     processes waiting on it look at the entry again at once (a wakeup,
 //     not a poll) and judge it by their own rules (a waiter that finds
 //     the entry usable now is handed it; one that does not, a stale entry

@@ -13,6 +13,7 @@ import (
 // connection's reading goroutine and read by anyone.
 type counts struct {
 	msgs  []atomic.Int64 // per channel, in the order of the matcher's channels
+	from  int            // total counts msgs[from:]: the patterns before are parts of later ones
 	acks  atomic.Int64   // subscribe confirmations
 	bytes atomic.Int64
 }
@@ -20,7 +21,7 @@ type counts struct {
 // total returns the messages heard, all channels together.
 func (c *counts) total() int64 {
 	var n int64
-	for i := range c.msgs {
+	for i := c.from; i < len(c.msgs); i++ {
 		n += c.msgs[i].Load()
 	}
 	return n
@@ -49,12 +50,34 @@ type matcher struct {
 // confirmations are of kind ("subscribe", "ssubscribe") and for the
 // push kind msg ("message", "smessage").
 func newMatcher(msg, kind string, channels ...string) *matcher {
-	m := &matcher{}
-	for _, ch := range channels {
-		m.pats = append(m.pats, []byte(bulk(msg)+bulk(ch)))
+	pats := make([]string, len(channels))
+	for i, ch := range channels {
+		pats[i] = bulk(msg) + bulk(ch)
 	}
-	m.pats = append(m.pats, []byte(bulk(kind)))
+	return newRawMatcher(bulk(kind), pats...)
+}
+
+// newRawMatcher returns a matcher that counts each of pats as a message
+// and ack as a confirmation, all given in their RESP encoding. No
+// pattern may overlap itself.
+func newRawMatcher(ack string, pats ...string) *matcher {
+	m := &matcher{}
+	for _, p := range pats {
+		m.pats = append(m.pats, []byte(p))
+	}
+	m.pats = append(m.pats, []byte(ack))
 	return m
+}
+
+// tierMatcher counts what a real process's tier hears, on any of its
+// connections: first the wake-up broadcasts of the loaded channel (a
+// part of the next pattern's count, left out of total), then every
+// pub/sub message (classic: the broadcasts, the invalidations
+// redirected to __redis__:invalidate, the per-key wake-ups on one node;
+// sharded: the per-key wake-ups and sharded invalidations on a Cluster)
+// and every RESP3 invalidation push.
+func tierMatcher(loaded string) *matcher {
+	return newRawMatcher(bulk("subscribe"), bulk("message")+bulk(loaded), bulk("message"), bulk("smessage"), bulk("invalidate"))
 }
 
 // bulk is s as a RESP bulk string.

@@ -3,10 +3,12 @@ package main
 import (
 	"context"
 	"fmt"
+	"math/rand/v2"
 	"os"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -21,6 +23,7 @@ type config struct {
 	writes  int           // Sets+Invalidates per second across the fleet
 	loads   int           // cold loads per second across the fleet
 	entries int           // keys each holder holds
+	keys    int           // the fleet's keys, which the writes go over
 	dur     time.Duration // each run's measured time
 }
 
@@ -34,8 +37,13 @@ type fleet struct {
 	subNode             string // where go-redis subscribes to them
 	down                *downstream
 	drops               *dropClock
-	held                []string    // the keys the holders hold
-	reals               []*realProc // [0] drives; the others hold
+	universe            []string     // the fleet's keys
+	order               []int        // the writes go over universe in this order, a fixed shuffle
+	held                []string     // the keys the real holders hold: the first of universe
+	slots               []string     // slot → master on a Cluster; nil for one node
+	lights              atomic.Int64 // light processes opened: seeds their keys
+	memory              memoryUse    // what the light processes' listening cost Redis
+	reals               []*realProc  // [0] drives; the others hold
 	light               []listener
 }
 
@@ -54,8 +62,16 @@ func newFleet(ctx context.Context, cfg config, admin redis.UniversalClient, proc
 	if fl.subNode, err = subscriptionNode(ctx, admin, fl.loaded); err != nil {
 		return fl, err
 	}
-	for i := range cfg.entries {
-		fl.held = append(fl.held, "h:"+strconv.Itoa(i))
+	if fl.slots, err = slotMasters(ctx, admin); err != nil {
+		return fl, err
+	}
+	for i := range max(cfg.keys, cfg.entries) {
+		fl.universe = append(fl.universe, "h:"+strconv.Itoa(i))
+	}
+	fl.held = fl.universe[:cfg.entries]
+	fl.order = rand.New(rand.NewPCG(1, 2)).Perm(len(fl.universe))
+	if err := fl.populate(ctx); err != nil {
+		return fl, err
 	}
 	for i := range min(cfg.real, procs) {
 		p, err := newReal(ctx, fl, i > 0)
@@ -69,8 +85,28 @@ func newFleet(ctx context.Context, cfg config, admin redis.UniversalClient, proc
 			}
 		}
 	}
-	fl.light, err = openListeners(ctx, modes[cfg.mode], fl, procs-len(fl.reals))
+	before, err := snapshot(ctx, admin)
+	if err != nil {
+		return fl, err
+	}
+	if fl.light, err = openListeners(ctx, modes[cfg.mode], fl, procs-len(fl.reals)); err != nil {
+		return fl, err
+	}
+	after, err := snapshot(ctx, admin)
+	fl.memory = memoryOf(before, after)
 	return fl, err
+}
+
+// populate has every key of the fleet's universe shared in Redis, so a
+// write of any changes an entry that exists: a process of its own loads
+// them all, and is closed.
+func (fl *fleet) populate(ctx context.Context) error {
+	p, err := newReal(ctx, fl, false)
+	if err != nil {
+		return err
+	}
+	defer p.close()
+	return p.warm(ctx, fl.universe)
 }
 
 // close stops every process of the run and deletes its keys.
@@ -95,10 +131,12 @@ func (fl *fleet) drive(ctx context.Context) (writes, loads int64) {
 }
 
 // write is the i-th write of the run, by the driving process: a Set
-// (even i) or an Invalidate (odd i) of a held key, the keys in turn. It
+// (even i) or an Invalidate (odd i) of one of the fleet's keys, in a
+// fixed shuffled order (the first -entries keys are those the real
+// holders hold, so about entries/keys of the writes are timed). It
 // is timed until every holder that holds the key (Peek) has dropped it.
 func (fl *fleet) write(i int) {
-	key := fl.held[i%len(fl.held)]
+	key := fl.universe[fl.order[i%len(fl.order)]]
 	holders := 0
 	for _, p := range fl.reals[1:] {
 		if _, _, ok := p.l.Peek(key); ok {
@@ -131,13 +169,14 @@ func (fl *fleet) coldLoad(i int) {
 
 // reading is what the fleet and its Redis have counted at one moment.
 type reading struct {
-	at      time.Time
-	nodes   map[string]nodeStats
-	real    []int64 // messages each real process heard
-	wakeups int64   // loaded-channel messages the first real process heard
-	light   []int64 // messages each light process heard
-	load1   string  // the machine's load average over the last minute
-	cpu     float64 // seconds of CPU this benchmark process has used
+	at         time.Time
+	nodes      map[string]nodeStats
+	real       []int64            // messages each real process heard
+	broadcasts int64              // loaded-channel messages the first real process heard (wake-up broadcasts)
+	wakeups    int64              // wake-ups the first real process heard (its tier's Stats.WakeupsHeard)
+	light      []map[string]int64 // messages each light process heard, per master
+	load1      string             // the machine's load average over the last minute
+	cpu        float64            // seconds of CPU this benchmark process has used
 }
 
 func (fl *fleet) read(ctx context.Context) (r reading, err error) {
@@ -146,9 +185,12 @@ func (fl *fleet) read(ctx context.Context) (r reading, err error) {
 	for _, p := range fl.reals {
 		r.real = append(r.real, p.heard.total())
 	}
-	r.wakeups = fl.reals[0].heard.msgs[0].Load()
+	r.broadcasts = fl.reals[0].heard.msgs[0].Load()
+	r.wakeups = int64(fl.reals[0].tier.Stats().WakeupsHeard)
 	for _, l := range fl.light {
-		r.light = append(r.light, l.Count().total())
+		heard := map[string]int64{}
+		l.Heard(func(node string, n int64) { heard[node] += n })
+		r.light = append(r.light, heard)
 	}
 	if b, err := os.ReadFile("/proc/loadavg"); err == nil {
 		r.load1, _, _ = strings.Cut(string(b), " ")

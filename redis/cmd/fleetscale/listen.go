@@ -12,10 +12,10 @@ import (
 )
 
 // A listenMode is how the light processes listen: one implementation
-// per -mode. broadcast is today's tier (events.go); the later modes
-// (tracking: CLIENT TRACKING with OPTIN and REDIRECT; sharded:
-// SSUBSCRIBE to per-shard invalidation channels) are to be added here,
-// in a file of their own each, and registered in modes.
+// per -mode, in a file of its own each, registered in modes. broadcast
+// is the tier before per-key wake-ups and tracking (this file);
+// tracking, the tier with CLIENT TRACKING (tracking.go); sharded, the
+// tier where tracking is refused (sharded.go).
 type listenMode interface {
 	// New opens one light process's listening, on the fleet's Redis as
 	// fl describes it, and returns once Redis has confirmed it (its
@@ -27,11 +27,10 @@ type listenMode interface {
 
 // A listener is one light process's listening connection(s).
 type listener interface {
-	// Count returns what it has heard so far; safe to read at any time.
-	Count() *counts
-	// Node is the address of the master that delivers to it, to which
-	// its messages are counted as deliveries.
-	Node() string
+	// Heard calls fn, for each of its connections, with the address of
+	// the master that delivers to it and the messages it has heard so
+	// far, counted as that master's deliveries; safe at any time.
+	Heard(fn func(node string, msgs int64))
 	// Lost reports whether Redis closed its connection (a client output
 	// buffer limit, for a listener that could not keep up).
 	Lost() bool
@@ -42,6 +41,8 @@ type listener interface {
 // modes are the -mode values this instrument implements.
 var modes = map[string]listenMode{
 	"broadcast": broadcast{},
+	"tracking":  tracking{},
+	"sharded":   sharded{},
 }
 
 // broadcast listens as the tier does today (events.go): one connection
@@ -127,15 +128,43 @@ func (l *rawListener) read(m *matcher, buf []byte) {
 	}
 }
 
-func (l *rawListener) Count() *counts { return &l.c }
-func (l *rawListener) Node() string   { return l.node }
-func (l *rawListener) Lost() bool     { return l.lost.Load() }
+func (l *rawListener) Heard(fn func(string, int64)) { fn(l.node, l.c.total()) }
+func (l *rawListener) Lost() bool                   { return l.lost.Load() }
 
 func (l *rawListener) Close() error {
 	l.closed.Store(true)
 	err := l.conn.Close()
 	<-l.done
 	return err
+}
+
+// group is a light process that listens on several connections, one per
+// master (tracking, sharded).
+type group []*rawListener
+
+func (g group) Heard(fn func(string, int64)) {
+	for _, l := range g {
+		l.Heard(fn)
+	}
+}
+
+func (g group) Lost() bool {
+	for _, l := range g {
+		if l.Lost() {
+			return true
+		}
+	}
+	return false
+}
+
+func (g group) Close() error {
+	var errs []error
+	for _, l := range g {
+		if l != nil {
+			errs = append(errs, l.Close())
+		}
+	}
+	return errors.Join(errs...)
 }
 
 // openListeners opens n light listeners of mode, at most 32 at a time.

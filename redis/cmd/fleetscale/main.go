@@ -16,37 +16,55 @@
 //
 // A run of P processes has -real of them real (3 by default), in this
 // process: each a flightcache.Loader on a flightredis.Tier with its own
-// Redis client, on one Prefix. The first drives the fleet's traffic: R
-// (-writes) Sets and Invalidates per second, half each, of the keys the
-// others hold (-entries each, read before the run), the keys in turn;
-// and L (-loads) cold loads per second, each a Get of a new key by every
-// real process at once (a fake downstream counts the calls per key: the
-// tier should make it 1). Both are paced on a 2ms ticker, with 64
-// workers each; the achieved rates are printed.
+// Redis client, on one Prefix. Before the run, a process of its own loads
+// every one of the fleet's -keys keys (100,000 by default), so each has a
+// shared entry, and is closed; the other real holders then hold the first
+// -entries of them (read before the run). The first real process drives
+// the fleet's traffic: R (-writes) Sets and Invalidates per second, half
+// each, of the fleet's keys in a fixed shuffled order (so about
+// entries/keys of them are of keys the holders hold, and those are
+// timed); and L (-loads) cold loads per second, each a Get of a new key
+// by every real process at once (a fake downstream counts the calls per
+// key: the tier should make it 1). Both are paced on a 2ms ticker, with
+// 64 workers each; the achieved rates are printed.
 //
-// The other P−real processes are light: each a raw connection that
-// listens as a process's tier would (-mode), and counts what it hears
-// by matching the messages' RESP encoding in what it reads, without
-// parsing, so that a thousand of them fit on two cores. -mode broadcast
-// is the tier of today: SUBSCRIBE to <Prefix>loaded and
+// The other P−real processes are light: raw connections that listen as
+// a process's tier would (-mode), and count what they hear by matching
+// the messages' RESP encoding in what they read, without parsing, so
+// that a thousand of them fit on two cores. -mode broadcast is the tier
+// before per-key wake-ups and tracking: SUBSCRIBE to <Prefix>loaded and
 // <Prefix>invalidated, on the master go-redis would choose (that of
-// <Prefix>loaded's slot). Other modes are added in listen.go's modes.
+// <Prefix>loaded's slot). -mode tracking is the tier with CLIENT
+// TRACKING: each light process holds -entries of the fleet's keys, drawn
+// at random, read once after CLIENT CACHING yes on a RESP3 connection
+// with tracking on (one per master that holds some), and hears an
+// invalidation push when one of them is written. -mode sharded is the
+// tier where tracking is refused: SSUBSCRIBE to the tier's sharded
+// invalidation channels, on each master that holds some (SUBSCRIBE on
+// one node). A light process never loads, so it never waits for a
+// per-key wake-up.
 //
 // # The figures
 //
 // Each run prints a markdown table line: messages heard per process per
-// second (the real processes', counted on their clients' connections,
-// and the light ones' mean and max); wake-up broadcasts per second (the
-// loaded channel's messages a real process heard); deliveries per
-// master per second (what the fleet's connections on it heard);
-// main-thread CPU per master (the delta of INFO cpu's
+// second (the real processes', every pub/sub message and invalidation
+// push counted on their clients' connections, and the light ones' mean
+// and max); wake-up broadcasts per second (<Prefix>loaded's messages a
+// real process heard) and the per-key wake-ups the first real process's
+// tier heard (Stats.WakeupsHeard: only while it waits on the key);
+// deliveries per master per second (what the fleet's connections on it
+// heard); main-thread CPU per master (the delta of INFO cpu's
 // used_cpu_{sys,user}_main_thread over the run, or of used_cpu_{sys,user}
 // when a server lacks them, which the line says); cluster-bus publishes
-// (the delta of CLUSTER INFO's cluster_stats_messages_publish_sent, summed
-// over every node); the time from a write's call to the drop of the
-// key's copy by the last holder that held it (a holder's
+// (the delta of CLUSTER INFO's cluster_stats_messages_publish_sent,
+// summed over every node: classic PUBLISH only, a sharded one stays in
+// its shard); the time from a write's call to the drop of the key's copy
+// by the last holder that held it (a holder's
 // flightcache.EvictionObserver sees the drop, with cause invalidated, on
-// the goroutine that drops it); and the cold keys' downstream calls.
+// the goroutine that drops it); in tracking mode, what the light
+// processes' tracking added to Redis's used_memory (the largest master's
+// growth, and the growth per key and process over the fleet); and the
+// cold keys' downstream calls.
 //
 // # What the OS needs
 //
@@ -64,7 +82,9 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"maps"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -90,11 +110,12 @@ func parseFlags(args []string) (config, error) {
 	cluster := fs.String("cluster", os.Getenv("REDIS_CLUSTER"), "Redis Cluster node addresses, `host:port,...` (default $REDIS_CLUSTER)")
 	procs := fs.String("procs", "10,100,1000", "processes P of each run, comma-separated")
 	cfg := config{}
-	fs.StringVar(&cfg.mode, "mode", "broadcast", "how the light processes listen: broadcast")
+	fs.StringVar(&cfg.mode, "mode", "broadcast", "how the light processes listen: broadcast, tracking or sharded")
 	fs.IntVar(&cfg.real, "real", 3, "real processes per run (one drives, the others hold keys)")
 	fs.IntVar(&cfg.writes, "writes", 1000, "Sets+Invalidates per second across the fleet (R)")
 	fs.IntVar(&cfg.loads, "loads", 1000, "cold loads per second across the fleet (L)")
 	fs.IntVar(&cfg.entries, "entries", 10000, "entries each holding process holds")
+	fs.IntVar(&cfg.keys, "keys", 100000, "the fleet's keys: the writes go over them in turn, and each process holds -entries of them")
 	fs.DurationVar(&cfg.dur, "for", 10*time.Second, "measured time of each run")
 	if err := fs.Parse(args); err != nil {
 		return cfg, err
@@ -124,8 +145,8 @@ func parseFlags(args []string) (config, error) {
 func (c config) check() error {
 	switch {
 	case modes[c.mode] == nil:
-		return fmt.Errorf("-mode %q: not one of broadcast", c.mode)
-	case c.real < 1 || c.entries < 1 || c.writes < 0 || c.loads < 0 || c.dur <= 0:
+		return fmt.Errorf("-mode %q: not one of %s", c.mode, strings.Join(slices.Sorted(maps.Keys(modes)), ", "))
+	case c.real < 1 || c.entries < 1 || c.keys < 1 || c.writes < 0 || c.loads < 0 || c.dur <= 0:
 		return fmt.Errorf("-real and -entries must be >= 1, -writes and -loads >= 0, -for > 0")
 	}
 	return nil

@@ -29,14 +29,15 @@ type realProc struct {
 // is dropped by an invalidation.
 func newReal(ctx context.Context, fl *fleet, holder bool) (*realProc, error) {
 	p := &realProc{}
-	p.heard.msgs = make([]atomic.Int64, 2)
+	p.heard.msgs = make([]atomic.Int64, 4)
+	p.heard.from = 1
 	dial := func(ctx context.Context, network, addr string) (net.Conn, error) {
 		var d net.Dialer
 		c, err := d.DialContext(ctx, network, addr)
 		if err != nil {
 			return nil, err
 		}
-		return &countingConn{Conn: c, m: newMatcher("message", "subscribe", fl.loaded, fl.invalidated), c: &p.heard}, nil
+		return &countingConn{Conn: c, m: tierMatcher(fl.loaded), c: &p.heard}, nil
 	}
 	p.rdb = fl.tgt.client(dial)
 	tier, err := flightredis.NewTier(p.rdb, flightredis.Options[string, string]{Prefix: fl.prefix})

@@ -17,7 +17,8 @@ type row struct {
 	lightMean          float64 // ... per light process per second
 	lightMax           float64
 	lightLost          int     // light connections Redis closed
-	wakeups            float64 // loaded-channel messages per second
+	broadcasts         float64 // wake-up broadcasts (loaded-channel messages) per second
+	wakeups            float64 // wake-ups the first real process heard per second
 	masters            []string
 	deliveries         []float64 // per master, per second (the fleet's listeners)
 	cpu                []float64 // per master, % of a core
@@ -38,7 +39,7 @@ func (fl *fleet) figures(b, a reading, writes, loads int64) row {
 	secs := a.at.Sub(b.at).Seconds()
 	r := row{procs: len(fl.reals) + len(fl.light), real: len(fl.reals), light: len(fl.light),
 		mode: fl.cfg.mode, secs: secs, writes: float64(writes) / secs, loads: float64(loads) / secs,
-		wakeups: float64(a.wakeups-b.wakeups) / secs, tracking: "—", load1: [2]string{b.load1, a.load1},
+		wakeups: float64(a.wakeups-b.wakeups) / secs, broadcasts: float64(a.broadcasts-b.broadcasts) / secs, tracking: "—", load1: [2]string{b.load1, a.load1},
 		cpuMain: true, busPublishes: -1, benchCPU: 100 * (a.cpu - b.cpu) / secs}
 	perMaster := map[string]int64{}
 	for i := range a.real {
@@ -47,10 +48,14 @@ func (fl *fleet) figures(b, a reading, writes, loads int64) row {
 		perMaster[fl.subNode] += n // the tier subscribes as broadcast does
 	}
 	for i, l := range fl.light {
-		n := float64(a.light[i]-b.light[i]) / secs
+		var heard int64
+		for node, n := range a.light[i] {
+			heard += n - b.light[i][node]
+			perMaster[node] += n - b.light[i][node]
+		}
+		n := float64(heard) / secs
 		r.lightMean += n / float64(len(fl.light))
 		r.lightMax = max(r.lightMax, n)
-		perMaster[l.Node()] += a.light[i] - b.light[i]
 		if l.Lost() {
 			r.lightLost++
 		}
@@ -66,6 +71,9 @@ func (fl *fleet) figures(b, a reading, writes, loads int64) row {
 			r.busPublishes = max(r.busPublishes, 0) + n.busPublish - b.nodes[addr].busPublish
 		}
 	}
+	if fl.cfg.mode == "tracking" {
+		r.tracking = fl.memory.String(int64(len(fl.light)) * int64(min(fl.cfg.entries, len(fl.universe))))
+	}
 	r.drop, r.dropN, r.dropUnheard = fl.drops.result()
 	r.coldKeys, r.callsPerCold, r.mostPerCold = fl.down.perKey()
 	return r
@@ -73,7 +81,7 @@ func (fl *fleet) figures(b, a reading, writes, loads int64) row {
 
 // header prints the table's header.
 func header(w io.Writer) {
-	fmt.Fprintln(w, "| P (real+light) | mode | writes/s, loads/s achieved | msgs heard /proc/s: real; light mean / max (lost) | wake-up broadcasts/s | deliveries/s per master | main-thread CPU % per master (max/mean) | cluster-bus publishes | Invalidate→last holder's drop p50 / p90 / p99 (timed, unheard) | tracking memory | downstream calls per cold key (most) | load avg start→end; benchmark's CPU % |")
+	fmt.Fprintln(w, "| P (real+light) | mode | writes/s, loads/s achieved | msgs heard /proc/s: real; light mean / max (lost) | wake-up broadcasts/s; per-key wake-ups a real process heard /s | deliveries/s per master | main-thread CPU % per master (max/mean) | cluster-bus publishes | Invalidate→last holder's drop p50 / p90 / p99 (timed, unheard) | tracking memory | downstream calls per cold key (most) | load avg start→end; benchmark's CPU % |")
 	fmt.Fprintln(w, "|---|---|---|---|---|---|---|---|---|---|---|---|")
 }
 
@@ -87,9 +95,9 @@ func (r row) print(w io.Writer) {
 	if r.busPublishes >= 0 {
 		bus = fmt.Sprint(r.busPublishes)
 	}
-	fmt.Fprintf(w, "| %d (%d+%d) | %s | %.0f, %.0f | %.0f; %.0f / %.0f (%d) | %.0f | %s | %s (%s, %.1f×) | %s | %s / %s / %s (%d, %d) | %s | %.2f (%d) over %d keys | %s→%s; %.0f |\n",
+	fmt.Fprintf(w, "| %d (%d+%d) | %s | %.0f, %.0f | %.0f; %.0f / %.0f (%d) | %.0f; %.0f | %s | %s (%s, %.1f×) | %s | %s / %s / %s (%d, %d) | %s | %.2f (%d) over %d keys | %s→%s; %.0f |\n",
 		r.procs, r.real, r.light, r.mode, r.writes, r.loads, r.realHeard, r.lightMean, r.lightMax, r.lightLost,
-		r.wakeups, join(r.deliveries, "%.0f"), join(r.cpu, "%.1f"), cpuName, maxOverMean(r.cpu), bus,
+		r.broadcasts, r.wakeups, join(r.deliveries, "%.0f"), join(r.cpu, "%.1f"), cpuName, maxOverMean(r.cpu), bus,
 		ms(r.drop[0]), ms(r.drop[1]), ms(r.drop[2]), r.dropN, r.dropUnheard, r.tracking,
 		r.callsPerCold, r.mostPerCold, r.coldKeys, r.load1[0], r.load1[1], r.benchCPU)
 }
