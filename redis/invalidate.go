@@ -381,10 +381,11 @@ func (t *Tier[K, V]) published(ctx context.Context, name string, key K) bool {
 	if t.track.mode.Load() != invChannels {
 		return true
 	}
-	if t.publishShard(ctx, name, key) {
+	err := t.publishShard(ctx, name, key)
+	if err == nil {
 		return true
 	}
-	t.writeFailed(ctx, errors.New("flightredis: the invalidation was not published"))
+	t.writeFailed(ctx, err) // a refusal (an ACL) does not step the tier aside
 	return false
 }
 
