@@ -669,7 +669,10 @@ func TestGetManyStaleEntriesRefreshedOnce(t *testing.T) {
 	if s := b.t.Stats(); s.Leases != 2 {
 		t.Errorf("b stats %+v; want the 2 leases of its refresh", s)
 	}
-	if s := a.t.Stats(); s.Hits != 2 {
-		t.Errorf("a stats %+v; want 2 hits (its refresh found b's values)", s)
+	// With tracking, b's refresh writes come back to a as invalidations of
+	// the copies it holds; one that drops a copy while a's own refresh of
+	// it is in flight costs a one more read of the tier, never a load.
+	if s := a.t.Stats(); s.Hits < 2 {
+		t.Errorf("a stats %+v; want at least 2 hits (its refresh found b's values)", s)
 	}
 }

@@ -20,13 +20,14 @@ import (
 //   - Tracking (tracking.go, tracked.go): the tier reads a key's shared
 //     entry tracked (CLIENT CACHING yes, then HMGET of the entry alone, on
 //     its master's tracked connection, which redirects to the tier's
-//     invalidation connection there), so Redis itself sends the entry's
-//     name to this process, and to no other, the next time the entry
-//     changes: another process's write, and also its expiry, its eviction,
-//     and this process's own later write. Only the holders of a key hear
-//     of it. The scripts of Set and Invalidate then publish nothing (their
-//     Go callers pass no invalidation message); a lease holder's fill never
-//     did.
+//     invalidation connection there; alongside the usual read on the
+//     tier's client, whose id it must match), so Redis itself sends the
+//     entry's name to this process, and to no other, the next time the
+//     entry changes: another process's write, and also its expiry, its
+//     eviction, and this process's own later write. Only the holders of a
+//     key hear of it. The scripts of Set and Invalidate then publish
+//     nothing (their Go callers pass no invalidation message); a lease
+//     holder's fill never did, but a holder hears of it now.
 //   - A Load reads the entry tracked before it reads anything else of the
 //     key, and the copy it hands over comes from that read or a later one:
 //     any change after the tracked read comes back as an invalidation, so
@@ -380,10 +381,11 @@ func (t *Tier[K, V]) published(ctx context.Context, name string, key K) bool {
 	if t.track.mode.Load() != invChannels {
 		return true
 	}
-	if t.publishShard(ctx, name, key) {
+	err := t.publishShard(ctx, name, key)
+	if err == nil {
 		return true
 	}
-	t.writeFailed(ctx, errors.New("flightredis: the invalidation was not published"))
+	t.writeFailed(ctx, err) // a refusal (an ACL) does not step the tier aside
 	return false
 }
 

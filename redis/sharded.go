@@ -186,13 +186,13 @@ func (t *Tier[K, V]) shardListen(ps *redis.PubSub, sub func(context.Context, *re
 }
 
 // publishShard sends the invalidation of key (named name) on its channel,
-// after its write reached Redis. It reports whether Redis took it.
-func (t *Tier[K, V]) publishShard(ctx context.Context, name string, key K) bool {
+// after its write reached Redis: nil when Redis took it.
+func (t *Tier[K, V]) publishShard(ctx context.Context, name string, key K) error {
 	ch, msg := t.shards.shardOf(name), t.invalidation(name, key)
 	c, cancel := t.op(ctx)
 	defer cancel()
 	if t.shards.cluster {
-		return t.rdb.SPublish(c, ch, msg).Err() == nil
+		return t.rdb.SPublish(c, ch, msg).Err()
 	}
-	return t.rdb.Publish(c, ch, msg).Err() == nil
+	return t.rdb.Publish(c, ch, msg).Err()
 }

@@ -360,3 +360,25 @@ func TestTrackingStorm(t *testing.T) {
 		return true
 	})
 }
+
+// An invalidation names an entry by its Redis name: every name keysAt makes
+// reads back as its key and generation, and no other name of the tier does.
+func TestParseEntryName(t *testing.T) {
+	for _, name := range []string{"", "%", "%25", "}", "a}b{c", "%7D", "k:v", "{x}", "é\n"} {
+		for _, gen := range []int64{0, 1, 42} {
+			ks := keysAt("p:", name, gen)
+			got, g, ok := parseEntryName("p:", ks.entry)
+			if !ok || got != name || g != gen {
+				t.Errorf("parseEntryName(%q) = %q, %d, %v; want %q, %d", ks.entry, got, g, ok, name, gen)
+			}
+			for _, other := range []string{ks.lease, ks.alive, ks.fail, ks.base, "q:" + ks.entry[2:]} {
+				if _, _, ok := parseEntryName("p:", other); ok {
+					t.Errorf("parseEntryName(%q) took a name that is not an entry's", other)
+				}
+			}
+		}
+	}
+	if _, _, ok := parseEntryName("p:", "p:{a}:gx:v"); ok {
+		t.Error("a generation that is not a number was taken")
+	}
+}
