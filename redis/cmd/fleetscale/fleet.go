@@ -11,6 +11,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	flightredis "github.com/flightcache/flightcache/redis"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -171,12 +172,13 @@ func (fl *fleet) coldLoad(i int) {
 type reading struct {
 	at         time.Time
 	nodes      map[string]nodeStats
-	real       []int64            // messages each real process heard
-	broadcasts int64              // loaded-channel messages the first real process heard (wake-up broadcasts)
-	wakeups    int64              // wake-ups the first real process heard (its tier's Stats.WakeupsHeard)
-	light      []map[string]int64 // messages each light process heard, per master
-	load1      string             // the machine's load average over the last minute
-	cpu        float64            // seconds of CPU this benchmark process has used
+	real       []int64             // messages each real process heard
+	broadcasts int64               // loaded-channel messages the first real process heard (wake-up broadcasts)
+	wakeups    int64               // wake-ups the first real process heard (its tier's Stats.WakeupsHeard)
+	tiers      []flightredis.Stats // the real processes' tiers
+	light      []map[string]int64  // messages each light process heard, per master
+	load1      string              // the machine's load average over the last minute
+	cpu        float64             // seconds of CPU this benchmark process has used
 }
 
 func (fl *fleet) read(ctx context.Context) (r reading, err error) {
@@ -186,6 +188,9 @@ func (fl *fleet) read(ctx context.Context) (r reading, err error) {
 		r.real = append(r.real, p.heard.total())
 	}
 	r.broadcasts = fl.reals[0].heard.msgs[0].Load()
+	for _, p := range fl.reals {
+		r.tiers = append(r.tiers, p.tier.Stats())
+	}
 	r.wakeups = int64(fl.reals[0].tier.Stats().WakeupsHeard)
 	for _, l := range fl.light {
 		heard := map[string]int64{}

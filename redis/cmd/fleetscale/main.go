@@ -52,8 +52,9 @@
 // and max); wake-up broadcasts per second (<Prefix>loaded's messages a
 // real process heard) and the per-key wake-ups the first real process's
 // tier heard (Stats.WakeupsHeard: only while it waits on the key);
-// deliveries per master per second (what the fleet's connections on it
-// heard); main-thread CPU per master (the delta of INFO cpu's
+// deliveries per master per second (what the light processes'
+// connections on it heard, and in broadcast mode the real processes'
+// too, all on the one master they subscribe on); main-thread CPU per master (the delta of INFO cpu's
 // used_cpu_{sys,user}_main_thread over the run, or of used_cpu_{sys,user}
 // when a server lacks them, which the line says); cluster-bus publishes
 // (the delta of CLUSTER INFO's cluster_stats_messages_publish_sent,
@@ -63,8 +64,10 @@
 // flightcache.EvictionObserver sees the drop, with cause invalidated, on
 // the goroutine that drops it); in tracking mode, what the light
 // processes' tracking added to Redis's used_memory (the largest master's
-// growth, and the growth per key and process over the fleet); and the
-// cold keys' downstream calls.
+// growth, and the growth per key and process over the fleet); the real
+// tiers' invalidation path (Stats.Invalidations) and the distrusts,
+// tracking re-arms and subscription losses they counted in the run; and
+// the cold keys' downstream calls.
 //
 // # What the OS needs
 //

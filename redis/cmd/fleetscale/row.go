@@ -1,10 +1,15 @@
 package main
 
 import (
+	"cmp"
 	"fmt"
 	"io"
+	"maps"
+	"slices"
 	"strings"
 	"time"
+
+	flightredis "github.com/flightcache/flightcache/redis"
 )
 
 // row is one run's figures: a line of the table.
@@ -30,6 +35,7 @@ type row struct {
 	coldKeys           int
 	callsPerCold       float64
 	mostPerCold        int
+	tiers              string    // the real tiers' invalidation path, and their distrusts and re-arms in the run
 	load1              [2]string // load average at start and end
 	benchCPU           float64   // this process's CPU, % of a core
 }
@@ -45,7 +51,10 @@ func (fl *fleet) figures(b, a reading, writes, loads int64) row {
 	for i := range a.real {
 		n := a.real[i] - b.real[i]
 		r.realHeard += float64(n) / secs / float64(len(a.real))
-		perMaster[fl.subNode] += n // the tier subscribes as broadcast does
+		if fl.cfg.mode == "broadcast" {
+			perMaster[fl.subNode] += n // the tier of before subscribed as broadcast does
+		} // else the light processes' deliveries only: a real tier's are spread over the masters
+
 	}
 	for i, l := range fl.light {
 		var heard int64
@@ -74,6 +83,7 @@ func (fl *fleet) figures(b, a reading, writes, loads int64) row {
 	if fl.cfg.mode == "tracking" {
 		r.tracking = fl.memory.String(int64(len(fl.light)) * int64(min(fl.cfg.entries, len(fl.universe))))
 	}
+	r.tiers = tierSummary(b.tiers, a.tiers)
 	r.drop, r.dropN, r.dropUnheard = fl.drops.result()
 	r.coldKeys, r.callsPerCold, r.mostPerCold = fl.down.perKey()
 	return r
@@ -81,8 +91,8 @@ func (fl *fleet) figures(b, a reading, writes, loads int64) row {
 
 // header prints the table's header.
 func header(w io.Writer) {
-	fmt.Fprintln(w, "| P (real+light) | mode | writes/s, loads/s achieved | msgs heard /proc/s: real; light mean / max (lost) | wake-up broadcasts/s; per-key wake-ups a real process heard /s | deliveries/s per master | main-thread CPU % per master (max/mean) | cluster-bus publishes | Invalidate→last holder's drop p50 / p90 / p99 (timed, unheard) | tracking memory | downstream calls per cold key (most) | load avg start→end; benchmark's CPU % |")
-	fmt.Fprintln(w, "|---|---|---|---|---|---|---|---|---|---|---|---|")
+	fmt.Fprintln(w, "| P (real+light) | mode | writes/s, loads/s achieved | msgs heard /proc/s: real; light mean / max (lost) | wake-up broadcasts/s; per-key wake-ups a real process heard /s | deliveries/s per master | main-thread CPU % per master (max/mean) | cluster-bus publishes | Invalidate→last holder's drop p50 / p90 / p99 (timed, unheard) | tracking memory | real tiers: invalidations by; distrusts, re-arms, subscription losses | downstream calls per cold key (most) | load avg start→end; benchmark's CPU % |")
+	fmt.Fprintln(w, "|---|---|---|---|---|---|---|---|---|---|---|---|---|")
 }
 
 // print prints r as a line of the table.
@@ -95,10 +105,10 @@ func (r row) print(w io.Writer) {
 	if r.busPublishes >= 0 {
 		bus = fmt.Sprint(r.busPublishes)
 	}
-	fmt.Fprintf(w, "| %d (%d+%d) | %s | %.0f, %.0f | %.0f; %.0f / %.0f (%d) | %.0f; %.0f | %s | %s (%s, %.1f×) | %s | %s / %s / %s (%d, %d) | %s | %.2f (%d) over %d keys | %s→%s; %.0f |\n",
+	fmt.Fprintf(w, "| %d (%d+%d) | %s | %.0f, %.0f | %.0f; %.0f / %.0f (%d) | %.0f; %.0f | %s | %s (%s, %.1f×) | %s | %s / %s / %s (%d, %d) | %s | %s | %.2f (%d) over %d keys | %s→%s; %.0f |\n",
 		r.procs, r.real, r.light, r.mode, r.writes, r.loads, r.realHeard, r.lightMean, r.lightMax, r.lightLost,
 		r.broadcasts, r.wakeups, join(r.deliveries, "%.0f"), join(r.cpu, "%.1f"), cpuName, maxOverMean(r.cpu), bus,
-		ms(r.drop[0]), ms(r.drop[1]), ms(r.drop[2]), r.dropN, r.dropUnheard, r.tracking,
+		ms(r.drop[0]), ms(r.drop[1]), ms(r.drop[2]), r.dropN, r.dropUnheard, r.tracking, r.tiers,
 		r.callsPerCold, r.mostPerCold, r.coldKeys, r.load1[0], r.load1[1], r.benchCPU)
 }
 
@@ -123,3 +133,19 @@ func maxOverMean(vs []float64) float64 {
 }
 
 func ms(d time.Duration) string { return fmt.Sprintf("%.2fms", float64(d)/float64(time.Millisecond)) }
+
+// tierSummary gives the real tiers' invalidation path (each tier's
+// Stats.Invalidations, "—" before it is known) and, summed over them,
+// what they counted during the run: distrusts of every copy, tracking
+// re-arms and subscription losses.
+func tierSummary(b, a []flightredis.Stats) string {
+	paths := map[string]bool{}
+	var distrusts, rearms, losses uint64
+	for i := range a {
+		paths[cmp.Or(a[i].Invalidations, "—")] = true
+		distrusts += a[i].Distrusts - b[i].Distrusts
+		rearms += a[i].Rearms - b[i].Rearms
+		losses += a[i].SubscriptionLosses - b[i].SubscriptionLosses
+	}
+	return fmt.Sprintf("%s; %d, %d, %d", strings.Join(slices.Sorted(maps.Keys(paths)), "+"), distrusts, rearms, losses)
+}
