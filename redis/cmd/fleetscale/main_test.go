@@ -32,10 +32,13 @@ func testTarget(t *testing.T) target {
 	return target{addr: addr}
 }
 
-// TestBroadcastRow runs the benchmark tiny (P = 5, 1s) in broadcast mode
-// and checks that its row is sane: every process hears the fleet's
-// messages, the light ones as the real ones, the holders' drops are
-// timed, and the tier still calls the downstream once per cold key.
+// TestBroadcastRow runs the benchmark tiny (P = 5, 1s) in broadcast mode,
+// whose light processes listen as a tier of before did, on
+// <Prefix>loaded and <Prefix>invalidated: the tier of now publishes
+// nothing there (its wake-ups are per key, its invalidations tracked),
+// so they hear nothing, and neither does a real tier. The row is
+// otherwise sane: the real tiers track, the holders' drops are timed,
+// and the tier still calls the downstream once per cold key.
 func TestBroadcastRow(t *testing.T) {
 	cfg := config{tgt: testTarget(t), procs: []int{5}, mode: "broadcast", real: 3, keys: 200,
 		writes: 100, loads: 100, entries: 200, dur: time.Second}
@@ -49,15 +52,11 @@ func TestBroadcastRow(t *testing.T) {
 	if r.procs != 5 || r.real != 3 || r.light != 2 {
 		t.Errorf("P = %d (%d real + %d light); want 5 (3 + 2)", r.procs, r.real, r.light)
 	}
-	// The tier hears a key's wake-ups only while it waits on the key
-	// (flightredis's per-key wake-up channels): none is a fair count.
-	if r.realHeard <= 0 || r.lightMean <= 0 || r.wakeups < 0 {
-		t.Errorf("heard per process per second: real %v, light %v, wake-ups %v; want > 0, > 0, >= 0", r.realHeard, r.lightMean, r.wakeups)
+	if r.lightMean != 0 || r.broadcasts != 0 {
+		t.Errorf("broadcast listeners heard %v msgs/s, a real tier %v wake-up broadcasts/s; want none", r.lightMean, r.broadcasts)
 	}
-	// Every listener hears every message: a light one hears what a real
-	// one does, give or take the messages in flight at either end.
-	if r.lightMean < r.realHeard/2 || r.lightMean > 2*r.realHeard {
-		t.Errorf("light processes heard %v msgs/s, real ones %v; want about the same", r.lightMean, r.realHeard)
+	if r.realHeard <= 0 || !strings.HasPrefix(r.tiers, "tracking;") {
+		t.Errorf("real tiers heard %v msgs/s, invalidations by %q; want some, tracking", r.realHeard, r.tiers)
 	}
 	// One call per key is the tier's promise, tested in its own package;
 	// here, on a machine loaded enough for a round trip to outlast the
