@@ -432,17 +432,30 @@ func jitter(d time.Duration) time.Duration {
 // arbitrary key is forgotten, which costs at most one Redis round trip.
 type served struct {
 	mu sync.Mutex
-	m  map[string]string // keys.base → entry id; guarded by mu
+	m  map[string]servedID // keys.base → entry id; guarded by mu
+}
+
+// servedID is the entry id handed over for a key, and when.
+type servedID struct {
+	id string
+	at time.Time
 }
 
 const maxServed = 1 << 16
 
-func (s *served) init() { s.m = make(map[string]string) }
+func (s *served) init() { s.m = make(map[string]servedID) }
 
 func (s *served) get(base string) string {
+	id, _ := s.since(base)
+	return id
+}
+
+// since returns the id handed over for base and when it was.
+func (s *served) since(base string) (string, time.Time) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.m[base]
+	e := s.m[base]
+	return e.id, e.at
 }
 
 func (s *served) put(base, id string) {
@@ -454,7 +467,7 @@ func (s *served) put(base, id string) {
 			break
 		}
 	}
-	s.m[base] = id
+	s.m[base] = servedID{id, time.Now()}
 }
 
 // reset forgets everything: after a Distrust, the Loader asks again for

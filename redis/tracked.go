@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/flightcache/flightcache"
+	"github.com/flightcache/flightcache/internal/timing"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -146,15 +147,16 @@ func (t *Tier[K, V]) invalidated(key K, ks keys) {
 }
 
 // verify queues the check of the Loader's copy of key, or drops it now when
-// the tier does not know which version it is, or the queue is full. A key
+// the tier does not know which version it is, when it handed it over
+// longer ago than an echo takes (see echoWindow), or the queue is full. A key
 // dropped since the tier last handed it over is left alone: the Loader
 // has no copy of it (a check that dropped it tracked it again, and the
 // next write of the entry comes back).
 func (t *Tier[K, V]) verify(key K, ks keys) {
-	switch id := t.served.get(ks.base); {
+	switch id, at := t.served.since(ks.base); {
 	case id == t.droppedMark():
 		return
-	case id != "" && id[0] != '-':
+	case id != "" && id[0] != '-' && time.Since(at) < t.echoWindow():
 		select {
 		case t.checks <- check[K]{key, ks}:
 			return
@@ -177,6 +179,16 @@ func (t *Tier[K, V]) dropKey(key K, ks keys) {
 // not hand over (a local load, a write kept for replay).
 func (t *Tier[K, V]) droppedMark() string {
 	return "-" + strconv.FormatUint(t.track.epoch.Load(), 10)
+}
+
+// echoWindow is how long after the tier hands a copy over an invalidation
+// of its entry may be the echo of the write it came from (this process's
+// fill, or the one it waited for, whose entry it had read missing, and so
+// tracked): such an invalidation is checked before the copy is dropped.
+// One that comes later drops the copy at once, without the check's round
+// trip: the drop of a key held for a while is as quick as the message.
+func (t *Tier[K, V]) echoWindow() time.Duration {
+	return max(timing.Mul(t.opts.Timeout, 4), time.Second)
 }
 
 // check is a copy to check against its entry (verify).

@@ -174,8 +174,13 @@ func TestVersionedFillOlderThanTheEntryWakesTheWaiters(t *testing.T) {
 	if s := b.t.Stats(); s.Leases != 1 || s.WritesOutdated != 1 || s.WritesLost != 0 {
 		t.Errorf("b tier stats: Leases %d, WritesOutdated %d, WritesLost %d; want 1, 1, 0", s.Leases, s.WritesOutdated, s.WritesLost)
 	}
-	if s := c.t.Stats(); s.Wakeups != 1 || s.Polls != 0 || s.Leases != 1 || s.WritesOutdated != 0 {
-		t.Errorf("c tier stats: Wakeups %d, Polls %d, Leases %d, WritesOutdated %d; want 1, 0, 1, 0", s.Wakeups, s.Polls, s.Leases, s.WritesOutdated)
+	// c waits on b's lease and subscribes to k's wake-ups; the refused
+	// fill drops b's lease and wakes it. c looks once more when its
+	// subscription is confirmed: if b's fill was done by then, that look
+	// finds the lease free and c takes it without a wake-up. Either way
+	// c never waits for a poll (PollInterval is a minute).
+	if s := c.t.Stats(); s.Wakeups > 1 || s.Polls != 0 || s.Leases != 1 || s.WritesOutdated != 0 {
+		t.Errorf("c tier stats: Wakeups %d, Polls %d, Leases %d, WritesOutdated %d; want at most 1, 0, 1, 0", s.Wakeups, s.Polls, s.Leases, s.WritesOutdated)
 	}
 	if v, ver := sharedRow(t, a, "k"); v != `"c@5"` || ver != "00000000000000000005" {
 		t.Errorf("shared entry = %s, ver %q; want \"c@5\", ver 00000000000000000005", v, ver)
