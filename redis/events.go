@@ -126,13 +126,11 @@ func (ev *events) listen(ctx context.Context, rdb redis.UniversalClient, h handl
 		pinged = false
 		switch m := msg.(type) {
 		case *redis.Subscription:
-			if m.Kind == "subscribe" && m.Channel == h.invalidated {
-				if !confirmed {
-					confirmed = true
-					ev.up.Store(true)
-					h.onUp()
-					ev.started()
-				}
+			if m.Kind == "subscribe" && m.Channel == h.invalidated && !confirmed {
+				confirmed = true
+				ev.up.Store(true)
+				h.onUp()
+				ev.started()
 			}
 		case *redis.Message:
 			if m.Channel == h.invalidated {

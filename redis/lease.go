@@ -77,10 +77,9 @@ return 1
 // elsewhere will not overwrite it. It wakes the key's waiters with
 // ARGV[9] (PUBLISH or SPUBLISH) on ARGV[10] (keys.wake). With a version
 // (ARGV[12], see version.go) it writes only over an entry whose "ver" is
-// not higher;
-// else it answers {writeOutdated, the entry's id} and changes no entry: a
-// fill still drops its lease and wakes the waiters, a Set changes nothing
-// (see writeAnswer).
+// not higher; else it answers {writeOutdated, the entry's id} and changes
+// no entry: a fill still drops its lease and wakes the waiters, a Set
+// changes nothing (see writeAnswer).
 var writeScript = redis.NewScript(`
 if ARGV[1] ~= '' and redis.call('GET', KEYS[2]) ~= ARGV[1] then return 0 end
 if ARGV[12] ~= '' then

@@ -32,6 +32,19 @@ func testTarget(t *testing.T) target {
 	return target{addr: addr}
 }
 
+// runRow runs the benchmark for cfg's one P, logs its table and returns
+// its row.
+func runRow(t *testing.T, cfg config) row {
+	t.Helper()
+	var out bytes.Buffer
+	rows, err := run(context.Background(), cfg, &out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Log("\n" + out.String())
+	return rows[0]
+}
+
 // TestBroadcastRow runs the benchmark tiny (P = 5, 1s) in broadcast mode,
 // whose light processes listen as a tier of before did, on
 // <Prefix>loaded and <Prefix>invalidated: the tier of now publishes
@@ -42,13 +55,7 @@ func testTarget(t *testing.T) target {
 func TestBroadcastRow(t *testing.T) {
 	cfg := config{tgt: testTarget(t), procs: []int{5}, mode: "broadcast", real: 3, keys: 200,
 		writes: 100, loads: 100, entries: 200, dur: time.Second}
-	var out bytes.Buffer
-	rows, err := run(context.Background(), cfg, &out)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Log("\n" + out.String())
-	r := rows[0]
+	r := runRow(t, cfg)
 	if r.procs != 5 || r.real != 3 || r.light != 2 {
 		t.Errorf("P = %d (%d real + %d light); want 5 (3 + 2)", r.procs, r.real, r.light)
 	}
@@ -97,13 +104,7 @@ func TestMatcherSplitReads(t *testing.T) {
 func TestTrackingRow(t *testing.T) {
 	cfg := config{tgt: testTarget(t), procs: []int{6}, mode: "tracking", real: 3,
 		writes: 400, loads: 50, entries: 100, keys: 1000, dur: 2 * time.Second}
-	var out bytes.Buffer
-	rows, err := run(context.Background(), cfg, &out)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Log("\n" + out.String())
-	r := rows[0]
+	r := runRow(t, cfg)
 	// Each light process holds 100 of the 1,000 keys, and the writes go
 	// over all of them: about a tenth of the writes reach it (fewer when
 	// a loaded machine delays them past the run's end), never all.
