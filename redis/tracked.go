@@ -199,7 +199,10 @@ type check[K comparable] struct {
 
 // checker runs the checks verify queues, a batch at a time: one tracked
 // read of the entries' ids per master, at once; a copy whose version is not
-// the entry's, or that could not be checked, is dropped.
+// the entry's, or that could not be checked, is dropped. A key dropped
+// since its check was queued (a check queued before it, an invalidation
+// of this process's own write) is left alone: the Loader holds no copy,
+// and a second drop would count a write twice.
 func (t *Tier[K, V]) checker() {
 	for {
 		var batch []check[K]
@@ -218,7 +221,11 @@ func (t *Tier[K, V]) checker() {
 		}
 		cmds, _, ok := t.readTrackedMany(t.ctx, entries, idField, false)
 		for i, c := range batch {
-			if !ok || cmds[i].Err() != nil || len(cmds[i].Val()) != 1 || cmds[i].Val()[0] != t.served.get(c.ks.base) {
+			id := t.served.get(c.ks.base)
+			if id == t.droppedMark() {
+				continue // dropped since it was queued: the Loader has no copy to check
+			}
+			if !ok || cmds[i].Err() != nil || len(cmds[i].Val()) != 1 || cmds[i].Val()[0] != id {
 				t.dropKey(c.key, c.ks)
 			}
 		}

@@ -88,6 +88,35 @@ func TestTrackingSetAndInvalidateDropCopies(t *testing.T) {
 	}
 }
 
+// Several checks of one copy queued at once (the echo of a fill the
+// holder waited for, then another process's write, both heard before the
+// first check ran) drop it once: the later ones find it dropped already.
+// Each check is of a copy that is outdated, the write having come first.
+func TestTrackingQueuedChecksDropOnce(t *testing.T) {
+	ps, _ := trackingProcs(t, 2, Options[string, string]{})
+	a, b := ps[0], ps[1]
+	for round := range 20 {
+		k := fmt.Sprint("k", round)
+		b.l.Get(ctx, k)
+		drops := b.l.Stats().RemoteDrops
+		a.l.Set(k, "new") // b hears it, and its check drops b's copy
+		ks := keysAt(b.t.opts.Prefix, b.t.key(k), b.t.gen.Load())
+		for range 4 {
+			b.t.verify(k, ks)
+		}
+		eventually(t, 5*time.Second, "b's drop", func() bool { return b.l.Stats().RemoteDrops > drops })
+		// Let every queued check run.
+		eventually(t, 5*time.Second, "the checks to run", func() bool { return len(b.t.checks) == 0 })
+		time.Sleep(50 * time.Millisecond) // the last batch's round trip; were it longer, a second drop would only go unseen
+		if n := b.l.Stats().RemoteDrops - drops; n != 1 {
+			t.Fatalf("round %d: %d drops of one outdated copy, want 1", round, n)
+		}
+		if v, _ := b.l.Get(ctx, k); v != "new" {
+			t.Fatalf("round %d: b got %q after the drop, want new", round, v)
+		}
+	}
+}
+
 // invNode is the only invalidation connection of a single-node tier, or
 // the one of the master of name on a Cluster.
 func invNode(t *testing.T, tier *Tier[string, string], name string) (*tnode, string) {
