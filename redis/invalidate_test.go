@@ -110,8 +110,13 @@ func TestInvalidateAndSetReachEveryProcess(t *testing.T) {
 	if v, _ := a.l.Get(ctx, "k"); v != "set-by-a" {
 		t.Fatalf("the writer after its echo: %q, want set-by-a", v)
 	}
-	if s := b.t.Stats(); s.InvalidationsHeard != 2 || s.UndecodedInvalidations != 0 || s.Distrusts != 0 {
-		t.Fatalf("b: heard %d, undecoded %d, distrusts %d; want 2, 0, 0", s.InvalidationsHeard, s.UndecodedInvalidations, s.Distrusts)
+	// b hears the Invalidate and, as a rule, the Set. With tracking, the
+	// echo of b's own fill has b read the entry's id again (tracked), and
+	// when that read comes after a's Set, b tracked nothing when the Set
+	// landed: the read itself finds b's copy outdated and drops it (the
+	// second RemoteDrop above), and no message comes.
+	if s := b.t.Stats(); s.InvalidationsHeard < 1 || s.InvalidationsHeard > 2 || s.UndecodedInvalidations != 0 || s.Distrusts != 0 {
+		t.Fatalf("b: heard %d, undecoded %d, distrusts %d; want 2 (or 1, see above), 0, 0", s.InvalidationsHeard, s.UndecodedInvalidations, s.Distrusts)
 	}
 }
 
