@@ -1095,3 +1095,87 @@ func testFailover(t *testing.T, addrs string, kill bool) {
 		t.Errorf("after the failback, the fleet made %d extra downstream calls; want 0", n)
 	}
 }
+
+// TestClusterScriptsOnAMigratingSlot writes a key's entry while its slot
+// is in migration, every key the script names still on the source master:
+// a fill and a not-found marker, each by a load that holds the lease over
+// an existing entry (a Refresh). The source runs such a script, and counts
+// a key it lacks as the target's: a script that deleted the entry before
+// writing it again failed there midway, the entry lost. The scripts
+// replace an entry in place, so both writes land, with no Redis error.
+func TestClusterScriptsOnAMigratingSlot(t *testing.T) {
+	for _, notFound := range []bool{false, true} {
+		t.Run(map[bool]string{false: "fill", true: "not-found"}[notFound], func(t *testing.T) {
+			testScriptsOnAMigratingSlot(t, notFound)
+		})
+	}
+}
+
+func testScriptsOnAMigratingSlot(t *testing.T, notFound bool) {
+	addrs := clusterAddrs(t)
+	admin := newClusterAdmin(t, addrs)
+	admin.waitHealthy(30 * time.Second)
+	p := testPrefix(t, newClient(t, addrs))
+	d := newDownstream()
+	lo := flightcache.Options[string, string]{TTL: 100 * time.Millisecond, StaleWhileRevalidate: time.Hour, NotFoundTTL: time.Hour}
+	a := newProc(t, addrs, p, lo, Options[string, string]{Timeout: time.Second}, d)
+	if v, err := a.l.Get(ctx, "k"); err != nil || v != "k-v1" {
+		t.Fatalf("Get = %q, %v; want k-v1", v, err)
+	}
+	<-d.started
+
+	ks := keysFor(p, "k")
+	slot := keySlot(ks.base)
+	ns := admin.mustLayout()
+	src, _ := owner(ns, slot)
+	var dst nodeInfo
+	for _, m := range masters(ns) {
+		if m.id != src.id {
+			dst = m
+			break
+		}
+	}
+	// The Refresh of the stale entry holds the lease, the entry still
+	// there, and waits.
+	time.Sleep(2 * lo.TTL)
+	d.gate = make(chan struct{})
+	if notFound {
+		d.fail(flightcache.ErrNotFound)
+	}
+	a.l.Refresh(ctx, "k")
+	select {
+	case <-d.started:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the Refresh did not call the downstream")
+	}
+	s, dn := admin.node(src.addr), admin.node(dst.addr)
+	t.Cleanup(func() {
+		for _, n := range []*redis.Client{dn, s} {
+			if err := n.Do(context.Background(), "CLUSTER", "SETSLOT", slot, "STABLE").Err(); err != nil {
+				t.Errorf("SETSLOT %d STABLE: %v", slot, err)
+			}
+		}
+	})
+	if err := dn.Do(ctx, "CLUSTER", "SETSLOT", slot, "IMPORTING", src.id).Err(); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Do(ctx, "CLUSTER", "SETSLOT", slot, "MIGRATING", dst.id).Err(); err != nil {
+		t.Fatal(err)
+	}
+	before := a.t.Stats()
+	close(d.gate)
+	field, want := "v", `"k-v2"`
+	if notFound {
+		field, want = "nf", "1"
+	}
+	eventually(t, 10*time.Second, "the write on the source", func() bool {
+		return s.HGet(ctx, ks.entry, field).Val() == want
+	})
+	if n := s.Exists(ctx, ks.lease, ks.alive).Val(); n != 0 {
+		t.Errorf("%d of the lease keys left; want none", n)
+	}
+	if s := a.t.Stats(); s.RedisErrors != before.RedisErrors || s.LocalLoads != before.LocalLoads {
+		t.Errorf("Redis errors %d, local loads %d during the write; want 0, 0",
+			s.RedisErrors-before.RedisErrors, s.LocalLoads-before.LocalLoads)
+	}
+}

@@ -159,7 +159,7 @@ func (t *Tier[K, V]) moveGen(ctx context.Context, own bool) bool {
 	}
 	sent := t.gen.Load()
 	c, cancel := t.op(ctx)
-	g, err := invalidateAllScript.Run(c, t.rdb, []string{t.genKey}, t.invChannel, t.origin+"\n*", sent).Int64()
+	g, err := invalidateAllScript.Run(c, t.scripts, []string{t.genKey}, t.invChannel, t.origin+"\n*", sent).Int64()
 	cancel()
 	if err != nil {
 		if own {
@@ -233,7 +233,7 @@ func (t *Tier[K, V]) seen(ctx context.Context, g, sent int64) (cur int64, ok boo
 // restore sets the shared generation back to want if it is below it.
 func (t *Tier[K, V]) restore(ctx context.Context, want int64) bool {
 	c, cancel := t.op(ctx)
-	res, err := restoreScript.Run(c, t.rdb, []string{t.genKey}, want).Int64Slice()
+	res, err := restoreScript.Run(c, t.scripts, []string{t.genKey}, want).Int64Slice()
 	cancel()
 	if err == nil && len(res) != 2 {
 		err = errors.New("flightredis: unexpected reply from the restore script")

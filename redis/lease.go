@@ -34,8 +34,19 @@ import (
 // keys.wake (wakeups.go), with the command the caller passes beside it:
 // SPUBLISH on a Cluster (the channel is of the script's own slot), PUBLISH
 // on a single node. Only the processes that wait on the key subscribe to
-// it. The invalidation publishes (writeScript's ARGV[13] and [14],
-// invalidateScript's ARGV[3] and [4]) go to <Prefix>invalidated, as ever.
+// it. A wake-up Redis refuses does not fail its script, whose writes are
+// made by then: the scripts publish with redis.pcall, and a waiter that
+// hears nothing polls, as it does after any lost wake-up. The invalidation
+// publishes (writeScript's ARGV[13] and [14], invalidateScript's ARGV[3]
+// and [4]) go to <Prefix>invalidated, as ever.
+//
+// No script touches a key after deleting it. While a Cluster slot
+// migrates, its source master counts a key it lacks as the target's, and
+// a script that touches one fails midway, its earlier writes made
+// ("Script attempted to access a non local key"): a fill that deleted the
+// entry before writing it again lost the entry and stepped the tier
+// aside. So an entry is replaced in place (HSET, then HDEL of the fields
+// the new one lacks).
 //
 // A lease is "SET NX PX LeaseTTL" with a random token; "alive" is a second
 // key with the same token and a PX of HolderTimeout, set with the lease and
@@ -90,17 +101,22 @@ if ARGV[12] ~= '' then
     if hh > wh or (hh == wh and hl > wl) then
       if ARGV[1] ~= '' then
         redis.call('DEL', KEYS[2], KEYS[3])
-        redis.call(ARGV[9], ARGV[10], '')
+        redis.pcall(ARGV[9], ARGV[10], '')
       end
       return {2, redis.call('HGET', KEYS[1], 'id') or ''}
     end
   end
 end
-redis.call('DEL', KEYS[1], KEYS[2], KEYS[3])
+redis.call('DEL', KEYS[2], KEYS[3])
 redis.call('HSET', KEYS[1], 'id', ARGV[2], 'v', ARGV[3], 'at', ARGV[4], 'took', ARGV[5], 'fresh', ARGV[6], 'stale', ARGV[7], 'until', ARGV[11])
-if ARGV[12] ~= '' then redis.call('HSET', KEYS[1], 'ver', ARGV[12]) end
+if ARGV[12] ~= '' then
+  redis.call('HSET', KEYS[1], 'ver', ARGV[12])
+  redis.call('HDEL', KEYS[1], 'nf')
+else
+  redis.call('HDEL', KEYS[1], 'nf', 'ver')
+end
 redis.call('PEXPIRE', KEYS[1], ARGV[8])
-redis.call(ARGV[9], ARGV[10], '')
+redis.pcall(ARGV[9], ARGV[10], '')
 if ARGV[14] then redis.call('PUBLISH', ARGV[13], ARGV[14]) end
 return 1
 `)
@@ -114,13 +130,17 @@ return 1
 // a failed load may be covered with, read in the same step, so an
 // Invalidate that ran during the load leaves nothing to cover it.
 var releaseScript = redis.NewScript(`
+local gone = false
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   redis.call('DEL', KEYS[1], KEYS[2])
-  if ARGV[7] == '1' then redis.call('DEL', KEYS[4]) end
+  if ARGV[7] == '1' then
+    redis.call('DEL', KEYS[4])
+    gone = true
+  end
   if ARGV[2] ~= '' then redis.call('SET', KEYS[3], ARGV[2], 'PX', ARGV[3]) end
-  redis.call(ARGV[4], ARGV[5], '')
+  redis.pcall(ARGV[4], ARGV[5], '')
 end
-if ARGV[6] ~= '' then
+if ARGV[6] ~= '' and not gone then
   return redis.call('HMGET', KEYS[4], 'id', 'v', 'at', 'took', 'fresh', 'stale', 'until', 'nf')
 end
 return {}
@@ -132,10 +152,11 @@ return {}
 // key's waiters (ARGV[6] on ARGV[7]).
 var notFoundScript = redis.NewScript(`
 if redis.call('GET', KEYS[2]) ~= ARGV[1] then return 0 end
-redis.call('DEL', KEYS[1], KEYS[2], KEYS[3])
+redis.call('DEL', KEYS[2], KEYS[3])
 redis.call('HSET', KEYS[1], 'id', ARGV[2], 'nf', '1', 'at', ARGV[3], 'fresh', ARGV[4])
+redis.call('HDEL', KEYS[1], 'v', 'took', 'stale', 'until', 'ver')
 redis.call('PEXPIRE', KEYS[1], ARGV[5])
-redis.call(ARGV[6], ARGV[7], '')
+redis.pcall(ARGV[6], ARGV[7], '')
 return 1
 `)
 
@@ -144,7 +165,7 @@ return 1
 // any, on ARGV[3].
 var invalidateScript = redis.NewScript(`
 redis.call('DEL', KEYS[1], KEYS[2], KEYS[3])
-redis.call(ARGV[1], ARGV[2], '')
+redis.pcall(ARGV[1], ARGV[2], '')
 if ARGV[4] then redis.call('PUBLISH', ARGV[3], ARGV[4]) end
 return 1
 `)
@@ -275,7 +296,7 @@ func (t *Tier[K, V]) loadAt(ctx context.Context, key K, name string, gen int64, 
 		}
 		tok := token(16)
 		c, cancel := t.op(ctx)
-		res, err := acquireScript.Run(c, t.rdb, []string{ks.entry, ks.lease, ks.alive, ks.fail},
+		res, err := acquireScript.Run(c, t.scripts, []string{ks.entry, ks.lease, ks.alive, ks.fail},
 			e.id, tok, t.attached().leaseMS, t.aliveMS, waited).Slice()
 		cancel()
 		if err != nil {
@@ -472,7 +493,7 @@ func (t *Tier[K, V]) writeNotFound(ctx context.Context, ks keys, tok string) {
 	}
 	call := t.notFoundCall(ks, tok)
 	c, cancel := t.op(ctx)
-	n, err := call.script.Run(c, t.rdb, call.keys, call.args...).Int()
+	n, err := call.script.Run(c, t.scripts, call.keys, call.args...).Int()
 	cancel()
 	switch {
 	case err != nil:
@@ -515,7 +536,7 @@ func (t *Tier[K, V]) beat(ks keys, tok string) (stop func()) {
 			case <-tick.C:
 			}
 			c, cancel := t.op(t.ctx)
-			n, err := beatScript.Run(c, t.rdb, []string{ks.lease, ks.alive}, tok, t.aliveMS).Int()
+			n, err := beatScript.Run(c, t.scripts, []string{ks.lease, ks.alive}, tok, t.aliveMS).Int()
 			cancel()
 			if err == nil && n == 0 {
 				return // lost the lease (Set, Invalidate, takeover): stop beating
@@ -547,7 +568,7 @@ func (t *Tier[K, V]) write(ctx context.Context, ks keys, key K, tok string, rv f
 	id, args := t.writeArgs(ks, enc)
 	t.filling(ks.entry)
 	c, cancel := t.op(ctx)
-	n, held, err := writeAnswer(writeScript.Run(c, t.rdb, writeKeys(ks), append([]any{tok}, args...)...))
+	n, held, err := writeAnswer(writeScript.Run(c, t.scripts, writeKeys(ks), append([]any{tok}, args...)...))
 	cancel()
 	switch {
 	case err != nil:
@@ -656,7 +677,7 @@ func writeKeys(ks keys) []string { return []string{ks.entry, ks.lease, ks.alive}
 // is none, or Redis failed): what may cover the failed load.
 func (t *Tier[K, V]) release(ctx context.Context, ks keys, tok, fail string, want bool) entry {
 	c, cancel := t.op(ctx)
-	res, err := releaseScript.Run(c, t.rdb, releaseKeys(ks), t.releaseArgs(ks, tok, fail, want)...).Slice()
+	res, err := releaseScript.Run(c, t.scripts, releaseKeys(ks), t.releaseArgs(ks, tok, fail, want)...).Slice()
 	cancel()
 	if err != nil {
 		t.failed()

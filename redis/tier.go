@@ -168,10 +168,11 @@ type Options[K comparable, V any] struct {
 // Close it after the Loader: Close stops its pub/sub subscriptions; the
 // Redis client stays the caller's to close.
 type Tier[K comparable, V any] struct {
-	rdb   redis.UniversalClient
-	opts  Options[K, V] // defaults applied, but LeaseTTL's (it needs the Loader's LoadTimeout: see attachment)
-	key   func(K) string
-	codec Codec[V]
+	rdb     redis.UniversalClient
+	scripts patient       // rdb, for the scripts: patient with a moving slot
+	opts    Options[K, V] // defaults applied, but LeaseTTL's (it needs the Loader's LoadTimeout: see attachment)
+	key     func(K) string
+	codec   Codec[V]
 
 	// What the tier knows of its Loader (attach.go): nil until the tier
 	// is attached, then set once and never changed.
@@ -255,6 +256,7 @@ func NewTier[K comparable, V any](client redis.UniversalClient, opts Options[K, 
 func newTier[K comparable, V any](client redis.UniversalClient, opts Options[K, V]) *Tier[K, V] {
 	t := &Tier[K, V]{
 		rdb:        client,
+		scripts:    patient{client},
 		opts:       opts,
 		key:        opts.Key,
 		codec:      opts.Codec,
