@@ -96,20 +96,25 @@ func TestTrackingQueuedChecksDropOnce(t *testing.T) {
 	ps, _ := trackingProcs(t, 2, Options[string, string]{})
 	a, b := ps[0], ps[1]
 	for round := range 20 {
-		k := fmt.Sprint("k", round)
+		k, last := fmt.Sprint("k", round), fmt.Sprint("last", round)
 		b.l.Get(ctx, k)
+		b.l.Get(ctx, last)
 		drops := b.l.Stats().RemoteDrops
 		a.l.Set(k, "new") // b hears it, and its check drops b's copy
 		ks := keysAt(b.t.opts.Prefix, b.t.key(k), b.t.gen.Load())
 		for range 4 {
 			b.t.verify(k, ks)
 		}
-		eventually(t, 5*time.Second, "b's drop", func() bool { return b.l.Stats().RemoteDrops > drops })
-		// Let every queued check run.
-		eventually(t, 5*time.Second, "the checks to run", func() bool { return len(b.t.checks) == 0 })
-		time.Sleep(50 * time.Millisecond) // the last batch's round trip; were it longer, a second drop would only go unseen
-		if n := b.l.Stats().RemoteDrops - drops; n != 1 {
-			t.Fatalf("round %d: %d drops of one outdated copy, want 1", round, n)
+		// A check queued last, of a copy b is told is of another version:
+		// the checks run in order, so once it has dropped that copy, every
+		// check of k has run.
+		lks := keysAt(b.t.opts.Prefix, b.t.key(last), b.t.gen.Load())
+		b.t.served.put(lks.base, "0")
+		b.t.verify(last, lks)
+		eventually(t, 5*time.Second, "the last check", func() bool { return b.t.served.get(lks.base) == b.t.droppedMark() })
+		eventually(t, 5*time.Second, "b's drops", func() bool { return b.l.Stats().RemoteDrops-drops >= 2 })
+		if n := b.l.Stats().RemoteDrops - drops; n != 2 {
+			t.Fatalf("round %d: %d drops of one outdated copy and the last one, want 2", round, n)
 		}
 		if v, _ := b.l.Get(ctx, k); v != "new" {
 			t.Fatalf("round %d: b got %q after the drop, want new", round, v)
