@@ -107,6 +107,25 @@ func waitFor(t testing.TB, what string, d time.Duration, cond func() bool) {
 	}
 }
 
+// waitProgress waits until left() is 0. Its deadline grows with progress:
+// it fails only when left() has not fallen for stall, so a slow machine
+// that drains steadily passes, and a drain that stopped fails in stall.
+func waitProgress(t testing.TB, what string, stall time.Duration, left func() int64) {
+	t.Helper()
+	best := left()
+	deadline := time.Now().Add(stall)
+	for best > 0 {
+		if n := left(); n < best {
+			best, deadline = n, time.Now().Add(stall)
+			continue
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d %s: none done in the last %v", best, what, stall)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
 // result is one Get's outcome, gathered from goroutines.
 type result struct {
 	v    string

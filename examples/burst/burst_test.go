@@ -29,6 +29,7 @@ func quick() config {
 	cfg.wallLoad = 5 * time.Millisecond
 	cfg.think = time.Millisecond
 	cfg.roundTrip = 2 * time.Millisecond
+	cfg.window = time.Minute // part e's window goes out when full, not when it ends
 	return cfg
 }
 
@@ -205,9 +206,8 @@ func TestFreshnessPart(t *testing.T) {
 // GetMany without LoadMany makes as many calls, at once; with LoadMany the
 // page is ⌈page / MaxBatch⌉ calls. Gets at once over a downstream that
 // answers only LoadMany are a LoadMany call each; with a BatchWindow
-// (docs/design.md rule 31) they share one: the page fills MaxBatch (100)
-// and goes out at once, or a straggler that missed the window (two round
-// trips) makes a second call.
+// (docs/design.md rule 31) they share one: the page fills MaxBatch (the
+// page) and goes out at once.
 func TestNPlusOnePart(t *testing.T) {
 	cfg := quick()
 	res, err := runNPlusOne(cfg, nil)
@@ -247,10 +247,13 @@ func TestNPlusOnePart(t *testing.T) {
 		t.Errorf("%s: %d calls, %d LoadMany, %d batches, largest %d; want %d LoadMany calls of 1 id, no batch", alone.Way,
 			alone.Calls, alone.ManyCalls, alone.BatchLoads, alone.LargestIn, page)
 	}
-	if win := res.Rows[5]; win.Calls < 1 || win.Calls > 2 || win.ManyCalls != win.Calls || win.BatchLoads != uint64(win.Calls) ||
-		win.BatchKeys != uint64(page) || win.Window != 2*cfg.roundTrip {
-		t.Errorf("%s: %d calls, %d LoadMany, %d batches of %d keys in all; want 1 (at most 2) LoadMany calls of the %d ids",
-			win.Way, win.Calls, win.ManyCalls, win.BatchLoads, win.BatchKeys, page)
+	// The window is long (quick's) and its MaxBatch is the page: it goes
+	// out when the page's last Get joins it, however slow the machine is
+	// to start the goroutines, and long before the window would end.
+	if win := res.Rows[5]; win.Calls != 1 || win.ManyCalls != 1 || win.BatchLoads != 1 ||
+		win.BatchKeys != uint64(page) || win.LargestIn != page || win.Window != cfg.window || win.Wall >= cfg.window {
+		t.Errorf("%s: %d calls, %d LoadMany, %d batches of %d keys in all, largest %d, in %v; want 1 LoadMany call of the %d ids, sent when full, before the %v window ends",
+			win.Way, win.Calls, win.ManyCalls, win.BatchLoads, win.BatchKeys, win.LargestIn, win.Wall, page, cfg.window)
 	}
 	oneByOne, concurrent, batched, small := res.Rows[0], res.Rows[1], res.Rows[2], res.Rows[3]
 	if oneByOne.PeakCalls != 1 || batched.PeakCalls != 1 {
@@ -295,8 +298,9 @@ func TestNPlusOnePart(t *testing.T) {
 // Part f: every Get of the storm is answered or failed, and the Loader's
 // Stats reconcile with the downstream's count. Once the Loader applies
 // Options.Limit (it reports a bound), the limited storms never call the
-// downstream past its capacity (Adaptive, probing for its bound: at most
-// 1% of the Gets): MaxLoads answers every Get, Adaptive all but 1%.
+// downstream past its capacity (the adaptive bound's ceiling is that
+// capacity): MaxLoads answers every Get, Adaptive all but the loads that
+// waited past MaxWait on a loaded machine (at most 1%).
 func TestStormPart(t *testing.T) {
 	cfg := quick()
 	res, err := runStorm(cfg, nil)
@@ -325,28 +329,21 @@ func TestStormPart(t *testing.T) {
 		if !row.bounded() {
 			t.Errorf("%s: the Loader reported no bound during the storm (Stats.LoadLimit stayed 0); want Options.Limit applied", row.Config)
 		}
-		// MaxLoads never calls past the capacity. Adaptive finds its bound
-		// from the downstream's latency, probing upwards: on a loaded
-		// machine a probe has gone a call or two past it (3 calls, 101 at
-		// once, in one CI run), each failed at once and counted in the 1%
-		// below.
-		switch {
-		case !row.Limit.Adaptive && (row.Overloaded != 0 || row.Peak > cfg.stormCapacity):
+		if row.Overloaded != 0 || row.Peak > cfg.stormCapacity {
 			t.Errorf("%s: %d calls past capacity, %d at once; want none past %d", row.Config, row.Overloaded, row.Peak, cfg.stormCapacity)
-		case row.Limit.Adaptive && row.Overloaded*100 > int64(row.Gets):
-			t.Errorf("%s: %d calls past capacity of %d Gets; want at most 1%%", row.Config, row.Overloaded, row.Gets)
 		}
 		switch failed := row.Gets - row.Answered; {
 		case !row.Limit.Adaptive && (failed != 0 || row.Peak > row.Limit.MaxLoads):
 			t.Errorf("%s: %d Gets failed, %d calls at once; want 0 and at most %d", row.Config, failed, row.Peak, row.Limit.MaxLoads)
-		case row.Limit.Adaptive && failed*100 > row.Gets:
-			t.Errorf("%s: %d of %d Gets failed; want at most 1%%", row.Config, failed, row.Gets)
+		case row.Limit.Adaptive && (failed != row.Limited || failed*100 > row.Gets):
+			t.Errorf("%s: %d of %d Gets failed (%d ErrLimited, %d ErrBreakerOpen; %d calls past capacity, peak %d); want at most 1%%",
+				row.Config, failed, row.Gets, row.Limited, row.BreakerOpen, row.Overloaded, row.Peak)
 		}
 	}
 
 	var out bytes.Buffer
 	res.print(&out)
-	for _, want := range []string{"f. A storm of many keys", "MaxLoads 50", "Adaptive", "matches the calls the downstream counted"} {
+	for _, want := range []string{"f. A storm of many keys", "MaxLoads 50", "Adaptive, ceiling 100", "matches the calls the downstream counted"} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("output lacks %q:\n%s", want, out.String())
 		}

@@ -72,7 +72,8 @@ type config struct {
 	page       int           // ids on the page
 	roundTrip  time.Duration // each downstream call takes this...
 	perRow     time.Duration // ...plus this per row it reads
-	smallBatch int           // the MaxBatch of the last way
+	smallBatch int           // the MaxBatch of the fourth way
+	window     time.Duration // the BatchWindow of the last way, whose MaxBatch is the page
 
 	// Part f: the storm of many keys.
 	stormKeys     int           // distinct cold keys, all asked for at once
@@ -111,6 +112,7 @@ func defaultConfig() config {
 		roundTrip:  5 * time.Millisecond,
 		perRow:     20 * time.Microsecond,
 		smallBatch: 25,
+		window:     10 * time.Millisecond,
 
 		stormKeys:     2000,
 		stormBase:     2 * time.Millisecond,

@@ -127,8 +127,8 @@ func runNPlusOne(cfg config, p *progress) (*nPlusOneResult, error) {
 		{name: fmt.Sprintf("GetMany, LoadMany, MaxBatch %d", cfg.smallBatch), many: true, loadMany: true, maxBatch: cfg.smallBatch,
 			expect: cfg.roundTrip + time.Duration(min(cfg.page, cfg.smallBatch))*cfg.perRow},
 		{name: "Gets at once, LoadMany only", atOnce: true, loadMany: true, expect: oneCall},
-		{name: fmt.Sprintf("Gets at once, LoadMany only, BatchWindow %v", 2*cfg.roundTrip), atOnce: true, loadMany: true,
-			window: 2 * cfg.roundTrip, expect: cfg.roundTrip + time.Duration(cfg.page)*cfg.perRow},
+		{name: fmt.Sprintf("Gets at once, LoadMany only, BatchWindow %v", cfg.window), atOnce: true, loadMany: true,
+			maxBatch: cfg.page, window: cfg.window, expect: cfg.roundTrip + time.Duration(cfg.page)*cfg.perRow},
 	} {
 		d := &directory{roundTrip: cfg.roundTrip, perRow: cfg.perRow}
 		opts := flightcache.Options[int, string]{TTL: time.Minute, MaxBatch: w.maxBatch, BatchWindow: w.window}

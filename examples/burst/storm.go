@@ -20,7 +20,8 @@ import (
 // fails past its capacity, as a database does when its connections run
 // out. The storm runs three times, each on a fresh Loader and downstream:
 // with no limit, with Options.Limit.MaxLoads, and with an adaptive limit
-// that finds the bound from the downstream's latency.
+// that finds the bound from the downstream's latency, below a ceiling at
+// the downstream's capacity.
 
 // stormRow is one configuration's storm.
 type stormRow struct {
@@ -117,7 +118,12 @@ func runStorm(cfg config, p *progress) (*stormResult, error) {
 	}{
 		{"no limit", flightcache.Limit{}},
 		{fmt.Sprintf("MaxLoads %d", cfg.stormMaxLoads), flightcache.Limit{MaxLoads: cfg.stormMaxLoads}},
-		{"Adaptive", flightcache.Limit{Adaptive: true}},
+		// The adaptive bound's ceiling is the downstream's capacity, as the
+		// Limit's doc says to set it in front of a pool: below it the bound
+		// follows the latency. With the default ceiling (200) it may probe
+		// past the capacity on a loaded machine, and five such calls in a
+		// row open the breaker.
+		{fmt.Sprintf("Adaptive, ceiling %d", cfg.stormCapacity), flightcache.Limit{Adaptive: true, MaxLoads: cfg.stormCapacity}},
 	} {
 		row, err := storm(cfg, p, c.name, c.limit)
 		if err != nil {
