@@ -1,8 +1,11 @@
 package life
 
 import (
+	"runtime"
 	"sync"
+	"sync/atomic"
 	"testing"
+	"time"
 )
 
 func idle(g *Gate) bool {
@@ -96,23 +99,32 @@ func TestGateUnanswered(t *testing.T) {
 }
 
 // Calls entering and leaving while Close runs: Idle closes exactly once,
-// after the last one left.
+// after the last one left. Close waits until every goroutine has been in
+// at least once, so it always races calls in flight; every Get let in is
+// counted, and a Get refused after Close is counted as closed.
 func TestGateCloseRacingCalls(t *testing.T) {
 	for range 50 {
 		var g Gate
 		g.Init()
-		var wg sync.WaitGroup
-		var inside sync.WaitGroup
+		var wg, started, inside sync.WaitGroup
+		var hits, refused atomic.Uint64
 		for range 8 {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
+			started.Add(1)
+			wg.Go(func() {
+				first := true
+				defer func() {
+					if first {
+						started.Done() // refused at once: Close came first after all
+					}
+				}()
 				for {
 					var in Gets
 					if !g.EnterGets(&in, 1) {
+						refused.Add(1)
 						return
 					}
 					in.Hit()
+					hits.Add(1)
 					g.ExitGets(&in)
 					s, ok := g.EnterOp()
 					if !ok {
@@ -122,13 +134,45 @@ func TestGateCloseRacingCalls(t *testing.T) {
 					inside.Add(1)
 					go func() { defer inside.Done(); g.ExitChild(s) }()
 					g.ExitOp(s)
+					if first {
+						first = false
+						started.Done()
+					}
+					runtime.Gosched() // let the others start: Close waits for them
 				}
-			}()
+			})
+		}
+		waitGroup(t, "every goroutine's first call", &started)
+		if idle(&g) {
+			t.Fatal("idle before Close")
 		}
 		g.Close()
 		g.CheckIdle()
-		wg.Wait()
-		inside.Wait()
-		<-g.Idle() // never closed twice (that panics), and closed once all left
+		waitGroup(t, "the callers to see the gate closed", &wg)
+		waitGroup(t, "the children to leave", &inside)
+		select {
+		case <-g.Idle(): // never closed twice (that panics), and closed once all left
+		case <-time.After(10 * time.Second):
+			t.Fatal("Idle not closed 10s after the last call left")
+		}
+		if c := g.Counts(); c.Hits != hits.Load() || c.Closed != refused.Load() || c.Gets != c.Hits+c.Closed {
+			t.Fatalf("Counts = %+v; want %d hits and %d closed, all of the Gets", c, hits.Load(), refused.Load())
+		}
+		if hits.Load() < 8 {
+			t.Fatalf("%d Gets let in before Close; want one per goroutine at least", hits.Load())
+		}
+	}
+}
+
+// waitGroup waits for wg, failing the test after 10s: a deadlock fails
+// fast, not at the package's timeout.
+func waitGroup(t *testing.T, what string, wg *sync.WaitGroup) {
+	t.Helper()
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatalf("waited 10s for %s", what)
 	}
 }
