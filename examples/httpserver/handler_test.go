@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -18,7 +19,16 @@ import (
 	"go.uber.org/goleak"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+// TestMain runs the tests, or, with serveEnv set, the server itself: the
+// tests that need the real server in a process of its own run this binary
+// so (startBinary).
+func TestMain(m *testing.M) {
+	if os.Getenv(serveEnv) == "1" {
+		main()
+		os.Exit(0)
+	}
+	goleak.VerifyTestMain(m)
+}
 
 // faults wraps the pricing service: it counts the requests that reach the
 // downstream, and can fail them or hold them until the test lets them go.

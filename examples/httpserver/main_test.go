@@ -6,8 +6,8 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"os"
 	"os/exec"
-	"path/filepath"
 	"strings"
 	"sync"
 	"syscall"
@@ -15,7 +15,13 @@ import (
 	"time"
 )
 
-// binary is the real server, built and started by startBinary.
+// serveEnv, set to 1 in a process's environment, makes the test binary
+// run the server's main instead of the tests (see TestMain): the tests
+// start the real server that way, without a go build of their own.
+const serveEnv = "HTTPSERVER_TEST_SERVE"
+
+// binary is the real server, in a process of its own, started by
+// startBinary.
 type binary struct {
 	apiURL, pricingURL string
 
@@ -28,23 +34,20 @@ type binary struct {
 	logLines []string
 }
 
-// startBinary builds the real server and starts it with args on free
-// loopback ports (the API's and the pricing service's), and returns once
-// it has logged both URLs. It skips the test in -short mode or without a
-// go command. The server is killed at the end of the test unless stopped
-// by stop.
+// startBinary starts the real server with args on free loopback ports
+// (the API's and the pricing service's), and returns once it has logged
+// both URLs. The server is this test binary run again with serveEnv set:
+// main, flags, signals and log, as the built command runs them. It skips
+// the test in -short mode. The server is killed at the end of the test
+// unless stopped by stop.
 func startBinary(t *testing.T, args ...string) *binary {
 	t.Helper()
 	if testing.Short() {
-		t.Skip("builds and runs the binary")
+		t.Skip("runs the server in a process of its own")
 	}
-	goTool, err := exec.LookPath("go")
+	bin, err := os.Executable()
 	if err != nil {
-		t.Skip("no go command to build the binary with")
-	}
-	bin := filepath.Join(t.TempDir(), "httpserver")
-	if out, err := exec.Command(goTool, "build", "-o", bin, ".").CombinedOutput(); err != nil {
-		t.Fatalf("go build: %v\n%s", err, out)
+		t.Fatalf("the test binary, to run as the server: %v", err)
 	}
 
 	b := &binary{
@@ -52,6 +55,7 @@ func startBinary(t *testing.T, args ...string) *binary {
 		stderr: &strings.Builder{},
 		exited: make(chan error, 1),
 	}
+	b.cmd.Env = append(os.Environ(), serveEnv+"=1")
 	stdout, err := b.cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -146,7 +150,7 @@ func getJSON(client *http.Client, url string, v any) (int, error) {
 	return resp.StatusCode, nil
 }
 
-// TestBinary builds the real server, starts it on free loopback ports,
+// TestBinary runs the real server, on free loopback ports,
 // sends 200 concurrent requests for one product, and checks that the
 // pricing service saw one request. Then SIGTERM must stop it cleanly.
 func TestBinary(t *testing.T) {
