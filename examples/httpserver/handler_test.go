@@ -357,18 +357,18 @@ func TestClientDisconnect(t *testing.T) {
 	ctxA, hangUp := context.WithCancel(context.Background())
 	defer hangUp()
 	a1 := send(ctxA)
-	<-down.arrived // A's load has reached the pricing service
+	recv(t, "A's load to reach the pricing service", down.arrived)
 	b := send(context.Background())
 	waitFor(t, "B to join the load", func() bool { return repo.Stats().Misses == 2 })
 
 	hangUp()
-	if got := <-a1; got.err == nil {
+	if got := recv(t, "A's answer after hanging up", a1); got.err == nil {
 		t.Fatalf("A: status %d after hanging up; want an error", got.resp.StatusCode)
 	}
 	waitFor(t, "the server to see A leave", func() bool { return repo.Stats().Canceled == 1 })
 
 	close(down.gate)
-	got := <-b
+	got := recv(t, "B's answer", b)
 	if got.err != nil {
 		t.Fatalf("B: %v", got.err)
 	}
@@ -377,6 +377,19 @@ func TestClientDisconnect(t *testing.T) {
 	}
 	if c := down.calls.Load(); c != 1 {
 		t.Errorf("pricing service saw %d requests; want 1", c)
+	}
+}
+
+// recv receives from ch, failing the test after a minute: a test on the
+// real clock that deadlocks fails there, not at the package's timeout.
+func recv[T any](t *testing.T, what string, ch <-chan T) T {
+	t.Helper()
+	select {
+	case v := <-ch:
+		return v
+	case <-time.After(time.Minute):
+		t.Fatalf("waited a minute for %s", what)
+		panic("unreachable")
 	}
 }
 
