@@ -599,6 +599,7 @@ func TestBatchWindowObserved(t *testing.T) {
 		for _, ch := range res {
 			<-ch
 		}
+		synctest.Wait() // LoadEnd comes once the waiters have the result, not before
 		o.mu.Lock()
 		defer o.mu.Unlock()
 		if !slices.Equal(o.starts, []int{5}) || !slices.Equal(o.ends, []int{5}) {

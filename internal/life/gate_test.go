@@ -176,3 +176,56 @@ func waitGroup(t *testing.T, what string, wg *sync.WaitGroup) {
 		t.Fatalf("waited 10s for %s", what)
 	}
 }
+
+// The strict twin of the root package's real-clock starvation tests
+// (TestCloseStarvedByGets): calls refused after Close never touch a
+// stripe, so however many keep coming, the gate balances the moment the
+// last call let in before Close leaves. (Refused Gets were once counted on
+// the stripes, and a stream of them kept quiet from ever holding.)
+func TestGateRefusedCallsDoNotHoldClose(t *testing.T) {
+	var g Gate
+	g.Init()
+	var held Gets
+	if !g.EnterGets(&held, 1) {
+		t.Fatal("EnterGets refused an open gate")
+	}
+	g.Close()
+	g.CheckIdle()
+	before := stripeCounts(&g)
+	for range 10000 {
+		var in Gets
+		if g.EnterGets(&in, 1) {
+			t.Fatal("EnterGets let a Get into a closed gate")
+		}
+		if _, ok := g.EnterOp(); ok {
+			t.Fatal("EnterOp let an operation into a closed gate")
+		}
+		g.CheckIdle()
+	}
+	if after := stripeCounts(&g); after != before {
+		t.Fatalf("refused calls changed the stripes: %+v, then %+v", before, after)
+	}
+	if idle(&g) {
+		t.Fatal("idle with a Get inside")
+	}
+	held.Hit()
+	g.ExitGets(&held)
+	if !idle(&g) {
+		t.Fatal("not idle once the last Get let in left, with 10,000 refused calls behind it")
+	}
+	if c := g.Counts(); c.Gets != 10001 || c.Closed != 10000 || c.Hits != 1 {
+		t.Fatalf("Counts = %+v; want 10,001 Gets: 1 hit, 10,000 closed", c)
+	}
+}
+
+// stripeCounts sums every stripe's counters, the refused Gets left out.
+func stripeCounts(g *Gate) [7]uint64 {
+	var sum [7]uint64
+	for i := range g.stripes {
+		s := &g.stripes[i]
+		for j, v := range []uint64{s.gets.Load(), s.hits.Load(), s.stale.Load(), s.passed.Load(), s.closed.Load(), s.opsIn.Load(), s.opsOut.Load()} {
+			sum[j] += v
+		}
+	}
+	return sum
+}
