@@ -416,3 +416,97 @@ func TestParseEntryName(t *testing.T) {
 		t.Error("a generation that is not a number was taken")
 	}
 }
+
+// pipelineHold holds, once armed, the first pipeline that reads entry
+// (HMGET) before it is sent, until release is closed: a Load held before
+// its read of the entry, as a goroutine the scheduler left waiting there
+// is. The read then runs without the deadline of its round trip, which
+// the hold has used up: a Load that is late to start its read does not
+// start its round trip's Timeout any sooner.
+type pipelineHold struct {
+	entry   string
+	armed   atomic.Bool
+	held    chan struct{} // closed when the pipeline is held
+	release chan struct{}
+	free    func() // closes release; once
+}
+
+func newPipelineHold(entry string) *pipelineHold {
+	h := &pipelineHold{entry: entry, held: make(chan struct{}), release: make(chan struct{})}
+	h.free = sync.OnceFunc(func() { close(h.release) })
+	return h
+}
+
+func (h *pipelineHold) DialHook(next redis.DialHook) redis.DialHook          { return next }
+func (h *pipelineHold) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return next }
+
+func (h *pipelineHold) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		for _, c := range cmds {
+			if a := c.Args(); c.Name() == "hmget" && len(a) > 1 && a[1] == h.entry && h.armed.CompareAndSwap(true, false) {
+				close(h.held)
+				<-h.release
+				return next(context.WithoutCancel(ctx), cmds)
+			}
+		}
+		return next(ctx, cmds)
+	}
+}
+
+// A Load the Loader detached (its key was dropped while it ran) still
+// hands its entry over, to its own waiters; the tier must not take that
+// entry for the Loader's copy. b's first Load of k is held before it reads
+// the entry; the tier drops k meanwhile (as a check that found b's copy
+// outdated does), which detaches that Load; a second Load hands b x1,
+// which b keeps; a writes x2, whose invalidation b hears while the first
+// Load still runs; then the first Load reads x2 and hands it over. b holds
+// x1, so the invalidation must drop it: were x2 recorded as handed over,
+// the check of b's copy would find it current and b would serve x1 until
+// its TTL (an hour).
+func TestTrackingDetachedLoadClaimsNoCopy(t *testing.T) {
+	addr := redisAddr(t)
+	to := Options[string, string]{Prefix: testPrefix(t, newClient(t, addr))}
+	d := newDownstream()
+	lo := flightcache.Options[string, string]{TTL: time.Hour}
+	a := newProc(t, addr, to.Prefix, lo, to, d)
+	bc := newClient(t, addr)
+	hold := newPipelineHold(keysFor(to.Prefix, "k").entry)
+	bc.AddHook(hold)
+	tier, err := NewTier(bc, to)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := startProc(t, tier, lo, d)
+	t.Cleanup(hold.free) // before the Loader closes: it waits for the held Load
+	listening(t, a, b)
+	for _, p := range []proc{a, b} {
+		if s := p.t.Stats(); s.Invalidations != "tracking" {
+			t.Fatalf("Stats.Invalidations = %q, want tracking", s.Invalidations)
+		}
+	}
+	a.l.Set("k", "x1")
+	ks := keysAt(b.t.opts.Prefix, b.t.key("k"), b.t.gen.Load())
+
+	hold.armed.Store(true)
+	first := make(chan string, 1)
+	go func() {
+		v, _ := b.l.Get(ctx, "k")
+		first <- v
+	}()
+	within(t, hold.held, 5*time.Second, "hold of the first Load's read")
+	b.t.dropKey("k", ks) // the first Load is detached: the Loader keeps nothing of it
+	if v, err := b.l.Get(ctx, "k"); err != nil || v != "x1" {
+		t.Fatalf("the second Load: %q, %v; want x1", v, err)
+	}
+	heard := b.t.Stats().InvalidationsHeard
+	a.l.Set("k", "x2")
+	eventually(t, 5*time.Second, "b to hear the Set", func() bool { return b.t.Stats().InvalidationsHeard > heard })
+	hold.free()
+	if v := within(t, first, 5*time.Second, "answer of the first Load"); v != "x2" {
+		t.Fatalf("the first Load's waiter got %q, want x2", v)
+	}
+	eventually(t, 5*time.Second, "b to drop its copy of x1", func() bool {
+		v, err := b.l.Get(ctx, "k")
+		return err == nil && v == "x2"
+	})
+}
