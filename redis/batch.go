@@ -67,7 +67,8 @@ type slot[K comparable] struct {
 	stolen  bool   // the lease was taken over from a dead holder
 	attempt int    // waits so far, for the poll backoff
 	delay   time.Duration
-	watched bool // the batch is subscribed to the key's wake-ups
+	watched bool   // the batch is subscribed to the key's wake-ups
+	tk      ticket // the key's Load's (takeoffAll)
 }
 
 // batchRun is one LoadMany call.
@@ -327,7 +328,7 @@ func (b *batchRun[K, V]) offer(s *slot[K]) bool {
 		t.stats.decodeErrors.Add(1)
 		return false
 	}
-	b.answer(s, flightcache.RemoteResult[V]{RemoteValue: t.hand(s.ks, s.e, v, s.waited != "")})
+	b.answer(s, flightcache.RemoteResult[V]{RemoteValue: t.hand(s.ks, s.tk, s.e, v, s.waited != "")})
 	return true
 }
 
@@ -561,7 +562,7 @@ func (b *batchRun[K, V]) loadAndStore(leased, local []*slot[K]) {
 					return false
 				}
 				if t.stored(n) {
-					t.served.put(s.ks.base, id)
+					t.handOver(s.ks, s.tk, id)
 				} else if n == writeOutdated {
 					t.outdatedFill(s.ks, s.key, held)
 				}

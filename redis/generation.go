@@ -208,6 +208,9 @@ func (t *Tier[K, V]) advance(g int64, own bool) bool {
 			break
 		}
 	}
+	// The Loader drops every copy (DropAll, or its own InvalidateAll),
+	// which detaches the Loads running then, of this generation too.
+	t.flights.cutAll()
 	t.served.reset() // the versions handed over were of older generations
 	if own || t.ownAll.Load() > 0 || !t.used.Load() {
 		return true

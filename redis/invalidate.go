@@ -187,7 +187,9 @@ func (t *Tier[K, V]) onInvalidated(payload string) {
 		t.distrust()
 		return
 	}
-	t.served.drop(keysAt(t.opts.Prefix, parts[2], t.gen.Load()).base)
+	base := keysAt(t.opts.Prefix, parts[2], t.gen.Load()).base
+	t.flights.cut(base)
+	t.served.drop(base)
 	t.fleet.each(func(l flightcache.LocalCache[K]) { l.Drop(key) })
 }
 
@@ -264,6 +266,7 @@ func (t *Tier[K, V]) listening() {
 // distrust has every copy the Loaders hold read again before it is served.
 func (t *Tier[K, V]) distrust() {
 	t.stats.distrusts.Add(1)
+	t.flights.cutAll()     // a Get detaches its key's Load running now
 	t.track.echoes.reset() // an echo expected may never come
 	t.fleet.each(func(l flightcache.LocalCache[K]) { l.Distrust() })
 	t.served.reset() // what was handed over is read again, not reloaded

@@ -263,7 +263,8 @@ func (t *Tier[K, V]) loadAt(ctx context.Context, key K, name string, gen int64, 
 			t.wake.unwatch(w, ks.base)
 		}
 	}()
-	defer t.takeoff(key, ks)()
+	tk, landed := t.takeoff(key, ks)
+	defer landed()
 
 	vals, g, err := t.readEntry(ctx, ks)
 	if err != nil {
@@ -288,7 +289,7 @@ func (t *Tier[K, V]) loadAt(ctx context.Context, key K, name string, gen int64, 
 		}
 		if perr == nil && e.ok && t.usable(ctx, ks, e) {
 			if v, err := t.decode(e.val); err == nil {
-				return t.hand(ks, e, v, waited != ""), nil, false
+				return t.hand(ks, tk, e, v, waited != ""), nil, false
 			}
 			t.stats.decodeErrors.Add(1)
 		} else if perr != nil {
@@ -326,7 +327,7 @@ func (t *Tier[K, V]) loadAt(ctx context.Context, key K, name string, gen int64, 
 				t.stats.takeovers.Add(1)
 			}
 			fctx, fleet := t.withFleetValue(ctx, e)
-			rv, err := t.hold(fctx, ks, key, tok, load, fleet)
+			rv, err := t.hold(fctx, ks, tk, key, tok, load, fleet)
 			return rv, err, false
 		}
 		// "held": wait for the holder's wake-up, a poll, or the holder's
@@ -380,9 +381,10 @@ func (t *Tier[K, V]) withFleetValue(ctx context.Context, e entry) (context.Conte
 	return flightcache.WithReloadValue(ctx, v), &v
 }
 
-// hand returns a decoded entry to the Loader and remembers it was served.
-func (t *Tier[K, V]) hand(ks keys, e entry, v V, waited bool) flightcache.RemoteValue[V] {
-	t.served.put(ks.base, e.id)
+// hand returns a decoded entry to the Loader and remembers it was served,
+// to a Load with ticket tk (handOver).
+func (t *Tier[K, V]) hand(ks keys, tk ticket, e entry, v V, waited bool) flightcache.RemoteValue[V] {
+	t.handOver(ks, tk, e.id)
 	switch {
 	case waited:
 		t.stats.shared.Add(1)
@@ -404,8 +406,8 @@ func (t *Tier[K, V]) hand(ks keys, e entry, v V, waited bool) flightcache.Remote
 // runtime.Goexit), its deferred release drops the lease if nothing else
 // did, which wakes the processes waiting on it. fleet is the shared value
 // the load revalidates, if any: when the load answers ErrNotModified it is
-// stored again, renewed, for every process.
-func (t *Tier[K, V]) hold(ctx context.Context, ks keys, key K, tok string, load func(context.Context) (V, error), fleet *V) (flightcache.RemoteValue[V], error) {
+// stored again, renewed, for every process. tk is the Load's ticket.
+func (t *Tier[K, V]) hold(ctx context.Context, ks keys, tk ticket, key K, tok string, load func(context.Context) (V, error), fleet *V) (flightcache.RemoteValue[V], error) {
 	t.stats.leases.Add(1)
 	stop := t.beat(ks, tok)
 	bg := context.WithoutCancel(ctx) // the lease must be released even if ctx ended
@@ -428,7 +430,7 @@ func (t *Tier[K, V]) hold(ctx context.Context, ks keys, key K, tok string, load 
 			return flightcache.RemoteValue[V]{}, err
 		}
 		rv := flightcache.RemoteValue[V]{Value: *fleet, LoadedAt: end, Took: end.Sub(start), Loaded: true}
-		t.write(bg, ks, key, tok, rv)
+		t.write(bg, ks, tk, key, tok, rv)
 		settled = true
 		return rv, err
 	}
@@ -446,7 +448,7 @@ func (t *Tier[K, V]) hold(ctx context.Context, ks keys, key K, tok string, load 
 		return t.cover(e, err)
 	}
 	rv := flightcache.RemoteValue[V]{Value: v, LoadedAt: end, Took: end.Sub(start), Loaded: true}
-	t.write(bg, ks, key, tok, rv)
+	t.write(bg, ks, tk, key, tok, rv)
 	settled = true
 	return rv, nil
 }
@@ -554,8 +556,10 @@ func (t *Tier[K, V]) beat(ks keys, tok string) (stop func()) {
 // the lease of a generation that has ended (an InvalidateAll during the
 // load): it is counted in WritesLost. Nor is a value of a lower version
 // than the entry's (version.go): the script drops the lease and wakes the
-// waiters all the same, and it is counted in WritesOutdated.
-func (t *Tier[K, V]) write(ctx context.Context, ks keys, key K, tok string, rv flightcache.RemoteValue[V]) {
+// waiters all the same, and it is counted in WritesOutdated. The entry
+// written is recorded as the Loader's copy for the Load with ticket tk
+// (handOver).
+func (t *Tier[K, V]) write(ctx context.Context, ks keys, tk ticket, key K, tok string, rv flightcache.RemoteValue[V]) {
 	enc, ok := t.encode(key, rv, rand.Float64())
 	if ok && t.dead(ks) {
 		t.stats.writesLost.Add(1)
@@ -574,7 +578,7 @@ func (t *Tier[K, V]) write(ctx context.Context, ks keys, key K, tok string, rv f
 	case err != nil:
 		t.failed()
 	case t.stored(n):
-		t.served.put(ks.base, id)
+		t.handOver(ks, tk, id)
 	case n == writeOutdated:
 		t.outdatedFill(ks, key, held)
 	}
@@ -805,6 +809,7 @@ func (t *Tier[K, V]) Set(ctx context.Context, key K, v flightcache.RemoteValue[V
 	t.used.Store(true)
 	name := t.key(key)
 	t.handed(name, key)
+	t.flights.cut(keysAt(t.opts.Prefix, name, t.gen.Load()).base) // the Loader holds v now
 	if t.closed.Load() || t.down() || !t.ready(ctx) {
 		t.skip(name, key)
 		return
@@ -854,6 +859,7 @@ func (t *Tier[K, V]) Set(ctx context.Context, key K, v flightcache.RemoteValue[V
 func (t *Tier[K, V]) Invalidate(ctx context.Context, key K) {
 	t.used.Store(true)
 	name := t.key(key)
+	t.flights.cut(keysAt(t.opts.Prefix, name, t.gen.Load()).base) // the Loader holds nothing now
 	if t.closed.Load() || t.down() || !t.ready(ctx) {
 		t.skip(name, key)
 		return

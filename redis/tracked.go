@@ -169,6 +169,7 @@ func (t *Tier[K, V]) verify(key K, ks keys) {
 // dropKey drops the Loader's copy of key, whose entry is ks, and marks it
 // dropped (see verify).
 func (t *Tier[K, V]) dropKey(key K, ks keys) {
+	t.flights.cut(ks.base)
 	t.served.put(ks.base, t.droppedMark())
 	t.fleet.each(func(l flightcache.LocalCache[K]) { l.Drop(key) })
 }
@@ -236,30 +237,73 @@ func (t *Tier[K, V]) checker() {
 var idField = []string{"id"}
 
 // flights are the keys (keys.base) a Load or LoadMany of this tier reads
-// now, and whether an invalidation of theirs came meanwhile.
+// now, whether an invalidation of theirs came meanwhile, and whether the
+// Loader's copy of them was cut (see cut) since each Load began.
 type flights struct {
-	mu sync.Mutex
-	m  map[string]*flight // guarded by mu
+	mu   sync.Mutex
+	m    map[string]*flight // guarded by mu
+	cuts uint64             // cuts of every key (cutAll); guarded by mu
 }
 
 type flight struct {
-	n      int  // Loads of the key running
-	pushed bool // an invalidation came while they ran
+	n      int    // Loads of the key running
+	pushed bool   // an invalidation came while they ran
+	cuts   uint64 // cuts of the key while they ran
 }
 
-// begin notes that a Load of each of bases starts.
-func (f *flights) begin(bases ...string) {
+// ticket is what the cuts of a Load's key stood at when it began.
+type ticket struct{ key, all uint64 }
+
+// begin notes that a Load of base starts, and returns its ticket.
+func (f *flights) begin(base string) ticket {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if f.m == nil {
 		f.m = make(map[string]*flight)
 	}
-	for _, b := range bases {
-		if fl := f.m[b]; fl != nil {
-			fl.n++
-		} else {
-			f.m[b] = &flight{n: 1}
-		}
+	fl := f.m[base]
+	if fl != nil {
+		fl.n++
+	} else {
+		fl = &flight{n: 1}
+		f.m[base] = fl
+	}
+	return ticket{fl.cuts, f.cuts}
+}
+
+// cut notes that the Loader's copy of base is dropped or replaced by
+// other means than a Load of this tier (a drop, this process's Set or
+// Invalidate): the Loader detaches a Load of the key running then, and
+// keeps nothing of it. Call it before the drop and before recording what
+// the Loader holds instead.
+func (f *flights) cut(base string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if fl := f.m[base]; fl != nil {
+		fl.cuts++
+	}
+}
+
+// cutAll is cut for every key (a distrust: a Get detaches the Loads of
+// its key running then; a move to a new generation).
+func (f *flights) cutAll() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.cuts++
+}
+
+// record runs put, the record of a copy a Load with ticket tk hands the
+// Loader, unless the Loader's copy of base was cut since that Load began:
+// the Loader keeps nothing of it then, and what it holds instead (the copy
+// of a Load that began after the cut, or of a Set) is what served must
+// name, else an invalidation of that copy is checked against the wrong
+// version and lost. Under mu: a cut comes before the record, or finds it
+// made and overrides it.
+func (f *flights) record(base string, tk ticket, put func()) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if fl := f.m[base]; fl != nil && fl.cuts == tk.key && f.cuts == tk.all {
+		put()
 	}
 }
 
@@ -291,12 +335,18 @@ func (f *flights) pushed(base string) bool {
 	return false
 }
 
-// takeoff begins a Load of key, whose entry is ks, and returns what ends
-// it (landed).
-func (t *Tier[K, V]) takeoff(key K, ks keys) (landed func()) {
+// takeoff begins a Load of key, whose entry is ks, and returns its ticket
+// (for handOver) and what ends it (landed).
+func (t *Tier[K, V]) takeoff(key K, ks keys) (tk ticket, landed func()) {
 	before := t.served.get(ks.base)
-	t.flights.begin(ks.base)
-	return func() { t.landed(key, ks, before) }
+	tk = t.flights.begin(ks.base)
+	return tk, func() { t.landed(key, ks, before) }
+}
+
+// handOver records that a Load with ticket tk hands the Loader the entry
+// of ks whose id is id (see flights.record).
+func (t *Tier[K, V]) handOver(ks keys, tk ticket, id string) {
+	t.flights.record(ks.base, tk, func() { t.served.put(ks.base, id) })
 }
 
 // localLoads counts n keys of a batch loaded without Redis (untracked).
@@ -450,6 +500,7 @@ func (t *Tier[K, V]) wrote(key K, entry string, echo, ok bool) {
 	case !ok:
 		t.track.echoes.unmark(entry)
 	case !echo:
+		t.flights.cut(strings.TrimSuffix(entry, ":v"))
 		t.fleet.each(func(l flightcache.LocalCache[K]) { l.Drop(key) })
 	}
 }
@@ -560,6 +611,7 @@ func (t *Tier[K, V]) trackWritten(ctx context.Context, key K, ks keys, id string
 		t.track.echoes.tracked(ks.entry)
 	}
 	if got == nil || caching.Err() != nil || got.Val() != id {
+		t.flights.cut(ks.base)
 		t.served.drop(ks.base)
 		t.fleet.each(func(l flightcache.LocalCache[K]) { l.Drop(key) })
 	}
@@ -656,7 +708,7 @@ func (t *Tier[K, V]) takeoffAll(slots []*slot[K]) (landed func()) {
 	before := make([]string, len(slots))
 	for i, s := range slots {
 		kss[i], before[i] = s.ks, t.served.get(s.ks.base)
-		t.flights.begin(s.ks.base)
+		s.tk = t.flights.begin(s.ks.base)
 	}
 	return func() {
 		for i, s := range slots {
