@@ -670,7 +670,7 @@ func (f *clusterFleet) check(key, v string, err error, start time.Time) {
 // stop stops the readers and waits for them.
 func (f *clusterFleet) stop() {
 	f.stopOnce.Do(func() { close(f.stopc) })
-	f.wg.Wait()
+	waitAll(f.t, &f.wg, 30*time.Second, "end of the fleet's readers")
 }
 
 // tierStats sums the tiers' RedisErrors and LocalLoads, the counters the
@@ -874,7 +874,7 @@ func TestClusterSlotMove(t *testing.T) {
 	}
 	var moves []move
 	var burst sync.WaitGroup // the Gets of keys nobody has, midway through a move
-	t.Cleanup(burst.Wait)
+	t.Cleanup(func() { waitAll(t, &burst, 30*time.Second, "answers to the Gets of keys nobody had") })
 	for i, m := range []move{{from: src, to: dst}, {from: dst, to: src}} {
 		m.before = f.tierStats()
 		m.start = time.Now()
@@ -894,7 +894,7 @@ func TestClusterSlotMove(t *testing.T) {
 			// nobody has is not on the source, which answers ASK.
 			eventually(t, 10*time.Second, "the fleet to be redirected (ASK)", func() bool { return f.nodeKinds.count("ASK") > 0 })
 		})
-		burst.Wait()
+		waitAll(t, &burst, 30*time.Second, "answers to the Gets of keys nobody had")
 		if err != nil {
 			t.Fatalf("moving slot %d from %s to %s: %v", slot, m.from.addr, m.to.addr, err)
 		}
@@ -1122,7 +1122,7 @@ func testScriptsOnAMigratingSlot(t *testing.T, notFound bool) {
 	if v, err := a.l.Get(ctx, "k"); err != nil || v != "k-v1" {
 		t.Fatalf("Get = %q, %v; want k-v1", v, err)
 	}
-	<-d.started
+	within(t, d.started, 10*time.Second, "downstream call")
 
 	ks := keysFor(p, "k")
 	slot := keySlot(ks.base)

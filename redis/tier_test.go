@@ -113,12 +113,12 @@ func TestTwoLoadersMakeOneCall(t *testing.T) {
 			})
 		}
 	}
-	<-d.started
+	within(t, d.started, 10*time.Second, "downstream call")
 	eventually(t, 10*time.Second, "the second loader to wait on the lease", func() bool {
 		return a.t.Stats().Waits+b.t.Stats().Waits == 1
 	})
 	close(d.gate)
-	wg.Wait()
+	waitAll(t, &wg, 30*time.Second, "end of the Gets")
 	close(results)
 	for v := range results {
 		if v != "k-v1" {
@@ -209,12 +209,12 @@ func TestFailureIsSharedWithWaiters(t *testing.T) {
 
 	errs := make(chan error, 2)
 	go func() { _, err := a.l.Get(ctx, "k"); errs <- err }()
-	<-d.started
+	within(t, d.started, 10*time.Second, "downstream call")
 	go func() { _, err := b.l.Get(ctx, "k"); errs <- err }()
 	eventually(t, 10*time.Second, "b to wait on a's lease", func() bool { return b.t.Stats().Waits == 1 })
 	close(d.gate)
 	for range 2 {
-		if err := <-errs; !errors.Is(err, flightcache.ErrNotFound) {
+		if err := within(t, errs, 30*time.Second, "answer to a Get"); !errors.Is(err, flightcache.ErrNotFound) {
 			t.Errorf("Get(k) error = %v; want one matching ErrNotFound", err)
 		}
 	}

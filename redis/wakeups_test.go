@@ -74,7 +74,7 @@ func TestWakeupsOnlyToWaiters(t *testing.T) {
 
 	got := make(chan error, 2)
 	go func() { _, err := a.l.Get(ctx, "k"); got <- err }()
-	<-d.started // a holds k's lease
+	within(t, d.started, 10*time.Second, "a's downstream call") // a holds k's lease
 	go func() {
 		v, err := b.l.Get(ctx, "k")
 		if err == nil && v != "k-v1" {
@@ -166,7 +166,7 @@ func TestWakeupLostCostsAPoll(t *testing.T) {
 		d.gate = make(chan struct{})
 		got := make(chan error, 2)
 		go func() { _, err := a.l.Get(ctx, key); got <- err }()
-		<-d.started
+		within(t, d.started, 10*time.Second, "a's downstream call")
 		go func() { _, err := b.l.Get(ctx, key); got <- err }()
 		waitingOn(t, admin, p, b, key, b.t.Stats().Waits+1)
 		lose()
@@ -270,7 +270,7 @@ func TestWakeupStorm(t *testing.T) {
 			})
 		}
 	}
-	wg.Wait()
+	waitAll(t, &wg, time.Minute, "end of the Gets")
 	close(errs)
 	for err := range errs {
 		t.Error(err)
