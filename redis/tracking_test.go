@@ -34,6 +34,19 @@ func trackingProcs(t *testing.T, n int, to Options[string, string]) ([]proc, *do
 	return ps, d
 }
 
+// Close does not wait for the invalidation connection's read in progress,
+// which only a message or the health check's interval (4 Timeouts, here
+// 40s) would end otherwise.
+func TestTrackingCloseIsPrompt(t *testing.T) {
+	ps, _ := trackingProcs(t, 1, Options[string, string]{Timeout: 10 * time.Second, HolderTimeout: 30 * time.Second})
+	closed := make(chan struct{})
+	go func() {
+		_ = ps[0].t.Close()
+		close(closed)
+	}()
+	within(t, closed, 10*time.Second, "end of Tier.Close (it waits for the health check's interval, 40s)")
+}
+
 // An invalidation reaches only the processes that read the key: one that
 // never did hears nothing of it.
 func TestTrackingReachesHoldersOnly(t *testing.T) {
