@@ -673,13 +673,14 @@ func (f *clusterFleet) stop() {
 	waitAll(f.t, &f.wg, 30*time.Second, "end of the fleet's readers")
 }
 
-// tierStats sums the tiers' RedisErrors and LocalLoads, the counters the
-// tests report.
+// tierStats sums the tiers' RedisErrors, LocalLoads and Takeovers, the
+// counters the tests report.
 func (f *clusterFleet) tierStats() (s Stats) {
 	for _, pr := range f.procs {
 		ps := pr.t.Stats()
 		s.RedisErrors += ps.RedisErrors
 		s.LocalLoads += ps.LocalLoads
+		s.Takeovers += ps.Takeovers
 	}
 	return s
 }
@@ -790,21 +791,29 @@ func (h *errorKinds) take() string {
 
 // TestClusterSlotMove moves a slot to another master, and back, while the
 // fleet reads 12 keys, 6 of them in that slot, each reloaded about once a
-// second. The slot also holds 3000 other keys, so that its migration takes
-// a while (about 150ms on the loopback interface), as a slot with data
-// does; midway through each move, every process asks for 3 more keys of
+// second. The slot also holds 3000 other keys (1000 under the race
+// detector), so that its migration takes a while (about 150ms on the
+// loopback interface), as a slot with data does; midway through each move, every process asks for 3 more keys of
 // the slot that nobody has loaded, so that leases and writes meet the
 // slot in migration. No Get may fail or return a value older than the
 // windows allow; before the moves the fleet makes one downstream call per
 // key per generation of its value, and each move may cost it at most one
-// extra call per key of the slot it reads (9).
+// extra call per key of the slot it reads (9), plus one for each load a
+// tier could not share: each local load (a tier that met an error or its
+// Timeout steps aside, and its process loads alone, as it would without
+// the tier) and each takeover of a lease whose holder stopped beating. A
+// loaded machine makes those; TestClusterScriptsOnAMigratingSlot checks
+// the scripts on a migrating slot without them.
 func TestClusterSlotMove(t *testing.T) {
 	addrs := clusterAddrs(t)
 	admin := newClusterAdmin(t, addrs)
 	admin.waitHealthy(30 * time.Second)
 	c := newClient(t, addrs)
 	p := testPrefix(t, c)
-	const ballast = 3000
+	ballast := 3000
+	if raceEnabled {
+		ballast = 1000 // the fleet still meets the slot in migration: the move waits for its first ASK
+	}
 	inSlot, slot := sameSlotKeys(p, 12)
 	hot, cold := inSlot[:6], [][]string{inSlot[6:9], inSlot[9:12]}
 	keys := slices.Clone(hot)
@@ -860,7 +869,7 @@ func TestClusterSlotMove(t *testing.T) {
 	// locally meanwhile lives TTL: its extra calls are over by then.
 	settle := lo.TTL + max(to.RetryAfter, DefaultRetryAfter)
 
-	baseline := time.Now()
+	baseline, atBaseline := time.Now(), f.tierStats()
 	time.Sleep(2 * lo.TTL)
 	f.errKinds.take()
 	type move struct {
@@ -869,6 +878,7 @@ func TestClusterSlotMove(t *testing.T) {
 		keys       int
 		took       time.Duration
 		before     Stats
+		after      Stats // at end
 		errs       string // the errors of the tiers' commands
 		redirects  string // the replies go-redis followed or retried
 	}
@@ -902,30 +912,27 @@ func TestClusterSlotMove(t *testing.T) {
 		m.keys, m.took = n, took
 		time.Sleep(settle)
 		m.end = time.Now()
+		m.after = f.tierStats()
 		m.errs = f.errKinds.take()
 		m.redirects = f.nodeKinds.take()
 		moves = append(moves, m)
 	}
-	after := f.tierStats()
 	f.stop()
 	f.verify()
 
 	extra, largest := d.extras(lo.TTL / 2)
-	if n := countIn(extra, baseline, moves[0].start); n != 0 {
-		t.Errorf("before the moves, the fleet made %d extra downstream calls; want 0 (one call per key per generation)", n)
+	unshared := func(from, to Stats) uint64 { return to.LocalLoads - from.LocalLoads + to.Takeovers - from.Takeovers }
+	if n, u := countIn(extra, baseline, moves[0].start), unshared(atBaseline, moves[0].before); uint64(n) > u {
+		t.Errorf("before the moves, the fleet made %d extra downstream calls with %d loads not shared; want at most those (one call per key per generation)", n, u)
 	}
 	budget := len(hot) + len(cold[0])
 	for i, m := range moves {
-		next := after
-		if i+1 < len(moves) {
-			next = moves[i+1].before
-		}
-		n := countIn(extra, m.start, m.end)
-		t.Logf("move %d: slot %d (%d Redis keys) from %s to %s in %v; in the %v from its start: %d extra downstream calls; replies to the fleet's commands: %s; tier: %d Redis errors (%s), %d local loads",
+		n, u := countIn(extra, m.start, m.end), unshared(m.before, m.after)
+		t.Logf("move %d: slot %d (%d Redis keys) from %s to %s in %v; in the %v from its start: %d extra downstream calls; replies to the fleet's commands: %s; tier: %d Redis errors (%s), %d local loads, %d takeovers",
 			i+1, slot, m.keys, m.from.addr, m.to.addr, m.took.Round(time.Millisecond), settle, n, m.redirects,
-			next.RedisErrors-m.before.RedisErrors, m.errs, next.LocalLoads-m.before.LocalLoads)
-		if n > budget {
-			t.Errorf("move %d cost %d extra downstream calls; want at most one per key of the slot the fleet reads (%d)", i+1, n, budget)
+			m.after.RedisErrors-m.before.RedisErrors, m.errs, m.after.LocalLoads-m.before.LocalLoads, m.after.Takeovers-m.before.Takeovers)
+		if uint64(n) > uint64(budget)+u {
+			t.Errorf("move %d cost %d extra downstream calls; want at most one per key of the slot the fleet reads (%d) and one per load not shared (%d)", i+1, n, budget, u)
 		}
 	}
 	t.Logf("largest generation: %d calls (%s); extra calls in all: %d", len(largest), describe(largest, baseline), len(extra))
