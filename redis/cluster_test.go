@@ -878,7 +878,7 @@ func TestClusterSlotMove(t *testing.T) {
 		keys       int
 		took       time.Duration
 		before     Stats
-		after      Stats // at end
+		after      Stats  // at end
 		errs       string // the errors of the tiers' commands
 		redirects  string // the replies go-redis followed or retried
 	}
