@@ -154,7 +154,9 @@ func TestWakeupLostCostsAPoll(t *testing.T) {
 	admin := newClient(t, addr)
 	p := testPrefix(t, admin)
 	lo := flightcache.Options[string, string]{TTL: time.Minute}
-	to := Options[string, string]{PollInterval: 2 * time.Second, HolderTimeout: 30 * time.Second}
+	// Timeout generous for a loaded machine: a round trip of b that
+	// outlasted it would have b load the key itself.
+	to := Options[string, string]{Timeout: 2 * time.Second, PollInterval: 2 * time.Second, HolderTimeout: 30 * time.Second}
 	d := newDownstream()
 	a := newProc(t, addr, p, lo, to, d)
 	b := newProc(t, addr, p, lo, to, d)
@@ -164,6 +166,9 @@ func TestWakeupLostCostsAPoll(t *testing.T) {
 	wait := func(key string, lose func()) time.Duration {
 		t.Helper()
 		d.gate = make(chan struct{})
+		for len(d.started) > 0 { // an earlier step's: the next is a's call
+			<-d.started
+		}
 		got := make(chan error, 2)
 		go func() { _, err := a.l.Get(ctx, key); got <- err }()
 		within(t, d.started, 10*time.Second, "a's downstream call")
