@@ -14,9 +14,13 @@ import (
 	"github.com/sony/gobreaker/v2"
 )
 
+// newBreaker returns a Breaker on a client of its own, closed when the
+// test ends. Its Timeout is generous: a round trip slowed down by a loaded
+// machine (a Cluster client's first, which loads the slot map, say) would
+// otherwise have it decide locally, which these tests do not test.
 func newBreaker(t *testing.T, addr, name string, bo flightcache.Breaker) *Breaker {
 	t.Helper()
-	b, err := NewBreaker(newClient(t, addr), BreakerOptions{Name: name, Breaker: bo, ProbeTimeout: 5 * time.Second})
+	b, err := NewBreaker(newClient(t, addr), BreakerOptions{Name: name, Breaker: bo, ProbeTimeout: 5 * time.Second, Timeout: 5 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
