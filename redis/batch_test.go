@@ -246,7 +246,7 @@ func TestGetManyOverlappingBatches(t *testing.T) {
 		return a.t.Stats().Waits+b.t.Stats().Waits == 3
 	})
 	close(d.gate)
-	gotA, gotB := <-ra, <-rb
+	gotA, gotB := within(t, ra, 30*time.Second, "answer to a's GetMany"), within(t, rb, 30*time.Second, "answer to b's GetMany")
 	if gotA.err != nil || len(gotA.m) != len(keysA) || gotB.err != nil || len(gotB.m) != len(keysB) {
 		t.Fatalf("a.GetMany = %v, %v; b.GetMany = %v, %v; want every value", gotA.m, gotA.err, gotB.m, gotB.err)
 	}
@@ -292,7 +292,7 @@ func TestGetManyNotFoundIsShared(t *testing.T) {
 	waitStarted(t, d, 1) // b's call for b1
 	eventually(t, 30*time.Second, "b to wait on a's lease of gone", func() bool { return b.t.Stats().Waits == 1 })
 	close(d.gate)
-	for _, r := range []manyResult{<-ra, <-rb} {
+	for _, r := range []manyResult{within(t, ra, 30*time.Second, "answer to a's GetMany"), within(t, rb, 30*time.Second, "answer to b's GetMany")} {
 		if _, ok := r.m["gone"]; ok || r.err != nil || len(r.m) != 1 {
 			t.Errorf("GetMany = %v, %v; want the other key only, no error", r.m, r.err)
 		}
@@ -323,8 +323,11 @@ func TestGetManyFailedBatchCoveredByTheFleet(t *testing.T) {
 	d := newBatchDownstream()
 	d.gate = make(chan struct{})
 	d.err = errBoom
-	a := newBatchProc(t, addr, nil, p, lo, Options[string, string]{}, d)
-	b := newBatchProc(t, addr, nil, p, lo, Options[string, string]{}, d)
+	// a's failure marker lives 4 PollIntervals (at least a second): long
+	// enough here for b to read it however late a loaded machine wakes b.
+	to := Options[string, string]{PollInterval: 2 * time.Second}
+	a := newBatchProc(t, addr, nil, p, lo, to, d)
+	b := newBatchProc(t, addr, nil, p, lo, to, d)
 	keys := []string{"old", "new"}
 
 	ra := getMany(a, keys)
@@ -332,9 +335,12 @@ func TestGetManyFailedBatchCoveredByTheFleet(t *testing.T) {
 	rb := getMany(b, keys)
 	eventually(t, 30*time.Second, "b to wait on a's leases", func() bool { return b.t.Stats().Waits == 2 })
 	close(d.gate)
-	for i, r := range []manyResult{<-ra, <-rb} {
+	for i, r := range []manyResult{within(t, ra, 30*time.Second, "answer to a's GetMany"), within(t, rb, 30*time.Second, "answer to b's GetMany")} {
 		var me *flightcache.ManyError[string]
-		if r.m["old"] != "old-value" || len(r.m) != 1 || !errors.As(r.err, &me) || len(me.Errs) != 1 || !errors.Is(me.Errs["new"], errBoom) && !errors.Is(me.Errs["new"], ErrPeerFailed) {
+		if !errors.As(r.err, &me) {
+			t.Fatalf("GetMany %d = %v, %v; want a ManyError for new", i, r.m, r.err)
+		}
+		if r.m["old"] != "old-value" || len(r.m) != 1 || len(me.Errs) != 1 || !errors.Is(me.Errs["new"], errBoom) && !errors.Is(me.Errs["new"], ErrPeerFailed) {
 			t.Errorf("GetMany %d = %v, %v; want old covered by the shared entry, new failed", i, r.m, r.err)
 		}
 		if i == 1 && (!errors.Is(me.Errs["new"], ErrPeerFailed) || !strings.Contains(me.Errs["new"].Error(), errBoom.Error())) {
@@ -617,7 +623,7 @@ func TestGetManyBeatsItsLeases(t *testing.T) {
 	eventually(t, 30*time.Second, "b to wait on a's leases", func() bool { return b.t.Stats().Waits == 3 })
 	time.Sleep(5 * to.HolderTimeout / 2) // the alive keys would have lapsed twice without beats
 	close(d.gate)
-	gotA, gotB := <-ra, <-rb
+	gotA, gotB := within(t, ra, 30*time.Second, "answer to a's GetMany"), within(t, rb, 30*time.Second, "answer to b's GetMany")
 	if gotA.err != nil || gotB.err != nil || !equalMaps(gotA.m, gotB.m) || len(gotA.m) != 3 {
 		t.Errorf("a: %v, %v; b: %v, %v; want the same 3 values", gotA.m, gotA.err, gotB.m, gotB.err)
 	}

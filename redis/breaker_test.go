@@ -10,12 +10,17 @@ import (
 	"time"
 
 	"github.com/flightcache/flightcache"
+	"github.com/redis/go-redis/v9"
 	"github.com/sony/gobreaker/v2"
 )
 
+// newBreaker returns a Breaker on a client of its own, closed when the
+// test ends. Its Timeout is generous: a round trip slowed down by a loaded
+// machine (a Cluster client's first, which loads the slot map, say) would
+// otherwise have it decide locally, which these tests do not test.
 func newBreaker(t *testing.T, addr, name string, bo flightcache.Breaker) *Breaker {
 	t.Helper()
-	b, err := NewBreaker(newClient(t, addr), BreakerOptions{Name: name, Breaker: bo, ProbeTimeout: 5 * time.Second})
+	b, err := NewBreaker(newClient(t, addr), BreakerOptions{Name: name, Breaker: bo, ProbeTimeout: 5 * time.Second, Timeout: 5 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -83,7 +88,11 @@ func TestBreakerStateIsShared(t *testing.T) {
 
 // TestBreakerNoLostUpdates checks that concurrent failures from several
 // processes all land in the shared counts (gobreaker reads the state before
-// it locks; the store reads it under the mutex instead).
+// it locks; the store reads it under the mutex instead). The breakers'
+// Timeout is generous, for a loaded machine; a process that still found
+// Redis too slow decided locally (Local) or dropped the outcome it could
+// not write (Dropped, with a Redis error), and what reached Redis is
+// counted exactly all the same.
 func TestBreakerNoLostUpdates(t *testing.T) {
 	addr := redisAddr(t)
 	name := breakerName(t)
@@ -91,9 +100,13 @@ func TestBreakerNoLostUpdates(t *testing.T) {
 	const procs, each = 4, 15
 	bs := make([]*Breaker, procs)
 	for i := range bs {
-		bs[i] = newBreaker(t, addr, name, bo)
-		bs[i].opts.LockWait = 5 * time.Second // nothing dropped: every outcome counts
-		bs[i].store.lockWait = 5 * time.Second
+		b, err := NewBreaker(newClient(t, addr), BreakerOptions{Name: name, Breaker: bo, ProbeTimeout: 5 * time.Second,
+			Timeout: 5 * time.Second, LockWait: 5 * time.Second}) // nothing dropped for a busy mutex: every outcome counts
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = b.Close() })
+		bs[i] = b
 	}
 	var wg sync.WaitGroup
 	for _, b := range bs {
@@ -103,26 +116,41 @@ func TestBreakerNoLostUpdates(t *testing.T) {
 			}
 		})
 	}
-	wg.Wait()
-	var recorded, dropped uint64
+	waitAll(t, &wg, time.Minute, "end of the failures")
+	var s BreakerStats
 	for _, b := range bs {
-		s := b.Stats()
-		recorded += s.Recorded
-		dropped += s.Dropped + s.Stale
+		bs := b.Stats()
+		s.Recorded += bs.Recorded
+		s.Dropped += bs.Dropped
+		s.Stale += bs.Stale
+		s.Local += bs.Local
+		s.RedisErrors += bs.RedisErrors
 	}
+	var st gobreaker.SharedState // none if no outcome reached Redis
 	data, err := newClient(t, addr).Get(ctx, "gobreaker:state:"+name).Bytes()
-	if err != nil {
-		t.Fatal(err)
+	if err != nil && !errors.Is(err, redis.Nil) {
+		t.Fatalf("the shared state: %v (breakers %+v)", err, s)
 	}
-	var st gobreaker.SharedState
-	if err := json.Unmarshal(data, &st); err != nil {
-		t.Fatal(err)
+	if err == nil {
+		if err := json.Unmarshal(data, &st); err != nil {
+			t.Fatal(err)
+		}
 	}
-	if recorded != procs*each || dropped != 0 {
-		t.Errorf("recorded %d, dropped %d; want %d, 0", recorded, dropped, procs*each)
+	t.Logf("breakers: %+v", s)
+	// Every outcome was written, or decided locally, or dropped for a
+	// Redis failure; none was dropped for the mutex or found stale.
+	if s.Recorded+s.Local+s.Dropped != procs*each || s.Stale != 0 || s.Dropped > s.RedisErrors {
+		t.Errorf("breakers %+v; want %d outcomes recorded, local, or dropped for a Redis error", s, procs*each)
 	}
-	if got := st.Counts.ConsecutiveFailures; got != procs*each {
-		t.Errorf("shared ConsecutiveFailures = %d; want %d (lost updates)", got, procs*each)
+	// No lost update: every outcome recorded is in the shared count. An
+	// outcome dropped when its write timed out may have landed too.
+	if got := uint64(st.Counts.ConsecutiveFailures); got < s.Recorded || got > s.Recorded+s.Dropped {
+		t.Errorf("shared ConsecutiveFailures = %d; want the %d recorded (lost updates)", got, s.Recorded)
+	}
+	// With Redis answering in time, as it does but on an overloaded
+	// machine, every outcome is in the shared count.
+	if s.RedisErrors == 0 && (s.Recorded != procs*each || st.Counts.ConsecutiveFailures != procs*each) {
+		t.Errorf("recorded %d, shared ConsecutiveFailures %d without a Redis error; want %d", s.Recorded, st.Counts.ConsecutiveFailures, procs*each)
 	}
 }
 

@@ -626,8 +626,13 @@ func startClusterFleet(t *testing.T, addrs, prefix string, lo flightcache.Option
 }
 
 // read Gets every key in turn, from the i-th, until stop, pausing a
-// millisecond between Gets.
+// millisecond between Gets (5 under the race detector: each key is still
+// read hundreds of times a second, for a fraction of the CPU).
 func (f *clusterFleet) read(pr proc, i int) {
+	pause := time.Millisecond
+	if raceEnabled {
+		pause = 5 * time.Millisecond
+	}
 	for ; ; i++ {
 		select {
 		case <-f.stopc:
@@ -639,7 +644,7 @@ func (f *clusterFleet) read(pr proc, i int) {
 		v, err := pr.l.Get(ctx, key)
 		f.gets.Add(1)
 		f.check(key, v, err, start)
-		time.Sleep(time.Millisecond)
+		time.Sleep(pause)
 	}
 }
 
@@ -670,16 +675,17 @@ func (f *clusterFleet) check(key, v string, err error, start time.Time) {
 // stop stops the readers and waits for them.
 func (f *clusterFleet) stop() {
 	f.stopOnce.Do(func() { close(f.stopc) })
-	f.wg.Wait()
+	waitAll(f.t, &f.wg, 30*time.Second, "end of the fleet's readers")
 }
 
-// tierStats sums the tiers' RedisErrors and LocalLoads, the counters the
-// tests report.
+// tierStats sums the tiers' RedisErrors, LocalLoads and Takeovers, the
+// counters the tests report.
 func (f *clusterFleet) tierStats() (s Stats) {
 	for _, pr := range f.procs {
 		ps := pr.t.Stats()
 		s.RedisErrors += ps.RedisErrors
 		s.LocalLoads += ps.LocalLoads
+		s.Takeovers += ps.Takeovers
 	}
 	return s
 }
@@ -790,21 +796,29 @@ func (h *errorKinds) take() string {
 
 // TestClusterSlotMove moves a slot to another master, and back, while the
 // fleet reads 12 keys, 6 of them in that slot, each reloaded about once a
-// second. The slot also holds 3000 other keys, so that its migration takes
-// a while (about 150ms on the loopback interface), as a slot with data
-// does; midway through each move, every process asks for 3 more keys of
+// second. The slot also holds 3000 other keys (1000 under the race
+// detector), so that its migration takes a while (about 150ms on the
+// loopback interface), as a slot with data does; midway through each move, every process asks for 3 more keys of
 // the slot that nobody has loaded, so that leases and writes meet the
 // slot in migration. No Get may fail or return a value older than the
 // windows allow; before the moves the fleet makes one downstream call per
 // key per generation of its value, and each move may cost it at most one
-// extra call per key of the slot it reads (9).
+// extra call per key of the slot it reads (9), plus one for each load a
+// tier could not share: each local load (a tier that met an error or its
+// Timeout steps aside, and its process loads alone, as it would without
+// the tier) and each takeover of a lease whose holder stopped beating. A
+// loaded machine makes those; TestClusterScriptsOnAMigratingSlot checks
+// the scripts on a migrating slot without them.
 func TestClusterSlotMove(t *testing.T) {
 	addrs := clusterAddrs(t)
 	admin := newClusterAdmin(t, addrs)
 	admin.waitHealthy(30 * time.Second)
 	c := newClient(t, addrs)
 	p := testPrefix(t, c)
-	const ballast = 3000
+	ballast := 3000
+	if raceEnabled {
+		ballast = 1000 // the fleet still meets the slot in migration: the move waits for its first ASK
+	}
 	inSlot, slot := sameSlotKeys(p, 12)
 	hot, cold := inSlot[:6], [][]string{inSlot[6:9], inSlot[9:12]}
 	keys := slices.Clone(hot)
@@ -860,7 +874,7 @@ func TestClusterSlotMove(t *testing.T) {
 	// locally meanwhile lives TTL: its extra calls are over by then.
 	settle := lo.TTL + max(to.RetryAfter, DefaultRetryAfter)
 
-	baseline := time.Now()
+	baseline, atBaseline := time.Now(), f.tierStats()
 	time.Sleep(2 * lo.TTL)
 	f.errKinds.take()
 	type move struct {
@@ -869,12 +883,13 @@ func TestClusterSlotMove(t *testing.T) {
 		keys       int
 		took       time.Duration
 		before     Stats
+		after      Stats  // at end
 		errs       string // the errors of the tiers' commands
 		redirects  string // the replies go-redis followed or retried
 	}
 	var moves []move
 	var burst sync.WaitGroup // the Gets of keys nobody has, midway through a move
-	t.Cleanup(burst.Wait)
+	t.Cleanup(func() { waitAll(t, &burst, 30*time.Second, "answers to the Gets of keys nobody had") })
 	for i, m := range []move{{from: src, to: dst}, {from: dst, to: src}} {
 		m.before = f.tierStats()
 		m.start = time.Now()
@@ -894,7 +909,7 @@ func TestClusterSlotMove(t *testing.T) {
 			// nobody has is not on the source, which answers ASK.
 			eventually(t, 10*time.Second, "the fleet to be redirected (ASK)", func() bool { return f.nodeKinds.count("ASK") > 0 })
 		})
-		burst.Wait()
+		waitAll(t, &burst, 30*time.Second, "answers to the Gets of keys nobody had")
 		if err != nil {
 			t.Fatalf("moving slot %d from %s to %s: %v", slot, m.from.addr, m.to.addr, err)
 		}
@@ -902,30 +917,27 @@ func TestClusterSlotMove(t *testing.T) {
 		m.keys, m.took = n, took
 		time.Sleep(settle)
 		m.end = time.Now()
+		m.after = f.tierStats()
 		m.errs = f.errKinds.take()
 		m.redirects = f.nodeKinds.take()
 		moves = append(moves, m)
 	}
-	after := f.tierStats()
 	f.stop()
 	f.verify()
 
 	extra, largest := d.extras(lo.TTL / 2)
-	if n := countIn(extra, baseline, moves[0].start); n != 0 {
-		t.Errorf("before the moves, the fleet made %d extra downstream calls; want 0 (one call per key per generation)", n)
+	unshared := func(from, to Stats) uint64 { return to.LocalLoads - from.LocalLoads + to.Takeovers - from.Takeovers }
+	if n, u := countIn(extra, baseline, moves[0].start), unshared(atBaseline, moves[0].before); uint64(n) > u {
+		t.Errorf("before the moves, the fleet made %d extra downstream calls with %d loads not shared; want at most those (one call per key per generation)", n, u)
 	}
 	budget := len(hot) + len(cold[0])
 	for i, m := range moves {
-		next := after
-		if i+1 < len(moves) {
-			next = moves[i+1].before
-		}
-		n := countIn(extra, m.start, m.end)
-		t.Logf("move %d: slot %d (%d Redis keys) from %s to %s in %v; in the %v from its start: %d extra downstream calls; replies to the fleet's commands: %s; tier: %d Redis errors (%s), %d local loads",
+		n, u := countIn(extra, m.start, m.end), unshared(m.before, m.after)
+		t.Logf("move %d: slot %d (%d Redis keys) from %s to %s in %v; in the %v from its start: %d extra downstream calls; replies to the fleet's commands: %s; tier: %d Redis errors (%s), %d local loads, %d takeovers",
 			i+1, slot, m.keys, m.from.addr, m.to.addr, m.took.Round(time.Millisecond), settle, n, m.redirects,
-			next.RedisErrors-m.before.RedisErrors, m.errs, next.LocalLoads-m.before.LocalLoads)
-		if n > budget {
-			t.Errorf("move %d cost %d extra downstream calls; want at most one per key of the slot the fleet reads (%d)", i+1, n, budget)
+			m.after.RedisErrors-m.before.RedisErrors, m.errs, m.after.LocalLoads-m.before.LocalLoads, m.after.Takeovers-m.before.Takeovers)
+		if uint64(n) > uint64(budget)+u {
+			t.Errorf("move %d cost %d extra downstream calls; want at most one per key of the slot the fleet reads (%d) and one per load not shared (%d)", i+1, n, budget, u)
 		}
 	}
 	t.Logf("largest generation: %d calls (%s); extra calls in all: %d", len(largest), describe(largest, baseline), len(extra))
@@ -1122,7 +1134,7 @@ func testScriptsOnAMigratingSlot(t *testing.T, notFound bool) {
 	if v, err := a.l.Get(ctx, "k"); err != nil || v != "k-v1" {
 		t.Fatalf("Get = %q, %v; want k-v1", v, err)
 	}
-	<-d.started
+	within(t, d.started, 10*time.Second, "downstream call")
 
 	ks := keysFor(p, "k")
 	slot := keySlot(ks.base)

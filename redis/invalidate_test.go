@@ -216,7 +216,10 @@ func TestWriteThatMissedRedisIsReplayed(t *testing.T) {
 	prefix := testPrefix(t, newClient(t, addr))
 	d := newDownstream()
 	lo := flightcache.Options[string, string]{TTL: time.Hour}
-	to := Options[string, string]{RetryAfter: 300 * time.Millisecond, Timeout: 100 * time.Millisecond}
+	// A Timeout generous for a loaded machine: the replay is made after
+	// RetryAfter whatever it is, and a replay that timed out waits for the
+	// next.
+	to := Options[string, string]{RetryAfter: 300 * time.Millisecond, Timeout: time.Second}
 	a := newProc(t, addr, prefix, lo, to, d)
 	b := newProc(t, addr, prefix, lo, to, d)
 	listening(t, a, b)
@@ -231,7 +234,7 @@ func TestWriteThatMissedRedisIsReplayed(t *testing.T) {
 		t.Fatalf("b = %q before the replay; want %q still", v, v1)
 	}
 	eventually(t, 10*time.Second, "the replay", func() bool { return a.t.Stats().InvalidationsReplayed == 1 })
-	eventually(t, 5*time.Second, "b to drop k", func() bool { return b.l.Stats().RemoteDrops == 1 })
+	eventually(t, 10*time.Second, "b to drop k", func() bool { return b.l.Stats().RemoteDrops == 1 })
 	if v, _ := b.l.Get(ctx, "k"); v == v1 {
 		t.Fatalf("b still serves %q after the replayed Set", v)
 	}
@@ -486,6 +489,9 @@ func TestSubscriptionThatNeverComesUp(t *testing.T) {
 	prefix := testPrefix(t, admin)
 	user := "fctest-" + token(4)
 	if err := admin.Do(ctx, "ACL", "SETUSER", user, "on", ">fctest-pw", "~*", "resetchannels", "&"+prefix+"{*", "+@all").Err(); err != nil {
+		if os.Getenv("CI") == "true" { // CI's Redis (6 or later) has ACLs: a refusal is a failure there
+			t.Fatalf("ACL SETUSER: %v", err)
+		}
 		t.Skipf("this Redis has no ACLs: %v", err)
 	}
 	t.Cleanup(func() { admin.Do(context.Background(), "ACL", "DELUSER", user) })

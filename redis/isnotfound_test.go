@@ -157,7 +157,7 @@ func TestEveryNotFoundMatchesErrNotFoundThroughTheTier(t *testing.T) {
 			b := newProc(t, addr, p, lo, Options[string, string]{}, d)
 			ra := make(chan error, 1)
 			go func() { _, err := a.l.Get(ctx, "k"); ra <- err }()
-			<-d.started
+			within(t, d.started, 10*time.Second, "downstream call by a")
 			var rb chan error
 			if tc.notFoundTTL == 0 { // b waits on a's lease, and shares its failure
 				rb = make(chan error, 1)

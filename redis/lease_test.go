@@ -46,10 +46,10 @@ func TestSetWinsOverALoadInFlight(t *testing.T) {
 
 	got := make(chan string)
 	go func() { v, _ := a.l.Get(ctx, "k"); got <- v }()
-	<-d.started
+	within(t, d.started, 10*time.Second, "downstream call")
 	b.l.Set("k", "set-by-b")
 	close(d.gate)
-	if v := <-got; v != "k-v1" {
+	if v := within(t, got, 30*time.Second, "answer to b's Get"); v != "k-v1" {
 		t.Errorf("a.Get(k) = %q; want its own load's k-v1", v)
 	}
 	e := newProc(t, addr, p, lo, Options[string, string]{}, d)
@@ -95,17 +95,17 @@ func TestHolderClosedHandsOver(t *testing.T) {
 
 	errA := make(chan error)
 	go func() { _, err := a.l.Get(ctx, "k"); errA <- err }()
-	<-d.started
+	within(t, d.started, 10*time.Second, "downstream call")
 	got := make(chan string)
 	go func() { v, _ := b.l.Get(ctx, "k"); got <- v }()
 	eventually(t, 10*time.Second, "b to wait on a's lease", func() bool { return b.t.Stats().Waits == 1 })
 	_ = a.l.Close() // cancels a's load: not a downstream failure, so not shared
-	if err := <-errA; !errors.Is(err, flightcache.ErrClosed) {
+	if err := within(t, errA, 30*time.Second, "answer to a's Get"); !errors.Is(err, flightcache.ErrClosed) {
 		t.Errorf("a.Get(k) = %v; want ErrClosed", err)
 	}
-	<-d.started // b's own load, after a released the lease
+	within(t, d.started, 10*time.Second, "b's own downstream call") // b's own load, after a released the lease
 	close(d.gate)
-	if v := <-got; v != "k-v2" {
+	if v := within(t, got, 30*time.Second, "answer to b's Get"); v != "k-v2" {
 		t.Errorf("b.Get(k) = %q; want k-v2", v)
 	}
 	if s := b.t.Stats(); s.Takeovers != 0 || s.Leases != 1 || s.PeerErrors != 0 {

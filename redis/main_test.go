@@ -148,11 +148,26 @@ func deletePrefix(c redis.UniversalClient, p string) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	_ = forEachMaster(ctx, c, func(ctx context.Context, node redis.UniversalClient) error {
-		iter := node.Scan(ctx, 0, p+"*", 100).Iterator()
-		for iter.Next(ctx) {
-			node.Del(ctx, iter.Val())
+		// A round trip per page of keys, not per key: a test may leave
+		// thousands.
+		var cursor uint64
+		for {
+			page, next, err := node.Scan(ctx, cursor, p+"*", 500).Result()
+			if err != nil {
+				return err
+			}
+			if _, err := node.Pipelined(ctx, func(pl redis.Pipeliner) error {
+				for _, k := range page {
+					pl.Del(ctx, k) // one by one: keys of other slots may not share a DEL
+				}
+				return nil
+			}); err != nil {
+				return err
+			}
+			if cursor = next; cursor == 0 {
+				return nil
+			}
 		}
-		return iter.Err()
 	})
 }
 

@@ -105,7 +105,7 @@ func TestRedisStoppedThenBack(t *testing.T) {
 			}
 		})
 	}
-	wg.Wait()
+	waitAll(t, &wg, 30*time.Second, "end of the burst")
 	if n := d.calls.Load() - before; n != 1 {
 		t.Errorf("20 Gets of one key with Redis down made %d calls; want 1 (local single-flight)", n)
 	}
@@ -278,7 +278,7 @@ func loadsBehindAKeptInvalidateAll(t *testing.T, outage func(*testing.T, *ownRed
 			}
 		})
 	}
-	wg.Wait()
+	waitAll(t, &wg, time.Minute, "end of the cold Gets")
 	t.Logf("%d cold Gets with an InvalidateAll kept and Redis out: the slowest took %v (Timeout %v)",
 		n, slowest.Round(time.Millisecond), to.Timeout)
 	// Every load got past the kept call to the downstream, soon after the

@@ -51,20 +51,6 @@ type result[T any] struct {
 	err error
 }
 
-// within receives from ch, failing the test if nothing comes in d.
-func within[T any](t *testing.T, ch <-chan T, d time.Duration, what string) T {
-	t.Helper()
-	timer := time.NewTimer(d)
-	defer timer.Stop()
-	select {
-	case v := <-ch:
-		return v
-	case <-timer.C:
-		t.Fatalf("no %s in %v", what, d)
-		panic("unreachable")
-	}
-}
-
 func TestPanicAfterTheLoadReleasesTheLease(t *testing.T) {
 	for _, tc := range afterLoadCases {
 		t.Run(tc.name, func(t *testing.T) {

@@ -16,12 +16,17 @@ var errBoom = errors.New("boom")
 // out).
 func plant(t *testing.T, addr, prefix string, lo flightcache.Options[string, string], key, value string, age time.Duration) *Tier[string, string] {
 	t.Helper()
-	tier, err := attachedTier(t, newClient(t, addr), lo, Options[string, string]{Prefix: prefix})
+	// A Timeout generous enough for a loaded machine: the entry must land.
+	to := Options[string, string]{Prefix: prefix, Timeout: 5 * time.Second, HolderTimeout: 15 * time.Second}
+	tier, err := attachedTier(t, newClient(t, addr), lo, to)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = tier.Close() })
 	tier.Set(ctx, key, flightcache.RemoteValue[string]{Value: value, LoadedAt: time.Now().Add(-age)})
+	if s := tier.Stats(); s.InvalidationsSent != 1 {
+		t.Fatalf("planting %s: the Set did not reach Redis (tier %+v)", key, s)
+	}
 	return tier
 }
 
@@ -67,11 +72,11 @@ func TestFailedLoadCoveredByTheFleet(t *testing.T) {
 				got <- result{v, info, err}
 			}()
 			if tt.invalidate {
-				<-d.started
+				within(t, d.started, 10*time.Second, "downstream call by b")
 				other.Invalidate(ctx, "k")
 				close(d.gate)
 			}
-			r := <-got
+			r := within(t, got, 30*time.Second, "answer to b.GetInfo")
 			switch {
 			case tt.want != "":
 				if r.v != tt.want || r.err != nil || r.info.Source != flightcache.SourceStaleOnError || r.info.Age < tt.age {
@@ -127,12 +132,12 @@ func TestPeerFailureCoveredByTheFleet(t *testing.T) {
 		got <- result{v, info, err}
 	}
 	go get(a)
-	<-d.started
+	within(t, d.started, 10*time.Second, "downstream call")
 	go get(b)
 	eventually(t, 10*time.Second, "b to wait on a's lease", func() bool { return b.t.Stats().Waits == 1 })
 	close(d.gate)
 	for range 2 {
-		if r := <-got; r.v != "old" || r.err != nil || r.info.Source != flightcache.SourceStaleOnError {
+		if r := within(t, got, 30*time.Second, "answer to the Get"); r.v != "old" || r.err != nil || r.info.Source != flightcache.SourceStaleOnError {
 			t.Errorf("Get(k) = %q, %+v, %v; want old as stale-on-error", r.v, r.info, r.err)
 		}
 	}

@@ -267,7 +267,15 @@ func (tr *tracker) refused() {
 // on it, and hands the invalidations it hears over until it fails.
 func (tr *tracker) listen(ctx context.Context, n *tnode) listenResult {
 	ps := n.inv.Subscribe(ctx)
-	defer func() { _ = ps.Close() }()
+	// A read in progress waits for a message or the health check's
+	// interval (4 Timeouts), whatever ctx says: closing ps when ctx ends
+	// ends it, so the tier's Close (or the node's prune) does not wait
+	// that long.
+	closeOnDone := context.AfterFunc(ctx, func() { _ = ps.Close() })
+	defer func() {
+		closeOnDone()
+		_ = ps.Close()
+	}()
 	c, cancel := context.WithTimeout(ctx, tr.h.timeout)
 	err := ps.Subscribe(c, trackChannel)
 	var msg any

@@ -161,14 +161,14 @@ func TestVersionedFillOlderThanTheEntryWakesTheWaiters(t *testing.T) {
 	}
 	bres, cres := make(chan result, 1), make(chan result, 1)
 	go func() { v, err := b.l.Get(fresh, "k"); bres <- result{v, err} }()
-	<-started
+	within(t, started, 10*time.Second, "b's load")
 	go func() { v, err := c.l.Get(fresh, "k"); cres <- result{v, err} }()
 	eventually(t, 10*time.Second, "c to wait on b's lease", func() bool { return c.t.Stats().Waits == 1 })
 	close(gate)
-	if r := <-bres; r.v != "b@3" || r.err != nil {
+	if r := within(t, bres, 30*time.Second, "answer to b's Get"); r.v != "b@3" || r.err != nil {
 		t.Errorf("b.Get(k) = %q, %v; want b@3 (what its load read)", r.v, r.err)
 	}
-	if r := <-cres; r.v != "c@5" || r.err != nil {
+	if r := within(t, cres, 30*time.Second, "answer to c's Get"); r.v != "c@5" || r.err != nil {
 		t.Errorf("c.Get(k) = %q, %v; want c@5 (its own load)", r.v, r.err)
 	}
 	if s := b.t.Stats(); s.Leases != 1 || s.WritesOutdated != 1 || s.WritesLost != 0 {

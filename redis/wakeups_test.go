@@ -74,7 +74,7 @@ func TestWakeupsOnlyToWaiters(t *testing.T) {
 
 	got := make(chan error, 2)
 	go func() { _, err := a.l.Get(ctx, "k"); got <- err }()
-	<-d.started // a holds k's lease
+	within(t, d.started, 10*time.Second, "a's downstream call") // a holds k's lease
 	go func() {
 		v, err := b.l.Get(ctx, "k")
 		if err == nil && v != "k-v1" {
@@ -154,7 +154,9 @@ func TestWakeupLostCostsAPoll(t *testing.T) {
 	admin := newClient(t, addr)
 	p := testPrefix(t, admin)
 	lo := flightcache.Options[string, string]{TTL: time.Minute}
-	to := Options[string, string]{PollInterval: 2 * time.Second, HolderTimeout: 30 * time.Second}
+	// Timeout generous for a loaded machine: a round trip of b that
+	// outlasted it would have b load the key itself.
+	to := Options[string, string]{Timeout: 2 * time.Second, PollInterval: 2 * time.Second, HolderTimeout: 30 * time.Second}
 	d := newDownstream()
 	a := newProc(t, addr, p, lo, to, d)
 	b := newProc(t, addr, p, lo, to, d)
@@ -164,9 +166,12 @@ func TestWakeupLostCostsAPoll(t *testing.T) {
 	wait := func(key string, lose func()) time.Duration {
 		t.Helper()
 		d.gate = make(chan struct{})
+		for len(d.started) > 0 { // an earlier step's: the next is a's call
+			<-d.started
+		}
 		got := make(chan error, 2)
 		go func() { _, err := a.l.Get(ctx, key); got <- err }()
-		<-d.started
+		within(t, d.started, 10*time.Second, "a's downstream call")
 		go func() { _, err := b.l.Get(ctx, key); got <- err }()
 		waitingOn(t, admin, p, b, key, b.t.Stats().Waits+1)
 		lose()
@@ -270,7 +275,7 @@ func TestWakeupStorm(t *testing.T) {
 			})
 		}
 	}
-	wg.Wait()
+	waitAll(t, &wg, time.Minute, "end of the Gets")
 	close(errs)
 	for err := range errs {
 		t.Error(err)

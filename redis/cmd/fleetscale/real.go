@@ -115,12 +115,11 @@ func (d *downstream) load(_ context.Context, key string) (string, error) {
 	return "v:" + key, nil
 }
 
-// perKey returns the cold keys' calls: the mean per key and the most
-// one key had.
-func (d *downstream) perKey() (keys int, mean float64, most int) {
+// perKey returns the cold keys' calls: the mean per key, the most one
+// key had, and the total.
+func (d *downstream) perKey() (keys int, mean float64, most, total int) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	total := 0
 	for _, n := range d.cold {
 		total += n
 		most = max(most, n)
@@ -128,7 +127,7 @@ func (d *downstream) perKey() (keys int, mean float64, most int) {
 	if len(d.cold) > 0 {
 		mean = float64(total) / float64(len(d.cold))
 	}
-	return len(d.cold), mean, most
+	return len(d.cold), mean, most, total
 }
 
 // dropObserver tells a dropClock when its Loader drops a copy because

@@ -35,6 +35,10 @@ type row struct {
 	coldKeys           int
 	callsPerCold       float64
 	mostPerCold        int
+	coldCalls          int       // the downstream calls of the cold keys
+	leases, localLoads uint64    // the real tiers' in the run: every downstream call is one or the other
+	takeovers          uint64    // of leases, those taken from a holder that stopped beating
+	redisErrors        uint64    // the real tiers' in the run
 	tiers              string    // the real tiers' invalidation path, and their distrusts and re-arms in the run
 	load1              [2]string // load average at start and end
 	benchCPU           float64   // this process's CPU, % of a core
@@ -85,7 +89,13 @@ func (fl *fleet) figures(b, a reading, writes, loads int64) row {
 	}
 	r.tiers = tierSummary(b.tiers, a.tiers)
 	r.drop, r.dropN, r.dropUnheard = fl.drops.result()
-	r.coldKeys, r.callsPerCold, r.mostPerCold = fl.down.perKey()
+	r.coldKeys, r.callsPerCold, r.mostPerCold, r.coldCalls = fl.down.perKey()
+	for i := range a.tiers {
+		r.leases += a.tiers[i].Leases - b.tiers[i].Leases
+		r.localLoads += a.tiers[i].LocalLoads - b.tiers[i].LocalLoads
+		r.takeovers += a.tiers[i].Takeovers - b.tiers[i].Takeovers
+		r.redisErrors += a.tiers[i].RedisErrors - b.tiers[i].RedisErrors
+	}
 	return r
 }
 
