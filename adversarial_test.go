@@ -180,7 +180,7 @@ func TestManyDistinctKeysKeepTheHeapBounded(t *testing.T) {
 	})
 
 	workers := 4 * runtime.GOMAXPROCS(0)
-	var bad atomic.Int64
+	var bad, returned atomic.Int64
 	start := time.Now()
 	var wg sync.WaitGroup
 	for w := range workers {
@@ -190,13 +190,17 @@ func TestManyDistinctKeysKeepTheHeapBounded(t *testing.T) {
 				if err != nil || len(v) != valueSize || binary.LittleEndian.Uint64(v) != uint64(k) {
 					bad.Add(1)
 				}
+				returned.Add(1)
 			}
 		})
 	}
-	wg.Wait()
+	// The full run takes minutes: fail when the Gets stop returning, not
+	// after a fixed time.
+	waitProgress(t, "Gets not returned", patience, func() int64 { return int64(keys) - returned.Load() })
+	waitGroup(t, "the workers", &wg)
 	took := time.Since(start)
 	close(stop)
-	sampler.Wait()
+	waitGroup(t, "the heap sampler", &sampler)
 	sample()
 
 	s := l.Stats()
@@ -350,7 +354,7 @@ func TestHugeKeys(t *testing.T) {
 				}
 			})
 		}
-		wg.Wait()
+		waitGroup(t, "the concurrent Gets", &wg)
 		for _, k := range keys {
 			if n := calls(k); n != 1 {
 				t.Errorf("key of %d bytes ending %q: %d downstream calls; want 1", len(k), k[len(k)-2:], n)
@@ -391,7 +395,7 @@ func TestHugeKeys(t *testing.T) {
 				}
 			})
 		}
-		wg.Wait()
+		waitGroup(t, "the colliding Gets, Sets and Invalidates", &wg)
 		for _, k := range keys {
 			check(t, l, k, valueOf(k), SourceNone)
 		}
@@ -542,7 +546,7 @@ func closeRacingRound(t *testing.T, round int, policy Policy, workers, keys int)
 	case <-time.After(time.Minute): // 1-5s on an idle 2-core machine under -race; starvation is TestCloseStarvedByGets's
 		report("Close did not return within a minute while %d goroutines kept calling the Loader (see TestCloseStarvedByGets)", workers)
 		stop.Store(true)
-		<-closed
+		recv(t, "Close, once the workers stopped", closed)
 	}
 	closeTook := time.Since(start)
 	stop.Store(true)

@@ -262,7 +262,7 @@ func TestGetManyWithoutLoadMany(t *testing.T) {
 	// All 8 loads must run at once.
 	waitFor(t, "8 loads running at once", 10*time.Second, func() bool { return d.inside.Load() == 8 })
 	close(d.gate)
-	if err := <-done; err != nil {
+	if err := recv(t, "GetMany", done); err != nil {
 		t.Fatal(err)
 	}
 	if d.calls.Load() != 8 || l.Stats().BatchLoads != 0 {
@@ -373,7 +373,7 @@ func TestGetManyCoalescesPerKey(t *testing.T) {
 	ctx := context.Background()
 
 	single := getAsync(ctx, l, "s") // a single load of s, held
-	<-d.started
+	recv(t, "the load of s", d.started)
 	first := make(chan map[string]string, 1)
 	go func() {
 		got, err := l.GetMany(ctx, []string{"a", "b", "s"})
@@ -382,7 +382,7 @@ func TestGetManyCoalescesPerKey(t *testing.T) {
 		}
 		first <- got
 	}()
-	if keys := <-m.started; !slices.Equal(keys, []string{"a", "b"}) {
+	if keys := recv(t, "the first batch", m.started); !slices.Equal(keys, []string{"a", "b"}) {
 		t.Fatalf("first batch asked for %v; want [a b] (s is in flight)", keys)
 	}
 	joinB := getAsync(ctx, l, "b")
@@ -394,7 +394,7 @@ func TestGetManyCoalescesPerKey(t *testing.T) {
 		}
 		second <- got
 	}()
-	if keys := <-m.started; !slices.Equal(keys, []string{"c"}) {
+	if keys := recv(t, "the second batch", m.started); !slices.Equal(keys, []string{"c"}) {
 		t.Fatalf("second batch asked for %v; want [c]", keys)
 	}
 	for deadline := time.Now().Add(10 * time.Second); l.Stats().Waiting != 8; { // s: single + first; a: first + second; b: first + Get + second; c: second
@@ -405,7 +405,8 @@ func TestGetManyCoalescesPerKey(t *testing.T) {
 	}
 	close(m.gate)
 	close(d.gate)
-	g1, g2, rb, rs := <-first, <-second, <-joinB, <-single
+	g1, g2 := recv(t, "the first GetMany", first), recv(t, "the second GetMany", second)
+	rb, rs := recv(t, "Get(b)", joinB), recv(t, "Get(s)", single)
 	if g1["a"] != "a@1" || g1["b"] != "b@1" || g1["s"] != "s#1" {
 		t.Errorf("first GetMany = %v", g1)
 	}
@@ -440,11 +441,11 @@ func TestGetManySetDuringBatch(t *testing.T) {
 		got, _ := l.GetMany(ctx, []string{"a", "b", "c"})
 		done <- got
 	}()
-	<-m.started
+	recv(t, "the batch", m.started)
 	l.Set("a", "set")
 	l.Invalidate("b")
 	close(m.gate)
-	if got := <-done; got["a"] != "a@1" || got["b"] != "b@1" || got["c"] != "c@1" {
+	if got := recv(t, "GetMany", done); got["a"] != "a@1" || got["b"] != "b@1" || got["c"] != "c@1" {
 		t.Fatalf("GetMany = %v; want the batch's values", got)
 	}
 	if v, _ := l.Get(ctx, "a"); v != "set" {
@@ -472,13 +473,13 @@ func TestGetManyCancelAtZero(t *testing.T) {
 		_, err := l.GetMany(ctx, []string{"a", "b"})
 		done <- err
 	}()
-	<-m.started
+	recv(t, "the batch", m.started)
 	getCtx, getCancel := context.WithCancel(context.Background())
 	defer getCancel()
 	joinB := getAsync(getCtx, l, "b")
 	waitFor(t, "3 waiters (the GetMany's 2 keys, the Get of b)", 10*time.Second, func() bool { return l.Stats().Waiting == 3 })
 	cancel()
-	if err := <-done; !errors.Is(err, context.Canceled) {
+	if err := recv(t, "GetMany", done); !errors.Is(err, context.Canceled) {
 		t.Fatalf("GetMany after its ctx ended: %v; want context.Canceled", err)
 	}
 	select {
@@ -487,7 +488,7 @@ func TestGetManyCancelAtZero(t *testing.T) {
 	case <-time.After(50 * time.Millisecond):
 	}
 	getCancel()
-	if r := <-joinB; !errors.Is(r.err, context.Canceled) {
+	if r := recv(t, "Get(b)", joinB); !errors.Is(r.err, context.Canceled) {
 		t.Fatalf("Get(b) = %+v; want context.Canceled", r)
 	}
 	select {
@@ -642,9 +643,9 @@ func TestGetManyClose(t *testing.T) {
 		_, err := l.GetMany(context.Background(), []string{"a", "b"})
 		done <- err
 	}()
-	<-m.started
+	recv(t, "the batch", m.started)
 	l.Close()
-	err := <-done
+	err := recv(t, "GetMany", done)
 	var me *ManyError[string]
 	if !errors.As(err, &me) || !errors.Is(me.Errs["a"], ErrClosed) || !errors.Is(me.Errs["b"], ErrClosed) {
 		t.Fatalf("GetMany across Close: %v; want ErrClosed for each key", err)

@@ -542,7 +542,7 @@ func stormWindow(t *testing.T, p Policy) {
 		t.Fatal("Close did not return")
 	}
 	close(stop)
-	wg.Wait()
+	waitGroup(t, "the workers, once stopped", &wg)
 	if n := twice.Load(); n != 0 {
 		t.Errorf("%d keys asked twice in one LoadMany call", n)
 	}

@@ -268,7 +268,7 @@ func runChaos(t *testing.T, config chaosConfig, dur time.Duration) *chaosReport 
 	stop.Store(true)
 	waitOrDump(t, &workers, 30*time.Second, "chaos workers after Close")
 	close(stopHelpers)
-	helpers.Wait()
+	waitOrDump(t, &helpers, patience, "chaos helpers after stop")
 
 	r.judgeOverdue()
 	r.reconcile()

@@ -107,16 +107,16 @@ func TestRemoteDropDetachesTheLoadInFlight(t *testing.T) {
 	l, r := newWatched(t, d, Options[string, string]{})
 	ctx := context.Background()
 	first := getAsync(ctx, l, "k")
-	<-d.started
+	recv(t, "the first load", d.started)
 	r.the().Drop("k")
-	d.gate <- struct{}{}
-	if res := <-first; res.err != nil {
+	send(t, "the first load's release", d.gate, struct{}{})
+	if res := recv(t, "the first Get", first); res.err != nil {
 		t.Fatalf("the waiter of the dropped load got %v", res.err)
 	}
 	next := getAsync(ctx, l, "k")
-	<-d.started
-	d.gate <- struct{}{}
-	if res := <-next; res.err != nil || res.info.Source != SourceLoaded {
+	recv(t, "the second load", d.started)
+	send(t, "the second load's release", d.gate, struct{}{})
+	if res := recv(t, "the second Get", next); res.err != nil || res.info.Source != SourceLoaded {
 		t.Fatalf("Get after the dropped load = %+v; want a new load", res)
 	}
 	if n := d.count("k"); n != 2 {
@@ -172,16 +172,16 @@ func TestDistrustCoversTheLoadInFlight(t *testing.T) {
 	l, r := newWatched(t, d, Options[string, string]{})
 	ctx := context.Background()
 	first := getAsync(ctx, l, "k")
-	<-d.started
+	recv(t, "the first load", d.started)
 	r.the().Distrust()
-	d.gate <- struct{}{}
-	if res := <-first; res.err != nil {
+	send(t, "the first load's release", d.gate, struct{}{})
+	if res := recv(t, "the first Get", first); res.err != nil {
 		t.Fatalf("the waiter got %v", res.err)
 	}
 	next := getAsync(ctx, l, "k")
-	<-d.started // a second load: the first one's copy is distrusted
-	d.gate <- struct{}{}
-	if res := <-next; res.err != nil || res.info.Source != SourceLoaded {
+	recv(t, "a second load", d.started) // a second load: the first one's copy is distrusted
+	send(t, "the second load's release", d.gate, struct{}{})
+	if res := recv(t, "the second Get", next); res.err != nil || res.info.Source != SourceLoaded {
 		t.Fatalf("Get after the distrusted load = %+v; want a new load", res)
 	}
 	if _, info, _ := l.GetInfo(ctx, "k"); info.Source != SourceHit {
@@ -292,13 +292,13 @@ func TestGetAfterDistrustDoesNotJoinAnOlderLoad(t *testing.T) {
 	l, r := newWatched(t, d, Options[string, string]{})
 	ctx := context.Background()
 	old := getAsync(ctx, l, "k")
-	<-d.started
+	recv(t, "the old load", d.started)
 	r.the().Distrust()
 	fresh := getAsync(ctx, l, "k")
-	<-d.started // a second load, not a join
-	d.gate <- struct{}{}
-	d.gate <- struct{}{}
-	a, b := <-old, <-fresh
+	recv(t, "a second load", d.started) // a second load, not a join
+	send(t, "a load's release", d.gate, struct{}{})
+	send(t, "the other load's release", d.gate, struct{}{})
+	a, b := recv(t, "the old waiter's Get", old), recv(t, "the Get after Distrust", fresh)
 	if a.err != nil || b.err != nil || a.v == b.v {
 		t.Fatalf("old waiter %+v, new Get %+v; want two values from two loads", a, b)
 	}

@@ -189,7 +189,7 @@ func TestInvalidateAllRacingReloadStart(t *testing.T) {
 		time.Sleep(50 * time.Microsecond) // let the readers run: the race needs their loads
 	}
 	stop.Store(true)
-	wg.Wait()
+	waitGroup(t, "the readers, once stopped", &wg)
 	t.Logf("%d InvalidateAlls, %d reads, %d violations", done.Load(), reads.Load(), violations.Load())
 }
 

@@ -107,6 +107,56 @@ func waitFor(t testing.TB, what string, d time.Duration, cond func() bool) {
 	}
 }
 
+// patience bounds a real-clock wait on a channel or a WaitGroup (recv,
+// send, waitGroup): generous for a loaded machine under -race, and still a
+// deadlock fails in well under a minute, not at the package's timeout.
+// Call them from the test's own goroutine. A synctest bubble needs none:
+// synctest reports a deadlock there.
+const patience = 30 * time.Second
+
+// recv receives from ch, and fails the test if nothing comes within
+// patience, saying what it waited for.
+func recv[T any](t testing.TB, what string, ch <-chan T) T {
+	t.Helper()
+	timer := time.NewTimer(patience)
+	defer timer.Stop()
+	select {
+	case v := <-ch:
+		return v
+	case <-timer.C:
+	}
+	t.Fatalf("waited %v for %s: it did not come", patience, what)
+	panic("unreachable")
+}
+
+// send sends v on ch, and fails the test if no one takes it within
+// patience, saying what it offered.
+func send[T any](t testing.TB, what string, ch chan<- T, v T) {
+	t.Helper()
+	timer := time.NewTimer(patience)
+	defer timer.Stop()
+	select {
+	case ch <- v:
+	case <-timer.C:
+		t.Fatalf("waited %v to hand over %s: no one took it", patience, what)
+	}
+}
+
+// waitGroup waits for wg, and fails the test if it has not finished
+// within patience, saying what it waited for.
+func waitGroup(t testing.TB, what string, wg *sync.WaitGroup) {
+	t.Helper()
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+	timer := time.NewTimer(patience)
+	defer timer.Stop()
+	select {
+	case <-done:
+	case <-timer.C:
+		t.Fatalf("waited %v for %s: it did not finish", patience, what)
+	}
+}
+
 // waitProgress waits until left() is 0. Its deadline grows with progress:
 // it fails only when left() has not fallen for stall, so a slow machine
 // that drains steadily passes, and a drain that stopped fails in stall.

@@ -42,13 +42,13 @@ func TestCloseFromLoaderGoroutine(t *testing.T) {
 	if _, err := l.Get(t.Context(), "a"); err != nil {
 		t.Fatal(err)
 	}
-	if !<-inLoad || !<-inOnLoad {
+	if !recv(t, "the LoadFunc's report", inLoad) || !recv(t, "OnLoad's report", inOnLoad) {
 		t.Fatal("life.OnPool() = false inside a LoadFunc or OnLoad")
 	}
 	if v, err := l.Get(t.Context(), "close"); v != "close" || err != nil {
 		t.Errorf(`Get("close") = %q, %v; want the value: Close only starts the shutdown`, v, err)
 	}
-	<-inLoad
+	recv(t, "the closing LoadFunc's report", inLoad)
 	select {
 	case err := <-closed:
 		if err != nil {
@@ -81,7 +81,7 @@ func TestShutdownBoundedByContext(t *testing.T) {
 	}
 	got := make(chan error, 1)
 	go func() { _, err := l.Get(context.Background(), "k"); got <- err }()
-	<-started
+	recv(t, "the load to start", started)
 	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
 	defer cancel()
 	if err := l.Shutdown(ctx); !errors.Is(err, context.DeadlineExceeded) {
@@ -94,7 +94,7 @@ func TestShutdownBoundedByContext(t *testing.T) {
 	if err := l.Shutdown(context.Background()); err != nil {
 		t.Fatalf("second Shutdown = %v; want nil once the load ended", err)
 	}
-	if err := <-got; err != nil {
+	if err := recv(t, "the Get whose LoadFunc ignored Close", got); err != nil {
 		t.Errorf("the Get whose LoadFunc ignored Close = %v; want its value", err)
 	}
 	if err := l.Close(); err != nil {
@@ -136,7 +136,7 @@ func TestLoadGoroutinesAreReused(t *testing.T) {
 	}
 	waitFor(t, "200 loads running at once", 10*time.Second, func() bool { return d.inside.Load() >= 200 })
 	close(d.gate)
-	wg.Wait()
+	waitGroup(t, "the burst's Gets", &wg)
 	waitFor(t, "no load in flight after the burst", 10*time.Second, func() bool { return l.Stats().InFlight == 0 })
 	time.Sleep(10 * time.Millisecond) // the workers go back to waiting, or leave
 	if n := l.pool.Idle(); n > l.pool.MaxIdle() {
@@ -188,7 +188,7 @@ func TestLoadsTakeTheirCallersLabels(t *testing.T) {
 				t.Fatal(err)
 			}
 		})
-		if got, want := <-labels, `{"caller":"`+who+`"}`; got != want {
+		if got, want := recv(t, "the load's labels", labels), `{"caller":"`+who+`"}`; got != want {
 			t.Fatalf("the load for caller %s ran with labels %s; want %s", who, got, want)
 		}
 		for deadline := time.Now().Add(10 * time.Second); l.pool.Idle() != 1; { // B's load goes to A's goroutine
@@ -288,7 +288,7 @@ func TestCloseWhileWritesKeepComing(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			l := newLoader(t, &downstream{}, Options[string, string]{})
-			calls, stop := hammer(64, func(i int) { tc.call(l, i) })
+			calls, stop := hammer(t, 64, func(i int) { tc.call(l, i) })
 			defer stop()
 			waitFor(t, "the callers to be at it", 10*time.Second, func() bool { return calls.Load() > 1000 })
 			ctx, cancel := context.WithTimeout(context.Background(), 8*time.Second)
@@ -310,8 +310,9 @@ func TestCloseWhileWritesKeepComing(t *testing.T) {
 
 // hammer calls call(i) in a loop on each of n goroutines, i counting up
 // from the goroutine's number, until stop is called; calls counts the
-// calls made. stop waits for the goroutines to end.
-func hammer(n int, call func(i int)) (calls *atomic.Int64, stop func()) {
+// calls made. stop waits for the goroutines to end, and fails t if they
+// have not within patience: call it on t's goroutine.
+func hammer(t testing.TB, n int, call func(i int)) (calls *atomic.Int64, stop func()) {
 	calls = new(atomic.Int64)
 	done := make(chan struct{})
 	var wg sync.WaitGroup
@@ -328,7 +329,7 @@ func hammer(n int, call func(i int)) (calls *atomic.Int64, stop func()) {
 			}
 		})
 	}
-	return calls, func() { close(done); wg.Wait() }
+	return calls, func() { close(done); waitGroup(t, "the hammering goroutines", &wg) }
 }
 
 // opsCounted is how many operations other than Gets have counted in on

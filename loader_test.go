@@ -79,7 +79,7 @@ func TestNoGapAfterLoad(t *testing.T) {
 			}
 		})
 	}
-	wg.Wait()
+	waitGroup(t, "the readers", &wg)
 	s := l.Stats()
 	if got := d.calls.Load(); got != keys {
 		t.Errorf("downstream calls = %d; want %d (one per key), stats %+v", got, keys, s)
@@ -402,7 +402,7 @@ func TestHashCollisionsNeverMixValues(t *testing.T) {
 			}
 		})
 	}
-	wg.Wait()
+	waitGroup(t, "the colliding Gets", &wg)
 	l.Invalidate("k-other") // another key in the same slot: must not drop it
 	v1, _ := l.Get(t.Context(), "k1")
 	if _, info, _ := l.GetInfo(t.Context(), "k1"); info.Source != SourceHit {
@@ -498,7 +498,7 @@ func TestTinyTTLLoadsEveryTime(t *testing.T) {
 			}
 		})
 	}
-	wg.Wait()
+	waitGroup(t, "the concurrent Gets", &wg)
 	// The last value stored is the newest: a fresh Get sees it as stale.
 	l.Set("k", "set")
 	if v, _ := l.Get(t.Context(), "k"); v != "set" && !strings.HasPrefix(v, "k#") {

@@ -771,7 +771,7 @@ func TestObserverStress(t *testing.T) {
 			}
 		})
 	}
-	wg.Wait()
+	waitGroup(t, "the callers", &wg)
 	l.Close()
 
 	s := l.Stats()

@@ -35,7 +35,7 @@ import (
 // loaded machine runs fewer iterations, never a false failure.
 func TestInvalidateBehindPendingWriteServesOldValue(t *testing.T) {
 	l := oldThenFailing(t, time.Minute)
-	defer flood(l)()
+	defer flood(t, l)()
 
 	canceled, cancel := context.WithCancel(context.Background())
 	cancel()
@@ -87,7 +87,7 @@ func TestInvalidateBehindPendingWriteLosesNextFill(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer l.Close()
-	defer flood(l)()
+	defer flood(t, l)()
 
 	ctx := context.Background()
 	deadline := time.Now().Add(1500 * time.Millisecond)
@@ -126,7 +126,7 @@ func TestInvalidateBehindPendingWriteLosesNextFill(t *testing.T) {
 // TestInvalidateBehindPendingWriteServesOldValue.
 func TestInvalidateMissesFlushReplacedWrite(t *testing.T) {
 	l := oldThenFailing(t, 1) // fresh for 1ns, then stale for a minute
-	defer flood(l)()
+	defer flood(t, l)()
 	canceled, cancel := context.WithCancel(context.Background())
 	cancel()
 	deadline := time.Now().Add(1500 * time.Millisecond)
@@ -156,7 +156,7 @@ func TestInvalidateMissesFlushReplacedWrite(t *testing.T) {
 // write. Real clock: see TestInvalidateBehindPendingWriteServesOldValue.
 func TestInvalidateAfterReplacingCallFailed(t *testing.T) {
 	l := oldThenFailing(t, 1) // fresh for 1ns, then stale for a minute
-	defer flood(l)()
+	defer flood(t, l)()
 	deadline := time.Now().Add(1500 * time.Millisecond)
 	iters, found := 0, false
 	for ; time.Now().Before(deadline) && !found; iters++ {
@@ -353,7 +353,7 @@ func TestPanickingKeyLeaksShardLock(t *testing.T) {
 		t.Errorf("shard mutex left locked by the panic: Get(\"other\") hangs (ctx cannot help)")
 	}
 	sh.mu.Unlock() // clean up so the test binary can finish
-	<-done
+	recv(t, `Get("other") once the shard is unlocked`, done)
 }
 
 // A background refresh started by a Get made from inside A's LoadFunc must
@@ -449,8 +449,9 @@ func TestCloseOfOtherLoaderFromLoadFunc(t *testing.T) {
 
 // flood loads other keys ("f1", "f2", …) from two goroutines, as under real
 // load: their fills interleave with a test key's writes and deletes in
-// ristretto's set buffer. Call the returned func to stop it.
-func flood(l *Loader[string, string]) (stop func()) {
+// ristretto's set buffer. Call the returned func, on t's goroutine, to
+// stop it: it fails t if the two have not ended within patience.
+func flood(t testing.TB, l *Loader[string, string]) (stop func()) {
 	done := make(chan struct{})
 	var wg sync.WaitGroup
 	var n atomic.Int64
@@ -466,7 +467,7 @@ func flood(l *Loader[string, string]) (stop func()) {
 			}
 		})
 	}
-	return func() { close(done); wg.Wait() }
+	return func() { close(done); waitGroup(t, "the flood's goroutines", &wg) }
 }
 
 // inFlightMap reports whether k has a load running or a write the writer
@@ -650,9 +651,9 @@ func TestMissStormIsBoundedByMaxCost(t *testing.T) {
 			}
 		})
 	}
-	wg.Wait()
+	waitGroup(t, "the storm's callers", &wg)
 	close(stop)
-	sampler.Wait()
+	waitGroup(t, "the sampler", &sampler)
 
 	// By design: the callers, the sampler, one load per caller waiting and
 	// one per caller finishing; no background refreshes here.
@@ -707,7 +708,7 @@ func TestCloseStarvedByGets(t *testing.T) {
 			}
 		})
 	}
-	running.Wait() // every goroutine is calling Get
+	waitGroup(t, "every goroutine to call Get", &running)
 	closed := make(chan struct{})
 	start := time.Now()
 	go func() { l.Close(); close(closed) }()
@@ -718,8 +719,8 @@ func TestCloseStarvedByGets(t *testing.T) {
 		t.Errorf("Close did not return within %v while 64 goroutines kept calling Get (each refused at once with ErrClosed)", bound)
 	}
 	stop.Store(true)
-	gets.Wait()
-	<-closed
+	waitGroup(t, "the Gets, once stopped", &gets)
+	recv(t, "Close", closed)
 	t.Logf("Close returned %v after it was called", time.Since(start))
 }
 
@@ -806,7 +807,7 @@ func TestConcurrentSetsOfOneKeyLoseTheLaterWrite(t *testing.T) {
 			})
 		}
 		close(start)
-		wg.Wait()
+		waitGroup(t, "the two Sets", &wg)
 		if v, info, err := l.GetInfo(context.Background(), k); err != nil || info.Source != SourceHit || v/2 != k {
 			t.Fatalf("round %d: Get after both Sets returned = %d, %v, %v; want a hit with a value Set for %d", k, v, info.Source, err, k)
 		}
@@ -845,7 +846,7 @@ func TestLeaveDuringBackpressureLosesInvalidate(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer l.Close()
-	defer flood(l)() // ristretto's buffer is busy, so the window is wide
+	defer flood(t, l)() // ristretto's buffer is busy, so the window is wide
 
 	canceled, cancel := context.WithCancel(context.Background())
 	cancel()

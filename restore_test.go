@@ -178,7 +178,7 @@ func TestRestoreKeepsHeld(t *testing.T) {
 	l.Set("set", "new")
 	ctx := getCtx(t)
 	loading := getAsync(ctx, l, "loading")
-	<-d.started // its load is in flight
+	recv(t, "the load of loading", d.started) // its load is in flight
 	old := func(k string) Entry[string, string] {
 		return Entry[string, string]{Key: k, Value: "old", LoadedAt: time.Now()}
 	}
@@ -187,7 +187,7 @@ func TestRestoreKeepsHeld(t *testing.T) {
 		t.Fatalf("Restore = %d, %v; want 1 (free), nil", n, err)
 	}
 	close(d.gate)
-	if r := <-loading; r.err != nil || r.v != "loading#1" {
+	if r := recv(t, "Get(loading)", loading); r.err != nil || r.v != "loading#1" {
 		t.Fatalf("Get(loading) = %q, %v; want loading#1", r.v, r.err)
 	}
 	for k, want := range map[string]string{"set": "new", "loading": "loading#1", "free": "old"} {
@@ -230,7 +230,7 @@ func TestRestoreRacesSets(t *testing.T) {
 			wg.Go(func() { l.Set(fmt.Sprint("k", i), "new") })
 			wg.Go(func() { l.Get(ctx, fmt.Sprint("k", i)) })
 		}
-		wg.Wait()
+		waitGroup(t, "the Restores, Sets and Gets", &wg)
 		for i := range keys {
 			want := "old"
 			if i%2 == 0 {

@@ -73,9 +73,10 @@ func liveHeap() uint64 {
 	return v
 }
 
-// sampleWhile samples f every 10 ms until stop is closed, keeping the
-// largest value; wait returns it.
-func sampleWhile(f func() int64) (stop func() int64) {
+// sampleWhile samples f every 10 ms until stop is called, keeping the
+// largest value; stop returns it. Call stop on t's goroutine: it fails t
+// if the sampler has not ended within patience.
+func sampleWhile(t testing.TB, f func() int64) (stop func() int64) {
 	var peak atomic.Int64
 	quit := make(chan struct{})
 	var wg sync.WaitGroup
@@ -91,7 +92,7 @@ func sampleWhile(f func() int64) (stop func() int64) {
 			}
 		}
 	})
-	return func() int64 { close(quit); wg.Wait(); return peak.Load() }
+	return func() int64 { close(quit); waitGroup(t, "the sampler", &wg); return peak.Load() }
 }
 
 // Four goroutines Set never-seen keys as fast as they can into MaxCost
@@ -106,8 +107,8 @@ func TestSetStormStaysBounded(t *testing.T) {
 	}
 	defer l.Close()
 	base := liveHeap()
-	pending := sampleWhile(func() int64 { return l.Stats().PendingWrites })
-	heap := sampleWhile(func() int64 {
+	pending := sampleWhile(t, func() int64 { return l.Stats().PendingWrites })
+	heap := sampleWhile(t, func() int64 {
 		var m runtime.MemStats
 		runtime.ReadMemStats(&m)
 		return int64(m.HeapInuse)
@@ -191,7 +192,7 @@ func TestColdGetsDuringSetStorm(t *testing.T) {
 			var wg sync.WaitGroup
 			wg.Go(func() { lat = coldGets(t, l, 0, stormFor()) })
 			runFor(t, 2, stormFor(), func(int, int) { target.Set(keys.Add(1), make([]byte, 64)) })
-			wg.Wait()
+			waitGroup(t, "the cold Gets", &wg)
 			slices.Sort(lat)
 			t.Logf("%s: %d cold Gets, p99.9 %v, max %v; %d Sets", where, len(lat), quantile(lat, 0.999), quantile(lat, 1), keys.Load()-1<<40)
 		})
@@ -216,7 +217,7 @@ func TestColdGetsDuringSetInvalidateLoop(t *testing.T) {
 			l.Invalidate(k)
 		}
 	})
-	wg.Wait()
+	waitGroup(t, "the cold Gets", &wg)
 	slices.Sort(lat)
 	t.Logf("%d cold Gets, p99.9 %v, max %v", len(lat), quantile(lat, 0.999), quantile(lat, 1))
 }
@@ -259,7 +260,12 @@ func TestMissStormBesideAnUnrelatedGet(t *testing.T) {
 		}
 		worst = max(worst, took)
 	}
-	if err := <-batch; err != nil {
+	select { // the GetMany has a minute: fail once it is well past it
+	case err = <-batch:
+	case <-time.After(time.Minute + patience):
+		t.Fatalf("GetMany of %d keys has not returned %v after its context ended", n, patience)
+	}
+	if err != nil {
 		t.Fatalf("GetMany of %d keys: %v", n, err)
 	}
 	s := l.Stats()
@@ -276,9 +282,12 @@ func TestConcurrentColdGetsDoNotHerd(t *testing.T) {
 	l := newStormLoader(t)
 	defer l.Close()
 	var wg sync.WaitGroup
+	var left atomic.Int64 // Gets not returned yet
+	left.Store(int64(n))
 	errs := make(chan error, 1)
 	for i := range n {
 		wg.Go(func() {
+			defer left.Add(-1)
 			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 			defer cancel()
 			if _, err := l.Get(ctx, uint64(i)); err != nil {
@@ -289,7 +298,8 @@ func TestConcurrentColdGetsDoNotHerd(t *testing.T) {
 			}
 		})
 	}
-	wg.Wait()
+	waitProgress(t, "cold Gets not returned", patience, left.Load)
+	waitGroup(t, "the cold Gets", &wg)
 	select {
 	case err := <-errs:
 		t.Fatal(err)

@@ -375,6 +375,8 @@ func TestVersionStorm(t *testing.T) {
 	names := []string{"k0", "k1", "k2", "k3"}
 	ctx := WithRevalidate(context.Background())
 	var wg, work sync.WaitGroup
+	var left atomic.Int64 // rounds not done yet
+	left.Store(int64((writers + readers) * rounds))
 	stop := make(chan struct{})
 	for w := range writers + readers {
 		work.Go(func() {
@@ -390,6 +392,7 @@ func TestVersionStorm(t *testing.T) {
 				default:
 					l.GetMany(ctx, names)
 				}
+				left.Add(-1)
 			}
 		})
 	}
@@ -411,9 +414,10 @@ func TestVersionStorm(t *testing.T) {
 			}
 		}
 	})
-	work.Wait()
+	waitProgress(t, "rounds of the writers and readers", patience, left.Load)
+	waitGroup(t, "the writers and readers", &work)
 	close(stop)
-	wg.Wait()
+	waitGroup(t, "the Peek reader", &wg)
 	for i, k := range names {
 		if v, _, ok := l.Peek(k); !ok || v != db[i].Load() {
 			t.Errorf("Peek(%q) = %d, %v; want the last version written, %d", k, v, ok, db[i].Load())
@@ -449,7 +453,7 @@ func TestVersionLostUpdate(t *testing.T) {
 					l.Set("row", v)
 				})
 			}
-			wg.Wait()
+			waitGroup(t, "the two writers", &wg)
 			if v, _, _ := l.Peek("row"); v != uint64(2*(round+1)) {
 				n++
 			}

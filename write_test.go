@@ -199,7 +199,7 @@ func TestShardMapsShrink(t *testing.T) {
 		t.Fatalf("with %d loads in flight: %d in the map, peak %d", n, nl, pl)
 	}
 	close(gate)
-	wg.Wait()
+	waitGroup(t, "the loads' Gets", &wg)
 	if pl, _, nl, _ := peaks(); pl > shrinkFrom || nl != 0 {
 		t.Fatalf("after the loads: loads map %d keys, peak %d; want it rebuilt", nl, pl)
 	}

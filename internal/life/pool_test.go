@@ -23,7 +23,13 @@ func TestOnPoolAndOnWriter(t *testing.T) {
 	p.Init(done)
 	got := make(chan [2]bool)
 	p.Go(jobFunc(func() { got <- [2]bool{OnPool(), OnWriter()} }))
-	if g := <-got; g != [2]bool{true, false} {
+	var g [2]bool
+	select {
+	case g = <-got:
+	case <-time.After(10 * time.Second):
+		t.Fatal("waited 10s for the job to run")
+	}
+	if g != [2]bool{true, false} {
 		t.Fatalf("in a job: OnPool, OnWriter = %v; want true, false", g)
 	}
 	RunWriter(func() {
@@ -32,7 +38,9 @@ func TestOnPoolAndOnWriter(t *testing.T) {
 		}
 	})
 	close(done)
-	p.Wait()
+	var left sync.WaitGroup
+	left.Go(p.Wait)
+	waitGroup(t, "the pool's goroutines to leave", &left)
 }
 
 // Jobs one after another reuse one goroutine; a burst starts more, and

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"testing"
 	"testing/synctest"
+	"time"
 
 	"github.com/flightcache/flightcache/internal/loadctx"
 )
@@ -80,7 +81,11 @@ func TestContextCancel(t *testing.T) {
 			if !tt.doneFirst {
 				done = c.Done()
 			}
-			<-done
+			select {
+			case <-done:
+			case <-time.After(10 * time.Second):
+				t.Fatal("Done not closed 10s after Cancel")
+			}
 			if c.Err() != context.Canceled || context.Cause(&c) != tt.cause {
 				t.Errorf("Err, Cause = %v, %v; want Canceled, %v", c.Err(), context.Cause(&c), tt.cause)
 			}

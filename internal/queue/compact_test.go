@@ -1,6 +1,9 @@
 package queue
 
-import "testing"
+import (
+	"testing"
+	"time"
+)
 
 // Many waiters that leave behind one that stays do not grow the queue:
 // gone waiters are compacted away.
@@ -20,7 +23,11 @@ func TestQueueCompacts(t *testing.T) {
 		t.Errorf("%d entries in the queue for 1 waiter; want it compacted", n)
 	}
 	q.Give(1, 0)
-	<-stays.Ready()
+	select {
+	case <-stays.Ready():
+	case <-time.After(10 * time.Second):
+		t.Fatal("waited 10s for the waiter that stayed to be answered")
+	}
 	if !stays.Granted() {
 		t.Error("the waiter that stayed was not granted")
 	}

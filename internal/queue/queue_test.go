@@ -4,9 +4,22 @@ import (
 	"sync"
 	"testing"
 	"testing/synctest"
+	"time"
 
 	"github.com/flightcache/flightcache/internal/queue"
 )
+
+// ready waits until w is answered, granted or refused, and fails the test
+// after 10s: an answer that never comes fails fast, not at the package's
+// timeout.
+func ready(t *testing.T, what string, w *queue.Waiter) {
+	t.Helper()
+	select {
+	case <-w.Ready():
+	case <-time.After(10 * time.Second):
+		t.Fatalf("waited 10s for %s to be answered", what)
+	}
+}
 
 // A queue serves waiters in order of arrival: a later, smaller request
 // never passes an earlier one that does not fit yet.
@@ -68,7 +81,7 @@ func TestNoOvertaking(t *testing.T) {
 		t.Fatalf("Ask with no place free = %v; want Queued", st)
 	}
 	q.Resize(func(held int) (int, int64) { return 3, 100 }) // w1 is granted the new place
-	<-w1.Ready()
+	ready(t, "w1", w1)
 	if !w1.Granted() {
 		t.Fatal("the waiter was not granted the place Resize added")
 	}
@@ -82,14 +95,14 @@ func TestNoOvertaking(t *testing.T) {
 		t.Fatalf("Ask with no place free = %v; want Queued", st)
 	}
 	q.Resize(func(held int) (int, int64) { return 4, 100 })
-	<-w3.Ready()
+	ready(t, "w3", w3)
 	q.Resize(func(held int) (int, int64) { return held, 100 }) // nothing free
 	w4, _ := q.Ask(0)
 	if st := q.TryTake(0); st != queue.NoRoom {
 		t.Errorf("TryTake with a waiter waiting = %v; want NoRoom", st)
 	}
 	q.Close()
-	<-w4.Ready()
+	ready(t, "w4", w4)
 	if w4.Granted() {
 		t.Error("a waiter granted by Close")
 	}
@@ -113,18 +126,18 @@ func TestLeave(t *testing.T) {
 		t.Fatalf("Leave of an unanswered waiter = %v; want Left", st)
 	}
 	q.Give(1, 0) // to b: a is gone
-	<-b.Ready()
+	ready(t, "b", b)
 	if st := q.Leave(b, true); st != queue.Taken {
 		t.Fatalf("Leave(keep) of a granted waiter = %v; want Taken", st)
 	}
 	c, _ := q.Ask(0)
 	d, _ := q.Ask(0)
 	q.Give(1, 0) // to c
-	<-c.Ready()
+	ready(t, "c", c)
 	if st := q.Leave(c, false); st != queue.Left { // c's place goes to d
 		t.Fatalf("Leave of a granted waiter = %v; want Left", st)
 	}
-	<-d.Ready()
+	ready(t, "d", d)
 	e, _ := q.Ask(0)
 	q.Close()
 	if st := q.Leave(e, true); st != queue.Closed {
@@ -172,7 +185,7 @@ func TestQueueDoesNotGrow(t *testing.T) {
 		t.Fatalf("State() = %+v; want one waiting", s)
 	}
 	q.Give(1, 0)
-	<-stay.Ready()
+	ready(t, "the waiter that stayed", stay)
 	if !stay.Granted() {
 		t.Fatal("the waiter that stayed was not granted")
 	}
