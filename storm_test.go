@@ -146,8 +146,9 @@ func coldGets(t testing.TB, l *Loader[uint64, []byte], first uint64, d time.Dura
 		_, err := l.Get(ctx, k)
 		lat = append(lat, time.Since(start))
 		cancel()
-		if err != nil {
-			t.Fatalf("cold Get of key %d during the storm: %v after %v", k, err, lat[len(lat)-1])
+		if err != nil { // on a goroutine of the test's: Errorf, then stop
+			t.Errorf("cold Get of key %d during the storm: %v after %v", k, err, lat[len(lat)-1])
+			break
 		}
 	}
 	return lat
@@ -243,9 +244,7 @@ func TestMissStormBesideAnUnrelatedGet(t *testing.T) {
 	}
 	batch := make(chan error, 1)
 	go func() {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-		defer cancel()
-		_, err := l.GetMany(ctx, keys)
+		_, err := l.GetMany(context.Background(), keys)
 		batch <- err
 	}()
 	var worst time.Duration
@@ -260,11 +259,17 @@ func TestMissStormBesideAnUnrelatedGet(t *testing.T) {
 		}
 		worst = max(worst, took)
 	}
-	select { // the GetMany has a minute: fail once it is well past it
-	case err = <-batch:
-	case <-time.After(time.Minute + patience):
-		t.Fatalf("GetMany of %d keys has not returned %v after its context ended", n, patience)
-	}
+	// The GetMany takes what the machine gives it (68s once on a loaded
+	// one): it fails only when its loads stop for patience.
+	var left atomic.Int64
+	left.Store(1)
+	go func() { err = <-batch; left.Store(0) }()
+	waitProgress(t, "GetMany (keys not yet loaded, and the call's return)", patience, func() int64 {
+		if left.Load() == 0 {
+			return 0
+		}
+		return int64(n) + 1 - int64(l.Stats().Loads)
+	})
 	if err != nil {
 		t.Fatalf("GetMany of %d keys: %v", n, err)
 	}

@@ -166,6 +166,7 @@ func TestVersionFillKeepsNewer(t *testing.T) {
 		if got, ok := peekRow(l, "k"); !ok || got != (row{3, "replica"}) {
 			t.Errorf(`Peek("k") after the reload of an expired row = %v, %v; want {3 replica}`, got, ok)
 		}
+		synctest.Wait() // the last load's OnLoad comes after its Get returned
 		s := l.Stats()
 		if s.WritesOutdated != 3 || src.count() != 4 {
 			t.Errorf("Stats.WritesOutdated = %d, loads %d; want 3 outdated of 4", s.WritesOutdated, src.count())
