@@ -1,0 +1,202 @@
+package flightredis
+
+import (
+	"context"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/flightcache/flightcache"
+)
+
+// versionProc starts a simulated process on addr (a Loader of TTL an hour
+// on load, its tier made with to), both closed when the test ends.
+func versionProc(t *testing.T, addr string, to Options[string, string], load flightcache.LoadFunc[string, string]) proc {
+	t.Helper()
+	tier, err := NewTier(newClient(t, addr), to)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = tier.Close() })
+	l, err := flightcache.New(load, flightcache.Options[string, string]{TTL: time.Hour, Remote: tier})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = l.Close() })
+	return proc{l: l, t: tier}
+}
+
+// get is p's Get of k, which must succeed.
+func get(t *testing.T, p proc, k string) string {
+	t.Helper()
+	v, err := p.l.Get(ctx, k)
+	if err != nil {
+		t.Fatalf("Get(%s) = %v", k, err)
+	}
+	return v
+}
+
+// A reader whose tier steps aside loads the key's new version from the
+// downstream and serves it, while the writer's Invalidate has not reached
+// Redis yet (it is kept for replay, or late): the shared entry is still the
+// version before. When the reader's tier is back, its health check
+// distrusts the copy loaded without Redis, and the reread must not hand
+// back that older shared entry: the reader loads under the lease instead,
+// and the shared entry catches up.
+func TestReaderNeverGoesBackAfterALocalLoad(t *testing.T) {
+	addr := redisAddr(t)
+	prefix := testPrefix(t, newClient(t, addr))
+	var db atomic.Int64 // the database: a version
+	load := func(context.Context, string) (string, error) { return strconv.FormatInt(db.Load(), 10), nil }
+	to := Options[string, string]{Prefix: prefix, RetryAfter: time.Hour}
+	writer := versionProc(t, addr, to, load)
+	reader := versionProc(t, addr, to, load)
+	listening(t, writer, reader)
+	if v := get(t, reader, "k"); v != "0" {
+		t.Fatalf("reader = %q, want 0", v)
+	}
+
+	db.Store(1)
+	writer.t.failed() // the writer's Invalidate does not reach Redis: kept for replay
+	writer.l.Invalidate("k")
+	if s := writer.t.Stats(); s.Skipped != 1 {
+		t.Fatalf("writer: Skipped = %d, want 1", s.Skipped)
+	}
+	reader.t.failed() // a round trip of the reader timed out: it steps aside
+	reader.t.distrust()
+	if v := get(t, reader, "k"); v != "1" {
+		t.Fatalf("reader without Redis = %q, want 1", v)
+	}
+	if s := reader.t.Stats(); s.LocalLoads != 1 {
+		t.Fatalf("reader: LocalLoads = %d, want 1", s.LocalLoads)
+	}
+
+	reader.t.downUntil.Store(0) // Redis answers the reader again
+	reader.t.distrust()         // as its health check does after a copy loaded untracked
+	if v := get(t, reader, "k"); v != "1" {
+		t.Fatalf("reader went back to %q after serving 1", v)
+	}
+	if s := reader.t.Stats(); s.Leases != 2 || s.AheadLoads != 1 {
+		t.Fatalf("reader: Leases %d, AheadLoads %d; want 2, 1", s.Leases, s.AheadLoads)
+	}
+	other := versionProc(t, addr, to, load)
+	if v := get(t, other, "k"); v != "1" {
+		t.Fatalf("another process reads %q from the shared entry, want 1", v)
+	}
+	if s := other.t.Stats(); s.Hits != 1 {
+		t.Fatalf("another process: Hits = %d, want 1", s.Hits)
+	}
+}
+
+// A writer's own Set that did not reach Redis: once Redis answers again
+// and before the replay has run, a reread of its copy (distrusted) must not
+// hand it back the shared entry from before the Set.
+func TestWriterNeverGoesBackBeforeItsReplay(t *testing.T) {
+	addr := redisAddr(t)
+	prefix := testPrefix(t, newClient(t, addr))
+	var db atomic.Int64
+	load := func(context.Context, string) (string, error) { return strconv.FormatInt(db.Load(), 10), nil }
+	to := Options[string, string]{Prefix: prefix, RetryAfter: time.Hour}
+	p := versionProc(t, addr, to, load)
+	listening(t, p)
+	if v := get(t, p, "k"); v != "0" {
+		t.Fatalf("Get = %q, want 0", v)
+	}
+
+	db.Store(2)
+	p.t.failed()
+	p.l.Set("k", "2")
+	if v := get(t, p, "k"); v != "2" {
+		t.Fatalf("Get after Set = %q, want 2", v)
+	}
+	// Redis answers again; the replay has not run yet (it runs on a
+	// goroutine, at the next health check: held here).
+	if !p.t.fleet.replaying.CompareAndSwap(false, true) {
+		t.Fatal("a replay runs already")
+	}
+	p.t.downUntil.Store(0)
+	p.t.distrust()
+	if v := get(t, p, "k"); v != "2" {
+		t.Fatalf("Get went back to %q after serving 2", v)
+	}
+	p.t.fleet.replaying.Store(false)
+}
+
+// A reader that served a version loaded without Redis finds, when it reads
+// the key again, the lease held by a process whose load read the version
+// before (its value is older: the write's Invalidate is late). It must not
+// wait for that value: it loads from the downstream itself, without the
+// lease. Once that holder has written its older value, the reader's next
+// reread does not take it either.
+func TestReaderNeverTakesAnOlderLeaseHoldersValue(t *testing.T) {
+	addr := redisAddr(t)
+	prefix := testPrefix(t, newClient(t, addr))
+	var db atomic.Int64
+	load := func(context.Context, string) (string, error) { return strconv.FormatInt(db.Load(), 10), nil }
+	read, gate := make(chan struct{}), make(chan struct{})
+	slow := func(context.Context, string) (string, error) { // reads, then takes its time
+		v := strconv.FormatInt(db.Load(), 10)
+		close(read)
+		<-gate
+		return v, nil
+	}
+	to := Options[string, string]{Prefix: prefix, RetryAfter: time.Hour}
+	holder := versionProc(t, addr, to, slow)
+	reader := versionProc(t, addr, to, load)
+	listening(t, holder, reader)
+
+	held := make(chan string, 1)
+	go func() { v, _ := holder.l.Get(ctx, "k"); held <- v }()
+	select {
+	case <-read:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the holder did not load")
+	}
+	db.Store(1)
+	reader.t.failed()
+	if v := get(t, reader, "k"); v != "1" {
+		t.Fatalf("reader without Redis = %q, want 1", v)
+	}
+	reader.t.downUntil.Store(0)
+	reader.t.distrust()
+
+	got := make(chan string, 1)
+	go func() { v, _ := reader.l.Get(ctx, "k"); got <- v }()
+	open := sync.OnceFunc(func() { close(gate) })
+	var v string
+	for deadline := time.Now().Add(10 * time.Second); v == ""; {
+		select {
+		case v = <-got:
+		case <-time.After(5 * time.Millisecond):
+			if reader.t.Stats().Waits > 0 {
+				open() // the reader waits for the holder: let it go, to see what it serves
+			}
+			if time.Now().After(deadline) {
+				t.Fatal("the reader's Get did not return")
+			}
+		}
+	}
+	if v != "1" {
+		t.Fatalf("reader went back to %q after serving 1", v)
+	}
+	if s := reader.t.Stats(); s.Waits != 0 || s.AheadLoads != 1 {
+		t.Fatalf("reader: Waits %d, AheadLoads %d; want 0, 1", s.Waits, s.AheadLoads)
+	}
+	open()
+	select {
+	case v := <-held:
+		if v != "0" {
+			t.Fatalf("holder = %q, want 0", v)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the holder's Get did not return")
+	}
+	// The holder's older value is the shared entry now. Whether or not the
+	// reader has heard of that write yet, its copy read again is not it.
+	reader.t.distrust()
+	if v := get(t, reader, "k"); v != "1" {
+		t.Fatalf("reader went back to %q after serving 1", v)
+	}
+}
