@@ -15,12 +15,19 @@ import (
 // on load, its tier made with to), both closed when the test ends.
 func versionProc(t *testing.T, addr string, to Options[string, string], load flightcache.LoadFunc[string, string]) proc {
 	t.Helper()
+	return versionProcOf(t, addr, to, load, flightcache.Options[string, string]{TTL: time.Hour})
+}
+
+// versionProcOf is versionProc with the Loader's options lo.
+func versionProcOf(t *testing.T, addr string, to Options[string, string], load flightcache.LoadFunc[string, string], lo flightcache.Options[string, string]) proc {
+	t.Helper()
 	tier, err := NewTier(newClient(t, addr), to)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = tier.Close() })
-	l, err := flightcache.New(load, flightcache.Options[string, string]{TTL: time.Hour, Remote: tier})
+	lo.Remote = tier
+	l, err := flightcache.New(load, lo)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -198,5 +205,93 @@ func TestReaderNeverTakesAnOlderLeaseHoldersValue(t *testing.T) {
 	reader.t.distrust()
 	if v := get(t, reader, "k"); v != "1" {
 		t.Fatalf("reader went back to %q after serving 1", v)
+	}
+}
+
+// The batch path keeps the rule too: a GetMany whose keys this process
+// loaded without Redis reads none of their shared entries back; it loads
+// a key whose lease is free under it (k1), and one whose lease another
+// process holds without it (k2), in one call.
+func TestBatchNeverGoesBackAfterALocalLoad(t *testing.T) {
+	addr := redisAddr(t)
+	prefix := testPrefix(t, newClient(t, addr))
+	var db atomic.Int64
+	load := func(context.Context, string) (string, error) { return strconv.FormatInt(db.Load(), 10), nil }
+	var calls atomic.Int64
+	loadMany := func(_ context.Context, keys []string) (map[string]string, error) {
+		calls.Add(1)
+		m := make(map[string]string, len(keys))
+		for _, k := range keys {
+			m[k] = strconv.FormatInt(db.Load(), 10)
+		}
+		return m, nil
+	}
+	read, gate := make(chan struct{}), make(chan struct{})
+	slow := func(context.Context, string) (string, error) {
+		v := strconv.FormatInt(db.Load(), 10)
+		close(read)
+		<-gate
+		return v, nil
+	}
+	to := Options[string, string]{Prefix: prefix, RetryAfter: time.Hour}
+	holder := versionProc(t, addr, to, slow)
+	reader := versionProcOf(t, addr, to, load, flightcache.Options[string, string]{TTL: time.Hour, LoadMany: loadMany})
+	listening(t, holder, reader)
+	open := sync.OnceFunc(func() { close(gate) })
+	t.Cleanup(open)
+
+	getMany := func(keys ...string) map[string]string {
+		t.Helper()
+		type result struct {
+			m   map[string]string
+			err error
+		}
+		got := make(chan result, 1)
+		go func() { m, err := reader.l.GetMany(ctx, keys); got <- result{m, err} }()
+		for deadline := time.Now().Add(10 * time.Second); ; {
+			select {
+			case r := <-got:
+				if r.err != nil {
+					t.Fatalf("GetMany(%v) = %v", keys, r.err)
+				}
+				return r.m
+			case <-time.After(5 * time.Millisecond):
+				if reader.t.Stats().Waits > 0 {
+					open() // the reader waits for the holder: let it go, to see what it serves
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("GetMany(%v) did not return", keys)
+				}
+			}
+		}
+	}
+	if m := getMany("k1"); m["k1"] != "0" {
+		t.Fatalf("GetMany = %v, want k1 0", m)
+	}
+	go func() { _, _ = holder.l.Get(ctx, "k2") }()
+	select {
+	case <-read:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the holder did not load")
+	}
+
+	db.Store(1)
+	reader.t.failed()
+	reader.t.distrust()
+	if m := getMany("k1", "k2"); m["k1"] != "1" || m["k2"] != "1" {
+		t.Fatalf("GetMany without Redis = %v, want 1 each", m)
+	}
+	reader.t.downUntil.Store(0)
+	reader.t.distrust()
+	before := reader.t.Stats()
+	if m := getMany("k1", "k2"); m["k1"] != "1" || m["k2"] != "1" {
+		t.Fatalf("GetMany went back: %v after serving 1 each", m)
+	}
+	s := reader.t.Stats()
+	if s.AheadLoads != 2 || s.Waits != 0 || s.Leases != before.Leases+1 {
+		t.Fatalf("reader: AheadLoads %d, Waits %d, Leases +%d; want 2, 0, +1", s.AheadLoads, s.Waits, s.Leases-before.Leases)
+	}
+	if n := calls.Load(); n != 3 {
+		t.Fatalf("LoadMany calls = %d, want 3 (one per GetMany)", n)
 	}
 }
