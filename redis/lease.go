@@ -214,6 +214,13 @@ var ErrPeerFailed = errors.New("flightredis: the load failed in another process"
 // entry for NotFoundTTL, and a Load that finds a live marker returns
 // [ErrSharedNotFound] without calling load.
 //
+// A key this process may have served a newer value of than its shared
+// entry (it loaded the key without Redis, or its Set or Invalidate of the
+// key is kept for replay) is loaded from the downstream, not read from
+// Redis: under the lease if it is free, else without it (ahead.go,
+// Stats.AheadLoads). So a process never serves a value older than one it
+// served.
+//
 // With the Loader's Options.Version, the value Load's own load returned
 // does not replace a shared entry of a higher version (docs/design.md
 // rule 30, see version.go): Load returns it all the same, for the Loader

@@ -82,8 +82,8 @@ type Stats struct {
 	// key without Redis, or its Set or Invalidate of the key has not
 	// reached Redis yet. Each such key is loaded under the lease, which
 	// writes the newer value for the fleet, or, when another process holds
-	// the lease, without it (see docs/distributed.md, "Never back a
-	// version").
+	// the lease, without it (see docs/distributed.md, "Invalidation
+	// across the fleet").
 	AheadLoads uint64
 	// Skipped counts Set, Invalidate and InvalidateAll calls not passed on
 	// to Redis because the tier was stepping aside (or, for Set and
