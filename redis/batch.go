@@ -65,6 +65,8 @@ type slot[K comparable] struct {
 	waited  string // the token of the lease this key waits on, "" if none yet
 	tok     string // the token of the last acquire
 	stolen  bool   // the lease was taken over from a dead holder
+	ahead   bool   // this process may be ahead of the key's shared entry (ahead.go): it takes nothing from Redis
+	aside   bool   // loaded without the lease, another process holding it, as ahead
 	attempt int    // waits so far, for the poll backoff
 	delay   time.Duration
 	watched bool   // the batch is subscribed to the key's wake-ups
@@ -78,8 +80,9 @@ type batchRun[K comparable, V any] struct {
 	load  func(context.Context, []K) (map[K]V, error)
 	w     chan struct{} // the wake-ups of the keys that wait (watched)
 	out   map[K]flightcache.RemoteResult[V]
-	gen   int64 // the generation the keys not answered yet are named in
-	moves int   // how many times they were named again in a newer one
+	gen   int64  // the generation the keys not answered yet are named in
+	moves int    // how many times they were named again in a newer one
+	since uint64 // the last mark of ahead when the batch began: a fill stored clears those up to it
 }
 
 // LoadMany implements [flightcache.RemoteMany]: it answers each of keys as
@@ -140,7 +143,8 @@ func (t *Tier[K, V]) LoadMany(ctx context.Context, keys []K, load func(context.C
 	if t.closed.Load() || t.down() || !t.ready(ctx) {
 		t.listening()
 		for _, s := range slots {
-			t.handed(t.key(s.key), s.key)
+			s.name = t.key(s.key)
+			t.handed(s.name, s.key)
 		}
 		b.loadAndStore(nil, slots)
 		return b.out
@@ -148,10 +152,12 @@ func (t *Tier[K, V]) LoadMany(ctx context.Context, keys []K, load func(context.C
 	t.awaitStartup(ctx)
 	t.listening()
 	b.gen = t.gen.Load()
+	b.since = t.ahead.now()
 	for _, s := range slots {
 		s.name = t.key(s.key)
 		t.handed(s.name, s.key)
 		s.ks = keysAt(t.opts.Prefix, s.name, b.gen)
+		s.ahead, _ = t.ahead.state(s.name)
 	}
 	b.w = make(chan struct{}, 1)
 	defer func() { b.unwatch(slots) }()
@@ -232,7 +238,7 @@ func (b *batchRun[K, V]) regen(slots []*slot[K], gen int64) {
 	b.gen = gen
 	b.moves++
 	for _, s := range slots {
-		*s = slot[K]{key: s.key, name: s.name, ks: keysAt(b.t.opts.Prefix, s.name, gen)}
+		*s = slot[K]{key: s.key, name: s.name, ks: keysAt(b.t.opts.Prefix, s.name, gen), ahead: s.ahead}
 	}
 }
 
@@ -308,7 +314,7 @@ func (b *batchRun[K, V]) judge(slots []*slot[K], cmds []*redis.SliceCmd) (open, 
 // Load does; it reports whether it did.
 func (b *batchRun[K, V]) offer(s *slot[K]) bool {
 	t := b.t
-	if t.dead(s.ks) { // nothing of an older generation is handed over
+	if t.dead(s.ks) || s.ahead { // nothing of an older generation, nor what may be older than a value served
 		return false
 	}
 	if s.perr != nil {
@@ -412,6 +418,11 @@ func (b *batchRun[K, V]) acquire(open, leased, local, waiting []*slot[K]) (again
 			s.stolen = kind == "stolen"
 			leased = append(leased, s)
 		default: // "held"
+			if s.ahead { // the holder may have read before the value served: load without the lease, as Load
+				s.aside = true
+				local = append(local, s)
+				continue
+			}
 			if s.waited == "" {
 				t.stats.waits.Add(1)
 			}
@@ -471,11 +482,21 @@ func (b *batchRun[K, V]) loadAndStore(leased, local []*slot[K]) {
 			t.stats.takeovers.Add(1)
 		}
 	}
+	aside, ahead := 0, 0 // of local, of local and leased
 	for _, s := range local {
 		keys = append(keys, s.key)
+		if s.aside {
+			aside++
+		}
+	}
+	for _, s := range leased {
+		if s.ahead {
+			ahead++
+		}
 	}
 	t.stats.leases.Add(uint64(len(leased)))
-	t.localLoads(len(local))
+	t.stats.aheadLoads.Add(uint64(aside + ahead))
+	t.localLoads(len(local) - aside)
 	bg := context.WithoutCancel(b.ctx) // the leases must be released even if ctx ended
 	stop := t.beatMany(leased)
 	done := false
@@ -492,13 +513,17 @@ func (b *batchRun[K, V]) loadAndStore(leased, local []*slot[K]) {
 		return flightcache.RemoteValue[V]{Value: v, LoadedAt: end, Took: end.Sub(start), Loaded: true}
 	}
 	for _, s := range local {
-		switch v, ok := m[s.key]; {
+		v, ok := m[s.key]
+		switch {
 		case err != nil:
 			b.answer(s, flightcache.RemoteResult[V]{Err: err})
 		case ok:
 			b.answer(s, flightcache.RemoteResult[V]{RemoteValue: loaded(v)})
 		default:
 			b.answer(s, flightcache.RemoteResult[V]{Err: flightcache.ErrNotFound})
+		}
+		if !s.aside && (err == nil || t.notFound(err)) { // loaded without Redis: maybe newer than its entry
+			t.ahead.mark(s.name)
 		}
 	}
 	if len(leased) == 0 {
@@ -523,13 +548,13 @@ func (b *batchRun[K, V]) loadAndStore(leased, local []*slot[K]) {
 			fail := ""
 			if !errors.Is(err, flightcache.ErrNotModified) { // a batch revalidates nothing: nothing to share
 				fail = t.failure(b.ctx, s.tok, err)
-				want = t.mayCover(err)
+				want = t.mayCover(err) && !s.ahead // the entry may be older than a value served
 			}
 			release(fail, want)
 			then[i] = func(cmd *redis.Cmd) bool {
 				res, rerr := cmd.Slice()
 				var e entry
-				if rerr == nil && !dead {
+				if rerr == nil && !dead && want {
 					e, _ = parseEntry(res) // an entry that does not parse covers nothing
 				}
 				rv, cerr := t.cover(e, err)
@@ -563,6 +588,9 @@ func (b *batchRun[K, V]) loadAndStore(leased, local []*slot[K]) {
 				}
 				if t.stored(n) {
 					t.handOver(s.ks, s.tk, id)
+					if s.ahead {
+						t.ahead.clear(s.name, b.since)
+					}
 				} else if n == writeOutdated {
 					t.outdatedFill(s.ks, s.key, held)
 				}
@@ -599,6 +627,9 @@ func (b *batchRun[K, V]) loadAndStore(leased, local []*slot[K]) {
 				}
 				if t.stored(n) {
 					t.served.drop(s.ks.base)
+					if s.ahead {
+						t.ahead.clear(s.name, b.since)
+					}
 				}
 				return true
 			}

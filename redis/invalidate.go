@@ -276,6 +276,7 @@ func (t *Tier[K, V]) distrust() {
 // replayed as an invalidation.
 func (t *Tier[K, V]) keep(name string, key K) {
 	t.track.epoch.Add(1) // the Loader holds a copy the tier did not hand over
+	t.ahead.mark(name)   // and Redis holds an older one (ahead.go)
 	t.fleet.mu.Lock()
 	defer t.fleet.mu.Unlock()
 	if t.fleet.pending == nil {
@@ -353,6 +354,7 @@ func (t *Tier[K, V]) dropPending() {
 // generation, and publishes the invalidation, in one step. It reports
 // whether Redis did it.
 func (t *Tier[K, V]) invalidate(ctx context.Context, name string, key K) bool {
+	since := t.ahead.now()
 	quiet := t.quiet() // tracking or channels: no message on the classic channel
 	var entry string
 	echo := false
@@ -373,6 +375,7 @@ func (t *Tier[K, V]) invalidate(ctx context.Context, name string, key K) bool {
 		return false
 	}
 	t.reached(name)
+	t.ahead.clear(name, since) // whatever the fleet writes from now on was loaded after it
 	return true
 }
 

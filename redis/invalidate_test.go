@@ -268,7 +268,12 @@ func TestFirstLoadsWaitForTheSubscription(t *testing.T) {
 // how long after Invalidate returned each child first served the new
 // version; a child that serves an older version after a newer one counts
 // a stale read. The rule: every child serves every version, and none
-// goes back. The latencies are logged (docs/distributed.md quotes them).
+// goes back, even where the machine is loaded enough that Invalidates
+// reach Redis late (the writer's round trip passes Timeout: kept, and
+// replayed) and readers step aside (their own round trips pass it: loaded
+// without Redis, then read again). Those are counted and logged, with the
+// latencies (docs/distributed.md quotes them); every Invalidate must still
+// reach Redis, at once or replayed.
 func TestInvalidationLatencyAcrossProcesses(t *testing.T) {
 	addr := redisAddr(t)
 	admin := newClient(t, addr)
@@ -303,7 +308,7 @@ func TestInvalidationLatencyAcrossProcesses(t *testing.T) {
 		at      time.Time
 	}
 	seenCh := make([]chan seen, readers)
-	doneCh := make(chan [2]int, readers)
+	doneCh := make(chan childDone, readers)
 	var stdins []io.WriteCloser
 	var cmds []*exec.Cmd
 	for i := range readers {
@@ -326,10 +331,12 @@ func TestInvalidationLatencyAcrossProcesses(t *testing.T) {
 					v, _ := strconv.Atoi(f[1])
 					ns, _ := strconv.ParseInt(f[2], 10, 64)
 					ch <- seen{v, time.Unix(0, ns)}
-				case len(f) == 3 && f[0] == "done":
-					stale, _ := strconv.Atoi(f[1])
-					reads, _ := strconv.Atoi(f[2])
-					doneCh <- [2]int{stale, reads}
+				case len(f) == 6 && f[0] == "done":
+					var d childDone
+					for i, p := range []*int{&d.stale, &d.reads, &d.localLoads, &d.aheadLoads, &d.distrusts} {
+						*p, _ = strconv.Atoi(f[i+1])
+					}
+					doneCh <- d
 				}
 			}
 			close(ch)
@@ -342,7 +349,10 @@ func TestInvalidationLatencyAcrossProcesses(t *testing.T) {
 		}
 	})
 	next := func(i, want int) seen {
-		timer := time.NewTimer(10 * time.Second)
+		// A late Invalidate is replayed at the writer's next health check
+		// once its tier stops stepping aside (about 2s); the bound is for
+		// a reader that never serves the version.
+		timer := time.NewTimer(30 * time.Second)
 		defer timer.Stop()
 		for {
 			select {
@@ -354,7 +364,7 @@ func TestInvalidationLatencyAcrossProcesses(t *testing.T) {
 					return s
 				}
 			case <-timer.C:
-				t.Fatalf("reader %d did not serve version %d within 10s", i, want)
+				t.Fatalf("reader %d did not serve version %d within 30s", i, want)
 			}
 		}
 	}
@@ -377,33 +387,54 @@ func TestInvalidationLatencyAcrossProcesses(t *testing.T) {
 		}
 		lat = append(lat, worst)
 	}
-	stale, reads := 0, 0
+	var sum childDone
 	for i := range readers {
 		_ = stdins[i].Close()
 		select {
 		case r := <-doneCh:
-			stale += r[0]
-			reads += r[1]
-		case <-time.After(10 * time.Second):
+			sum.stale += r.stale
+			sum.reads += r.reads
+			sum.localLoads += r.localLoads
+			sum.aheadLoads += r.aheadLoads
+			sum.distrusts += r.distrusts
+		case <-time.After(30 * time.Second):
 			t.Fatal("a reader did not report")
 		}
 	}
+	// Every Invalidate reaches Redis: at once, or kept and then replayed
+	// or covered by a later one that reached it (those kept of the key
+	// while one waits are replayed as one).
+	eventually(t, 30*time.Second, "the writer's kept Invalidates to be replayed", func() bool {
+		tier.fleet.mu.Lock()
+		defer tier.fleet.mu.Unlock()
+		return len(tier.fleet.pending) == 0
+	})
+	s := tier.Stats()
+	atOnce := s.InvalidationsSent - s.InvalidationsReplayed
 	slices.Sort(lat)
 	pct := func(p float64) time.Duration { return lat[min(len(lat)-1, int(p*float64(len(lat))))] }
 	t.Logf("%d invalidations, %d readers: until no reader serves the old value p50 %v, p99 %v, max %v; %d reads, %d stale after a newer one",
-		rounds, readers, pct(0.50), pct(0.99), lat[len(lat)-1], reads, stale)
-	if stale != 0 {
-		t.Errorf("%d reads served a version older than one already served", stale)
+		rounds, readers, pct(0.50), pct(0.99), lat[len(lat)-1], sum.reads, sum.stale)
+	t.Logf("writer: %d Invalidates reached Redis at once, %d late (kept, then %d replays); readers: %d loads without Redis, %d loads of a key they were ahead of Redis on, %d distrusts",
+		atOnce, uint64(rounds)-min(atOnce, uint64(rounds)), s.InvalidationsReplayed, sum.localLoads, sum.aheadLoads, sum.distrusts)
+	if sum.stale != 0 {
+		t.Errorf("%d reads served a version older than one already served", sum.stale)
 	}
-	if s := tier.Stats(); s.InvalidationsSent != uint64(rounds) {
-		t.Errorf("InvalidationsSent = %d, want %d", s.InvalidationsSent, rounds)
+	if atOnce > uint64(rounds) || s.InvalidationsLost != 0 {
+		t.Errorf("InvalidationsSent %d, Replayed %d, Lost %d: want at most %d sent at once, none lost",
+			s.InvalidationsSent, s.InvalidationsReplayed, s.InvalidationsLost, rounds)
 	}
 }
+
+// childDone is what a reader of TestInvalidationLatencyAcrossProcesses
+// reports when it ends: its reads, those of a version older than one it
+// had served, and its tier's LocalLoads, AheadLoads and Distrusts.
+type childDone struct{ stale, reads, localLoads, aheadLoads, distrusts int }
 
 // readerChild is a reader of TestInvalidationLatencyAcrossProcesses: it
 // reads "k" in a loop and prints "seen <version> <unix ns>" each time it
 // serves a newer version, until its stdin closes; then "done <stale>
-// <reads>".
+// <reads> <local loads> <ahead loads> <distrusts>".
 func readerChild() int {
 	addr, prefix, db := os.Getenv("FR_ADDR"), os.Getenv("FR_PREFIX"), os.Getenv("FR_DB")
 	rdb := dial(addr)
@@ -425,9 +456,9 @@ func readerChild() int {
 	defer l.Close()
 	stop := make(chan struct{})
 	go func() { _, _ = io.Copy(io.Discard, os.Stdin); close(stop) }()
-	for deadline := time.Now().Add(10 * time.Second); !tier.Stats().Listening; {
+	for deadline := time.Now().Add(30 * time.Second); !tier.Stats().Listening; {
 		if time.Now().After(deadline) {
-			fmt.Fprintln(os.Stderr, "reader: the tier was not listening after 10s")
+			fmt.Fprintln(os.Stderr, "reader: the tier was not listening after 30s")
 			return 1
 		}
 		time.Sleep(time.Millisecond)
@@ -437,7 +468,8 @@ func readerChild() int {
 	for {
 		select {
 		case <-stop:
-			fmt.Fprintf(out, "done %d %d\n", stale, reads)
+			s := tier.Stats()
+			fmt.Fprintf(out, "done %d %d %d %d %d\n", stale, reads, s.LocalLoads, s.AheadLoads, s.Distrusts)
 			out.Flush()
 			return 0
 		default:

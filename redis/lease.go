@@ -214,6 +214,13 @@ var ErrPeerFailed = errors.New("flightredis: the load failed in another process"
 // entry for NotFoundTTL, and a Load that finds a live marker returns
 // [ErrSharedNotFound] without calling load.
 //
+// A key this process may have served a newer value of than its shared
+// entry (it loaded the key without Redis, or its Set or Invalidate of the
+// key is kept for replay) is loaded from the downstream, not read from
+// Redis: under the lease if it is free, else without it (ahead.go,
+// Stats.AheadLoads). So a process never serves a value older than one it
+// served.
+//
 // With the Loader's Options.Version, the value Load's own load returned
 // does not replace a shared entry of a higher version (docs/design.md
 // rule 30, see version.go): Load returns it all the same, for the Loader
@@ -234,8 +241,9 @@ func (t *Tier[K, V]) Load(ctx context.Context, key K, load func(context.Context)
 	t.used.Store(true)
 	if t.closed.Load() || t.down() || !t.ready(ctx) {
 		t.listening()
-		t.handed(t.key(key), key)
-		return t.local(ctx, load)
+		name := t.key(key)
+		t.handed(name, key)
+		return t.local(ctx, name, load)
 	}
 	t.awaitStartup(ctx)
 	t.listening()
@@ -247,14 +255,16 @@ func (t *Tier[K, V]) Load(ctx context.Context, key K, load func(context.Context)
 			return rv, err
 		}
 		if try == maxGenTries { // the generation keeps moving: without Redis
-			return t.local(ctx, load)
+			return t.local(ctx, name, load)
 		}
 	}
 }
 
 // loadAt is Load under generation gen. It returns again, having handed
 // nothing over, when it learns of a newer generation before it holds the
-// lease: Load then starts again under that one.
+// lease: Load then starts again under that one. For a key this process may
+// be ahead of Redis on (ahead.go), it takes nothing from Redis: it loads
+// under the lease, or without it while another process holds it.
 func (t *Tier[K, V]) loadAt(ctx context.Context, key K, name string, gen int64, load func(context.Context) (V, error)) (rv flightcache.RemoteValue[V], err error, again bool) {
 	ks := keysAt(t.opts.Prefix, name, gen)
 	var w chan struct{} // the key's wake-ups, once the Load waits
@@ -265,14 +275,15 @@ func (t *Tier[K, V]) loadAt(ctx context.Context, key K, name string, gen int64, 
 	}()
 	tk, landed := t.takeoff(key, ks)
 	defer landed()
+	ahead, since := t.ahead.state(name)
 
 	vals, g, err := t.readEntry(ctx, ks)
 	if err != nil {
-		rv, err := t.fallback(ctx, err, load)
+		rv, err := t.fallback(ctx, name, load)
 		return rv, err, false
 	}
 	if cur, ok := t.seen(ctx, g, gen); !ok {
-		rv, err := t.localUnlessDone(ctx, load)
+		rv, err := t.localUnlessDone(ctx, name, load)
 		return rv, err, false
 	} else if cur != gen {
 		return rv, nil, true
@@ -283,16 +294,17 @@ func (t *Tier[K, V]) loadAt(ctx context.Context, key K, name string, gen int64, 
 		if t.gen.Load() != gen { // nothing of an older generation is handed over
 			return rv, nil, true
 		}
-		if perr == nil && t.sharedNotFound(e) {
+		switch {
+		case ahead: // the entry may be older than what this process served
+		case perr == nil && t.sharedNotFound(e):
 			t.stats.notFoundHits.Add(1)
 			return rv, ErrSharedNotFound, false
-		}
-		if perr == nil && e.ok && t.usable(ctx, ks, e) {
+		case perr == nil && e.ok && t.usable(ctx, ks, e):
 			if v, err := t.decode(e.val); err == nil {
 				return t.hand(ks, tk, e, v, waited != ""), nil, false
 			}
 			t.stats.decodeErrors.Add(1)
-		} else if perr != nil {
+		case perr != nil:
 			t.stats.decodeErrors.Add(1)
 		}
 		tok := token(16)
@@ -301,7 +313,7 @@ func (t *Tier[K, V]) loadAt(ctx context.Context, key K, name string, gen int64, 
 			e.id, tok, t.attached().leaseMS, t.aliveMS, waited).Slice()
 		cancel()
 		if err != nil {
-			rv, err := t.fallback(ctx, err, load)
+			rv, err := t.fallback(ctx, name, load)
 			return rv, err, false
 		}
 		kind, _ := res[0].(string)
@@ -326,8 +338,24 @@ func (t *Tier[K, V]) loadAt(ctx context.Context, key K, name string, gen int64, 
 			if kind == "stolen" {
 				t.stats.takeovers.Add(1)
 			}
+			if ahead {
+				t.stats.aheadLoads.Add(1)
+				rv, err, stored := t.hold(ctx, ks, tk, key, tok, load, nil, false)
+				if stored {
+					t.ahead.clear(name, since)
+				}
+				return rv, err, false
+			}
 			fctx, fleet := t.withFleetValue(ctx, e)
-			rv, err := t.hold(fctx, ks, tk, key, tok, load, fleet)
+			rv, err, _ := t.hold(fctx, ks, tk, key, tok, load, fleet, true)
+			return rv, err, false
+		}
+		if ahead {
+			// The holder may have read the downstream before the value
+			// this process served: load without the lease. The read above
+			// was tracked, so a later write of the key comes back.
+			t.stats.aheadLoads.Add(1)
+			rv, err := t.aside(ctx, load)
 			return rv, err, false
 		}
 		// "held": wait for the holder's wake-up, a poll, or the holder's
@@ -406,8 +434,11 @@ func (t *Tier[K, V]) hand(ks keys, tk ticket, e entry, v V, waited bool) flightc
 // runtime.Goexit), its deferred release drops the lease if nothing else
 // did, which wakes the processes waiting on it. fleet is the shared value
 // the load revalidates, if any: when the load answers ErrNotModified it is
-// stored again, renewed, for every process. tk is the Load's ticket.
-func (t *Tier[K, V]) hold(ctx context.Context, ks keys, tk ticket, key K, tok string, load func(context.Context) (V, error), fleet *V) (flightcache.RemoteValue[V], error) {
+// stored again, renewed, for every process. tk is the Load's ticket. A
+// failed load is covered by the shared entry only if covers. stored
+// reports whether the value (or a not-found marker) became the shared
+// entry.
+func (t *Tier[K, V]) hold(ctx context.Context, ks keys, tk ticket, key K, tok string, load func(context.Context) (V, error), fleet *V, covers bool) (rv flightcache.RemoteValue[V], err error, stored bool) {
 	t.stats.leases.Add(1)
 	stop := t.beat(ks, tok)
 	bg := context.WithoutCancel(ctx) // the lease must be released even if ctx ended
@@ -427,30 +458,31 @@ func (t *Tier[K, V]) hold(ctx context.Context, ks keys, tk ticket, key K, tok st
 		if fleet == nil { // the Loader's own value, which the tier does not have
 			t.release(bg, ks, tok, "", false)
 			settled = true
-			return flightcache.RemoteValue[V]{}, err
+			return flightcache.RemoteValue[V]{}, err, false
 		}
 		rv := flightcache.RemoteValue[V]{Value: *fleet, LoadedAt: end, Took: end.Sub(start), Loaded: true}
-		t.write(bg, ks, tk, key, tok, rv)
+		stored := t.write(bg, ks, tk, key, tok, rv)
 		settled = true
-		return rv, err
+		return rv, err, stored
 	}
 	if err != nil {
 		if fail := t.failure(ctx, tok, err); fail != "" && t.sharesNotFound(err) {
-			t.writeNotFound(bg, ks, tok)
+			stored := t.writeNotFound(bg, ks, tok)
 			settled = true
-			return flightcache.RemoteValue[V]{}, err
+			return flightcache.RemoteValue[V]{}, err, stored
 		}
-		e := t.release(bg, ks, tok, t.failure(ctx, tok, err), t.mayCover(err))
+		e := t.release(bg, ks, tok, t.failure(ctx, tok, err), covers && t.mayCover(err))
 		settled = true
-		if t.dead(ks) { // an InvalidateAll ended the entry's generation: it covers nothing
+		if t.dead(ks) || !covers { // an InvalidateAll ended the entry's generation: it covers nothing
 			e = entry{}
 		}
-		return t.cover(e, err)
+		rv, err := t.cover(e, err)
+		return rv, err, false
 	}
-	rv := flightcache.RemoteValue[V]{Value: v, LoadedAt: end, Took: end.Sub(start), Loaded: true}
-	t.write(bg, ks, tk, key, tok, rv)
+	rv = flightcache.RemoteValue[V]{Value: v, LoadedAt: end, Took: end.Sub(start), Loaded: true}
+	stored = t.write(bg, ks, tk, key, tok, rv)
 	settled = true
-	return rv, nil
+	return rv, nil, stored
 }
 
 // sharesNotFound reports whether a load's error err is a not-found to store
@@ -487,11 +519,11 @@ func (t *Tier[K, V]) notFoundCall(ks keys, tok string) evalCall {
 // writeNotFound stores a not-found marker as the entry of ks if the lease
 // tok is still held, drops the lease and wakes its waiters, so every process (the
 // ones waiting on this lease included) gets the not-found from the tier.
-func (t *Tier[K, V]) writeNotFound(ctx context.Context, ks keys, tok string) {
+func (t *Tier[K, V]) writeNotFound(ctx context.Context, ks keys, tok string) (stored bool) {
 	if t.dead(ks) { // of a generation an InvalidateAll ended: not stored
 		t.stats.writesLost.Add(1)
 		t.release(ctx, ks, tok, "", false)
-		return
+		return false
 	}
 	call := t.notFoundCall(ks, tok)
 	c, cancel := t.op(ctx)
@@ -502,7 +534,9 @@ func (t *Tier[K, V]) writeNotFound(ctx context.Context, ks keys, tok string) {
 		t.failed()
 	case t.stored(n):
 		t.served.drop(ks.base)
+		return true
 	}
+	return false
 }
 
 // stored reports whether a write (or a not-found marker) made under a
@@ -558,8 +592,8 @@ func (t *Tier[K, V]) beat(ks keys, tok string) (stop func()) {
 // than the entry's (version.go): the script drops the lease and wakes the
 // waiters all the same, and it is counted in WritesOutdated. The entry
 // written is recorded as the Loader's copy for the Load with ticket tk
-// (handOver).
-func (t *Tier[K, V]) write(ctx context.Context, ks keys, tk ticket, key K, tok string, rv flightcache.RemoteValue[V]) {
+// (handOver). It reports whether rv became the shared entry.
+func (t *Tier[K, V]) write(ctx context.Context, ks keys, tk ticket, key K, tok string, rv flightcache.RemoteValue[V]) (stored bool) {
 	enc, ok := t.encode(key, rv, rand.Float64())
 	if ok && t.dead(ks) {
 		t.stats.writesLost.Add(1)
@@ -567,7 +601,7 @@ func (t *Tier[K, V]) write(ctx context.Context, ks keys, tk ticket, key K, tok s
 	}
 	if !ok {
 		t.release(ctx, ks, tok, "", false)
-		return
+		return false
 	}
 	id, args := t.writeArgs(ks, enc)
 	t.filling(ks.entry)
@@ -579,9 +613,11 @@ func (t *Tier[K, V]) write(ctx context.Context, ks keys, tk ticket, key K, tok s
 		t.failed()
 	case t.stored(n):
 		t.handOver(ks, tk, id)
+		return true
 	case n == writeOutdated:
 		t.outdatedFill(ks, key, held)
 	}
+	return false
 }
 
 // encoded is a value ready to be written as a key's entry: its encoding
@@ -758,28 +794,38 @@ func ctxError(ctx context.Context) error {
 // fallback serves a Load locally after a Redis failure: unless the Load's
 // own context ended (then there is nothing to do), it counts the failure,
 // steps the tier aside and calls load.
-func (t *Tier[K, V]) fallback(ctx context.Context, err error, load func(context.Context) (V, error)) (flightcache.RemoteValue[V], error) {
+func (t *Tier[K, V]) fallback(ctx context.Context, name string, load func(context.Context) (V, error)) (flightcache.RemoteValue[V], error) {
 	if ctx.Err() != nil {
 		return flightcache.RemoteValue[V]{}, ctxError(ctx)
 	}
-	_ = err // the cause is in Redis; the caller gets load's result instead
+	// The cause is in Redis; the caller gets load's result instead.
 	t.failed()
-	return t.local(ctx, load)
+	return t.local(ctx, name, load)
 }
 
 // localUnlessDone serves a Load locally after a failure already recorded,
 // unless the Load's own context ended.
-func (t *Tier[K, V]) localUnlessDone(ctx context.Context, load func(context.Context) (V, error)) (flightcache.RemoteValue[V], error) {
+func (t *Tier[K, V]) localUnlessDone(ctx context.Context, name string, load func(context.Context) (V, error)) (flightcache.RemoteValue[V], error) {
 	if ctx.Err() != nil {
 		return flightcache.RemoteValue[V]{}, ctxError(ctx)
 	}
-	return t.local(ctx, load)
+	return t.local(ctx, name, load)
 }
 
-// local calls load without the tier.
-func (t *Tier[K, V]) local(ctx context.Context, load func(context.Context) (V, error)) (flightcache.RemoteValue[V], error) {
+// local calls load without the tier, for the key named name: what it
+// returns may be newer than the key's shared entry (ahead.go).
+func (t *Tier[K, V]) local(ctx context.Context, name string, load func(context.Context) (V, error)) (flightcache.RemoteValue[V], error) {
 	t.stats.localLoads.Add(1)
 	t.untracked()
+	rv, err := t.aside(ctx, load)
+	if err == nil || t.notFound(err) {
+		t.ahead.mark(name)
+	}
+	return rv, err
+}
+
+// aside calls load, without the lease.
+func (t *Tier[K, V]) aside(ctx context.Context, load func(context.Context) (V, error)) (flightcache.RemoteValue[V], error) {
 	start := time.Now()
 	v, err := load(ctx)
 	end := time.Now()
@@ -814,6 +860,7 @@ func (t *Tier[K, V]) Set(ctx context.Context, key K, v flightcache.RemoteValue[V
 		t.skip(name, key)
 		return
 	}
+	since := t.ahead.now()
 	enc, ok := t.encode(key, v, rand.Float64())
 	if !ok {
 		if !t.invalidate(ctx, name, key) {
@@ -846,6 +893,7 @@ func (t *Tier[K, V]) Set(ctx context.Context, key K, v flightcache.RemoteValue[V
 		t.keep(name, key)
 	default:
 		t.reached(name)
+		t.ahead.clear(name, since) // the fleet's later values are newer than this one
 		t.served.put(ks.base, id)
 		t.trackWritten(ctx, key, ks, id)
 	}

@@ -76,6 +76,15 @@ type Stats struct {
 	// LocalLoads counts loads that went straight to the downstream because
 	// Redis had failed (or the tier was closed): local-only service.
 	LocalLoads uint64
+	// AheadLoads counts Loads (and keys of LoadMany) that went to the
+	// downstream rather than take the key's shared entry, because this
+	// process may have served a newer value than that entry: it loaded the
+	// key without Redis, or its Set or Invalidate of the key has not
+	// reached Redis yet. Each such key is loaded under the lease, which
+	// writes the newer value for the fleet, or, when another process holds
+	// the lease, without it (see docs/distributed.md, "Invalidation
+	// across the fleet").
+	AheadLoads uint64
 	// Skipped counts Set, Invalidate and InvalidateAll calls not passed on
 	// to Redis because the tier was stepping aside (or, for Set and
 	// Invalidate, because an InvalidateAll kept for replay could not be
@@ -202,7 +211,7 @@ type counters struct {
 	invalidationsReplayed, invalidationsLost                      atomic.Uint64
 	invalidateAllsSent, invalidateAllsHeard                       atomic.Uint64
 	invalidateAllsReplayed, invalidateAllsLost                    atomic.Uint64
-	generationRestores                                            atomic.Uint64
+	generationRestores, aheadLoads                                atomic.Uint64
 }
 
 // Stats returns the tier's counters. It is safe to call at any time.
@@ -213,7 +222,7 @@ func (t *Tier[K, V]) Stats() Stats {
 		Takeovers: c.takeovers.Load(), Waits: c.waits.Load(), Shared: c.shared.Load(),
 		PeerErrors: c.peerErrors.Load(), StaleOffers: c.staleOffers.Load(), NotFoundHits: c.notFoundHits.Load(), Wakeups: c.wakeups.Load(), Polls: c.polls.Load(),
 		WritesLost: c.writesLost.Load(), WritesOutdated: c.writesOutdated.Load(), RedisErrors: c.redisErrors.Load(),
-		LocalLoads: c.localLoads.Load(), Skipped: c.skipped.Load(),
+		LocalLoads: c.localLoads.Load(), AheadLoads: c.aheadLoads.Load(), Skipped: c.skipped.Load(),
 		DecodeErrors: c.decodeErrors.Load(), EncodeErrors: c.encodeErrors.Load(),
 		Batches: c.batches.Load(), BatchRoundTrips: c.batchRoundTrips.Load(),
 		WakeupSubscribes: c.wakeupSubscribes.Load(), WakeupsHeard: c.wakeupsHeard.Load(),

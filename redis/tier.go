@@ -196,6 +196,7 @@ type Tier[K comparable, V any] struct {
 	used      atomic.Bool  // the Loader has called the tier: its cache may hold what a move drops
 
 	served  served
+	ahead   ahead         // keys this process may have served newer values of than Redis holds (ahead.go)
 	events  events        // the classic invalidation channel's subscription
 	wake    wakeups       // the wake-up channels of the keys this process waits on
 	track   tracker       // how the tier hears the fleet's writes (tracking.go)
