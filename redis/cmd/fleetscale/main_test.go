@@ -52,10 +52,19 @@ func runRow(t *testing.T, cfg config) row {
 // so they hear nothing, and neither does a real tier. The row is
 // otherwise sane: the real tiers track, the holders' drops are timed,
 // and the tier still calls the downstream once per cold key.
+//
+// A run whose tiers lost Redis for a moment (a loaded machine: a round
+// trip past the Timeout) may time no drop in its one second, their copies
+// distrusted or loaded aside; it runs again, up to three times. A run
+// with no Redis error and no local load must time drops the first time.
 func TestBroadcastRow(t *testing.T) {
 	cfg := config{tgt: testTarget(t), procs: []int{5}, mode: "broadcast", real: 3, keys: 200,
 		writes: 100, loads: 100, entries: 200, dur: time.Second}
 	r := runRow(t, cfg)
+	for run := 2; r.dropN == 0 && (r.redisErrors > 0 || r.localLoads > 0) && run <= 3; run++ {
+		t.Logf("run %d: no drop timed, with %d Redis errors and %d local loads in the run before", run, r.redisErrors, r.localLoads)
+		r = runRow(t, cfg)
+	}
 	if r.procs != 5 || r.real != 3 || r.light != 2 {
 		t.Errorf("P = %d (%d real + %d light); want 5 (3 + 2)", r.procs, r.real, r.light)
 	}
