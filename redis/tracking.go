@@ -267,7 +267,7 @@ func (tr *tracker) refused() {
 // on it, and hands the invalidations it hears over until it fails.
 func (tr *tracker) listen(ctx context.Context, n *tnode) listenResult {
 	ps := n.inv.Subscribe(ctx)
-	defer func() { _ = ps.Close() }()
+	defer closeOnCancel(ctx, ps)()
 	c, cancel := context.WithTimeout(ctx, tr.h.timeout)
 	err := ps.Subscribe(c, trackChannel)
 	var msg any
@@ -330,6 +330,24 @@ func (tr *tracker) receive(ctx context.Context, n *tnode, ps *redis.PubSub) {
 				tr.h.onKeys(append(m.PayloadSlice, nonEmpty(m.Payload)...))
 			}
 		}
+	}
+}
+
+// closeOnCancel closes ps as soon as ctx ends: a read in flight on it
+// waits for its deadline (up to a health check, four Timeouts), not for
+// ctx, and Close waits for the reader. The func it returns closes ps, after
+// that close if it began, so no goroutine of it outlives the caller.
+func closeOnCancel(ctx context.Context, ps *redis.PubSub) func() {
+	closed := make(chan struct{})
+	stop := context.AfterFunc(ctx, func() {
+		_ = ps.Close()
+		close(closed)
+	})
+	return func() {
+		if !stop() {
+			<-closed
+		}
+		_ = ps.Close()
 	}
 }
 

@@ -241,6 +241,27 @@ func TestTrackingFlush(t *testing.T) {
 // client|tracking), the tier falls back to invalidation channels, and
 // every process still hears every Set and Invalidate.
 func TestTrackingRefusedFallsBackToChannels(t *testing.T) {
+	ps := channelProcs(t, 3, Options[string, string]{})
+	ps[1].l.Get(ctx, "k")
+	ps[0].l.Set("k", "v2")
+	eventually(t, 5*time.Second, "every process's drop", func() bool {
+		return ps[1].l.Stats().RemoteDrops == 1 && ps[2].l.Stats().RemoteDrops == 1
+	})
+	if v, _ := ps[1].l.Get(ctx, "k"); v != "v2" {
+		t.Fatalf("after the Set: %q, want v2", v)
+	}
+	ps[2].l.Invalidate("k")
+	eventually(t, 5*time.Second, "the drop of the Invalidate", func() bool { return ps[1].l.Stats().RemoteDrops == 2 })
+	if s := ps[1].t.Stats(); s.InvalidationsHeard != 2 || s.Distrusts != 0 {
+		t.Fatalf("heard %d, distrusts %d; want 2, 0", s.InvalidationsHeard, s.Distrusts)
+	}
+}
+
+// channelProcs starts n simulated processes on one prefix, each logged in
+// as a user that Redis refuses CLIENT TRACKING, and waits until every one
+// listens on the invalidation channels.
+func channelProcs(t *testing.T, n int, to Options[string, string]) []proc {
+	t.Helper()
 	addr := redisAddr(t)
 	admin := newClient(t, addr)
 	user, pass := "fctest-notrack-"+token(4), token(8)
@@ -254,16 +275,16 @@ func TestTrackingRefusedFallsBackToChannels(t *testing.T) {
 	}
 	acl("SETUSER", user, "on", ">"+pass, "~*", "&*", "+@all", "-client|tracking")
 	t.Cleanup(func() { acl("DELUSER", user) })
-	prefix := testPrefix(t, admin)
+	to.Prefix = testPrefix(t, admin)
 	d := newDownstream()
 	lo := flightcache.Options[string, string]{TTL: time.Hour}
-	var ps []proc
-	for range 3 {
-		tier, err := NewTier(userClient(t, addr, user, pass), Options[string, string]{Prefix: prefix})
+	ps := make([]proc, n)
+	for i := range ps {
+		tier, err := NewTier(userClient(t, addr, user, pass), to)
 		if err != nil {
 			t.Fatal(err)
 		}
-		ps = append(ps, startProc(t, tier, lo, d))
+		ps[i] = startProc(t, tier, lo, d)
 	}
 	listening(t, ps...)
 	for _, p := range ps {
@@ -271,18 +292,42 @@ func TestTrackingRefusedFallsBackToChannels(t *testing.T) {
 			t.Fatalf("Stats.Invalidations = %q, want channels", s.Invalidations)
 		}
 	}
-	ps[1].l.Get(ctx, "k")
-	ps[0].l.Set("k", "v2")
-	eventually(t, 5*time.Second, "every process's drop", func() bool {
-		return ps[1].l.Stats().RemoteDrops == 1 && ps[2].l.Stats().RemoteDrops == 1
-	})
-	if v, _ := ps[1].l.Get(ctx, "k"); v != "v2" {
-		t.Fatalf("after the Set: %q, want v2", v)
-	}
-	ps[2].l.Invalidate("k")
-	eventually(t, 5*time.Second, "the drop of the Invalidate", func() bool { return ps[1].l.Stats().RemoteDrops == 2 })
-	if s := ps[1].t.Stats(); s.InvalidationsHeard != 2 || s.Distrusts != 0 {
-		t.Fatalf("heard %d, distrusts %d; want 2, 0", s.InvalidationsHeard, s.Distrusts)
+	return ps
+}
+
+// Close interrupts the listeners at once. Their reads wait for a health
+// check (four Timeouts) and go-redis ends a read at its deadline, not when
+// its context ends: with a Timeout of a minute, a Close that only
+// cancelled would take minutes.
+func TestCloseInterruptsTrackingRead(t *testing.T) {
+	to := Options[string, string]{Timeout: time.Minute, HolderTimeout: 2 * time.Minute}
+	ps, _ := trackingProcs(t, 1, to)
+	closesWithin(t, ps[0], to.Timeout/4)
+}
+
+// The same with the invalidation channels, where tracking is refused.
+func TestCloseInterruptsChannelRead(t *testing.T) {
+	to := Options[string, string]{Timeout: time.Minute, HolderTimeout: 2 * time.Minute}
+	ps := channelProcs(t, 1, to)
+	closesWithin(t, ps[0], to.Timeout/4)
+}
+
+// closesWithin closes p's Loader, then its tier, and fails if the tier's
+// Close has not returned within d.
+func closesWithin(t *testing.T, p proc, d time.Duration) {
+	t.Helper()
+	_ = p.l.Close()
+	start := time.Now()
+	done := make(chan time.Duration, 1)
+	go func() {
+		_ = p.t.Close()
+		done <- time.Since(start)
+	}()
+	select {
+	case took := <-done:
+		t.Logf("Close took %v", took)
+	case <-time.After(d):
+		t.Fatalf("Close has not returned after %v", d)
 	}
 }
 
