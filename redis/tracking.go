@@ -333,10 +333,11 @@ func (tr *tracker) receive(ctx context.Context, n *tnode, ps *redis.PubSub) {
 	}
 }
 
-// closeOnCancel closes ps as soon as ctx ends: a read in flight on it
-// waits for its deadline (up to a health check, four Timeouts), not for
-// ctx, and Close waits for the reader. The func it returns closes ps, after
-// that close if it began, so no goroutine of it outlives the caller.
+// closeOnCancel closes ps as soon as ctx ends: go-redis ends a read in
+// flight at its deadline (up to a health check, four Timeouts), not when
+// its context ends, and Tier.Close waits for the reader. The func it
+// returns closes ps, after that close if it began, so no goroutine of it
+// outlives the caller.
 func closeOnCancel(ctx context.Context, ps *redis.PubSub) func() {
 	closed := make(chan struct{})
 	stop := context.AfterFunc(ctx, func() {
