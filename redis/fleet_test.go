@@ -48,6 +48,7 @@ type fleetConfig struct {
 	prefix, key   string
 	url           string
 	loadTimeout   time.Duration
+	timeout       time.Duration // the tier's Options.Timeout
 	holderTimeout time.Duration
 }
 
@@ -61,6 +62,7 @@ func (c fleetConfig) env(addr string) []string {
 		"FR_TIER="+strconv.FormatBool(c.tier),
 		"FR_GETS="+strconv.Itoa(c.gets),
 		"FR_LOAD_TIMEOUT="+c.loadTimeout.String(),
+		"FR_TIMEOUT="+c.timeout.String(),
 		"FR_HOLDER_TIMEOUT="+c.holderTimeout.String(),
 		"FR_DEADLINE="+(2*time.Minute).String(),
 	)
@@ -92,6 +94,7 @@ func runChild(role string) int {
 func burstChild() error {
 	gets, _ := strconv.Atoi(os.Getenv("FR_GETS"))
 	loadTimeout, _ := time.ParseDuration(os.Getenv("FR_LOAD_TIMEOUT"))
+	timeout, _ := time.ParseDuration(os.Getenv("FR_TIMEOUT"))
 	holderTimeout, _ := time.ParseDuration(os.Getenv("FR_HOLDER_TIMEOUT"))
 	url, key := os.Getenv("FR_URL"), os.Getenv("FR_KEY")
 	pid := strconv.Itoa(os.Getpid())
@@ -119,7 +122,7 @@ func burstChild() error {
 	var tier *Tier[string, string]
 	if os.Getenv("FR_TIER") == "true" {
 		var err error
-		tier, err = NewTier(rdb, Options[string, string]{Prefix: os.Getenv("FR_PREFIX"), HolderTimeout: holderTimeout})
+		tier, err = NewTier(rdb, Options[string, string]{Prefix: os.Getenv("FR_PREFIX"), Timeout: timeout, HolderTimeout: holderTimeout})
 		if err != nil {
 			return err
 		}
@@ -294,11 +297,12 @@ func TestFleetOneDownstreamCall(t *testing.T) {
 	prefix := testPrefix(t, newClient(t, addr))
 	const procs, gets = 4, 50
 	got := map[bool]int64{}
+	var stats []Stats
 	for _, tier := range []bool{false, true} {
 		down := newCounter(t, 200*time.Millisecond)
 		cfg := fleetConfig{
 			procs: procs, gets: gets, tier: tier, prefix: prefix, key: "cold-" + token(4),
-			url: down.srv.URL, loadTimeout: 10 * time.Second, holderTimeout: 2 * time.Second,
+			url: down.srv.URL, loadTimeout: 10 * time.Second, timeout: generous.Timeout, holderTimeout: generous.HolderTimeout,
 		}
 		kids := startFleet(t, addr, cfg)
 		goAll(kids)
@@ -311,6 +315,9 @@ func TestFleetOneDownstreamCall(t *testing.T) {
 			for _, v := range r.Values {
 				values[v] = true
 			}
+			if tier {
+				stats = append(stats, r.Tier)
+			}
 		}
 		got[tier] = down.calls.Load()
 		if tier && len(values) != 1 {
@@ -320,7 +327,7 @@ func TestFleetOneDownstreamCall(t *testing.T) {
 	t.Logf("%d processes × %d concurrent Gets of one cold key: %d downstream calls without the tier, %d with it",
 		procs, gets, got[false], got[true])
 	if got[false] != procs || got[true] != 1 {
-		t.Errorf("downstream calls: %d without the tier, %d with it; want %d and 1", got[false], got[true], procs)
+		t.Errorf("downstream calls: %d without the tier, %d with it; want %d and 1; the tiers' stats: %+v", got[false], got[true], procs, stats)
 	}
 }
 
@@ -328,12 +335,16 @@ func TestFleetHolderKilled(t *testing.T) {
 	addr := redisAddr(t)
 	prefix := testPrefix(t, newClient(t, addr))
 	const procs, gets = 3, 20
-	loadTimeout, holderTimeout := 10*time.Second, time.Second
+	// A Timeout of a second: a round trip past it would step a process
+	// aside, to load for itself. The survivor that takes over beats every
+	// HolderTimeout/3 (a Timeout each at most): a HolderTimeout of 5s
+	// leaves it two beats before another would take over from it.
+	loadTimeout, timeout, holderTimeout := 10*time.Second, time.Second, 5*time.Second
 	down := newCounter(t, 50*time.Millisecond)
 	down.hold = func(n int64) bool { return n == 1 } // the first holder hangs until killed
 	cfg := fleetConfig{
 		procs: procs, gets: gets, tier: true, prefix: prefix, key: "cold-" + token(4),
-		url: down.srv.URL, loadTimeout: loadTimeout, holderTimeout: holderTimeout,
+		url: down.srv.URL, loadTimeout: loadTimeout, timeout: timeout, holderTimeout: holderTimeout,
 	}
 	kids := startFleet(t, addr, cfg)
 	goAll(kids)
@@ -361,6 +372,7 @@ func TestFleetHolderKilled(t *testing.T) {
 
 	leaseTTL := loadTimeout + max(loadTimeout/2, time.Second) // the default
 	var takeovers uint64
+	var stats []Stats
 	var last time.Duration
 	for _, k := range kids {
 		if k == victim {
@@ -372,6 +384,7 @@ func TestFleetHolderKilled(t *testing.T) {
 			t.Errorf("child %d: %d ok, errors %v; want %d ok", r.Pid, r.OK, r.Errors, gets)
 		}
 		takeovers += r.Tier.Takeovers
+		stats = append(stats, r.Tier)
 	}
 	t.Logf("holder SIGKILLed mid-load: the other processes had the value %v later (HolderTimeout %v, LeaseTTL %v)",
 		last.Round(time.Millisecond), holderTimeout, leaseTTL)
@@ -379,6 +392,6 @@ func TestFleetHolderKilled(t *testing.T) {
 		t.Errorf("failover took %v; want under LeaseTTL + LoadTimeout = %v", last, leaseTTL+loadTimeout)
 	}
 	if n := down.calls.Load(); n != 2 || takeovers != 1 {
-		t.Errorf("downstream calls = %d, takeovers = %d; want 2 (the killed holder's and one takeover) and 1", n, takeovers)
+		t.Errorf("downstream calls = %d, takeovers = %d; want 2 (the killed holder's and one takeover) and 1; the others' stats: %+v", n, takeovers, stats)
 	}
 }

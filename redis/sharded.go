@@ -137,8 +137,8 @@ func (t *Tier[K, V]) shardLoop(open func(context.Context) *redis.PubSub, sub fun
 // shardListen reads one subscription until it fails. It reports whether it
 // was confirmed.
 func (t *Tier[K, V]) shardListen(ps *redis.PubSub, sub func(context.Context, *redis.PubSub) error, want int) (confirmed bool) {
-	defer func() { _ = ps.Close() }()
 	ctx := t.ctx
+	defer closeOnCancel(ctx, ps)()
 	c, cancel := t.op(ctx)
 	err := sub(c, ps)
 	cancel()

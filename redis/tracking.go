@@ -267,15 +267,7 @@ func (tr *tracker) refused() {
 // on it, and hands the invalidations it hears over until it fails.
 func (tr *tracker) listen(ctx context.Context, n *tnode) listenResult {
 	ps := n.inv.Subscribe(ctx)
-	// A read in progress waits for a message or the health check's
-	// interval (4 Timeouts), whatever ctx says: closing ps when ctx ends
-	// ends it, so the tier's Close (or the node's prune) does not wait
-	// that long.
-	closeOnDone := context.AfterFunc(ctx, func() { _ = ps.Close() })
-	defer func() {
-		closeOnDone()
-		_ = ps.Close()
-	}()
+	defer closeOnCancel(ctx, ps)()
 	c, cancel := context.WithTimeout(ctx, tr.h.timeout)
 	err := ps.Subscribe(c, trackChannel)
 	var msg any
@@ -338,6 +330,25 @@ func (tr *tracker) receive(ctx context.Context, n *tnode, ps *redis.PubSub) {
 				tr.h.onKeys(append(m.PayloadSlice, nonEmpty(m.Payload)...))
 			}
 		}
+	}
+}
+
+// closeOnCancel closes ps as soon as ctx ends: go-redis ends a read in
+// flight at its deadline (up to a health check, four Timeouts), not when
+// its context ends, and Tier.Close waits for the reader. The func it
+// returns closes ps, after that close if it began, so no goroutine of it
+// outlives the caller.
+func closeOnCancel(ctx context.Context, ps *redis.PubSub) func() {
+	closed := make(chan struct{})
+	stop := context.AfterFunc(ctx, func() {
+		_ = ps.Close()
+		close(closed)
+	})
+	return func() {
+		if !stop() {
+			<-closed
+		}
+		_ = ps.Close()
 	}
 }
 
