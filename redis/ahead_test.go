@@ -15,24 +15,7 @@ import (
 // on load, its tier made with to), both closed when the test ends.
 func versionProc(t *testing.T, addr string, to Options[string, string], load flightcache.LoadFunc[string, string]) proc {
 	t.Helper()
-	return versionProcOf(t, addr, to, load, flightcache.Options[string, string]{TTL: time.Hour})
-}
-
-// versionProcOf is versionProc with the Loader's options lo.
-func versionProcOf(t *testing.T, addr string, to Options[string, string], load flightcache.LoadFunc[string, string], lo flightcache.Options[string, string]) proc {
-	t.Helper()
-	tier, err := NewTier(newClient(t, addr), to)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = tier.Close() })
-	lo.Remote = tier
-	l, err := flightcache.New(load, lo)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = l.Close() })
-	return proc{l: l, t: tier}
+	return versionedProc(t, addr, to.Prefix, flightcache.Options[string, string]{TTL: time.Hour}, to, load)
 }
 
 // get is p's Get of k, which must succeed.
@@ -235,7 +218,7 @@ func TestBatchNeverGoesBackAfterALocalLoad(t *testing.T) {
 	}
 	to := Options[string, string]{Prefix: prefix, RetryAfter: time.Hour}
 	holder := versionProc(t, addr, to, slow)
-	reader := versionProcOf(t, addr, to, load, flightcache.Options[string, string]{TTL: time.Hour, LoadMany: loadMany})
+	reader := versionedProc(t, addr, to.Prefix, flightcache.Options[string, string]{TTL: time.Hour, LoadMany: loadMany}, to, load)
 	listening(t, holder, reader)
 	open := sync.OnceFunc(func() { close(gate) })
 	t.Cleanup(open)
