@@ -112,11 +112,6 @@ func TestGateCloseRacingCalls(t *testing.T) {
 			started.Add(1)
 			wg.Go(func() {
 				first := true
-				defer func() {
-					if first {
-						started.Done() // refused at once: Close came first after all
-					}
-				}()
 				for {
 					var in Gets
 					if !g.EnterGets(&in, 1) {
@@ -157,9 +152,6 @@ func TestGateCloseRacingCalls(t *testing.T) {
 		}
 		if c := g.Counts(); c.Hits != hits.Load() || c.Closed != refused.Load() || c.Gets != c.Hits+c.Closed {
 			t.Fatalf("Counts = %+v; want %d hits and %d closed, all of the Gets", c, hits.Load(), refused.Load())
-		}
-		if hits.Load() < 8 {
-			t.Fatalf("%d Gets let in before Close; want one per goroutine at least", hits.Load())
 		}
 	}
 }
