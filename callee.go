@@ -58,17 +58,32 @@ func (c *callee) breakerIsOpen() (open bool) {
 	return open
 }
 
-// stopped explains an error of a load whose context has ended: it keeps the
+// stopped explains an error of a load whose context has ended, or whose
+// LoadTimeout had passed when the error came (late: the timer that ends
+// the load's context fires a little after its deadline, and a deadline
+// the LoadFunc took from that context, a driver's dial deadline, may fire
+// first, with an error of the LoadFunc's own, "i/o timeout"): it keeps the
 // last real error (backoff reports only ctx.Err() when it stops between
-// attempts) and adds why the context ended, Close or LoadTimeout.
-func (c *callee) stopped(ctx context.Context, err, last error) error {
-	if err == nil || ctx.Err() == nil {
+// attempts) and adds why the load stopped, Close or LoadTimeout, so that
+// a load that ran to its LoadTimeout matches ErrLoadTimeout whichever
+// deadline fired first.
+func (c *callee) stopped(ctx context.Context, late bool, err, last error) error {
+	if err == nil {
+		return nil
+	}
+	var cause error
+	switch {
+	case ctx.Err() != nil:
+		cause = context.Cause(ctx)
+	case late:
+		cause = ErrLoadTimeout
+	default:
 		return err
 	}
 	if last != nil {
 		err = last
 	}
-	if cause := context.Cause(ctx); sameError(cause, ErrClosed) || sameError(cause, ErrLoadTimeout) {
+	if sameError(cause, ErrClosed) || sameError(cause, ErrLoadTimeout) {
 		e := err
 		c.user.inspect(&err, func() {
 			if !errors.Is(e, cause) {

@@ -127,7 +127,11 @@ var ErrLimited = errors.New("flightcache: downstream load limit reached")
 
 // ErrLoadTimeout matches (with [errors.Is]) the error of a load that ran
 // past [Options.LoadTimeout], retries included. The load's own error (usually
-// [context.DeadlineExceeded]) matches too.
+// [context.DeadlineExceeded]) matches too, and its text follows
+// ErrLoadTimeout's. That holds as well for an error of the LoadFunc's own
+// that comes once the LoadTimeout has passed, before the load's context
+// has ended (a driver's dial deadline, taken from that context, firing
+// first: "flightcache: load timed out: dial tcp ...: i/o timeout").
 var ErrLoadTimeout = errors.New("flightcache: load timed out")
 
 // ErrRecursiveLoad is returned when a [LoadFunc], directly or through other

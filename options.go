@@ -86,7 +86,10 @@ type Options[K comparable, V any] struct {
 	Policy Policy
 
 	// LoadTimeout bounds one load, retries included. It lives inside the
-	// shared load, never per waiter. 0 means DefaultLoadTimeout (10s).
+	// shared load, never per waiter. 0 means DefaultLoadTimeout (10s). A
+	// load that ran to it fails with an error matching [ErrLoadTimeout],
+	// also when the LoadFunc returned an error of its own at the deadline
+	// (a dial deadline taken from the load's context).
 	LoadTimeout time.Duration
 
 	// Retry configures retries of a failed downstream call inside a load.
