@@ -14,7 +14,7 @@ import (
 // callee is the Loader's side of its downstream calls: the breaker, which
 // says whether one may run (breakerIsOpen, allow), and what a call's error
 // says, for the breaker, for the retries and for the cache (classify,
-// classifyLoad, stopped). It knows nothing of keys, values, the cache or
+// classifyLoad, stopped, invalidKey). It knows nothing of keys, values, the cache or
 // the loads in flight. Every question it puts to user code (a custom
 // breaker, IsNotFound, Retryable, IsFailure, the methods of an error) goes
 // through the guard. A Loader holds one, made in New and never changed; it
@@ -164,15 +164,17 @@ func (c *callee) allow() (done func(Outcome), err error) {
 }
 
 // verdict classifies a LoadFunc result for the breaker; nf: err is a
-// not-found (notFound). Not-found is a healthy answer; a caller leaving or
-// Close cancelling says nothing about the downstream; a load that ran past
-// LoadTimeout does.
+// not-found (notFound). Not-found is a healthy answer; an invalid key
+// (invalidKey), a caller leaving or Close cancelling say nothing about the
+// downstream, either way; a load that ran past LoadTimeout does.
 func (c *callee) verdict(ctx context.Context, err error, nf bool) Outcome {
 	// A load past LoadTimeout is the downstream's fault, whatever error the
 	// LoadFunc made of it.
 	switch {
 	case err == nil, nf:
 		return OutcomeSuccess
+	case invalidKey(err): // the caller's input, not the downstream's health
+		return OutcomeIgnored
 	case !timedOut(ctx) && (ctx.Err() != nil || errors.Is(err, context.Canceled)):
 		return OutcomeIgnored
 	case c.isFailureFn != nil && !c.userBool(c.isFailureFn, err, true):
@@ -186,6 +188,15 @@ func timedOut(ctx context.Context) bool {
 	return ctx.Err() != nil && errors.Is(context.Cause(ctx), ErrLoadTimeout)
 }
 
+// invalidKey reports whether err says the key is the caller's fault
+// ([ErrInvalidKey]): an error never retried (retryable), never counted by
+// the breaker (verdict), never a not-found (plainNotFound) and never
+// cached. This is the one place that says so, for every error judged here:
+// an attempt's (classify), a load's (classifyLoad), and so for a LoadFunc's,
+// a Reload's, or a LoadMany call's. It inspects err: only within an
+// inspection.
+func invalidKey(err error) bool { return errors.Is(err, ErrInvalidKey) }
+
 // retryable reports whether a failed attempt that is not a not-found (the
 // caller asked notFound) may be tried again. It inspects err: only within
 // an inspection (classify).
@@ -195,6 +206,7 @@ func (c *callee) retryable(ctx context.Context, err error) bool {
 	case ctx.Err() != nil,
 		errors.Is(err, ErrNotModified),
 		errors.Is(err, ErrBreakerOpen),
+		invalidKey(err),
 		errors.Is(err, context.Canceled),
 		errors.Is(err, context.DeadlineExceeded),
 		errors.As(err, &pe):
@@ -268,8 +280,8 @@ type userCode struct {
 }
 
 // guard is the one way the Loader calls user code: the LoadFunc, Cost,
-// OnLoad, Retry.Retryable, Breaker.IsFailure, IsNotFound, Hash, a Remote
-// and a custom breaker all run through it, and so do the methods of the
+// OnLoad, Retry.Retryable, Breaker.IsFailure, IsNotFound, Hash,
+// ValidateKey, a Remote and a custom breaker all run through it, and so do the methods of the
 // errors they return whenever the Loader inspects one (inspect).
 //
 // f runs on the calling goroutine. If it returns, guard returns nil. If it
