@@ -247,8 +247,9 @@ const dedupeOnStack = 256
 // [ErrNotFound], or [Options.IsNotFound]) is absent. The error is nil when
 // every key has a value or does not exist; otherwise it is a [*ManyError]
 // that holds each failed key's error (a key covered by a stale value under
-// StaleIfError is not failed), and the map still holds every key that has
-// a value. If ctx ends first, GetMany returns the values it has and
+// StaleIfError is not failed; a key [Options.ValidateKey] rejects fails
+// there, alone, and is not counted as a Get), and the map still holds
+// every key that has a value. If ctx ends first, GetMany returns the values it has and
 // ctx.Err(), and the loads go on according to [Options.Policy]. Duplicate
 // keys are allowed. Each distinct key counts as one Get in Stats. GetMany
 // is safe for concurrent use; after Close it returns [ErrClosed].
@@ -263,7 +264,8 @@ func (l *Loader[K, V]) GetMany(ctx context.Context, keys []K) (map[K]V, error) {
 // hit, a stale value, a load this call started or one it shared, a stale
 // value covering a failure), also for a key absent from vals (a
 // not-found, a failed key: GetInfo too returns an Info with its error; a
-// key whose wait ctx ended: [SourceNone]). A key's Waited runs from the
+// key whose wait ctx ended, or that [Options.ValidateKey] rejected:
+// [SourceNone]). A key's Waited runs from the
 // call's start until that key's load ended, and its Age is as of then,
 // however long the call then waits for its other keys. vals and the error
 // are GetMany's; infos is nil when vals is (a nil ctx, Close, a key whose
@@ -283,6 +285,7 @@ func (l *Loader[K, V]) getMany(ctx context.Context, keys []K, withInfo bool) (ma
 	if err != nil {
 		return nil, nil, err
 	}
+	ks, rejected := l.validKeys(ks)
 	// The caller's context is user code: read before anything is counted
 	// or published (rule 23).
 	cl := callerOf(ctx, revalidating(ctx))
@@ -292,6 +295,9 @@ func (l *Loader[K, V]) getMany(ctx context.Context, keys []K, withInfo bool) (ma
 	}
 	defer l.exitGets(&in)
 	res := newMany[K, V](len(ks), withInfo)
+	for _, k := range rejected {
+		res.add(k.key, answer[V]{err: k.err})
+	}
 	now := l.now()
 	asks := request[K, V]{cl: cl, s: in.Stripe(), start: now, many: l.newBatches()} // what each key's request shares
 	waits := ks[:0]
@@ -368,6 +374,32 @@ func (l *Loader[K, V]) askOne(k *manyKey[K, V], asks *request[K, V], in *life.Ge
 		k.j.counted = true
 	}
 	return false
+}
+
+// validKeys asks Options.ValidateKey about each distinct key of a GetMany
+// (checkKey), before anything is counted: it returns the keys it accepts,
+// in ks's storage, and the rejected ones with their errors, which fail
+// alone, in the ManyError, never counted as Gets.
+func (l *Loader[K, V]) validKeys(ks []manyKey[K, V]) (valid []manyKey[K, V], rejected []rejectedKey[K]) {
+	if l.opts.ValidateKey == nil {
+		return ks, nil
+	}
+	valid = ks[:0]
+	for _, k := range ks {
+		if err := l.checkKey(k.key); err != nil {
+			rejected = append(rejected, rejectedKey[K]{k.key, err})
+			continue
+		}
+		valid = append(valid, k)
+	}
+	return valid, rejected
+}
+
+// rejectedKey is a key of a GetMany that Options.ValidateKey rejected,
+// with the error it fails with.
+type rejectedKey[K comparable] struct {
+	key K
+	err error
 }
 
 // manyKey is one distinct key of a GetMany, with its hash and what its

@@ -15,8 +15,9 @@ import (
 // error matching [ErrBreakerOpen], whose text names the last failure that
 // keeps it open, and never reach the LoadFunc. Context
 // cancellation (a caller leaving, Close) and a not-found
-// ([Options.IsNotFound]) never count as failures; a load that hits
-// LoadTimeout does.
+// ([Options.IsNotFound]) never count as failures, and an invalid key
+// ([ErrInvalidKey]) counts neither as a failure nor as a success; a load
+// that hits LoadTimeout does count.
 type Breaker struct {
 	// Disabled turns the breaker off.
 	Disabled bool
@@ -34,7 +35,9 @@ type Breaker struct {
 	HalfOpenRequests uint32
 	// IsFailure, if set, reports whether a LoadFunc error counts against
 	// the downstream; errors it rejects count as successes (the downstream
-	// answered). nil means every error counts.
+	// answered). It is not asked about a not-found, nor about an error
+	// matching [ErrInvalidKey] (which counts neither way). nil means every
+	// error counts.
 	IsFailure func(error) bool
 	// Custom, if set, replaces the Loader's own breaker, and the fields
 	// above but IsFailure are ignored: for example a breaker whose state is
@@ -133,7 +136,8 @@ const (
 	// OutcomeFailure: the downstream failed, panicked or ran past
 	// LoadTimeout.
 	OutcomeFailure
-	// OutcomeIgnored: the call was cut short by its callers or by Close;
+	// OutcomeIgnored: the call was cut short by its callers or by Close,
+	// or its error says the key is the caller's fault ([ErrInvalidKey]);
 	// it says nothing about the downstream and counts neither way.
 	OutcomeIgnored
 )

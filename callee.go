@@ -14,7 +14,7 @@ import (
 // callee is the Loader's side of its downstream calls: the breaker, which
 // says whether one may run (breakerIsOpen, allow), and what a call's error
 // says, for the breaker, for the retries and for the cache (classify,
-// classifyLoad, stopped). It knows nothing of keys, values, the cache or
+// classifyLoad, stopped, invalidKey). It knows nothing of keys, values, the cache or
 // the loads in flight. Every question it puts to user code (a custom
 // breaker, IsNotFound, Retryable, IsFailure, the methods of an error) goes
 // through the guard. A Loader holds one, made in New and never changed; it
@@ -58,17 +58,32 @@ func (c *callee) breakerIsOpen() (open bool) {
 	return open
 }
 
-// stopped explains an error of a load whose context has ended: it keeps the
+// stopped explains an error of a load whose context has ended, or whose
+// LoadTimeout had passed when the error came (late: the timer that ends
+// the load's context fires a little after its deadline, and a deadline
+// the LoadFunc took from that context, a driver's dial deadline, may fire
+// first, with an error of the LoadFunc's own, "i/o timeout"): it keeps the
 // last real error (backoff reports only ctx.Err() when it stops between
-// attempts) and adds why the context ended, Close or LoadTimeout.
-func (c *callee) stopped(ctx context.Context, err, last error) error {
-	if err == nil || ctx.Err() == nil {
+// attempts) and adds why the load stopped, Close or LoadTimeout, so that
+// a load that ran to its LoadTimeout matches ErrLoadTimeout whichever
+// deadline fired first.
+func (c *callee) stopped(ctx context.Context, late bool, err, last error) error {
+	if err == nil {
+		return nil
+	}
+	var cause error
+	switch {
+	case ctx.Err() != nil:
+		cause = context.Cause(ctx)
+	case late:
+		cause = ErrLoadTimeout
+	default:
 		return err
 	}
 	if last != nil {
 		err = last
 	}
-	if cause := context.Cause(ctx); sameError(cause, ErrClosed) || sameError(cause, ErrLoadTimeout) {
+	if sameError(cause, ErrClosed) || sameError(cause, ErrLoadTimeout) {
 		e := err
 		c.user.inspect(&err, func() {
 			if !errors.Is(e, cause) {
@@ -149,15 +164,17 @@ func (c *callee) allow() (done func(Outcome), err error) {
 }
 
 // verdict classifies a LoadFunc result for the breaker; nf: err is a
-// not-found (notFound). Not-found is a healthy answer; a caller leaving or
-// Close cancelling says nothing about the downstream; a load that ran past
-// LoadTimeout does.
+// not-found (notFound). Not-found is a healthy answer; an invalid key
+// (invalidKey), a caller leaving or Close cancelling say nothing about the
+// downstream, either way; a load that ran past LoadTimeout does.
 func (c *callee) verdict(ctx context.Context, err error, nf bool) Outcome {
 	// A load past LoadTimeout is the downstream's fault, whatever error the
 	// LoadFunc made of it.
 	switch {
 	case err == nil, nf:
 		return OutcomeSuccess
+	case invalidKey(err): // the caller's input, not the downstream's health
+		return OutcomeIgnored
 	case !timedOut(ctx) && (ctx.Err() != nil || errors.Is(err, context.Canceled)):
 		return OutcomeIgnored
 	case c.isFailureFn != nil && !c.userBool(c.isFailureFn, err, true):
@@ -171,6 +188,15 @@ func timedOut(ctx context.Context) bool {
 	return ctx.Err() != nil && errors.Is(context.Cause(ctx), ErrLoadTimeout)
 }
 
+// invalidKey reports whether err says the key is the caller's fault
+// ([ErrInvalidKey]): an error never retried (retryable), never counted by
+// the breaker (verdict), never a not-found (plainNotFound) and never
+// cached. This is the one place that says so, for every error judged here:
+// an attempt's (classify), a load's (classifyLoad), and so for a LoadFunc's,
+// a Reload's, or a LoadMany call's. It inspects err: only within an
+// inspection.
+func invalidKey(err error) bool { return errors.Is(err, ErrInvalidKey) }
+
 // retryable reports whether a failed attempt that is not a not-found (the
 // caller asked notFound) may be tried again. It inspects err: only within
 // an inspection (classify).
@@ -180,6 +206,7 @@ func (c *callee) retryable(ctx context.Context, err error) bool {
 	case ctx.Err() != nil,
 		errors.Is(err, ErrNotModified),
 		errors.Is(err, ErrBreakerOpen),
+		invalidKey(err),
 		errors.Is(err, context.Canceled),
 		errors.Is(err, context.DeadlineExceeded),
 		errors.As(err, &pe):
@@ -253,8 +280,8 @@ type userCode struct {
 }
 
 // guard is the one way the Loader calls user code: the LoadFunc, Cost,
-// OnLoad, Retry.Retryable, Breaker.IsFailure, IsNotFound, Hash, a Remote
-// and a custom breaker all run through it, and so do the methods of the
+// OnLoad, Retry.Retryable, Breaker.IsFailure, IsNotFound, Hash,
+// ValidateKey, a Remote and a custom breaker all run through it, and so do the methods of the
 // errors they return whenever the Loader inspects one (inspect).
 //
 // f runs on the calling goroutine. If it returns, guard returns nil. If it

@@ -119,6 +119,10 @@ type tally struct {
 	background bool             // a refresh, which holds its Limit slot since it was published (flights.start)
 }
 
+// overdue reports whether the load's LoadTimeout has passed at now, its
+// context ended or not (callee.stopped).
+func (t *tally) overdue(now time.Duration) bool { return t.lctx != nil && t.lctx.Overdue(now) }
+
 // load runs the LoadFunc for key with retries and the breaker, under ctx.
 // It counts the LoadFunc calls it makes in t as they start, so that the
 // count survives a call that ends the goroutine.
@@ -149,7 +153,7 @@ func callDownstream[T any, K comparable, V any](l *Loader[K, V], ctx context.Con
 	}
 	if l.opts.Retry.MaxAttempts <= 1 {
 		v, _, err = callOnce(l, ctx, call, reload, t)
-		return v, l.callee.stopped(ctx, err, err)
+		return v, l.callee.stopped(ctx, t.overdue(l.now()), err, err)
 	}
 	bo := backoff.NewExponentialBackOff(
 		backoff.WithInitialInterval(min(l.opts.Retry.InitialInterval, maxBackoff)),
@@ -174,7 +178,7 @@ func callDownstream[T any, K comparable, V any](l *Loader[K, V], ctx context.Con
 		var zero T
 		v, err, last = zero, perr, perr
 	}
-	return v, l.callee.stopped(ctx, err, last)
+	return v, l.callee.stopped(ctx, t.overdue(l.now()), err, last)
 }
 
 // admit takes the slot of Options.Limit that a foreground load's
@@ -238,7 +242,7 @@ func callOnce[T any, K comparable, V any](l *Loader[K, V], ctx context.Context, 
 		}
 		l.user.guard(func() { done(outcome) }, nil)
 		if l.lim != nil { // the attempt's latency and outcome, for an adaptive bound
-			l.lim.Sample(begun, limitSample(outcome, timedOut(ctx)))
+			l.lim.Sample(begun, limitSample(outcome, timedOut(ctx) || t.overdue(l.now())))
 		}
 	}()
 	perr := l.user.guard(func() { v, err = call() }, nil)

@@ -127,8 +127,47 @@ var ErrLimited = errors.New("flightcache: downstream load limit reached")
 
 // ErrLoadTimeout matches (with [errors.Is]) the error of a load that ran
 // past [Options.LoadTimeout], retries included. The load's own error (usually
-// [context.DeadlineExceeded]) matches too.
+// [context.DeadlineExceeded]) matches too, and its text follows
+// ErrLoadTimeout's. That holds as well for an error of the LoadFunc's own
+// that comes once the LoadTimeout has passed, before the load's context
+// has ended (a driver's dial deadline, taken from that context, firing
+// first: "flightcache: load timed out: dial tcp ...: i/o timeout").
 var ErrLoadTimeout = errors.New("flightcache: load timed out")
+
+// ErrInvalidKey matches (with [errors.Is]) the error of a key that is the
+// caller's fault, not the downstream's: one [Options.ValidateKey]
+// rejected, and one whose load returned an error wrapping ErrInvalidKey
+// (a [LoadFunc], a [ReloadFunc], or a [LoadManyFunc] for its whole call):
+//
+//	return p, fmt.Errorf("%w: %w", flightcache.ErrInvalidKey, err)
+//
+// Such an error fails that key's callers only: it is never retried,
+// never counted by the breaker (as a failure or as a success:
+// [OutcomeIgnored]; [Breaker.IsFailure] is not asked), never cached (as a
+// value or as a not-found: it is never a not-found, whatever it wraps),
+// and never covered by a stale value ([Options.StaleIfError]). Its
+// callers' error matches ErrInvalidKey and the error it wraps. So one
+// request with a malformed id (a collation error, a 400 from the service
+// behind) cannot open the breaker for everyone.
+var ErrInvalidKey = errors.New("flightcache: invalid key")
+
+// invalidKeyError is the error of a key [Options.ValidateKey] rejected:
+// it matches ErrInvalidKey and ValidateKey's own error (or the
+// *PanicError of a ValidateKey that panicked), and its text names the
+// option, followed by that error's, read once under the guard
+// (userCode.invalidKey). It does not format the key, which may be long,
+// hold what the caller should not log, or format through user code.
+type invalidKeyError struct {
+	err  error
+	text string
+}
+
+// Error is ErrInvalidKey's text, the option that rejected the key, and
+// its error's text.
+func (e *invalidKeyError) Error() string { return e.text }
+
+// Unwrap returns ErrInvalidKey and ValidateKey's error.
+func (e *invalidKeyError) Unwrap() []error { return []error{ErrInvalidKey, e.err} }
 
 // ErrRecursiveLoad is returned when a [LoadFunc], directly or through other
 // loads, calls Get for a key whose load it is part of. Waiting would never

@@ -337,6 +337,9 @@ func (l *Loader[K, V]) GetInfo(ctx context.Context, key K) (v V, info Info, err 
 	if ctx == nil {
 		return v, info, errNilContext
 	}
+	if err = l.checkKey(key); err != nil {
+		return v, info, err // the caller's key: no load, not a Get (Options.ValidateKey)
+	}
 	h, err := l.hash(key)
 	if err != nil {
 		return v, info, err
@@ -705,10 +708,11 @@ func (l *Loader[K, V]) refresh(r *request[K, V], e *entry[K, V]) {
 // never its cancellation. Like every background load it counts in
 // Stats.Refreshes and is bounded by [Options.MaxRefreshes]: one beyond the
 // bound is dropped (Stats.RefreshesDropped). After Close, for a key whose
-// Hash panics, and for a key not equal to itself (see [Options.Hash]), it
-// does nothing. Refresh is safe for concurrent use.
+// Hash panics, for a key not equal to itself (see [Options.Hash]), and
+// for a key [Options.ValidateKey] rejects, it does nothing. Refresh is
+// safe for concurrent use.
 func (l *Loader[K, V]) Refresh(ctx context.Context, key K) {
-	if ctx == nil {
+	if ctx == nil || l.checkKey(key) != nil {
 		return
 	}
 	h, err := l.hash(key)

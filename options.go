@@ -86,7 +86,10 @@ type Options[K comparable, V any] struct {
 	Policy Policy
 
 	// LoadTimeout bounds one load, retries included. It lives inside the
-	// shared load, never per waiter. 0 means DefaultLoadTimeout (10s).
+	// shared load, never per waiter. 0 means DefaultLoadTimeout (10s). A
+	// load that ran to it fails with an error matching [ErrLoadTimeout],
+	// also when the LoadFunc returned an error of its own at the deadline
+	// (a dial deadline taken from the load's context).
 	LoadTimeout time.Duration
 
 	// Retry configures retries of a failed downstream call inside a load.
@@ -253,6 +256,9 @@ type Options[K comparable, V any] struct {
 	//
 	//	return p, fmt.Errorf("%w: %w", flightcache.ErrNotFound, err)
 	//
+	// An error matching [ErrInvalidKey] is never a not-found, whatever it
+	// wraps, and IsNotFound is not asked about it.
+	//
 	// A not-found is the downstream's answer, not a failure: it is never
 	// retried, counts as a success for the breaker, is never covered by a
 	// stale value (StaleIfError), drops the value held, is cached for
@@ -272,6 +278,28 @@ type Options[K comparable, V any] struct {
 	// Get's not-found from a failure, match ErrNotFound, which every
 	// not-found a caller receives does.
 	IsNotFound func(error) bool
+
+	// ValidateKey, if set, is asked about a key before anything else is
+	// done with it: a key it returns an error for is the caller's fault,
+	// and fails at once, with no load, no cache lookup and no Remote, for
+	// that caller only. Its error matches [ErrInvalidKey] and ValidateKey's
+	// own, its text "flightcache: invalid key (Options.ValidateKey): "
+	// followed by ValidateKey's (the key itself is not formatted: it may be
+	// long or not fit for a log). It is asked by Get and GetInfo, for each
+	// distinct key of GetMany and GetManyInfo (a rejected key fails alone,
+	// in the [ManyError], and the others are answered), by Refresh (which
+	// then does nothing), by Set (which then stores nothing and tells the
+	// Remote nothing: no Get could ever read it) and by Restore (which skips
+	// the entry). Invalidate and Peek do not ask: dropping a key, or
+	// looking without loading, is harmless for any key. A rejected key is
+	// not counted in Stats.Gets, nor as a load, and the Observer sees
+	// nothing of it; Stats.InvalidKeys counts it. It runs on the caller's
+	// goroutine, on every Get (hits too: keep it cheap), through the guard:
+	// a panic is counted in Stats.Panics and rejects the key, with the
+	// [*PanicError] as ValidateKey's error. A key that the LoadFunc finds
+	// invalid on its own reports it by wrapping ErrInvalidKey (see there).
+	// nil means every key is valid.
+	ValidateKey func(K) error
 
 	// Remote, if set, is a second tier shared between processes (see
 	// [Remote]): a local miss asks it before the downstream, so a fleet
@@ -318,7 +346,8 @@ type Freshness struct {
 // github.com/cenkalti/backoff/v4's exponential backoff with jitter. Retries
 // stop at MaxAttempts, at the load's deadline ([Options.LoadTimeout]), or at
 // the first error that is not retryable. Breaker refusals, a not-found
-// ([Options.IsNotFound]), panics and context errors are never retried.
+// ([Options.IsNotFound]), an invalid key ([ErrInvalidKey]), panics and
+// context errors are never retried.
 type Retry struct {
 	// MaxAttempts is the number of downstream calls one load may make.
 	// 0 or 1 means no retry.
@@ -335,7 +364,8 @@ type Retry struct {
 
 // NotFound reports whether err means that the key does not exist, by o's
 // rule (see [Options.IsNotFound]): err matches [ErrNotFound], or
-// IsNotFound reports true; nil, a [*PanicError] and [ErrGoexit] never do.
+// IsNotFound reports true; nil, a [*PanicError], [ErrGoexit] and an error
+// matching [ErrInvalidKey] never do.
 // A [Remote] uses it to judge a load's error as the Loader does (the
 // flightredis tier shares a not-found with the fleet), and a caller to
 // tell a Get's not-found from a failure. A panic in IsNotFound is
@@ -358,7 +388,7 @@ func (o Options[K, V]) NotFound(err error) (nf bool) {
 func plainNotFound(err error) (nf, sure bool) {
 	var pe *PanicError
 	switch {
-	case err == nil, err == ErrGoexit, errors.As(err, &pe):
+	case err == nil, err == ErrGoexit, errors.As(err, &pe), invalidKey(err):
 		return false, true
 	case errors.Is(err, ErrNotFound):
 		return true, true

@@ -182,7 +182,8 @@ func windowOut(d time.Duration) time.Duration {
 //     and a Set or Invalidate after it replaces it, as any value;
 //   - a not-found without a TTL when [Options.NotFoundTTL] is 0, a value
 //     [Options.Cost] or [Options.Version] panics on, or too big for the
-//     cache, and a key whose Hash panics or that is not equal to itself.
+//     cache, a key whose Hash panics or that is not equal to itself, and a
+//     key [Options.ValidateKey] rejects.
 //
 // Each stored entry goes through the write path of [Loader.Set]: it waits
 // its turn when [Options.MaxPendingWrites] writes are waiting for the
@@ -229,6 +230,9 @@ func (l *Loader[K, V]) Restore(entries iter.Seq[Entry[K, V]]) (int, error) {
 func (l *Loader[K, V]) restoreOne(en *Entry[K, V]) (stored bool, err error) {
 	if err := en.check(); err != nil {
 		return false, err
+	}
+	if l.checkKey(en.Key) != nil {
+		return false, nil // Options.ValidateKey rejects it: no Get could read it
 	}
 	h, err := l.hash(en.Key)
 	if err != nil || l.selfUnequal(en.Key) || l.cached(h, en.Key) != nil {

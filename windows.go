@@ -198,12 +198,13 @@ func (b Bounds) PhaseAt(now time.Time) Phase {
 // the error err of a failed load, within its [Options.StaleIfError]
 // window: for any error but a not-found (the key is gone, not the
 // downstream: notFound is err judged by the Loader's rule,
-// [Options.NotFound], which the caller has already applied) and
-// [ErrClosed] (the Loader is shutting down). A nil err has nothing to
+// [Options.NotFound], which the caller has already applied), an error
+// matching [ErrInvalidKey] (the caller's key, not the downstream, is at
+// fault) and [ErrClosed] (the Loader is shutting down). A nil err has nothing to
 // cover. It is the rule the Loader applies, for a [Remote] to decide what
 // to offer with an error as the Loader would serve it.
 func StaleMayCover(err error, notFound bool) bool {
-	return err != nil && !notFound && !errors.Is(err, ErrClosed)
+	return err != nil && !notFound && !errors.Is(err, ErrClosed) && !invalidKey(err)
 }
 
 // maxStaleKey is the context key of WithMaxStale.

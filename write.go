@@ -355,9 +355,13 @@ func (wr *writer[K, V]) issue(w *write[K, V]) {
 // whichever comes last (Stats.WritesOutdated), and Set of the written row
 // is safe.
 //
-// Set after Close does nothing; so does Set of a key whose Hash panics, and
-// of a key not equal to itself (see [Options.Hash]).
+// Set after Close does nothing; so does Set of a key whose Hash panics, of
+// a key not equal to itself (see [Options.Hash]), and of a key
+// [Options.ValidateKey] rejects.
 func (l *Loader[K, V]) Set(key K, value V) {
+	if l.checkKey(key) != nil {
+		return // no Get could read it (Options.ValidateKey)
+	}
 	h, err := l.hash(key)
 	if err != nil || l.selfUnequal(key) {
 		return

@@ -73,6 +73,15 @@ func (c *Context) Deadline() (deadline time.Time, ok bool) {
 	return c.tm.epoch.Add(time.Duration(c.due.Load())), true
 }
 
+// Overdue reports whether c has a deadline (it was added to a
+// [Timeouts]) and now, an offset from that Timeouts' epoch, is at or past
+// it, whether or not c has ended yet: the timer that ends c fires a little
+// after its deadline, and a deadline taken from c (Deadline) may fire
+// first. It is safe to call from the goroutine that added c.
+func (c *Context) Overdue(now time.Duration) bool {
+	return c.tm != nil && time.Duration(c.due.Load()) <= now
+}
+
 // Done returns a channel closed when c ends.
 func (c *Context) Done() <-chan struct{} {
 	c.mu.Lock()

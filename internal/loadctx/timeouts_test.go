@@ -115,3 +115,29 @@ func TestTimeoutsSaturateAndStop(t *testing.T) {
 		}
 	})
 }
+
+// Overdue says whether a context's deadline has passed at an offset,
+// whether or not it has ended: false before it is added, false short of
+// its deadline, true from its deadline on, though the timer that ends it
+// has not fired (it is stopped here).
+func TestOverdueBeforeTheEnd(t *testing.T) {
+	epoch := time.Now()
+	tm := loadctx.NewTimeouts(time.Hour, epoch, errTimeout)
+	defer tm.Stop()
+	var c loadctx.Context
+	if c.Overdue(math.MaxInt64) {
+		t.Error("Overdue before Add = true; want false: no deadline")
+	}
+	tm.Add(&c, 5*time.Second)
+	tm.Stop()
+	due := 5*time.Second + time.Hour
+	if c.Overdue(due - 1) {
+		t.Errorf("Overdue(%v) = true; want false before the deadline %v", due-1, due)
+	}
+	if !c.Overdue(due) || !c.Overdue(due+time.Hour) {
+		t.Errorf("Overdue at and past the deadline %v = false; want true", due)
+	}
+	if c.Err() != nil {
+		t.Errorf("Err = %v; want nil: the context has not ended", c.Err())
+	}
+}
