@@ -201,7 +201,10 @@ func (tr *tracker) add(ctx context.Context, src *redis.Options) {
 
 // nodeOptions are the options of a node's own clients: those of the
 // tier's client for that node (address, credentials, TLS, timeouts), in
-// RESP2, with no hook of the original.
+// RESP2, with no hook of the original. Pipelines run on the client's one
+// pooled connection: go-redis would run them on a pool of their own
+// (PipelinePoolSize, 10 by default), which PoolSize does not bound, and
+// every tracked read is a pipeline.
 func nodeOptions(src *redis.Options) redis.Options {
 	return redis.Options{
 		Network: src.Network, Addr: src.Addr, Dialer: src.Dialer,
@@ -210,7 +213,7 @@ func nodeOptions(src *redis.Options) redis.Options {
 		CredentialsProviderContext: src.CredentialsProviderContext,
 		DialTimeout:                src.DialTimeout, ReadTimeout: src.ReadTimeout, WriteTimeout: src.WriteTimeout,
 		ContextTimeoutEnabled: true, TLSConfig: src.TLSConfig, MaxRetries: -1,
-		Protocol: 2, PoolSize: trackPoolSize, DisableIdentity: true,
+		Protocol: 2, PoolSize: trackPoolSize, PipelinePoolSize: -1, DisableIdentity: true,
 	}
 }
 
