@@ -58,11 +58,13 @@ type trackHandlers struct {
 	onUp, onDown      func()               // a node armed; a node's tracking lost
 	onRetry           func()               // an attempt that did not arm a node
 	onRefused         func()               // Redis refuses CLIENT TRACKING
+	onConnLost        func()               // a tracked connection closed (connloss.go)
 	timeout, interval time.Duration        // a round trip; the health check
 }
 
 // tracker owns the invalidation connections and tracked clients.
 type tracker struct {
+	ctx     context.Context // start's: the tier's
 	mode    atomic.Int32
 	h       trackHandlers
 	single  *redis.Client // the client, when it is one node
@@ -95,7 +97,7 @@ type tnode struct {
 // start starts the listener for client, or reports (false) that the tier
 // cannot track per node with that kind of client.
 func (tr *tracker) start(ctx context.Context, client redis.UniversalClient, h trackHandlers) bool {
-	tr.h = h
+	tr.ctx, tr.h = ctx, h
 	tr.nodes = make(map[string]*tnode)
 	tr.startup = make(chan struct{})
 	switch c := client.(type) {
@@ -369,6 +371,7 @@ func (tr *tracker) arm(ctx context.Context, n *tnode, id int64) (res listenResul
 	o.OnConnect = func(ctx context.Context, cn *redis.Conn) error {
 		return cn.Do(ctx, "CLIENT", "TRACKING", "on", "REDIRECT", id, "OPTIN").Err()
 	}
+	o.Dialer = watchDialer(&n.opt, tr.connLost)
 	reads := redis.NewClient(&o)
 	c, cancel := context.WithTimeout(ctx, tr.h.timeout)
 	err := reads.Ping(c).Err()
@@ -390,6 +393,15 @@ func (tr *tracker) arm(ctx context.Context, n *tnode, id int64) (res listenResul
 	n.armed = true
 	tr.mode.CompareAndSwap(invUnknown, invTracking)
 	return 0, true
+}
+
+// connLost runs when a tracked connection that carried a tracked read
+// closes, for any reason, but the tier's Close: Redis forgot what it
+// tracked for this process.
+func (tr *tracker) connLost() {
+	if tr.ctx.Err() == nil {
+		tr.h.onConnLost()
+	}
 }
 
 // retire closes a tracked client that was replaced, once the reads in
@@ -497,7 +509,7 @@ func (tr *tracker) reader(ctx context.Context, key string) *redis.Client {
 	n := tr.nodes[src.Addr]
 	tr.mu.Unlock()
 	if n == nil {
-		tr.add(ctx, src)
+		tr.add(tr.ctx, src) // the tier's context: the node outlives this read
 		return nil
 	}
 	if !n.up.Load() {
