@@ -3,11 +3,17 @@ package flightredis
 import (
 	"context"
 	"fmt"
+	"io"
+	"net"
+	"slices"
 	"strings"
+	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
 	"github.com/flightcache/flightcache"
+	"github.com/redis/go-redis/v9"
 )
 
 // notServedOld waits until holder no longer answers k with old as a fresh
@@ -85,6 +91,95 @@ func checkTracks(t *testing.T, writer, holder proc) {
 		}
 		if writer.t.Stats().RedisErrors+holder.t.Stats().RedisErrors == failures || round == 5 {
 			t.Fatalf("round %d: the holder did not hear the Set of j (heard %v); holder %+v", round, heard, holder.t.Stats())
+		}
+	}
+}
+
+// Redis's idle timeout closes a tracked connection between two health
+// checks: the holder distrusts what it tracked, and another process's Set
+// reaches it. The tiers' Timeout of 1s makes the health check run every
+// 4s, so the tracked connection idles past Redis's timeout of 1s; the
+// invalidation connection, subscribed, is exempt from it.
+func TestTrackedConnectionIdleTimeout(t *testing.T) {
+	ps, _ := trackingProcs(t, 2, Options[string, string]{Timeout: time.Second, HolderTimeout: 3 * time.Second})
+	writer, holder := ps[0], ps[1]
+	old, err := holder.l.Get(ctx, "k")
+	if err != nil {
+		t.Fatal(err)
+	}
+	n, addr := invNode(t, holder.t, "k")
+	admin := nodeClient(t, addr)
+	ids := trackedConns(t, admin, n.id.Load())
+	if len(ids) == 0 {
+		t.Fatal("the holder has no tracked connection")
+	}
+	was, err := admin.ConfigGet(ctx, "timeout").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := admin.ConfigSet(ctx, "timeout", "1").Err(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = admin.ConfigSet(context.Background(), "timeout", was["timeout"]).Err() })
+	eventually(t, 10*time.Second, "Redis to close the idle tracked connections", func() bool {
+		now := trackedConns(t, admin, n.id.Load())
+		return !slices.ContainsFunc(ids, func(id int64) bool { return slices.Contains(now, id) })
+	})
+	closed := time.Now()
+	writer.l.Set("k", "new")
+	took := notServedOld(t, holder, "k", old, closed, 20*time.Second)
+	t.Logf("the old copy stopped answering %v after Redis closed its connection; holder %+v", took, holder.t.Stats())
+	if s := holder.t.Stats(); s.TrackedConnsLost == 0 || s.Distrusts == 0 {
+		t.Fatalf("TrackedConnsLost %d, Distrusts %d; want > 0", s.TrackedConnsLost, s.Distrusts)
+	}
+}
+
+// A tracked client's connection reports its close once, whoever closes it,
+// if it carried a tracked read (CLIENT CACHING yes): one that only armed
+// tracking, or answered the health check, tracked nothing. A TCP
+// connection keeps its file descriptor visible, which go-redis peeks at to
+// find a connection Redis closed.
+func TestWatchedConnectionReportsClose(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() { _, _ = io.Copy(io.Discard, c); _ = c.Close() }()
+		}
+	}()
+	for _, tc := range []struct {
+		name   string
+		writes []string
+		lost   int
+	}{
+		{"nothing tracked", []string{"*5\r\n$6\r\nCLIENT\r\n$8\r\nTRACKING\r\n$2\r\non\r\n", "*2\r\n$6\r\nCLIENT\r\n$12\r\nTRACKINGINFO\r\n"}, 0},
+		{"a tracked read", []string{"*3\r\n$6\r\nCLIENT\r\n$7\r\nCACHING\r\n$3\r\nyes\r\n*3\r\n$5\r\nHMGET\r\n$1\r\nk\r\n$2\r\nid\r\n"}, 1},
+	} {
+		var lost atomic.Int32
+		dial := watchDialer(&redis.Options{Addr: ln.Addr().String()}, func() { lost.Add(1) })
+		cn, err := dial(ctx, "tcp", ln.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, ok := cn.(syscall.Conn); !ok {
+			t.Errorf("%s: the connection hides its file descriptor", tc.name)
+		}
+		for _, w := range tc.writes {
+			if _, err := cn.Write([]byte(w)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		_ = cn.Close()
+		_ = cn.Close()
+		if n := int(lost.Load()); n != tc.lost {
+			t.Errorf("%s: lost reported %d times, want %d", tc.name, n, tc.lost)
 		}
 	}
 }
