@@ -183,3 +183,54 @@ func TestWatchedConnectionReportsClose(t *testing.T) {
 		}
 	}
 }
+
+// A listener whose backlog is full drops the copy it cannot queue for a
+// check: an invalidation is never set aside. The checker is held in a
+// round trip (every master paused, for less than the tier's Timeout), the
+// backlog of checks filled, and an invalidation of a copy handed over
+// within the echo window (which would be checked) comes: the copy is
+// dropped at once.
+func TestTrackingFullBacklogDropsCopy(t *testing.T) {
+	ps, _ := trackingProcs(t, 1, Options[string, string]{Timeout: 5 * time.Second, HolderTimeout: 15 * time.Second})
+	holder := ps[0]
+	for _, k := range []string{"k", "blocker"} {
+		if _, err := holder.l.Get(ctx, k); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ksOf := func(k string) keys { return keysAt(holder.t.opts.Prefix, holder.t.key(k), holder.t.gen.Load()) }
+	admin := newClient(t, redisAddr(t))
+	err := forEachMaster(ctx, admin, func(ctx context.Context, n redis.UniversalClient) error {
+		return n.Do(ctx, "CLIENT", "PAUSE", 2000, "ALL").Err() // it ends by itself: an UNPAUSE would wait for it
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	holder.t.verify("blocker", ksOf("blocker")) // the checker takes it, and waits for Redis
+	eventually(t, time.Second, "the checker to take its check", func() bool { return len(holder.t.checks) == 0 })
+	for i := 0; ; i++ {
+		select {
+		case holder.t.checks <- check[string]{fmt.Sprint("filler", i), ksOf(fmt.Sprint("filler", i))}:
+			continue
+		default:
+		}
+		break
+	}
+	if n, c := len(holder.t.checks), cap(holder.t.checks); n != c {
+		t.Fatalf("backlog %d of %d: not full", n, c)
+	}
+	drops := holder.l.Stats().RemoteDrops
+	holder.t.onTracked([]string{ksOf("k").entry}) // the listener hears k's entry changed
+	if got := holder.l.Stats().RemoteDrops - drops; got != 1 {
+		t.Fatalf("RemoteDrops +%d with the backlog full, want +1: the invalidation was set aside", got)
+	}
+	if got := len(holder.t.checks); got != cap(holder.t.checks) {
+		t.Fatalf("backlog %d after the invalidation, want %d (full)", got, cap(holder.t.checks))
+	}
+	c, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if _, info, err := holder.l.GetInfo(c, "k"); err != nil || info.Source == flightcache.SourceHit {
+		t.Fatalf("after the drop: %v, %v; want the entry read again, not a hit", info.Source, err)
+	}
+}
