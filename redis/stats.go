@@ -147,7 +147,9 @@ type Stats struct {
 	// back, this tier had not handed that name over (with tracking: the
 	// key's Redis name, for a key type other than a string named by
 	// default); with tracking, also Redis's null invalidation of a
-	// FLUSHALL or FLUSHDB. Each distrusted every local copy instead.
+	// FLUSHALL or FLUSHDB, and, on a single node, each health check that
+	// found a SWAPDB since the last one (Redis sends nothing for it). Each
+	// distrusted every local copy instead.
 	UndecodedInvalidations uint64
 	// SubscriptionLosses counts the times the subscription was found lost
 	// (an error, or no answer to a ping), and with tracking the times a

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"net"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -91,6 +92,7 @@ type tnode struct {
 	redirect int64       // the id reads redirect to; the node's loop only
 	up       atomic.Bool // armed and listening
 	armed    bool        // armed once; the node's loop only
+	swaps    int64       // Redis's count of SWAPDB calls at the last check, -1 unknown; the node's loop only
 	cancel   context.CancelFunc
 }
 
@@ -384,6 +386,7 @@ func (tr *tracker) arm(ctx context.Context, n *tnode, id int64) (res listenResul
 		return listenFailed, false
 	}
 	n.redirect = id
+	n.swaps = tr.swapCount(ctx, reads)
 	if old := n.reads.Swap(reads); old != nil {
 		tr.retire(ctx, old)
 	}
@@ -435,19 +438,59 @@ func trackingRefused(err error) bool {
 // invalidation connection they name is gone, or another one took its
 // place): CLIENT TRACKINGINFO, RESP2's form of the tracking-redir-broken
 // push. A check that fails to reach Redis reports nothing: the
-// subscription's own health says that.
+// subscription's own health says that. On a single node it also has every
+// copy distrusted when Redis ran a SWAPDB since the last check
+// (swapCount).
 func (tr *tracker) broken(ctx context.Context, n *tnode) bool {
 	reads := n.reads.Load()
 	if reads == nil {
 		return true
 	}
 	c, cancel := context.WithTimeout(ctx, tr.h.timeout)
+	defer cancel()
 	res, err := reads.Do(c, "CLIENT", "TRACKINGINFO").Slice()
-	cancel()
 	if err != nil {
 		return false
 	}
+	if swaps := tr.swapCount(c, reads); swaps >= 0 {
+		if n.swaps >= 0 && swaps != n.swaps {
+			tr.h.onFlush()
+		}
+		n.swaps = swaps
+	}
 	return trackingBroken(res, n.redirect)
+}
+
+// swapCount returns how many SWAPDB calls a single Redis node ran (INFO
+// commandstats), or -1 when it is not known (a Cluster, which has one
+// database; INFO refused or failed). SWAPDB swaps the contents of two
+// databases under the names Redis tracks and sends no invalidation
+// (Redis 7): this count is its only trace, and a change of it, at a health
+// check, distrusts every copy as a FLUSHDB does.
+func (tr *tracker) swapCount(ctx context.Context, reads *redis.Client) int64 {
+	if tr.single == nil {
+		return -1
+	}
+	info, err := reads.Info(ctx, "commandstats").Result()
+	if err != nil {
+		return -1
+	}
+	return swapdbCalls(info)
+}
+
+// swapdbCalls reads the calls of SWAPDB in an INFO commandstats reply
+// ("cmdstat_swapdb:calls=N,..."); 0 when it has none.
+func swapdbCalls(info string) int64 {
+	_, rest, ok := strings.Cut(info, "cmdstat_swapdb:calls=")
+	if !ok {
+		return 0
+	}
+	n, _, _ := strings.Cut(rest, ",")
+	calls, err := strconv.ParseInt(strings.TrimSpace(n), 10, 64)
+	if err != nil {
+		return -1
+	}
+	return calls
 }
 
 // trackingBroken reads a CLIENT TRACKINGINFO reply: tracking off, a broken

@@ -234,3 +234,46 @@ func TestTrackingFullBacklogDropsCopy(t *testing.T) {
 		t.Fatalf("after the drop: %v, %v; want the entry read again, not a hit", info.Source, err)
 	}
 }
+
+// A SWAPDB swaps the contents of two databases under the names Redis
+// tracks and sends no invalidation: the next health check finds Redis's
+// count of SWAPDB calls changed and distrusts every copy, as a FLUSHDB
+// does. The test swaps database 0 with an empty one and back at once, so
+// that the other tests' keys stay where they are.
+func TestTrackingSwapDBDistrusts(t *testing.T) {
+	singleNodeOnly(t, "a Cluster has one database")
+	ps, _ := trackingProcs(t, 1, Options[string, string]{})
+	p := ps[0]
+	if _, err := p.l.Get(ctx, "k"); err != nil {
+		t.Fatal(err)
+	}
+	before := p.t.Stats().Distrusts
+	admin := nodeClient(t, redisAddr(t))
+	if _, err := admin.TxPipelined(ctx, func(pl redis.Pipeliner) error {
+		pl.SwapDB(ctx, 0, 14)
+		pl.SwapDB(ctx, 0, 14)
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 10*time.Second, "the distrust", func() bool { return p.t.Stats().Distrusts > before })
+	if _, info, _ := p.l.GetInfo(ctx, "k"); info.Source == flightcache.SourceHit {
+		t.Fatal("a distrusted copy was served without being read again")
+	}
+}
+
+// swapdbCalls reads INFO commandstats as Redis 7 writes it.
+func TestSwapdbCalls(t *testing.T) {
+	for _, tc := range []struct {
+		info string
+		want int64
+	}{
+		{"# Commandstats\r\ncmdstat_get:calls=5,usec=1\r\n", 0},
+		{"# Commandstats\r\ncmdstat_swapdb:calls=3,usec=10,usec_per_call=3.33,rejected_calls=0,failed_calls=0\r\n", 3},
+		{"cmdstat_swapdb:calls=x,usec=1\r\n", -1},
+	} {
+		if got := swapdbCalls(tc.info); got != tc.want {
+			t.Errorf("swapdbCalls(%q) = %d, want %d", tc.info, got, tc.want)
+		}
+	}
+}
