@@ -147,18 +147,29 @@ type Stats struct {
 	// back, this tier had not handed that name over (with tracking: the
 	// key's Redis name, for a key type other than a string named by
 	// default); with tracking, also Redis's null invalidation of a
-	// FLUSHALL or FLUSHDB. Each distrusted every local copy instead.
+	// FLUSHALL or FLUSHDB, and, on a single node, each health check that
+	// found a SWAPDB since the last one (Redis sends nothing for it). Each
+	// distrusted every local copy instead.
 	UndecodedInvalidations uint64
 	// SubscriptionLosses counts the times the subscription was found lost
 	// (an error, or no answer to a ping), and with tracking the times a
 	// master's invalidation connection was (or its redirect was found
 	// broken): each distrusted every local copy.
 	SubscriptionLosses uint64
+	// TrackedConnsLost counts, with tracking, the tracked connections that
+	// closed after they carried a tracked read, whatever closed them
+	// (CLIENT KILL, Redis's idle timeout or output buffer limit, a failed
+	// or timed-out read, go-redis reaping it, a re-arm retiring it): Redis
+	// forgot what each one tracked, so each distrusted every local copy.
+	// One that Redis closed is found the next time go-redis takes it from
+	// its pool, at the latest at the next health check.
+	TrackedConnsLost uint64
 	// Distrusts counts the times the tier had its Loader distrust every
 	// local copy (flightcache.LocalCache.Distrust): at each subscription
 	// loss; while the subscription is down, after each failed attempt to
 	// make it again, and once more when it is back, if the tier handed
-	// values over since the last one; and for each undecoded invalidation.
+	// values over since the last one; for each undecoded invalidation; and
+	// for each tracked connection lost (TrackedConnsLost).
 	Distrusts uint64
 	// InvalidationsReplayed counts Sets and Invalidates that could not
 	// reach Redis (the tier stepping aside, counted in Skipped; a failed
@@ -207,7 +218,7 @@ type counters struct {
 	batches, batchRoundTrips                                      atomic.Uint64
 	wakeupSubscribes, wakeupsHeard, wakeupSubscriptionsLost       atomic.Uint64
 	invalidationsSent, invalidationsHeard, undecodedInvalidations atomic.Uint64
-	subscriptionLosses, distrusts                                 atomic.Uint64
+	subscriptionLosses, distrusts, trackedConnsLost               atomic.Uint64
 	invalidationsReplayed, invalidationsLost                      atomic.Uint64
 	invalidateAllsSent, invalidateAllsHeard                       atomic.Uint64
 	invalidateAllsReplayed, invalidateAllsLost                    atomic.Uint64
@@ -230,6 +241,7 @@ func (t *Tier[K, V]) Stats() Stats {
 		Listening:               t.hearing(), InvalidationsSent: c.invalidationsSent.Load(),
 		InvalidationsHeard: c.invalidationsHeard.Load(), UndecodedInvalidations: c.undecodedInvalidations.Load(),
 		SubscriptionLosses: c.subscriptionLosses.Load(), Distrusts: c.distrusts.Load(),
+		TrackedConnsLost:      c.trackedConnsLost.Load(),
 		InvalidationsReplayed: c.invalidationsReplayed.Load(), InvalidationsLost: c.invalidationsLost.Load(),
 		Generation: t.gen.Load(), InvalidateAllsSent: c.invalidateAllsSent.Load(),
 		InvalidateAllsHeard: c.invalidateAllsHeard.Load(), InvalidateAllsReplayed: c.invalidateAllsReplayed.Load(),

@@ -24,8 +24,8 @@ func (t *Tier[K, V]) startTracking() {
 	t.track.start(t.ctx, t.rdb, trackHandlers{
 		onKeys: t.onTracked, onFlush: t.onFlush,
 		onUp: t.onNodeUp, onDown: t.onDown, onRetry: t.onRetry,
-		onRefused: t.startShards,
-		timeout:   t.opts.Timeout, interval: interval,
+		onRefused: t.startShards, onConnLost: t.onConnLost,
+		timeout: t.opts.Timeout, interval: interval,
 	})
 	t.checks = make(chan check[K], 4096)
 	t.track.wg.Go(t.checker)
@@ -93,6 +93,14 @@ func (t *Tier[K, V]) onTick() {
 func (t *Tier[K, V]) onNodeUp() {
 	t.onRetry()
 	t.replay()
+}
+
+// onConnLost runs when a tracked connection closed after it carried
+// tracked reads: Redis forgot the keys it tracked, and will send no
+// invalidation of them. Every copy is distrusted.
+func (t *Tier[K, V]) onConnLost() {
+	t.stats.trackedConnsLost.Add(1)
+	t.distrust()
 }
 
 // onFlush runs when Redis says every tracked key changed (FLUSHALL,

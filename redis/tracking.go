@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"net"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -58,11 +59,13 @@ type trackHandlers struct {
 	onUp, onDown      func()               // a node armed; a node's tracking lost
 	onRetry           func()               // an attempt that did not arm a node
 	onRefused         func()               // Redis refuses CLIENT TRACKING
+	onConnLost        func()               // a tracked connection closed (connloss.go)
 	timeout, interval time.Duration        // a round trip; the health check
 }
 
 // tracker owns the invalidation connections and tracked clients.
 type tracker struct {
+	ctx     context.Context // start's: the tier's
 	mode    atomic.Int32
 	h       trackHandlers
 	single  *redis.Client // the client, when it is one node
@@ -89,13 +92,14 @@ type tnode struct {
 	redirect int64       // the id reads redirect to; the node's loop only
 	up       atomic.Bool // armed and listening
 	armed    bool        // armed once; the node's loop only
+	swaps    int64       // Redis's count of SWAPDB calls at the last check, -1 unknown; the node's loop only
 	cancel   context.CancelFunc
 }
 
 // start starts the listener for client, or reports (false) that the tier
 // cannot track per node with that kind of client.
 func (tr *tracker) start(ctx context.Context, client redis.UniversalClient, h trackHandlers) bool {
-	tr.h = h
+	tr.ctx, tr.h = ctx, h
 	tr.nodes = make(map[string]*tnode)
 	tr.startup = make(chan struct{})
 	switch c := client.(type) {
@@ -201,7 +205,10 @@ func (tr *tracker) add(ctx context.Context, src *redis.Options) {
 
 // nodeOptions are the options of a node's own clients: those of the
 // tier's client for that node (address, credentials, TLS, timeouts), in
-// RESP2, with no hook of the original.
+// RESP2, with no hook of the original. Pipelines run on the client's one
+// pooled connection: go-redis would run them on a pool of their own
+// (PipelinePoolSize, 10 by default), which PoolSize does not bound, and
+// every tracked read is a pipeline.
 func nodeOptions(src *redis.Options) redis.Options {
 	return redis.Options{
 		Network: src.Network, Addr: src.Addr, Dialer: src.Dialer,
@@ -210,7 +217,7 @@ func nodeOptions(src *redis.Options) redis.Options {
 		CredentialsProviderContext: src.CredentialsProviderContext,
 		DialTimeout:                src.DialTimeout, ReadTimeout: src.ReadTimeout, WriteTimeout: src.WriteTimeout,
 		ContextTimeoutEnabled: true, TLSConfig: src.TLSConfig, MaxRetries: -1,
-		Protocol: 2, PoolSize: trackPoolSize, DisableIdentity: true,
+		Protocol: 2, PoolSize: trackPoolSize, PipelinePoolSize: -1, DisableIdentity: true,
 	}
 }
 
@@ -366,6 +373,7 @@ func (tr *tracker) arm(ctx context.Context, n *tnode, id int64) (res listenResul
 	o.OnConnect = func(ctx context.Context, cn *redis.Conn) error {
 		return cn.Do(ctx, "CLIENT", "TRACKING", "on", "REDIRECT", id, "OPTIN").Err()
 	}
+	o.Dialer = watchDialer(&n.opt, tr.connLost)
 	reads := redis.NewClient(&o)
 	c, cancel := context.WithTimeout(ctx, tr.h.timeout)
 	err := reads.Ping(c).Err()
@@ -378,6 +386,7 @@ func (tr *tracker) arm(ctx context.Context, n *tnode, id int64) (res listenResul
 		return listenFailed, false
 	}
 	n.redirect = id
+	n.swaps = tr.swapCount(ctx, reads)
 	if old := n.reads.Swap(reads); old != nil {
 		tr.retire(ctx, old)
 	}
@@ -387,6 +396,15 @@ func (tr *tracker) arm(ctx context.Context, n *tnode, id int64) (res listenResul
 	n.armed = true
 	tr.mode.CompareAndSwap(invUnknown, invTracking)
 	return 0, true
+}
+
+// connLost runs when a tracked connection that carried a tracked read
+// closes, for any reason, but the tier's Close: Redis forgot what it
+// tracked for this process.
+func (tr *tracker) connLost() {
+	if tr.ctx.Err() == nil {
+		tr.h.onConnLost()
+	}
 }
 
 // retire closes a tracked client that was replaced, once the reads in
@@ -420,19 +438,59 @@ func trackingRefused(err error) bool {
 // invalidation connection they name is gone, or another one took its
 // place): CLIENT TRACKINGINFO, RESP2's form of the tracking-redir-broken
 // push. A check that fails to reach Redis reports nothing: the
-// subscription's own health says that.
+// subscription's own health says that. On a single node it also has every
+// copy distrusted when Redis ran a SWAPDB since the last check
+// (swapCount).
 func (tr *tracker) broken(ctx context.Context, n *tnode) bool {
 	reads := n.reads.Load()
 	if reads == nil {
 		return true
 	}
 	c, cancel := context.WithTimeout(ctx, tr.h.timeout)
+	defer cancel()
 	res, err := reads.Do(c, "CLIENT", "TRACKINGINFO").Slice()
-	cancel()
 	if err != nil {
 		return false
 	}
+	if swaps := tr.swapCount(c, reads); swaps >= 0 {
+		if n.swaps >= 0 && swaps != n.swaps {
+			tr.h.onFlush()
+		}
+		n.swaps = swaps
+	}
 	return trackingBroken(res, n.redirect)
+}
+
+// swapCount returns how many SWAPDB calls a single Redis node ran (INFO
+// commandstats), or -1 when it is not known (a Cluster, which has one
+// database; INFO refused or failed). SWAPDB swaps the contents of two
+// databases under the names Redis tracks and sends no invalidation
+// (Redis 7): this count is its only trace, and a change of it, at a health
+// check, distrusts every copy as a FLUSHDB does.
+func (tr *tracker) swapCount(ctx context.Context, reads *redis.Client) int64 {
+	if tr.single == nil {
+		return -1
+	}
+	info, err := reads.Info(ctx, "commandstats").Result()
+	if err != nil {
+		return -1
+	}
+	return swapdbCalls(info)
+}
+
+// swapdbCalls reads the calls of SWAPDB in an INFO commandstats reply
+// ("cmdstat_swapdb:calls=N,..."); 0 when it has none.
+func swapdbCalls(info string) int64 {
+	_, rest, ok := strings.Cut(info, "cmdstat_swapdb:calls=")
+	if !ok {
+		return 0
+	}
+	n, _, _ := strings.Cut(rest, ",")
+	calls, err := strconv.ParseInt(strings.TrimSpace(n), 10, 64)
+	if err != nil {
+		return -1
+	}
+	return calls
 }
 
 // trackingBroken reads a CLIENT TRACKINGINFO reply: tracking off, a broken
@@ -494,7 +552,7 @@ func (tr *tracker) reader(ctx context.Context, key string) *redis.Client {
 	n := tr.nodes[src.Addr]
 	tr.mu.Unlock()
 	if n == nil {
-		tr.add(ctx, src)
+		tr.add(tr.ctx, src) // the tier's context: the node outlives this read
 		return nil
 	}
 	if !n.up.Load() {
