@@ -211,6 +211,11 @@ type Options[K comparable, V any] struct {
 	// [Options.Hash]), and every load when a Remote is set that is not a
 	// [RemoteMany].
 	//
+	// With a BatchWindow the LoadFunc given to [New] is never called: every
+	// load is a LoadMany call (or a Reload), but for a key not equal to
+	// itself and the loads through a Remote that is not a RemoteMany. Give
+	// New a nil LoadFunc rather than one that is never used.
+	//
 	// NOTE: the window is latency: a miss waits up to BatchWindow before its
 	// call even starts (part of its [Info.Waited]; not of
 	// [LoadEvent.Duration], which is the downstream call's). At Close an
