@@ -295,6 +295,14 @@ type Options[K comparable, V any] struct {
 	// runs on the caller's goroutine. A panic in Hash is recovered: Get
 	// returns it as a *PanicError, Set and Invalidate of the key do nothing.
 	//
+	// NOTE: keys are compared exactly, as Go compares them: "P1", "p1 " and
+	// "p1" are three keys, loaded and cached apart, though a database whose
+	// collation ignores case and trailing spaces finds one row for all
+	// three; and an Invalidate of one leaves the others serving the row as
+	// it was. Normalise a key as the database compares it (for example
+	// strings.ToLower(strings.TrimSpace(id))) before Get, Set and
+	// Invalidate, so that one row is one key.
+	//
 	// NOTE: like map keys, keys must be comparable at run time: with an
 	// interface K, a key holding a slice, map or func cannot be hashed, and
 	// Get returns a *PanicError for it where a map would panic. A key not
