@@ -21,15 +21,19 @@ func TestMissesEndLoadedSharedStaleOrCanceled(t *testing.T) {
 		ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
 		defer cancel()
 
-		// Four Gets of one cold key: one loaded, three shared; a fifth
-		// leaves before the load ends.
+		// Four Gets of one cold key: the first starts the load (loaded),
+		// the three that come once it runs join it (shared); a fifth
+		// joins and leaves before the load ends.
 		var wg sync.WaitGroup
-		for range 4 {
+		for i := range 4 {
 			wg.Go(func() {
 				if _, err := l.Get(ctx, "a"); err != nil {
 					t.Errorf("Get(%q) = %v", "a", err)
 				}
 			})
+			if i == 0 {
+				synctest.Wait() // the load is running, held at the gate
+			}
 		}
 		leaver, leave := context.WithCancel(ctx)
 		wg.Go(func() { l.Get(leaver, "a") })
