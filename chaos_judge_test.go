@@ -182,6 +182,7 @@ func (r *chaosRun) reconcile() {
 		{"LoadLimit within the Limit", uint64(s.LoadLimit), r.loadLimit(s.LoadLimit)},
 		{"QueuedLoads after Close", uint64(s.QueuedLoads), 0},
 		{"StaleOnError vs Gets answered stale-on-error", s.StaleOnError, src(SourceStaleOnError)},
+		{"Loaded vs Gets answered loaded", s.Loaded, src(SourceLoaded)},
 		{"Shared vs Gets answered shared", s.Shared, src(SourceShared)},
 		{"SharedErrors vs shared Gets with an error", s.SharedErrors, u(&r.n.sharedErrs)},
 		{"Misses+Closed vs Gets answered loaded, shared, stale-on-error or none",

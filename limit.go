@@ -61,7 +61,10 @@ const DefaultAdaptiveMaxLoads = 200
 // waiting in the Limit, where it counts against MaxWait (set it to what a
 // caller will wait), not against LoadTimeout or the breaker; without it
 // the loads wait in the pool, on their LoadTimeout, and a storm's
-// timeouts open the breaker.
+// timeouts open the breaker. That is for a pool the Loader has to itself:
+// when the service's writes (or other code) share it, MaxLoads is N minus
+// the connections those may hold at once, or the loads wait in the pool
+// whenever they are busy.
 //
 // Background refreshes never queue: one starts only while no foreground
 // load is waiting and background work holds less than half the bound;

@@ -623,6 +623,8 @@ func (l *Loader[K, V]) await(r *request[K, V], j *joined[K, V], again bool) (a a
 		if c.res.err != nil {
 			l.stats.sharedErrors.Add(1)
 		}
+	} else {
+		l.stats.loaded.Add(1)
 	}
 	return a, false
 }

@@ -214,6 +214,11 @@ type Options[K comparable, V any] struct {
 	// [Options.Hash]), and every load when a Remote is set that is not a
 	// [RemoteMany].
 	//
+	// With a BatchWindow the LoadFunc given to [New] is never called: every
+	// load is a LoadMany call (or a Reload), but for a key not equal to
+	// itself and the loads through a Remote that is not a RemoteMany. Give
+	// New a nil LoadFunc rather than one that is never used.
+	//
 	// NOTE: the window is latency: a miss waits up to BatchWindow before its
 	// call even starts (part of its [Info.Waited]; not of
 	// [LoadEvent.Duration], which is the downstream call's). At Close an
@@ -317,6 +322,14 @@ type Options[K comparable, V any] struct {
 	// other may be refused (Stats.SetsRejected) and simply not cached. It
 	// runs on the caller's goroutine. A panic in Hash is recovered: Get
 	// returns it as a *PanicError, Set and Invalidate of the key do nothing.
+	//
+	// NOTE: keys are compared exactly, as Go compares them: "P1", "p1 " and
+	// "p1" are three keys, loaded and cached apart, though a database whose
+	// collation ignores case and trailing spaces finds one row for all
+	// three; and an Invalidate of one leaves the others serving the row as
+	// it was. Normalise a key as the database compares it (for example
+	// strings.ToLower(strings.TrimSpace(id))) before Get, Set and
+	// Invalidate, so that one row is one key.
 	//
 	// NOTE: like map keys, keys must be comparable at run time: with an
 	// interface K, a key holding a slice, map or func cannot be hashed, and

@@ -189,10 +189,16 @@ func windowOut(d time.Duration) time.Duration {
 // its turn when [Options.MaxPendingWrites] writes are waiting for the
 // cache, so a large Restore runs in bounded memory. It does not call
 // [Options.Freshness] (an Entry carries its own) nor the Remote: a
-// restored value stays in this process (with a Remote, the shared tier
-// is warm already, and may hold newer values than the saved ones: restore
-// only values nothing else writes). A restored not-found is [ErrNotFound]
-// itself.
+// restored value stays in this process. A restored not-found is
+// [ErrNotFound] itself.
+//
+// WARNING: a restored value is the row as it was saved, served as a hit
+// for the freshness it had left, with no downstream call: a row changed
+// while no process held it (between the save and the Restore) is served
+// as it was until then, with a Remote or without one (with a Remote, the
+// shared tier is warm already and may hold newer values than the saved
+// ones). Restore only values that nothing else writes, or whose TTL
+// bounds how stale they may be served.
 //
 // NOTE: an Invalidate that has been applied leaves nothing behind to
 // compare with, so Restore would then store the key's older value: call

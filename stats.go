@@ -135,8 +135,8 @@ type LoadEvent[K comparable] struct {
 // Every Get is counted once by how it was answered:
 // Gets = Hits + StaleHits + Misses + Closed, once no Get is running. Misses
 // are the Gets that waited for a load (or tried to); how they ended is in
-// Shared, SharedErrors, StaleOnError and Canceled. Each distinct key of a
-// GetMany counts as one Get.
+// Loaded, Shared (SharedErrors), StaleOnError and Canceled, one count per
+// [Source] a miss can say. Each distinct key of a GetMany counts as one Get.
 //
 // A load is the Loader's work for one key, or for the keys of one
 // LoadMany call: Loads counts it once it ended, however it ended, whether
@@ -153,6 +153,7 @@ type Stats struct {
 	Closed    uint64 // refused with ErrClosed before reaching the cache
 
 	StaleOnError uint64 // misses answered with a stale value because the load failed
+	Loaded       uint64 // misses answered by the load they started, its error included (SourceLoaded): a stale value covering its failure is StaleOnError
 	Shared       uint64 // misses served by a load they did not start, its error included
 	SharedErrors uint64 // of Shared, those that received the load's error (a not-found included): the summed blast radius
 	Canceled     uint64 // misses whose own context ended first, or that a panic cut short
@@ -213,6 +214,7 @@ type counters struct {
 	writesOutdated, invalidKeys                    atomic.Uint64
 	inFlight, waiting                              atomic.Int64
 	misses                                         atomic.Uint64 // Gets that waited for a load (or tried to)
+	loaded                                         atomic.Uint64 // misses answered by the load they started
 }
 
 // noteCallers records how many Gets one load reached.
@@ -233,6 +235,7 @@ func (c *counters) snapshot(gate *life.Gate) Stats {
 
 	s.Misses = c.misses.Load()
 	s.StaleOnError = c.staleOnErrors.Load()
+	s.Loaded = c.loaded.Load()
 	s.Shared = c.shared.Load()
 	s.SharedErrors = c.sharedErrors.Load()
 	s.Canceled = c.canceled.Load()

@@ -111,8 +111,9 @@ func withinMaxStale(max time.Duration, bounded bool, d time.Duration) bool {
 // failure), then expired. [Bounds.PhaseAt] gives it.
 type Phase uint8
 
-// The phases of a value, in the order it goes through them. They mirror
-// the Loader's own (freshness.go), value for value.
+// The phases of a value, in the order it goes through them. They are the
+// phases the Loader serves its own entries by, value for value: its rule,
+// placed on times, is [Bounds.PhaseAt].
 const (
 	// PhaseFresh: before FreshUntil, served as a hit.
 	PhaseFresh Phase = iota

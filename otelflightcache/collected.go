@@ -15,8 +15,35 @@ import (
 // eviction counts by cause.
 
 // observeFunc returns what the collection callback reports: the Stats (ok
-// is false before the Loader handed any) and the eviction counts by cause.
-type observeFunc func() (st flightcache.Stats, ok bool, evictions [numCauses]int64)
+// is false before the Loader handed any) and the counts of events.
+type observeFunc func() (st flightcache.Stats, ok bool, ev eventCounts)
+
+// eventCounts are the counters an Observer keeps from the events it is
+// told: the evictions by cause, the reloads by result.
+type eventCounts struct {
+	evictions [numCauses]int64
+	reloads   [len(reloadResults)]int64
+}
+
+// reloadResults are the values of the result attribute of
+// flightcache.reloads: a reload's load outcome, its ok told apart as
+// not_modified (the Reload returned ErrNotModified) or modified.
+var reloadResults = [...]string{"not_modified", "modified", "not_found", "timeout", "breaker_open", "canceled", "panic", "error"}
+
+// reloadResult is the flightcache.reloads result of the load ev
+// describes, or "" for a load that called no Reload.
+func reloadResult[K comparable](ev flightcache.LoadEvent[K]) string {
+	switch {
+	case !ev.Reload:
+		return ""
+	case ev.NotModified:
+		return "not_modified"
+	}
+	if outcome := loadOutcome(ev); outcome != "ok" {
+		return outcome
+	}
+	return "modified"
+}
 
 // numCauses is the number of eviction counts: one per
 // flightcache.EvictionCause, the zero one ("unknown") included.
@@ -29,14 +56,21 @@ type counter struct {
 }
 
 // getResults are the values of the result attribute of flightcache.gets,
-// each with the field of Stats it counts.
+// each with the field of Stats it counts: one per [flightcache.Source] a
+// Get can say, by its String, and for a Get answered by neither the cache
+// nor a load (SourceNone), canceled and closed. They add up to the Gets
+// answered: Stats.Gets once no Get is running.
 var getResults = []struct {
 	name string
 	read func(flightcache.Stats) uint64
 }{
 	{"hit", func(s flightcache.Stats) uint64 { return s.Hits }},
-	{"stale", func(s flightcache.Stats) uint64 { return s.StaleHits }},
-	{"miss", func(s flightcache.Stats) uint64 { return s.Misses }},
+	{"stale", func(s flightcache.Stats) uint64 { return s.StaleHits - min(s.StaleLimited, s.StaleHits) }},
+	{"stale-limited", func(s flightcache.Stats) uint64 { return s.StaleLimited }},
+	{"stale-on-error", func(s flightcache.Stats) uint64 { return s.StaleOnError }},
+	{"loaded", func(s flightcache.Stats) uint64 { return s.Loaded }},
+	{"shared", func(s flightcache.Stats) uint64 { return s.Shared }},
+	{"canceled", func(s flightcache.Stats) uint64 { return s.Canceled }},
 	{"closed", func(s flightcache.Stats) uint64 { return s.Closed }},
 }
 
@@ -68,7 +102,8 @@ var breakerStates = []flightcache.BreakerState{
 }
 
 // statCounters are the counters read from Stats, besides flightcache.gets
-// (by result) and flightcache.evictions (by cause, from the events).
+// (by result); flightcache.evictions (by cause) and flightcache.reloads
+// (by result) are counted from the events.
 var statCounters = []counter{
 	{"flightcache.loads", "{load}", "Loads ended, foreground and background: one per key loaded alone, one per LoadMany call; those the breaker or the limit refused included.", func(s flightcache.Stats) uint64 { return s.Loads }},
 	{"flightcache.load.errors", "{load}", "Loads that failed: ended in an error other than a not-found (refused, timed out and abandoned ones included).", loadFailures},
@@ -92,11 +127,13 @@ func loadFailures(s flightcache.Stats) uint64 {
 type collected struct {
 	stats                 []metric.Int64ObservableCounter // statCounters'
 	gets, evictions       metric.Int64ObservableCounter
+	reloads               metric.Int64ObservableCounter
 	loadActive, getActive metric.Int64ObservableUpDownCounter
 	breaker               metric.Int64ObservableGauge
 
 	base                    metric.ObserveOption   // flightcache.name alone
 	results, causes, states []metric.ObserveOption // by getResults, cause, breakerStates
+	reloadSets              []metric.ObserveOption // by reloadResults
 	mono                    *monotonic
 }
 
@@ -120,8 +157,10 @@ func registerCollected(m metric.Meter, name attribute.KeyValue, observe observeF
 		c.stats = append(c.stats, counter(s.name, s.unit, s.desc))
 	}
 	c.gets = counter("flightcache.gets", "{get}",
-		"Gets, by how they were answered: hit (fresh), stale (served at once), miss (waited on a load), closed.")
+		"Gets answered, by how (their Info.Source): hit, stale, stale-limited (served at once), stale-on-error, loaded, shared (waited on a load), canceled, closed.")
 	c.evictions = counter("flightcache.evictions", "{entry}", "Entries that left the cache or were refused by it, by cause.")
+	c.reloads = counter("flightcache.reloads", "{load}",
+		"Loads of a value held, made with Reload, by result: not_modified (kept and renewed), modified, or the failure's outcome.")
 	c.loadActive = upDown("flightcache.load.active", "{load}", "Loads running now.")
 	c.getActive = upDown("flightcache.get.active", "{get}", "Gets waiting on a load now: the blast radius if the loads running now fail.")
 	var err error
@@ -154,15 +193,21 @@ func (c *collected) attrs(name attribute.KeyValue) {
 	for _, st := range breakerStates {
 		c.states = append(c.states, set(keyBreakerState, st.String()))
 	}
+	for _, r := range reloadResults {
+		c.reloadSets = append(c.reloadSets, set(keyReloadResult, r))
+	}
 }
 
 // observe reports one collection.
 func (c *collected) observe(o metric.Observer, observe observeFunc) {
-	st, ok, evicted := observe()
-	for i, n := range evicted {
+	st, ok, ev := observe()
+	for i, n := range ev.evictions {
 		if i > 0 || n > 0 { // an unknown cause only once seen
 			o.ObserveInt64(c.evictions, n, c.causes[i])
 		}
+	}
+	for i, n := range ev.reloads {
+		o.ObserveInt64(c.reloads, n, c.reloadSets[i])
 	}
 	if !ok {
 		return

@@ -107,10 +107,14 @@ func Example_prometheus() {
 		}
 	}
 	// Output:
+	// flightcache_gets_total{flightcache_get_result="canceled",flightcache_name="prices"} 0
 	// flightcache_gets_total{flightcache_get_result="closed",flightcache_name="prices"} 0
 	// flightcache_gets_total{flightcache_get_result="hit",flightcache_name="prices"} 2
-	// flightcache_gets_total{flightcache_get_result="miss",flightcache_name="prices"} 1
+	// flightcache_gets_total{flightcache_get_result="loaded",flightcache_name="prices"} 1
+	// flightcache_gets_total{flightcache_get_result="shared",flightcache_name="prices"} 0
 	// flightcache_gets_total{flightcache_get_result="stale",flightcache_name="prices"} 0
+	// flightcache_gets_total{flightcache_get_result="stale-limited",flightcache_name="prices"} 0
+	// flightcache_gets_total{flightcache_get_result="stale-on-error",flightcache_name="prices"} 0
 	// flightcache_load_callers_sum{flightcache_load_outcome="ok",flightcache_name="prices"} 1
 	// flightcache_loads_total{flightcache_name="prices"} 1
 }

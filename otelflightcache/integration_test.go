@@ -234,7 +234,7 @@ func TestWiredStatsAndEvictions(t *testing.T) {
 		l.Close()
 		got := collect(t, r.reader)
 		wantValue(t, got, `flightcache.gets{flightcache.get.result=hit,flightcache.name=test}`, 2)
-		wantValue(t, got, `flightcache.gets{flightcache.get.result=miss,flightcache.name=test}`, 1)
+		wantValue(t, got, `flightcache.gets{flightcache.get.result=loaded,flightcache.name=test}`, 1)
 		wantValue(t, got, `flightcache.loads{flightcache.name=test}`, 1)
 		wantValue(t, got, `flightcache.evictions{flightcache.eviction.cause=invalidated,flightcache.name=test}`, 1)
 		wantHistogram(t, got, `flightcache.load.callers{flightcache.load.outcome=ok,flightcache.name=test}`, 1, 1)

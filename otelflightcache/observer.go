@@ -37,6 +37,7 @@ type Observer[K comparable] struct {
 
 	stats     atomic.Pointer[func() flightcache.Stats] // from ObserveStats; nil before
 	evictions [numCauses]atomic.Int64                  // by cause; [0]: an unknown cause
+	reloads   [len(reloadResults)]atomic.Int64         // by result, as reloadResults
 }
 
 var (
@@ -186,11 +187,14 @@ func (o *Observer[K]) LoadStart(ctx context.Context, ev flightcache.LoadStartEve
 	return context.WithValue(ctx, spanKey[K]{o}, span)
 }
 
-// LoadEnd records the load's duration and callers, and ends its span with
-// what the load came to.
+// LoadEnd records the load's duration and callers, counts a reload by its
+// result, and ends its span with what the load came to.
 func (o *Observer[K]) LoadEnd(ctx context.Context, ev flightcache.LoadEvent[K]) {
 	outcome := loadOutcome(ev)
 	o.inst.recordLoad(ctx, ev.Duration, ev.Callers, ev.Background, outcome)
+	if i := slices.Index(reloadResults[:], reloadResult(ev)); i >= 0 {
+		o.reloads[i].Add(1)
+	}
 	span, ok := ctx.Value(spanKey[K]{o}).(trace.Span)
 	if !ok {
 		return // not a context LoadStart returned: no span of ours to end
@@ -281,15 +285,18 @@ func (o *Observer[K]) ObserveStats(stats func() flightcache.Stats) {
 }
 
 // observe is the instruments' collection callback's source: the Stats, if
-// there is a source, and the eviction counts.
-func (o *Observer[K]) observe() (st flightcache.Stats, ok bool, evictions [numCauses]int64) {
+// there is a source, and the counts of events.
+func (o *Observer[K]) observe() (st flightcache.Stats, ok bool, ev eventCounts) {
 	for i := range o.evictions {
-		evictions[i] = o.evictions[i].Load()
+		ev.evictions[i] = o.evictions[i].Load()
+	}
+	for i := range o.reloads {
+		ev.reloads[i] = o.reloads[i].Load()
 	}
 	if p := o.stats.Load(); p != nil {
-		return (*p)(), true, evictions
+		return (*p)(), true, ev
 	}
-	return st, false, evictions
+	return st, false, ev
 }
 
 // loadOutcome is the flightcache.load.outcome of a finished load: the
@@ -351,6 +358,7 @@ const (
 	keyRetryDelay       = "flightcache.retry.delay"
 	keyGetSource        = "flightcache.get.source"
 	keyGetResult        = "flightcache.get.result"
+	keyReloadResult     = "flightcache.reload.result"
 	keyEvictionCause    = "flightcache.eviction.cause"
 	keyBreakerState     = "flightcache.breaker.state"
 	keyErrorType        = "error.type"

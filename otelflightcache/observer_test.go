@@ -306,7 +306,7 @@ func TestObserverMetrics(t *testing.T) {
 
 	r.obs.ObserveStats(func() flightcache.Stats {
 		return flightcache.Stats{
-			Gets: 10, Hits: 5, StaleHits: 1, Misses: 3, Closed: 1, Loads: 4, LoadErrors: 2, Shared: 2, SharedErrors: 1,
+			Gets: 10, Hits: 5, StaleHits: 1, Misses: 3, Closed: 1, Loads: 4, LoadErrors: 2, Loaded: 1, Shared: 2, SharedErrors: 1,
 			Refreshes: 1, BreakerRejected: 1, Panics: 1, InFlight: 2, Waiting: 7, Breaker: flightcache.BreakerOpen,
 			NotFounds: 3, DownstreamCalls: 6,
 		}
@@ -315,7 +315,8 @@ func TestObserverMetrics(t *testing.T) {
 	for key, v := range map[string]float64{
 		`flightcache.gets{flightcache.get.result=hit,flightcache.name=test}`:                5,
 		`flightcache.gets{flightcache.get.result=stale,flightcache.name=test}`:              1,
-		`flightcache.gets{flightcache.get.result=miss,flightcache.name=test}`:               3,
+		`flightcache.gets{flightcache.get.result=loaded,flightcache.name=test}`:             1,
+		`flightcache.gets{flightcache.get.result=shared,flightcache.name=test}`:             2,
 		`flightcache.gets{flightcache.get.result=closed,flightcache.name=test}`:             1,
 		`flightcache.loads{flightcache.name=test}`:                                          4,
 		`flightcache.load.errors{flightcache.name=test}`:                                    2,
@@ -340,7 +341,7 @@ func TestObserverMetrics(t *testing.T) {
 		"flightcache.shared": "{get}", "flightcache.shared.errors": "{get}", "flightcache.refreshes": "{load}",
 		"flightcache.evictions": "{entry}", "flightcache.breaker.rejected": "{call}", "flightcache.panics": "{panic}",
 		"flightcache.load.active": "{load}", "flightcache.get.active": "{get}", "flightcache.breaker.state": "",
-		"flightcache.load.not_founds": "{key}", "flightcache.downstream.calls": "{call}",
+		"flightcache.load.not_founds": "{key}", "flightcache.downstream.calls": "{call}", "flightcache.reloads": "{load}",
 	}
 	units := unitsOf(t, r.reader)
 	for name, unit := range want {

@@ -67,12 +67,13 @@
 // The duration histograms' bucket boundaries are [DefaultDurationBuckets],
 // or those given to [WithDurationBuckets].
 //
-// Read at collection time, from the Loader's Stats and, for evictions,
-// from the Loader's eviction events (a counter never goes down: a Get
-// that one snapshot of the Stats counts as a miss and the next as a hit
-// leaves the miss counter where it was until its count catches up):
+// Read at collection time, from the Loader's Stats and, for evictions and
+// reloads, from the Loader's events (a counter never goes down: a Get
+// that one snapshot of the Stats counts as shared and the next as a hit
+// leaves the shared count where it was until its count catches up):
 //
-//	flightcache.gets               counter         {get}    flightcache.get.result: hit, stale, miss, closed
+//	flightcache.gets               counter         {get}    flightcache.get.result: hit, stale, stale-limited, stale-on-error, loaded, shared, canceled, closed
+//	flightcache.reloads            counter         {load}   flightcache.reload.result: not_modified, modified, not_found, timeout, breaker_open, canceled, panic, error
 //	flightcache.loads              counter         {load}   loads ended, those refused by the breaker or the limit included (Stats.Loads)
 //	flightcache.load.errors        counter         {load}   loads that failed: not-founds excluded (Stats.LoadErrors − Stats.LoadNotFounds)
 //	flightcache.load.not_founds    counter         {key}    keys a load answered not-found (Stats.NotFounds)
@@ -86,6 +87,18 @@
 //	flightcache.load.active        up-down counter {load}   loads running now
 //	flightcache.get.active         up-down counter {get}    Gets waiting on a load now
 //	flightcache.breaker.state      gauge                    1 for the current flightcache.breaker.state (closed, half-open, open), 0 for the others
+//
+// A Get is counted in flightcache.gets once answered, under the
+// [flightcache.Source] its Info says (Source.String): a Get that waited on
+// a load is loaded or shared (its error included: a failing downstream
+// shows there, and in flightcache.load.errors), or stale-on-error when the
+// stale value covered the failure; canceled is a Get whose own context
+// ended first, closed one refused by Close. The results add up to
+// Stats.Gets once no Get runs; the Gets waiting now are
+// flightcache.get.active. flightcache.reloads counts the loads made with
+// [flightcache.Options.Reload] by how they ended: not_modified
+// ([flightcache.ErrNotModified]: the value held kept and renewed, an HTTP
+// 304), modified (a new value), or the failure's outcome.
 //
 // After the Loader's Close the counters keep their last values.
 package otelflightcache

@@ -172,7 +172,8 @@ func TestLoadsWaitsAndStats(t *testing.T) {
 		}
 
 		wantValue(t, got, `flightcache.gets{flightcache.get.result=hit,flightcache.name=test}`, 1)
-		wantValue(t, got, `flightcache.gets{flightcache.get.result=miss,flightcache.name=test}`, 4)
+		wantValue(t, got, `flightcache.gets{flightcache.get.result=loaded,flightcache.name=test}`, 2)
+		wantValue(t, got, `flightcache.gets{flightcache.get.result=shared,flightcache.name=test}`, 2)
 		wantValue(t, got, `flightcache.gets{flightcache.get.result=stale,flightcache.name=test}`, 0)
 		wantValue(t, got, `flightcache.loads{flightcache.name=test}`, 2)
 		wantValue(t, got, `flightcache.load.errors{flightcache.name=test}`, 0) // a not-found is an answer
@@ -204,27 +205,27 @@ func (f *fakeStats) set(s flightcache.Stats) {
 	f.s = s
 }
 
-// A Get counted as a miss in one snapshot can be a hit in the next; the
-// miss counter must not go down with it. Up-down counters report what
-// they read.
+// A Get counted as a shared one in one snapshot can be a hit in the next
+// (the load it was about to join had just finished); the counter must not
+// go down with it. Up-down counters report what they read.
 func TestCountersNeverGoDown(t *testing.T) {
 	r := newRig(t)
-	stats := &fakeStats{s: flightcache.Stats{Gets: 5, Misses: 5, Loads: 1, InFlight: 1, Waiting: 5}}
+	stats := &fakeStats{s: flightcache.Stats{Gets: 5, Misses: 5, Loaded: 1, Shared: 4, Loads: 1, InFlight: 1, Waiting: 5}}
 	r.obs.ObserveStats(stats.Stats)
 	got := collect(t, r.reader)
-	wantValue(t, got, `flightcache.gets{flightcache.get.result=miss,flightcache.name=test}`, 5)
+	wantValue(t, got, `flightcache.gets{flightcache.get.result=shared,flightcache.name=test}`, 4)
 	wantValue(t, got, `flightcache.get.active{flightcache.name=test}`, 5)
 
-	stats.set(flightcache.Stats{Gets: 5, Hits: 1, Misses: 4, Loads: 1})
+	stats.set(flightcache.Stats{Gets: 5, Hits: 1, Misses: 4, Loaded: 1, Shared: 3, Loads: 1})
 	got = collect(t, r.reader)
-	wantValue(t, got, `flightcache.gets{flightcache.get.result=miss,flightcache.name=test}`, 5)
+	wantValue(t, got, `flightcache.gets{flightcache.get.result=shared,flightcache.name=test}`, 4)
 	wantValue(t, got, `flightcache.gets{flightcache.get.result=hit,flightcache.name=test}`, 1)
 	wantValue(t, got, `flightcache.load.active{flightcache.name=test}`, 0)
 	wantValue(t, got, `flightcache.get.active{flightcache.name=test}`, 0)
 
-	stats.set(flightcache.Stats{Gets: 7, Hits: 1, Misses: 6, Loads: 2})
+	stats.set(flightcache.Stats{Gets: 7, Hits: 1, Misses: 6, Loaded: 1, Shared: 5, Loads: 2})
 	got = collect(t, r.reader)
-	wantValue(t, got, `flightcache.gets{flightcache.get.result=miss,flightcache.name=test}`, 6)
+	wantValue(t, got, `flightcache.gets{flightcache.get.result=shared,flightcache.name=test}`, 5)
 	wantValue(t, got, `flightcache.loads{flightcache.name=test}`, 2)
 }
 
@@ -321,7 +322,9 @@ func TestPrometheusExposition(t *testing.T) {
 		body := rec.Body.String()
 		for _, want := range []string{
 			`flightcache_gets_total{flightcache_get_result="hit",flightcache_name="prices"} 1`,
-			`flightcache_gets_total{flightcache_get_result="miss",flightcache_name="prices"} 1`,
+			`flightcache_gets_total{flightcache_get_result="loaded",flightcache_name="prices"} 1`,
+			`flightcache_gets_total{flightcache_get_result="stale-on-error",flightcache_name="prices"} 0`,
+			`flightcache_reloads_total{flightcache_name="prices",flightcache_reload_result="not_modified"} 0`,
 			`flightcache_loads_total{flightcache_name="prices"} 1`,
 			`flightcache_load_duration_seconds_count{flightcache_load_background="false",flightcache_load_outcome="ok",flightcache_name="prices"} 1`,
 			`flightcache_load_duration_seconds_bucket{flightcache_load_background="false",flightcache_load_outcome="ok",flightcache_name="prices",le="0.025"} 1`,

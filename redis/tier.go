@@ -23,14 +23,27 @@
 //     ([Stats].WritesOutdated);
 //   - a lease: the process that holds it loads the key for the fleet, writes
 //     the entry and publishes a wake-up on the key's own channel; the
-//     others wait for it (subscribed to that channel while they wait, see
-//     wakeups.go) or poll, and take the lease over if its holder stops
-//     proving it is alive.
+//     others wait for it, subscribed to that channel while they wait, so
+//     they read the entry as soon as it is written (a wake-up lost costs
+//     one poll, [Options.PollInterval]), and take the lease over if its
+//     holder stops proving it is alive ([Options.HolderTimeout]).
 //
 // Redis down or slow never fails a Get: every round trip is bounded by
 // [Options.Timeout], and after a failure the tier steps aside for
 // [Options.RetryAfter] while the Loader loads locally. [Tier.Stats] counts
 // what happened.
+//
+// The client is the application's own go-redis client: a single node
+// (redis.NewClient), a Sentinel failover client or a Cluster client. It
+// must be created with ContextTimeoutEnabled: true, or [NewTier] refuses
+// it (a slow Redis would otherwise hold loads past Options.Timeout):
+//
+//	rdb := redis.NewClient(&redis.Options{Addr: "localhost:6379", ContextTimeoutEnabled: true})
+//	tier, err := flightredis.NewTier(rdb, flightredis.Options[string, Price]{Prefix: "prices:"})
+//
+// A Cluster client needs a few more settings (MaxRetries, MaxRedirects,
+// MaxRetryBackoff) so that slot migrations do not make the tier step
+// aside: docs/distributed.md, "Client settings", has them and why.
 //
 // # Invalidation
 //
@@ -68,8 +81,10 @@
 // built on gobreaker's DistributedCircuitBreaker with a Redis
 // SharedDataStore; set it as [flightcache.Breaker.Custom]. It is opt-in.
 //
-// See docs/distributed.md in the repository for the protocol, the failure
-// modes and measured costs.
+// docs/distributed.md in the repository has the protocol step by step,
+// the failure modes and what each costs, the Cluster settings, and
+// measured figures (one downstream call per key for a fleet, how fast an
+// invalidation reaches the other processes).
 package flightredis
 
 import (
