@@ -279,9 +279,17 @@ func (l *Loader[K, V]) newCache() error {
 }
 
 // loadOne is the LoadFunc of a Loader made without one: key's load is a
-// LoadMany call for key alone; a key missing from its map does not exist.
+// LoadMany call for key alone; a key missing from its map does not exist,
+// and a *ManyError fails it with key's own error (none for key: the map
+// answers).
 func (l *Loader[K, V]) loadOne(ctx context.Context, key K) (V, error) {
 	m, err := l.opts.LoadMany(ctx, []K{key})
+	if me, many := err.(*ManyError[K]); many { // a type assertion runs no user code
+		err = nil
+		if me != nil {
+			err = me.Errs[key]
+		}
+	}
 	v, ok := m[key]
 	switch {
 	case err != nil:
