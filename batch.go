@@ -554,6 +554,12 @@ func (bs *batches[K, V]) launch(s *life.Stripe) {
 // ManyError reports the keys [Loader.GetMany] could not load, each with
 // its error. errors.Is and errors.As see every one of them (Unwrap), so
 // errors.Is(err, ErrBreakerOpen) works on a batch.
+//
+// A [LoadManyFunc] returns one, with its map, to fail some keys of its
+// call alone: each key in Errs gets its own error, the others their
+// values (see [LoadManyFunc] for how the breaker and the retries see it).
+// The Loader reports such a call's ManyError, of the keys asked, as its
+// [LoadEvent].Err.
 type ManyError[K comparable] struct {
 	Errs map[K]error
 }
