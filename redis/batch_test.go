@@ -25,6 +25,7 @@ type batchDownstream struct {
 	calls   [][]string
 	absent  map[string]bool
 	keyErrs map[string]error // keys that fail alone, in a *flightcache.ManyError
+	poison  string           // a call that holds this key fails as a whole, with errBoom
 	err     error
 	gate    chan struct{}
 	started chan struct{} // receives (without blocking) when a call starts
@@ -60,6 +61,8 @@ func (d *batchDownstream) loadMany(ctx context.Context, keys []string) (map[stri
 		runtime.Goexit()
 	case err != nil:
 		return nil, err
+	case d.poison != "" && slices.Contains(keys, d.poison):
+		return nil, errBoom
 	}
 	m := make(map[string]string, len(keys))
 	errs := map[string]error{}

@@ -1,6 +1,7 @@
 package flightredis
 
 import (
+	"context"
 	"errors"
 	"testing"
 	"time"
@@ -43,5 +44,50 @@ func TestGetManyKeyErrorsThroughTheTier(t *testing.T) {
 	}
 	if n := d.loadsOf("bad"); n != 2 {
 		t.Errorf("bad loaded %d times; want 2: a failure is not shared", n)
+	}
+}
+
+// A window whose call fails as a whole for one poison key is split
+// (flightcache's rule 31) inside the tier's one load of its keys: the
+// split answers the tier a map and a *flightcache.ManyError, so the good
+// keys are answered and shared with the fleet, the poison key alone fails.
+func TestWindowPoisonKeyThroughTheTier(t *testing.T) {
+	addr := redisAddr(t)
+	p := testPrefix(t, newClient(t, addr))
+	d := newBatchDownstream()
+	d.poison = "k03"
+	lo := flightcache.Options[string, string]{TTL: time.Minute, BatchWindow: time.Minute, MaxBatch: 8}
+	a := newBatchProc(t, addr, nil, p, lo, Options[string, string]{}, d)
+	b := newBatchProc(t, addr, nil, p, flightcache.Options[string, string]{TTL: time.Minute}, Options[string, string]{}, d)
+
+	keys := keyRange("k", 0, 8)
+	type got struct {
+		key, v string
+		err    error
+	}
+	out := make(chan got, len(keys))
+	for _, k := range keys {
+		go func() {
+			c, cancel := context.WithTimeout(ctx, 30*time.Second)
+			defer cancel()
+			v, err := a.l.Get(c, k)
+			out <- got{k, v, err}
+		}()
+	}
+	for range keys {
+		r := within(t, out, 30*time.Second, "a Get")
+		switch {
+		case r.key == d.poison && !errors.Is(r.err, errBoom):
+			t.Errorf("Get(%s) = %v; want the downstream's error", r.key, r.err)
+		case r.key != d.poison && (r.err != nil || r.v == ""):
+			t.Errorf("Get(%s) = %q, %v; want its value", r.key, r.v, r.err)
+		}
+	}
+	calls := d.allCalls()
+	if len(calls) > 7 || len(calls[0]) != 8 {
+		t.Errorf("downstream calls %v; want at most 7 (2·log2 8 + 1), the first of the 8 keys", calls)
+	}
+	if v, err := b.l.Get(ctx, "k00"); err != nil || v == "" || len(d.allCalls()) != len(calls) {
+		t.Errorf("b.Get(k00) = %q, %v after %d calls; want the shared value, no call", v, err, len(d.allCalls())-len(calls))
 	}
 }
