@@ -55,6 +55,7 @@ type batch[K comparable, V any] struct {
 	wait   *windowWait  // a window single-key loads join (batchwindow.go); nil for a GetMany's
 
 	abandoned atomic.Bool
+	joined    atomic.Bool                     // a caller other than the one that started it joined one of its calls (flights.join): a failed call is split (bisect)
 	slotted   bool                            // a background batch holds a MaxRefreshes slot, taken by its first call (flights.start)
 	limSlot   limit.Slot                      // and its Limit slot, taken with it
 	octx      atomic.Pointer[context.Context] // the LoadMany call's context as the Observer made it (call.octx)
@@ -134,13 +135,16 @@ func (l *Loader[K, V]) runBatch(b *batch[K, V]) {
 	}
 	rm, ok := l.opts.Remote.(RemoteMany[K, V])
 	if !ok {
-		out.m, out.err = l.loadMany(ctx, keys, &out.down)
+		out.m, out.err = l.loadMany(ctx, b, keys, &out.down)
+		if many, alone := out.err.(*ManyError[K]); alone { // its keys failed one by one
+			out.many, out.err = many, nil
+		}
 		return
 	}
 	var res map[K]RemoteResult[V]
 	if perr := l.user.guard(func() {
 		res = rm.LoadMany(ctx, keys, func(ctx context.Context, keys []K) (map[K]V, error) {
-			return l.loadMany(ctx, keys, &out.down)
+			return l.loadMany(ctx, b, keys, &out.down) // a *ManyError: the Remote fails those keys alone
 		})
 	}, nil); perr != nil {
 		out.err = perr
@@ -154,6 +158,7 @@ type batchResult[K comparable, V any] struct {
 	m      map[K]V               // LoadMany's values
 	remote map[K]RemoteResult[V] // or the RemoteMany's results
 	err    error                 // or an error for every key
+	many   *ManyError[K]         // or, with m, the keys that failed alone (keyerrors.go, bisect.go)
 	nf     bool                  // err is a not-found (judged once, by completeBatch)
 	down   tally                 // what its LoadMany calls did
 	took   time.Duration         // how long the call took, its wait for a Limit slot not included
@@ -162,7 +167,7 @@ type batchResult[K comparable, V any] struct {
 // completeBatch delivers each of b's calls its key's result (complete, as
 // for a single load) and reports the batch once.
 func (l *Loader[K, V]) completeBatch(b *batch[K, V], out *batchResult[K, V]) {
-	l.loadEnded(out.err, b.background, b.limSlot) // before any waiter wakes, as deliver does for a single load
+	l.loadEnded(out.failure(), b.background, b.limSlot) // before any waiter wakes, as deliver does for a single load
 	l.stats.batchLoads.Add(1)
 	l.stats.batchKeys.Add(uint64(len(b.calls)))
 	next := 0
@@ -206,12 +211,26 @@ func (out *batchResult[K, V]) of(key K, r *loaded[V]) {
 		if rr, found = out.remote[key]; found {
 			r.fromRemote(rr, out.took)
 		}
+	case out.many != nil:
+		if r.err = out.many.Errs[key]; r.err != nil { // judged as a single load's error (complete)
+			return
+		}
+		fallthrough
 	default:
 		r.val, found = out.m[key]
 	}
 	if !found {
 		r.err, r.nf, r.judged = ErrNotFound, true, true
 	}
+}
+
+// failure is the call's error: its own, or its *ManyError (one of
+// Stats.LoadErrors, and LoadEvent.Err); nil if it has none.
+func (out *batchResult[K, V]) failure() error {
+	if out.many != nil {
+		return out.many
+	}
+	return out.err
 }
 
 // reportBatch reports b once it is delivered: Stats, OnLoad and the
@@ -225,7 +244,7 @@ func (l *Loader[K, V]) reportBatch(b *batch[K, V], out *batchResult[K, V]) {
 		return
 	}
 	l.report(b.leader.observed(), LoadEvent[K]{
-		Key: b.calls[0].key, Duration: out.took, Err: out.err, NotFound: out.nf, Attempts: int(out.down.calls), Background: b.background,
+		Key: b.calls[0].key, Duration: out.took, Err: out.failure(), NotFound: out.nf, Attempts: int(out.down.calls), Background: b.background,
 		Callers: b.callers, Abandoned: b.abandoned.Load(), Stored: b.stored, Keys: len(b.calls), Queued: out.down.queued,
 	})
 	departed := b.departed
@@ -567,6 +586,12 @@ func (bs *batches[K, V]) launch(s *life.Stripe) {
 // ManyError reports the keys [Loader.GetMany] could not load, each with
 // its error. errors.Is and errors.As see every one of them (Unwrap), so
 // errors.Is(err, ErrBreakerOpen) works on a batch.
+//
+// A [LoadManyFunc] returns one, with its map, to fail some keys of its
+// call alone: each key in Errs gets its own error, the others their
+// values (see [LoadManyFunc] for how the breaker and the retries see it).
+// The Loader reports such a call's ManyError, of the keys asked, as its
+// [LoadEvent].Err.
 type ManyError[K comparable] struct {
 	Errs map[K]error
 }

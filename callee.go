@@ -121,6 +121,10 @@ func (c *callee) classify(ctx context.Context, err *error, reload bool) (outcome
 	var text string
 	ok = c.user.inspect(err, func() {
 		text = e.Error()
+		if kf, many := e.(*keyFaults); many { // a LoadMany's *ManyError (keyerrors.go)
+			outcome, final = c.classifyKeys(ctx, kf)
+			return
+		}
 		nf := c.notFound(e)
 		outcome = c.verdict(ctx, e, nf)
 		if reload && errors.Is(e, ErrNotModified) {

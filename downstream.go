@@ -117,6 +117,7 @@ type tally struct {
 	queued     time.Duration    // how long the load waited for a slot of Options.Limit; not part of its took
 	calls      int32            // LoadFunc (or Reload, or LoadMany) calls made, saturating at MaxInt32
 	background bool             // a refresh, which holds its Limit slot since it was published (flights.start)
+	held       bool             // a LoadMany call that holds its Limit slot already, for its split too (loadMany)
 }
 
 // overdue reports whether the load's LoadTimeout has passed at now, its
@@ -134,17 +135,11 @@ func (l *Loader[K, V]) load(ctx context.Context, key K, old *entry[K, V], t *tal
 	return callDownstream(l, ctx, call, old != nil, t)
 }
 
-// loadMany is load for a LoadMany call of keys.
-func (l *Loader[K, V]) loadMany(ctx context.Context, keys []K, t *tally) (map[K]V, error) {
-	call := func() (m map[K]V, err error) { m, err = l.opts.LoadMany(ctx, keys); return }
-	return callDownstream(l, ctx, call, false, t)
-}
-
 // callDownstream makes one downstream call (a LoadFunc's, a Reload's or a
 // LoadMany's) with retries and the breaker, under ctx, holding a slot of
 // Options.Limit for all its attempts (admit).
 func callDownstream[T any, K comparable, V any](l *Loader[K, V], ctx context.Context, call func() (T, error), reload bool, t *tally) (v T, err error) {
-	if l.lim != nil && !t.background {
+	if l.lim != nil && !t.background && !t.held {
 		s, err := l.admit(ctx, t)
 		if err != nil {
 			return v, err

@@ -265,6 +265,9 @@ func (f *flights[K, V]) joinLocked(sh *shard[K, V], seen glance[K, V], r *reques
 		}
 		if !f.outdated(sh, c) {
 			c.waiters++
+			if c.batch != nil && c.batch.wait == nil && !c.batch.joined.Load() {
+				c.batch.joined.Store(true) // a GetMany's batch now answers another caller too (bisect)
+			}
 			*j = joined[K, V]{c: c, reread: reread}
 			return false, act
 		}
@@ -443,6 +446,15 @@ func (f *flights[K, V]) leave(c *call[K, V]) bool {
 		unwanted.abandon(c)
 	}
 	return true
+}
+
+// left reports whether every caller of c has left it under CancelAtZero
+// (leave): nobody reads its result. A split batch asks (batch.wants).
+func (f *flights[K, V]) left(c *call[K, V]) bool {
+	sh := f.shard(c.h)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	return c.abandoned
 }
 
 // forget takes c out of sh's maps, wherever it is. The caller holds sh.mu.

@@ -15,7 +15,8 @@ import (
 )
 
 // errCollation is what a database answers a query whose id is not valid
-// UTF-8: the caller's input, not the database's health.
+// UTF-8: the caller's input, not the database's health. Sent in a batch's
+// IN (...), it fails the whole call (bisect_test.go).
 var errCollation = errors.New("Error 1271: Illegal mix of collations for operation 'in'")
 
 // badKey is an id no database row can have: invalid UTF-8.

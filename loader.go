@@ -123,11 +123,29 @@ type ReloadFunc[K comparable, V any] func(ctx context.Context, key K, old V) (V,
 // [Loader.GetMany] (see [Options.LoadMany]), and one key at a time for a
 // Loader made without a LoadFunc (see [New]). A key missing from the map it
 // returns does not exist (as if its load returned [ErrNotFound]); a key it
-// returns that was not asked for is ignored. An error fails every key of
-// the call. It runs as a LoadFunc does, on a goroutine of the Loader, under
-// a context that carries the values of the Get or GetMany that started it,
-// through the same retries, breaker and LoadTimeout; it is never called
-// with more than [Options.MaxBatch] keys, nor with a key twice.
+// returns that was not asked for is ignored. It runs as a LoadFunc does, on
+// a goroutine of the Loader, under a context that carries the values of
+// the Get or GetMany that started it, through the same retries, breaker
+// and LoadTimeout; it is never called with more than [Options.MaxBatch]
+// keys, nor with a key twice.
+//
+// An error fails every key of the call, unless it is a [*ManyError] (the
+// error itself, not wrapped): then each key in its Errs fails alone, with
+// its own error, judged as a single load's error is (a not-found per
+// [ErrNotFound] or [Options.IsNotFound] is cached for NotFoundTTL; a
+// failure is not cached), and every other key is answered from the map
+// as without an error. Keys in Errs that were not asked for, and nil
+// errors, are ignored; a key both in the map and in Errs fails. The
+// breaker and the retries see such a call as an answer of the downstream
+// (a success, not retried), unless every key of the call failed and none
+// of their errors is a not-found or one [Breaker.IsFailure] excuses: then
+// it is the call's failure, counted once and retried as a failed call is.
+//
+// A call that fails as a whole (any other error, a panic) for keys that
+// came from more than one caller (a [Options.BatchWindow]'s, or a
+// GetMany's batch another caller joined) is split: its halves are tried
+// again, down to single keys, so that a key that fails every call it is
+// in fails only its own callers (see [Options.BatchWindow]).
 type LoadManyFunc[K comparable, V any] func(ctx context.Context, keys []K) (map[K]V, error)
 
 // Loader is a cache-aside loader: a cache in front of a LoadFunc, with one
@@ -279,9 +297,17 @@ func (l *Loader[K, V]) newCache() error {
 }
 
 // loadOne is the LoadFunc of a Loader made without one: key's load is a
-// LoadMany call for key alone; a key missing from its map does not exist.
+// LoadMany call for key alone; a key missing from its map does not exist,
+// and a *ManyError fails it with key's own error (none for key: the map
+// answers).
 func (l *Loader[K, V]) loadOne(ctx context.Context, key K) (V, error) {
 	m, err := l.opts.LoadMany(ctx, []K{key})
+	if me, many := err.(*ManyError[K]); many { // a type assertion runs no user code
+		err = nil
+		if me != nil {
+			err = me.Errs[key]
+		}
+	}
 	v, ok := m[key]
 	switch {
 	case err != nil:

@@ -208,6 +208,21 @@ type Options[K comparable, V any] struct {
 	// went out is dropped from the call, and a window left empty makes no
 	// call; under [FinishAndFill] the key stays.
 	//
+	// A window's call that fails as a whole is split in halves, each tried
+	// again once, down to single keys, so that a key that fails every call
+	// it is in (a malformed id the database rejects the whole query for)
+	// fails only its own callers: with one such key among n, at most
+	// 2·⌈log2 n⌉+1 calls (the whole call's retries aside). The tries run one after another under the call's
+	// context (its LoadTimeout from when it went out), Limit slot and
+	// breaker, both halves of a part before either is split again; a try
+	// the breaker refuses is not split (a downstream that is down opens the
+	// breaker after ConsecutiveFailures calls, and it answers the rest),
+	// and under CancelAtZero a part whose callers all left is not tried.
+	// Without a breaker a failing window of n keys makes up to 2n−1 calls.
+	// A GetMany's own batch is split the same way once another caller has
+	// joined one of its keys; until then its keys are its caller's choice,
+	// and the call's error is each key's.
+	//
 	// What does not wait: a key the Loader holds a value for, loaded
 	// through Reload (it takes the old value, so it goes alone), GetMany's
 	// own batches (they go out at once), a key not equal to itself (see

@@ -52,7 +52,9 @@ type RemoteMany[K comparable, V any] interface {
 	// unreachable; the rules of Load apply to each key (load on LoadMany's
 	// own goroutine, never after it returns; an older value may come with
 	// a key's error). A key missing from the map returned is taken as not
-	// found.
+	// found. load's error may be a [*ManyError] (itself, not wrapped): the
+	// keys in it failed alone, each with its own error, and the others are
+	// answered by load's map, as if load had returned no error.
 	LoadMany(ctx context.Context, keys []K, load func(context.Context, []K) (map[K]V, error)) map[K]RemoteResult[V]
 }
 

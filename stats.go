@@ -159,11 +159,11 @@ type Stats struct {
 	Canceled     uint64 // misses whose own context ended first, or that a panic cut short
 
 	Loads             uint64 // loads ended, foreground and background: one per key loaded alone, one per LoadMany call (or RemoteMany call); those the breaker or Options.Limit refused, and those a Remote answered, included
-	LoadErrors        uint64 // of Loads, those that ended in an error: a failure, a refusal (breaker, Limit), an abandoned load, a not-found (LoadNotFounds); a LoadMany call counts its own error only, not its keys missing from its map
+	LoadErrors        uint64 // of Loads, those that ended in an error: a failure, a refusal (breaker, Limit), an abandoned load, a not-found (LoadNotFounds); a LoadMany call counts its own error only, not its keys missing from its map; one whose keys failed alone (a *ManyError, its LoadManyFunc's or its split's) counts once
 	LoadNotFounds     uint64 // of LoadErrors, those whose error is a not-found (Options.IsNotFound): LoadErrors − LoadNotFounds are the loads that failed
 	NotFounds         uint64 // keys a load answered not-found (Options.IsNotFound): a load's not-found, each key missing from a LoadMany call's map, each key of a LoadMany call whose error is a not-found; a Remote's answer included
 	DownstreamCalls   uint64 // LoadFunc, LoadMany and Reload calls made, retries included: what the downstream saw; a call the breaker or Options.Limit refused is not one
-	Retries           uint64 // of DownstreamCalls, those beyond the first of their load
+	Retries           uint64 // of DownstreamCalls, those beyond the first of their load (the tries of a split batch included: Options.BatchWindow)
 	MaxCallersPerLoad uint64 // the most Gets one load's result reached (a LoadMany call's: summed over its keys)
 	Refreshes         uint64 // background loads started: refreshes, early refreshes and Refresh calls (a GetMany's refreshes batched in one LoadMany call, or a batch window's: one)
 	RefreshesDropped  uint64 // background loads not started because MaxRefreshes were running

@@ -507,12 +507,13 @@ func (b *batchRun[K, V]) loadAndStore(leased, local []*slot[K]) {
 		}
 	}()
 	start := time.Now()
-	m, err := b.load(b.ctx, keys)
+	m, lerr := b.load(b.ctx, keys) // a *ManyError: each of its keys failed alone (errOf)
 	end := time.Now()
 	loaded := func(v V) flightcache.RemoteValue[V] {
 		return flightcache.RemoteValue[V]{Value: v, LoadedAt: end, Took: end.Sub(start), Loaded: true}
 	}
 	for _, s := range local {
+		err := errOf(lerr, s.key)
 		v, ok := m[s.key]
 		switch {
 		case err != nil:
@@ -539,6 +540,7 @@ func (b *batchRun[K, V]) loadAndStore(leased, local []*slot[K]) {
 	then := make([]func(*redis.Cmd) bool, len(leased)) // false: Redis failed
 	for i, s := range leased {
 		dead := t.dead(s.ks) // an InvalidateAll ended the lease's generation: nothing is stored
+		err := errOf(lerr, s.key)
 		release := func(fail string, want bool) {
 			calls[i] = evalCall{releaseScript, releaseKeys(s.ks), t.releaseArgs(s.ks, s.tok, fail, want)}
 		}
@@ -647,6 +649,20 @@ func (b *batchRun[K, V]) loadAndStore(leased, local []*slot[K]) {
 	if !ok {
 		t.failed()
 	}
+}
+
+// errOf is key's error in err, what a batch's load returned for the keys
+// it was given: err itself, or for a *flightcache.ManyError (the Loader's
+// LoadMany failed some keys alone) key's own error, nil if key is not in
+// it (its value, or its absence, is in the map).
+func errOf[K comparable](err error, key K) error {
+	if me, ok := err.(*flightcache.ManyError[K]); ok { // a type assertion runs no user code
+		if me == nil {
+			return nil
+		}
+		return me.Errs[key]
+	}
+	return err
 }
 
 // releaseAll releases the leases of ss, sharing nothing, in one round trip.

@@ -24,6 +24,8 @@ type batchDownstream struct {
 	mu      sync.Mutex
 	calls   [][]string
 	absent  map[string]bool
+	keyErrs map[string]error // keys that fail alone, in a *flightcache.ManyError
+	poison  string           // a call that holds this key fails as a whole, with errBoom
 	err     error
 	gate    chan struct{}
 	started chan struct{} // receives (without blocking) when a call starts
@@ -59,12 +61,20 @@ func (d *batchDownstream) loadMany(ctx context.Context, keys []string) (map[stri
 		runtime.Goexit()
 	case err != nil:
 		return nil, err
+	case d.poison != "" && slices.Contains(keys, d.poison):
+		return nil, errBoom
 	}
 	m := make(map[string]string, len(keys))
+	errs := map[string]error{}
 	for _, k := range keys {
-		if !d.absent[k] {
+		if err, ok := d.keyErrs[k]; ok {
+			errs[k] = err
+		} else if !d.absent[k] {
 			m[k] = fmt.Sprintf("%s-v%d", k, n)
 		}
+	}
+	if len(errs) > 0 {
+		return m, &flightcache.ManyError[string]{Errs: errs}
 	}
 	return m, nil
 }
@@ -72,6 +82,9 @@ func (d *batchDownstream) loadMany(ctx context.Context, keys []string) (map[stri
 // load is the LoadFunc: a LoadMany call of one key.
 func (d *batchDownstream) load(ctx context.Context, key string) (string, error) {
 	m, err := d.loadMany(ctx, []string{key})
+	if me, ok := err.(*flightcache.ManyError[string]); ok {
+		err = me.Errs[key]
+	}
 	if err != nil {
 		return "", err
 	}
