@@ -20,6 +20,18 @@ const (
 	DefaultMaxPendingWrites    = 4096
 )
 
+// The bounds of NumCounters: ristretto allocates its counters at New,
+// about 4 bytes each once rounded up to a power of two.
+const (
+	// defaultMaxNumCounters caps the default, 10 × MaxCost: 64 MiB of
+	// counters, so a huge MaxCost (math.MaxInt64: no bound) neither
+	// overflows nor allocates the machine's memory.
+	defaultMaxNumCounters = 1 << 24
+	// maxNumCounters is the most a user may set: 16 GiB of counters; past
+	// it ristretto's allocation fails the process (or panics) in New.
+	maxNumCounters = 1 << 32
+)
+
 // Options configures a [Loader]. It is a plain struct passed by value to
 // [New]; its zero value plus a TTL is a safe configuration, and every zero
 // field means the default its comment gives. New rejects an invalid value
@@ -77,8 +89,12 @@ type Options[K comparable, V any] struct {
 	Cost func(V) int64
 
 	// NumCounters is the number of TinyLFU frequency counters ristretto
-	// keeps (about 3 bytes each). 0 means 10 × MaxCost without Cost and
-	// 1,000,000 with it.
+	// keeps (ristretto rounds it up to a power of two; about 4 bytes
+	// each). 0 means 10 × MaxCost without Cost, at most 1<<24 (about
+	// 64 MiB of counters, so that a MaxCost of math.MaxInt64, "no bound",
+	// works), and 1,000,000 with Cost. For a cache of more than about
+	// 1.7 million entries, set it to 10 × the entries you expect. At most
+	// 1<<32 (16 GiB): New refuses more.
 	NumCounters int64
 
 	// Policy says what happens to a load once every caller waiting on it
@@ -385,6 +401,8 @@ func (o *Options[K, V]) validate() error {
 		return optionError("MaxCost", "must be set when Options.Cost is set")
 	case o.NumCounters < 0:
 		return optionError("NumCounters", "must be >= 0, got %d", o.NumCounters)
+	case o.NumCounters > maxNumCounters:
+		return optionError("NumCounters", "must be at most %d (1<<32, 16 GiB of counters), got %d", int64(maxNumCounters), o.NumCounters)
 	case o.Policy != FinishAndFill && o.Policy != CancelAtZero:
 		return optionError("Policy", "is unknown: %v", o.Policy)
 	case o.LoadTimeout < 0:
@@ -420,7 +438,10 @@ func (o Options[K, V]) withDefaults() Options[K, V] {
 	}
 	if o.NumCounters == 0 {
 		if o.Cost == nil {
-			o.NumCounters = 10 * o.MaxCost
+			o.NumCounters = defaultMaxNumCounters
+			if o.MaxCost <= defaultMaxNumCounters/10 {
+				o.NumCounters = 10 * o.MaxCost
+			}
 		} else {
 			o.NumCounters = 1_000_000
 		}
