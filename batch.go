@@ -58,6 +58,10 @@ type batch[K comparable, V any] struct {
 	slotted   bool                            // a background batch holds a MaxRefreshes slot, taken by its first call (flights.start)
 	limSlot   limit.Slot                      // and its Limit slot, taken with it
 	octx      atomic.Pointer[context.Context] // the LoadMany call's context as the Observer made it (call.octx)
+	// distinct is how many keys its LoadMany call is for (fewer than its
+	// calls when a window holds two for one key): what its events and
+	// Stats.BatchKeys count. Written by its goroutine before the call.
+	distinct int
 	// Written by the batch's goroutine as it delivers each call.
 	callers  int
 	stored   bool
@@ -119,6 +123,7 @@ func (l *Loader[K, V]) runBatch(b *batch[K, V]) {
 	start := l.now()
 	b.leader.buildContext(start)
 	keys := b.keys()
+	b.distinct = len(keys)
 	out := batchResult[K, V]{err: ErrGoexit, down: tally{lctx: &b.leader.lctx, background: b.background}} // err stays if LoadMany (or the Remote) ends the goroutine
 	defer func() {
 		out.took = l.now() - start - out.down.queued
@@ -164,7 +169,7 @@ type batchResult[K comparable, V any] struct {
 func (l *Loader[K, V]) completeBatch(b *batch[K, V], out *batchResult[K, V]) {
 	l.loadEnded(out.err, b.background, b.limSlot) // before any waiter wakes, as deliver does for a single load
 	l.stats.batchLoads.Add(1)
-	l.stats.batchKeys.Add(uint64(len(b.calls)))
+	l.stats.batchKeys.Add(uint64(b.distinct))
 	next := 0
 	defer func() {
 		// A Freshness or Cost that called Goexit stops the loop below:
@@ -226,7 +231,7 @@ func (l *Loader[K, V]) reportBatch(b *batch[K, V], out *batchResult[K, V]) {
 	}
 	l.report(b.leader.observed(), LoadEvent[K]{
 		Key: b.calls[0].key, Duration: out.took, Err: out.err, NotFound: out.nf, Attempts: int(out.down.calls), Background: b.background,
-		Callers: b.callers, Abandoned: b.abandoned.Load(), Stored: b.stored, Keys: len(b.calls), Queued: out.down.queued,
+		Callers: b.callers, Abandoned: b.abandoned.Load(), Stored: b.stored, Keys: b.distinct, Queued: out.down.queued,
 	})
 	departed := b.departed
 	b.departed = nil
