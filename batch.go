@@ -62,6 +62,10 @@ type batch[K comparable, V any] struct {
 	// calls when a window holds two for one key): what its events and
 	// Stats.BatchKeys count. Written by its goroutine before the call.
 	distinct int
+	// from are the loads its calls were started from besides its
+	// leader's (markCalls): written by its goroutine before the call,
+	// read-only after.
+	from []*loadMarker
 	// Written by the batch's goroutine as it delivers each call.
 	callers  int
 	stored   bool
@@ -82,7 +86,7 @@ func (b *batch[K, V]) full() bool { return b != nil && len(b.calls) >= b.l.opts.
 func (b *batch[K, V]) add(c *call[K, V]) {
 	if b.leader == nil {
 		b.leader = c
-		c.vals.marker.id = b // a Get from inside LoadMany of any of its keys is recursive
+		c.vals.marker.id = b // a Get from inside LoadMany of any of its keys is recursive (and see markCalls)
 	}
 	c.batch = b
 	b.calls = append(b.calls, c)
@@ -92,6 +96,24 @@ func (b *batch[K, V]) add(c *call[K, V]) {
 		b.wanted.Add(1)
 	}
 }
+
+// markCalls makes the batch's context, its leader's, recognised as
+// coming from every load one of its calls was started from, not only the
+// leader's: a call that joined a window another load's Get opened keeps
+// its own starter's chain, so a Get from inside LoadMany that closes a
+// cycle through it fails with ErrRecursiveLoad instead of waiting
+// LoadTimeout. Run by the batch's goroutine before its call, once its
+// calls are settled (a window is sealed); a batch whose calls share the
+// leader's starter, as a GetMany's do, adds nothing.
+func (b *batch[K, V]) markCalls() {
+	for _, c := range b.calls[1:] {
+		if p := c.vals.marker.parent; p != nil && p != b.leader.vals.marker.parent && !slices.Contains(b.from, p) {
+			b.from = append(b.from, p)
+		}
+	}
+}
+
+func (b *batch[K, V]) alsoFrom() []*loadMarker { return b.from }
 
 // abandon records that c, one of b's calls, has no caller left
 // (CancelAtZero), and cancels b when none of them has. A window still
@@ -124,6 +146,7 @@ func (l *Loader[K, V]) runBatch(b *batch[K, V]) {
 	b.leader.buildContext(start)
 	keys := b.keys()
 	b.distinct = len(keys)
+	b.markCalls()
 	out := batchResult[K, V]{err: ErrGoexit, down: tally{lctx: &b.leader.lctx, background: b.background}} // err stays if LoadMany (or the Remote) ends the goroutine
 	defer func() {
 		out.took = l.now() - start - out.down.queued

@@ -77,3 +77,59 @@ func TestBatchWindowCountsDistinctKeys(t *testing.T) {
 		}
 	})
 }
+
+// Rule 31 and ErrRecursiveLoad: a Get made inside a window's LoadMany
+// that joins a window another key opened is still recognised as part of
+// the first window's load. Window 1 loads a; its LoadMany Gets x, which
+// joins window 2, opened by an unrelated Get of y; window 2's LoadMany,
+// for x, Gets a: a cycle, which fails at once with ErrRecursiveLoad
+// instead of waiting LoadTimeout, and so y's Get is not held for it.
+func TestBatchWindowCycleThroughJoinedWindow(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var l *Loader[string, string]
+		proceed := make(chan struct{})
+		load := func(ctx context.Context, keys []string) (map[string]string, error) {
+			out := map[string]string{}
+			for _, k := range keys {
+				switch k {
+				case "a": // window 1: wait until y opened window 2, then Get x
+					<-proceed
+					v, err := l.Get(ctx, "x")
+					if err != nil {
+						return nil, err
+					}
+					out[k] = "a+" + v
+				case "x": // window 2: Get a, whose load waits on this one
+					v, err := l.Get(ctx, "a")
+					if err != nil {
+						return nil, err
+					}
+					out[k] = "x+" + v
+				default:
+					out[k] = k
+				}
+			}
+			return out, nil
+		}
+		l = windowLoader(t, nil, Options[string, string]{
+			LoadMany: load, BatchWindow: 100 * time.Millisecond, LoadTimeout: 10 * time.Second,
+		})
+		start := time.Now()
+		a := getAsync(t.Context(), l, "a")
+		time.Sleep(150 * time.Millisecond) // window 1 went out; its LoadMany waits for proceed
+		y := getAsync(t.Context(), l, "y")
+		synctest.Wait() // y opened window 2
+		close(proceed)
+		r := <-a
+		if !errors.Is(r.err, ErrRecursiveLoad) {
+			t.Errorf("Get(a) = %q, %v; want ErrRecursiveLoad", r.v, r.err)
+		}
+		if took := time.Since(start); took >= time.Second {
+			t.Errorf("Get(a) took %v; want the cycle found at once (two windows, 250ms), not at LoadTimeout", took)
+		}
+		<-y
+		if took := time.Since(start); took >= time.Second {
+			t.Errorf("Get(y) returned after %v; want it no later than its window's call (250ms)", took)
+		}
+	})
+}
