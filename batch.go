@@ -56,7 +56,7 @@ type batch[K comparable, V any] struct {
 
 	abandoned atomic.Bool
 	slotted   bool                            // a background batch holds a MaxRefreshes slot, taken by its first call (flights.start)
-	limSlot   limit.Slot                      // and its Limit slot, taken with it
+	limSlot   limit.Slot                      // and its Limit slot, taken with it (a window's: as its call goes out, batchWindows.slot)
 	octx      atomic.Pointer[context.Context] // the LoadMany call's context as the Observer made it (call.octx)
 	// distinct is how many keys its LoadMany call is for (fewer than its
 	// calls when a window holds two for one key): what its events and
@@ -147,7 +147,7 @@ func (l *Loader[K, V]) runBatch(b *batch[K, V]) {
 	keys := b.keys()
 	b.distinct = len(keys)
 	b.markCalls()
-	out := batchResult[K, V]{err: ErrGoexit, down: tally{lctx: &b.leader.lctx, background: b.background}} // err stays if LoadMany (or the Remote) ends the goroutine
+	out := batchResult[K, V]{err: ErrGoexit, down: tally{lctx: &b.leader.lctx, background: b.background && !b.queues()}} // err stays if LoadMany (or the Remote) ends the goroutine
 	defer func() {
 		out.took = l.now() - start - out.down.queued
 		if b.wait != nil && b.wait.leaderGone { // dropped from its window: no delivery ends its context

@@ -371,7 +371,14 @@ func (f *flights[K, V]) start(sh *shard[K, V], r *request[K, V], n newLoad[K, V]
 	var held limit.Slot // a background load's Limit slot, if not batched (its end gives back l.lim.Background())
 	if n.background && !(batched && n.into.slotted) {
 		var ok bool
-		if held, ok = l.takeBackground(); !ok {
+		if batched && n.into.wait != nil {
+			// A window of refreshes takes its Limit slot as its call goes
+			// out, not now (batchWindows.slot): idle, it holds none.
+			ok = l.refreshSlots.take(&l.stats.refreshesDropped)
+		} else {
+			held, ok = l.takeBackground()
+		}
+		if !ok {
 			return nil, false, act
 		}
 	}

@@ -217,6 +217,11 @@ type Options[K comparable, V any] struct {
 	// call goes out) and one [LoadEvent] (its Keys) are per call. Misses
 	// and background refreshes wait in windows of their own: a window of
 	// refreshes takes one MaxRefreshes place, as a GetMany's refreshes do.
+	// A window holds no Limit slot while it waits, so it never holds up a
+	// miss: its call takes one as it goes out (a window of refreshes only
+	// if a background slot is free, else it is dropped, as a refresh
+	// refused at its start is, unless a Get already waits on one of its
+	// keys).
 	// Under [CancelAtZero] a key whose callers all left before its window
 	// went out is dropped from the call, and a window left empty makes no
 	// call; under [FinishAndFill] the key stays.

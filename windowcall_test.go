@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"testing/synctest"
@@ -130,6 +131,176 @@ func TestBatchWindowCycleThroughJoinedWindow(t *testing.T) {
 		<-y
 		if took := time.Since(start); took >= time.Second {
 			t.Errorf("Get(y) returned after %v; want it no later than its window's call (250ms)", took)
+		}
+	})
+}
+
+// refreshSetup builds a Loader under a Limit of one load with a window of
+// a second, whose LoadMany goes through load, and a stale value for
+// "old" (Set, then past its TTL of a second, within a minute of
+// stale-while-revalidate).
+func refreshSetup(t *testing.T, load LoadManyFunc[string, string]) *Loader[string, string] {
+	t.Helper()
+	l := windowLoader(t, nil, Options[string, string]{
+		LoadMany: load, TTL: time.Second, StaleWhileRevalidate: time.Minute,
+		Limit: Limit{MaxLoads: 1},
+	})
+	l.Set("old", "old-v0")
+	time.Sleep(2 * time.Second)
+	return l
+}
+
+// Rule 31: a window of background refreshes holds no Limit slot while it
+// waits. Under MaxLoads 1: a cold Get opens a window at 0; a stale Get at
+// 500ms opens a window of refreshes; the cold Get's call goes out at 1s
+// and finds the slot free, so the cold Get waits its window, 1s, not
+// 1.5s behind the idle refresh window. The refresh then goes out at 1.5s
+// with a slot of its own.
+func TestBatchWindowRefreshesHoldNoSlotWhileOpen(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var mu sync.Mutex
+		var calls []string
+		l := refreshSetup(t, func(_ context.Context, keys []string) (map[string]string, error) {
+			mu.Lock()
+			calls = append(calls, strings.Join(keys, ","))
+			mu.Unlock()
+			out := map[string]string{}
+			for _, k := range keys {
+				out[k] = k + "-v1"
+			}
+			return out, nil
+		})
+		cold := getAsync(t.Context(), l, "cold")
+		synctest.Wait()
+		time.Sleep(500 * time.Millisecond)
+		if v, info, err := l.GetInfo(t.Context(), "old"); v != "old-v0" || info.Source != SourceStale || err != nil {
+			t.Fatalf("GetInfo(old) = %q, %+v, %v; want the stale value", v, info, err)
+		}
+		r := <-cold
+		if r.err != nil || r.v != "cold-v1" || r.info.Waited != time.Second {
+			t.Errorf("Get(cold) = %q, %+v, %v; want %q after its window, 1s", r.v, r.info, r.err, "cold-v1")
+		}
+		time.Sleep(time.Second)
+		synctest.Wait()
+		mu.Lock()
+		got := slices.Clone(calls)
+		mu.Unlock()
+		if !slices.Equal(got, []string{"cold", "old"}) {
+			t.Errorf("LoadMany calls %q; want [cold old]", got)
+		}
+		if v, err := l.Get(t.Context(), "old"); v != "old-v1" || err != nil {
+			t.Errorf("Get(old) after the refresh = %q, %v; want %q", v, err, "old-v1")
+		}
+		if s := l.Stats(); s.Refreshes != 1 || s.RefreshesLimited != 0 || s.QueuedLoads != 0 || s.InFlight != 0 {
+			t.Errorf("Stats Refreshes %d, RefreshesLimited %d, QueuedLoads %d, InFlight %d; want 1, 0, 0, 0", s.Refreshes, s.RefreshesLimited, s.QueuedLoads, s.InFlight)
+		}
+	})
+}
+
+// gatedLoad is a LoadMany that records its calls and holds a call of
+// "cold" until gate closes.
+type gatedLoad struct {
+	gate  chan struct{}
+	mu    sync.Mutex
+	calls []string
+}
+
+func (g *gatedLoad) load(ctx context.Context, keys []string) (map[string]string, error) {
+	g.mu.Lock()
+	g.calls = append(g.calls, strings.Join(keys, ","))
+	g.mu.Unlock()
+	out := map[string]string{}
+	for _, k := range keys {
+		if k == "cold" {
+			select {
+			case <-g.gate:
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			}
+		}
+		out[k] = k + "-v1"
+	}
+	return out, nil
+}
+
+func (g *gatedLoad) all() []string {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return slices.Clone(g.calls)
+}
+
+// Rules 22 and 31: a window of refreshes that finds no background slot
+// free as its call goes out (the one slot held by a miss's call) is
+// dropped, as a refresh refused at its start is: no call, counted in
+// RefreshesLimited, the stale value still served, nothing left in flight.
+func TestBatchWindowRefreshesRefusedAtCallAreDropped(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		g := &gatedLoad{gate: make(chan struct{})}
+		l := refreshSetup(t, g.load)
+		cold := getAsync(t.Context(), l, "cold") // its call goes out at 1s and holds the slot
+		synctest.Wait()
+		time.Sleep(500 * time.Millisecond)
+		if v, info, _ := l.GetInfo(t.Context(), "old"); info.Source != SourceStale {
+			t.Fatalf("GetInfo(old) = %q, %+v; want the stale value", v, info)
+		}
+		time.Sleep(time.Second) // 1.5s: the refresh window goes out, and finds no slot
+		synctest.Wait()
+		if s := l.Stats(); s.RefreshesLimited != 1 || s.Refreshes != 0 || s.InFlight != 1 {
+			t.Errorf("Stats RefreshesLimited %d, Refreshes %d, InFlight %d; want 1, 0 and 1 (the cold call)", s.RefreshesLimited, s.Refreshes, s.InFlight)
+		}
+		close(g.gate)
+		if r := <-cold; r.err != nil || r.v != "cold-v1" {
+			t.Errorf("Get(cold) = %q, %v; want %q", r.v, r.err, "cold-v1")
+		}
+		synctest.Wait()
+		if got := g.all(); !slices.Equal(got, []string{"cold"}) {
+			t.Errorf("LoadMany calls %q; want [cold]", got)
+		}
+		if v, info, err := l.GetInfo(t.Context(), "old"); v != "old-v0" || info.Source != SourceStale || err != nil {
+			t.Errorf("GetInfo(old) after the dropped refresh = %q, %+v, %v; want the stale value", v, info, err)
+		}
+		if s := l.Stats(); s.Loads != 1 || s.LoadErrors != 0 {
+			t.Errorf("Stats Loads %d, LoadErrors %d; want 1 (cold) and 0", s.Loads, s.LoadErrors)
+		}
+	})
+}
+
+// Rules 22 and 31: a window of refreshes refused a background slot as it
+// goes out, one of whose keys a Get waits on (a revalidating Get joined
+// the refresh), is that Get's load: it waits its turn for the slot, as
+// the Get's own load would have, and answers it.
+func TestBatchWindowRefreshesRefusedAtCallQueueForAWaiter(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		g := &gatedLoad{gate: make(chan struct{})}
+		l := refreshSetup(t, g.load)
+		cold := getAsync(t.Context(), l, "cold")
+		synctest.Wait()
+		time.Sleep(500 * time.Millisecond)
+		if _, info, _ := l.GetInfo(t.Context(), "old"); info.Source != SourceStale {
+			t.Fatalf("GetInfo(old) = %+v; want the stale value", info)
+		}
+		time.Sleep(100 * time.Millisecond)
+		reval := getAsync(WithRevalidate(t.Context()), l, "old") // joins the refresh
+		time.Sleep(900 * time.Millisecond)                      // 1.5s: the refresh window goes out, and finds no slot
+		synctest.Wait()
+		if got := g.all(); !slices.Equal(got, []string{"cold"}) {
+			t.Fatalf("LoadMany calls %q while the cold call holds the slot; want [cold]", got)
+		}
+		time.Sleep(500 * time.Millisecond)
+		close(g.gate) // 2s: the cold call gives the slot back
+		if r := <-cold; r.err != nil || r.v != "cold-v1" {
+			t.Errorf("Get(cold) = %q, %v; want %q", r.v, r.err, "cold-v1")
+		}
+		r := <-reval
+		if r.err != nil || r.v != "old-v1" || r.info.Waited != 1400*time.Millisecond {
+			t.Errorf("revalidating Get(old) = %q, %+v, %v; want %q after 1.4s", r.v, r.info, r.err, "old-v1")
+		}
+		synctest.Wait()
+		if got := g.all(); !slices.Equal(got, []string{"cold", "old"}) {
+			t.Errorf("LoadMany calls %q; want [cold old]", got)
+		}
+		if s := l.Stats(); s.Loads != 2 || s.Refreshes != 1 || s.InFlight != 0 {
+			t.Errorf("Stats Loads %d, Refreshes %d, InFlight %d; want 2, 1, 0", s.Loads, s.Refreshes, s.InFlight)
 		}
 	})
 }
