@@ -281,7 +281,7 @@ func TestBatchWindowRefreshesRefusedAtCallQueueForAWaiter(t *testing.T) {
 		}
 		time.Sleep(100 * time.Millisecond)
 		reval := getAsync(WithRevalidate(t.Context()), l, "old") // joins the refresh
-		time.Sleep(900 * time.Millisecond)                      // 1.5s: the refresh window goes out, and finds no slot
+		time.Sleep(900 * time.Millisecond)                       // 1.5s: the refresh window goes out, and finds no slot
 		synctest.Wait()
 		if got := g.all(); !slices.Equal(got, []string{"cold"}) {
 			t.Fatalf("LoadMany calls %q while the cold call holds the slot; want [cold]", got)
