@@ -195,28 +195,6 @@ func (w *batchWindows[K, V]) slot(b *batch[K, V]) bool {
 	return false
 }
 
-// anyOf reports whether p holds for any of calls, each read under its
-// shard lock; with forget, each call p does not hold for leaves its key's
-// map (forget) under that lock.
-func (f *flights[K, V]) anyOf(calls []*call[K, V], p func(*call[K, V]) bool, forget bool) bool {
-	found := false
-	for _, c := range calls {
-		sh := f.shard(c.h)
-		sh.mu.Lock()
-		switch {
-		case p(c):
-			found = true
-		case forget:
-			sh.forget(c)
-		}
-		sh.mu.Unlock()
-		if found && !forget {
-			return true
-		}
-	}
-	return found
-}
-
 // drop takes c, one of b's calls whose callers all left (CancelAtZero), out
 // of b if b is a window still open, and reports whether it did: c's key
 // is then not in the call.

@@ -452,6 +452,29 @@ func (f *flights[K, V]) leave(c *call[K, V]) bool {
 	return true
 }
 
+// anyOf reports whether p holds for any of calls, each read under its
+// shard lock; with forget, each call p does not hold for leaves its key's
+// map (forget) under that lock (a window of refreshes dropped as it goes
+// out: batchWindows.slot).
+func (f *flights[K, V]) anyOf(calls []*call[K, V], p func(*call[K, V]) bool, forget bool) bool {
+	found := false
+	for _, c := range calls {
+		sh := f.shard(c.h)
+		sh.mu.Lock()
+		switch {
+		case p(c):
+			found = true
+		case forget:
+			sh.forget(c)
+		}
+		sh.mu.Unlock()
+		if found && !forget {
+			return true
+		}
+	}
+	return found
+}
+
 // forget takes c out of sh's maps, wherever it is. The caller holds sh.mu.
 func (sh *shard[K, V]) forget(c *call[K, V]) {
 	if sh.loads[c.key] == c {
