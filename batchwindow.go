@@ -182,8 +182,7 @@ func (w *batchWindows[K, V]) slot(b *batch[K, V]) bool {
 		b.limSlot = s
 		return true
 	}
-	waitedOn := func(c *call[K, V]) bool { return c.waiters > 0 }
-	if l.flights.anyOf(b.calls, waitedOn, false) || l.flights.anyOf(b.calls, waitedOn, true) {
+	if l.flights.waitedOn(b.calls, false) || l.flights.waitedOn(b.calls, true) {
 		b.wait.queued = true
 		return true
 	}

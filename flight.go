@@ -452,17 +452,17 @@ func (f *flights[K, V]) leave(c *call[K, V]) bool {
 	return true
 }
 
-// anyOf reports whether p holds for any of calls, each read under its
-// shard lock; with forget, each call p does not hold for leaves its key's
-// map (forget) under that lock (a window of refreshes dropped as it goes
-// out: batchWindows.slot).
-func (f *flights[K, V]) anyOf(calls []*call[K, V], p func(*call[K, V]) bool, forget bool) bool {
+// waitedOn reports whether a Get waits on any of calls, each read under
+// its shard lock; with forget, each call nobody waits on leaves its key's
+// map (forget) under that lock, so that no Get joins it from then on (a
+// window of refreshes dropped as it goes out: batchWindows.slot).
+func (f *flights[K, V]) waitedOn(calls []*call[K, V], forget bool) bool {
 	found := false
 	for _, c := range calls {
 		sh := f.shard(c.h)
 		sh.mu.Lock()
 		switch {
-		case p(c):
+		case c.waiters > 0:
 			found = true
 		case forget:
 			sh.forget(c)
