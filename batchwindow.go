@@ -170,7 +170,8 @@ func (w *batchWindows[K, V]) hold(b *batch[K, V]) bool {
 // (TryBackground), and reports true. Refused (Stats.RefreshesLimited), the
 // refresh is dropped, as one refused at its start is: each call leaves its
 // key's map under its shard lock, so no Get joins it from then on, and
-// ends with ErrLimited, delivered to nobody and written nowhere; nothing
+// ends with ErrLimited (ErrClosed at Close), delivered to nobody and
+// written nowhere; nothing
 // is loaded, and slot reports false. But a call a Get already waits on (a
 // Get that could not use the stale value, and joined the refresh) is
 // that Get's load: then the window goes out for all its keys, waiting its
@@ -188,8 +189,12 @@ func (w *batchWindows[K, V]) slot(b *batch[K, V]) bool {
 	}
 	l.stats.inFlight.Add(-1) // counted in when launched (spawn), ended without a load
 	l.refreshSlots.give()
+	err := ErrLimited
+	if l.gate.Closed() { // the window went out at Close: the Limit refuses everyone
+		err = ErrClosed
+	}
 	for _, c := range b.calls {
-		l.complete(c, &loaded[V]{err: ErrLimited, judged: true})
+		l.complete(c, &loaded[V]{err: err, judged: true})
 	}
 	return false
 }
