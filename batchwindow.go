@@ -171,12 +171,12 @@ func (w *batchWindows[K, V]) hold(b *batch[K, V]) bool {
 // refresh is dropped, as one refused at its start is: each call leaves its
 // key's map under its shard lock, so no Get joins it from then on, and
 // ends with ErrLimited (ErrClosed at Close), delivered to nobody and
-// written nowhere; nothing
-// is loaded, and slot reports false. But a call a Get already waits on (a
-// Get that could not use the stale value, and joined the refresh) is
-// that Get's load: then the window goes out for all its keys, waiting its
-// turn for a slot as that Get's own load would have (queued; a key whose
-// call had already left its map is loaded but not written).
+// written nowhere; nothing is loaded, and slot reports false. But a call
+// a Get already waits on (a Get that could not use the stale value, and
+// joined the refresh) is that Get's load: then the window goes out for
+// all its keys, waiting its turn for a slot as that Get's own load would
+// have (queued; a key whose call had already left its map is loaded but
+// not written).
 func (w *batchWindows[K, V]) slot(b *batch[K, V]) bool {
 	l := w.l
 	if s, ok := l.lim.TryBackground(); ok {

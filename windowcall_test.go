@@ -6,6 +6,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -303,4 +304,69 @@ func TestBatchWindowRefreshesRefusedAtCallQueueForAWaiter(t *testing.T) {
 			t.Errorf("Stats Loads %d, Refreshes %d, InFlight %d; want 2, 1, 0", s.Loads, s.Refreshes, s.InFlight)
 		}
 	})
+}
+
+// Rules 22 and 31 under a storm: with MaxLoads 1 and small windows, 30
+// stale keys (each Get starting a refresh, some revalidating), and 30
+// cold keys, asked from their own goroutines at staggered times, 5 runs:
+// the downstream never runs two calls at once, every cold and every
+// revalidating Get gets its key's new value, every other Get of a stale
+// key its old or new value, and nothing is left in flight or queued.
+func TestBatchWindowRefreshesAndMissesStorm(t *testing.T) {
+	for run := range 5 {
+		synctest.Test(t, func(t *testing.T) {
+			var running, most atomic.Int32
+			load := func(_ context.Context, keys []string) (map[string]string, error) {
+				n := running.Add(1)
+				defer running.Add(-1)
+				for m := most.Load(); n > m && !most.CompareAndSwap(m, n); m = most.Load() {
+				}
+				time.Sleep(30 * time.Millisecond)
+				out := map[string]string{}
+				for _, k := range keys {
+					out[k] = k + "-v1"
+				}
+				return out, nil
+			}
+			l := windowLoader(t, nil, Options[string, string]{
+				LoadMany: load, TTL: time.Second, StaleWhileRevalidate: time.Minute,
+				Limit: Limit{MaxLoads: 1}, BatchWindow: 100 * time.Millisecond, MaxBatch: 3,
+			})
+			stale := keyRange("s", 30)
+			for _, k := range stale {
+				l.Set(k, k+"-v0")
+			}
+			time.Sleep(2 * time.Second)
+			var wg sync.WaitGroup
+			for i, k := range append(slices.Clone(stale), keyRange("c", 30)...) {
+				wg.Go(func() {
+					time.Sleep(time.Duration((i*7+run*13)%50) * 10 * time.Millisecond)
+					ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+					defer cancel()
+					coldKey, reval := k[0] == 'c', k[0] == 's' && i%4 == 0
+					if reval {
+						ctx = WithRevalidate(ctx)
+					}
+					v, err := l.Get(ctx, k)
+					switch {
+					case err != nil:
+						t.Errorf("run %d: Get(%q) = %v", run, k, err)
+					case (coldKey || reval) && v != k+"-v1":
+						t.Errorf("run %d: Get(%q) = %q; want %q", run, k, v, k+"-v1")
+					case v != k+"-v0" && v != k+"-v1":
+						t.Errorf("run %d: Get(%q) = %q; want its old or new value", run, k, v)
+					}
+				})
+			}
+			wg.Wait()
+			time.Sleep(time.Second) // the last refresh windows go out
+			synctest.Wait()
+			if m := most.Load(); m != 1 {
+				t.Errorf("run %d: %d downstream calls at once; want 1", run, m)
+			}
+			if s := l.Stats(); s.InFlight != 0 || s.QueuedLoads != 0 {
+				t.Errorf("run %d: Stats InFlight %d, QueuedLoads %d; want 0, 0", run, s.InFlight, s.QueuedLoads)
+			}
+		})
+	}
 }
