@@ -57,8 +57,16 @@ type batch[K comparable, V any] struct {
 	abandoned atomic.Bool
 	joined    atomic.Bool                     // a caller other than the one that started it joined one of its calls (flights.join): a failed call is split (bisect)
 	slotted   bool                            // a background batch holds a MaxRefreshes slot, taken by its first call (flights.start)
-	limSlot   limit.Slot                      // and its Limit slot, taken with it
+	limSlot   limit.Slot                      // and its Limit slot, taken with it (a window's: as its call goes out, batchWindows.slot)
 	octx      atomic.Pointer[context.Context] // the LoadMany call's context as the Observer made it (call.octx)
+	// distinct is how many keys its LoadMany call is for (fewer than its
+	// calls when a window holds two for one key): what its events and
+	// Stats.BatchKeys count. Written by its goroutine before the call.
+	distinct int
+	// from are the loads its calls were started from besides its
+	// leader's (markCalls): written by its goroutine before the call,
+	// read-only after.
+	from []*loadMarker
 	// Written by the batch's goroutine as it delivers each call.
 	callers  int
 	stored   bool
@@ -79,7 +87,7 @@ func (b *batch[K, V]) full() bool { return b != nil && len(b.calls) >= b.l.opts.
 func (b *batch[K, V]) add(c *call[K, V]) {
 	if b.leader == nil {
 		b.leader = c
-		c.vals.marker.id = b // a Get from inside LoadMany of any of its keys is recursive
+		c.vals.marker.id = b // a Get from inside LoadMany of any of its keys is recursive (and see markCalls)
 	}
 	c.batch = b
 	b.calls = append(b.calls, c)
@@ -89,6 +97,24 @@ func (b *batch[K, V]) add(c *call[K, V]) {
 		b.wanted.Add(1)
 	}
 }
+
+// markCalls makes the batch's context, its leader's, recognised as
+// coming from every load one of its calls was started from, not only the
+// leader's: a call that joined a window another load's Get opened keeps
+// its own starter's chain, so a Get from inside LoadMany that closes a
+// cycle through it fails with ErrRecursiveLoad instead of waiting
+// LoadTimeout. Run by the batch's goroutine before its call, once its
+// calls are settled (a window is sealed); a batch whose calls share the
+// leader's starter, as a GetMany's do, adds nothing.
+func (b *batch[K, V]) markCalls() {
+	for _, c := range b.calls[1:] {
+		if p := c.vals.marker.parent; p != nil && p != b.leader.vals.marker.parent && !slices.Contains(b.from, p) {
+			b.from = append(b.from, p)
+		}
+	}
+}
+
+func (b *batch[K, V]) alsoFrom() []*loadMarker { return b.from }
 
 // abandon records that c, one of b's calls, has no caller left
 // (CancelAtZero), and cancels b when none of them has. A window still
@@ -120,7 +146,9 @@ func (l *Loader[K, V]) runBatch(b *batch[K, V]) {
 	start := l.now()
 	b.leader.buildContext(start)
 	keys := b.keys()
-	out := batchResult[K, V]{err: ErrGoexit, down: tally{lctx: &b.leader.lctx, background: b.background}} // err stays if LoadMany (or the Remote) ends the goroutine
+	b.distinct = len(keys)
+	b.markCalls()
+	out := batchResult[K, V]{err: ErrGoexit, down: tally{lctx: &b.leader.lctx, background: b.background && !b.queues()}} // err stays if LoadMany (or the Remote) ends the goroutine
 	defer func() {
 		out.took = l.now() - start - out.down.queued
 		if b.wait != nil && b.wait.leaderGone { // dropped from its window: no delivery ends its context
@@ -169,7 +197,7 @@ type batchResult[K comparable, V any] struct {
 func (l *Loader[K, V]) completeBatch(b *batch[K, V], out *batchResult[K, V]) {
 	l.loadEnded(out.failure(), b.background, b.limSlot) // before any waiter wakes, as deliver does for a single load
 	l.stats.batchLoads.Add(1)
-	l.stats.batchKeys.Add(uint64(len(b.calls)))
+	l.stats.batchKeys.Add(uint64(b.distinct))
 	next := 0
 	defer func() {
 		// A Freshness or Cost that called Goexit stops the loop below:
@@ -245,7 +273,7 @@ func (l *Loader[K, V]) reportBatch(b *batch[K, V], out *batchResult[K, V]) {
 	}
 	l.report(b.leader.observed(), LoadEvent[K]{
 		Key: b.calls[0].key, Duration: out.took, Err: out.failure(), NotFound: out.nf, Attempts: int(out.down.calls), Background: b.background,
-		Callers: b.callers, Abandoned: b.abandoned.Load(), Stored: b.stored, Keys: len(b.calls), Queued: out.down.queued,
+		Callers: b.callers, Abandoned: b.abandoned.Load(), Stored: b.stored, Keys: b.distinct, Queued: out.down.queued,
 	})
 	departed := b.departed
 	b.departed = nil

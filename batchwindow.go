@@ -17,8 +17,10 @@ import (
 // GetMany's batch does (runBatch), BatchWindow after it opened, at once
 // when it holds MaxBatch calls (the next load opens a new one), or at
 // Close. Misses and background refreshes wait in windows of their own
-// (fg, bg), so a window of refreshes holds one MaxRefreshes place and one
-// Limit slot, taken by its first call, as a GetMany's refreshes do.
+// (fg, bg): a window of refreshes holds one MaxRefreshes place, taken by
+// its first call, as a GetMany's refreshes do, and one Limit slot, taken
+// only as its call goes out (slot), so that an idle window never holds up
+// a miss.
 //
 // A window's goroutine is the batch's: the load that opens the window
 // launches it (counted in on that load's stripe, as any load), and it
@@ -49,7 +51,13 @@ type windowWait struct {
 	// Guarded by batchWindows.mu.
 	open       bool // calls may still join and leave it
 	leaderGone bool // its first call was dropped: its context is the call's, its key is not in it
+	// Written by its goroutine as it goes out (slot), before the call.
+	queued bool // a window of refreshes found no background slot free but a Get waiting on a key: it waits its turn for a slot
 }
+
+// queues reports whether b, a window of refreshes, waits its turn for a
+// Limit slot as a miss does, rather than holding a background one.
+func (b *batch[K, V]) queues() bool { return b.wait != nil && b.wait.queued }
 
 func (w *batchWindows[K, V]) init(l *Loader[K, V]) {
 	w.l = l
@@ -148,9 +156,47 @@ func (w *batchWindows[K, V]) hold(b *batch[K, V]) bool {
 		return false
 	}
 	if b.background {
+		if !w.slot(b) {
+			return false
+		}
 		l.stats.refreshes.Add(1) // one per window, as a GetMany's refreshes
 	}
 	return true
+}
+
+// slot takes the Limit slot of b, a sealed window of refreshes, as its
+// call goes out: never while it waits, so that an idle window never holds
+// up a miss (rule 31). It takes a background slot if one is free
+// (TryBackground), and reports true. Refused (Stats.RefreshesLimited), the
+// refresh is dropped, as one refused at its start is: each call leaves its
+// key's map under its shard lock, so no Get joins it from then on, and
+// ends with ErrLimited (ErrClosed at Close), delivered to nobody and
+// written nowhere; nothing is loaded, and slot reports false. But a call
+// a Get already waits on (a Get that could not use the stale value, and
+// joined the refresh) is that Get's load: then the window goes out for
+// all its keys, waiting its turn for a slot as that Get's own load would
+// have (queued; a key whose call had already left its map is loaded but
+// not written).
+func (w *batchWindows[K, V]) slot(b *batch[K, V]) bool {
+	l := w.l
+	if s, ok := l.lim.TryBackground(); ok {
+		b.limSlot = s
+		return true
+	}
+	if l.flights.waitedOn(b.calls, false) || l.flights.waitedOn(b.calls, true) {
+		b.wait.queued = true
+		return true
+	}
+	l.stats.inFlight.Add(-1) // counted in when launched (spawn), ended without a load
+	l.refreshSlots.give()
+	err := ErrLimited
+	if l.gate.Closed() { // the window went out at Close: the Limit refuses everyone
+		err = ErrClosed
+	}
+	for _, c := range b.calls {
+		l.complete(c, &loaded[V]{err: err, judged: true})
+	}
+	return false
 }
 
 // drop takes c, one of b's calls whose callers all left (CancelAtZero), out

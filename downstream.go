@@ -116,7 +116,7 @@ type tally struct {
 	lctx       *loadctx.Context // the load's own context: its LoadTimeout starts again when a queued load gets its slot
 	queued     time.Duration    // how long the load waited for a slot of Options.Limit; not part of its took
 	calls      int32            // LoadFunc (or Reload, or LoadMany) calls made, saturating at MaxInt32
-	background bool             // a refresh, which holds its Limit slot since it was published (flights.start)
+	background bool             // a refresh, which holds its Limit slot since it was published (flights.start), or since its window went out (batchWindows.slot)
 	held       bool             // a LoadMany call that holds its Limit slot already, for its split too (loadMany)
 }
 

@@ -374,7 +374,14 @@ func (f *flights[K, V]) start(sh *shard[K, V], r *request[K, V], n newLoad[K, V]
 	var held limit.Slot // a background load's Limit slot, if not batched (its end gives back l.lim.Background())
 	if n.background && !(batched && n.into.slotted) {
 		var ok bool
-		if held, ok = l.takeBackground(); !ok {
+		if batched && n.into.wait != nil {
+			// A window of refreshes takes its Limit slot as its call goes
+			// out, not now (batchWindows.slot): idle, it holds none.
+			ok = l.refreshSlots.take(&l.stats.refreshesDropped)
+		} else {
+			held, ok = l.takeBackground()
+		}
+		if !ok {
 			return nil, false, act
 		}
 	}
@@ -455,6 +462,29 @@ func (f *flights[K, V]) left(c *call[K, V]) bool {
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	return c.abandoned
+}
+
+// waitedOn reports whether a Get waits on any of calls, each read under
+// its shard lock; with forget, each call nobody waits on leaves its key's
+// map (forget) under that lock, so that no Get joins it from then on (a
+// window of refreshes dropped as it goes out: batchWindows.slot).
+func (f *flights[K, V]) waitedOn(calls []*call[K, V], forget bool) bool {
+	found := false
+	for _, c := range calls {
+		sh := f.shard(c.h)
+		sh.mu.Lock()
+		switch {
+		case c.waiters > 0:
+			found = true
+		case forget:
+			sh.forget(c)
+		}
+		sh.mu.Unlock()
+		if found && !forget {
+			return true
+		}
+	}
+	return found
 }
 
 // forget takes c out of sh's maps, wherever it is. The caller holds sh.mu.

@@ -69,7 +69,10 @@ const DefaultAdaptiveMaxLoads = 200
 // Background refreshes never queue: one starts only while no foreground
 // load is waiting and background work holds less than half the bound;
 // otherwise it is dropped (Stats.RefreshesLimited) and the stale value
-// goes on serving. A slot given back goes to the oldest queued load.
+// goes on serving. A window of refreshes ([Options.BatchWindow]) asks as
+// its call goes out, never while it waits, and is dropped the same way
+// unless a Get already waits on one of its keys (it then queues as that
+// Get's load). A slot given back goes to the oldest queued load.
 //
 // # Adaptive
 //

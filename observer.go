@@ -68,8 +68,8 @@ type LoadStartEvent[K comparable] struct {
 	// Key is the key to load; for a LoadMany call, its first key, as
 	// [LoadEvent].Key.
 	Key K
-	// Keys is the number of keys the load is for: 1, or the keys of one
-	// LoadMany call.
+	// Keys is the number of keys the load is for: 1, or the distinct keys
+	// one LoadMany call is asked for.
 	Keys int
 	// Background is true for a refresh nobody waits on as it starts
 	// (stale-while-revalidate, early refresh, [Loader.Refresh]).

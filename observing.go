@@ -182,7 +182,7 @@ type observedLoad[K comparable] interface {
 func (c *call[K, V]) observedAs() (K, int, context.Context) { return c.key, 1, c.observed() }
 
 func (b *batch[K, V]) observedAs() (K, int, context.Context) {
-	return b.leader.key, len(b.calls), b.leader.observed()
+	return b.leader.key, b.distinct, b.leader.observed()
 }
 
 // attempted calls Attempt for an attempt of the load whose context is

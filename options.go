@@ -20,6 +20,18 @@ const (
 	DefaultMaxPendingWrites    = 4096
 )
 
+// The bounds of NumCounters: ristretto allocates its counters at New,
+// about 4 bytes each once rounded up to a power of two.
+const (
+	// defaultMaxNumCounters caps the default, 10 × MaxCost: 64 MiB of
+	// counters, so a huge MaxCost (math.MaxInt64: no bound) neither
+	// overflows nor allocates the machine's memory.
+	defaultMaxNumCounters = 1 << 24
+	// maxNumCounters is the most a user may set: 16 GiB of counters; past
+	// it ristretto's allocation fails the process (or panics) in New.
+	maxNumCounters = 1 << 32
+)
+
 // Options configures a [Loader]. It is a plain struct passed by value to
 // [New]; its zero value plus a TTL is a safe configuration, and every zero
 // field means the default its comment gives. New rejects an invalid value
@@ -77,8 +89,12 @@ type Options[K comparable, V any] struct {
 	Cost func(V) int64
 
 	// NumCounters is the number of TinyLFU frequency counters ristretto
-	// keeps (about 3 bytes each). 0 means 10 × MaxCost without Cost and
-	// 1,000,000 with it.
+	// keeps (ristretto rounds it up to a power of two; about 4 bytes
+	// each). 0 means 10 × MaxCost without Cost, at most 1<<24 (about
+	// 64 MiB of counters, so that a MaxCost of math.MaxInt64, "no bound",
+	// works), and 1,000,000 with Cost. For a cache of more than about
+	// 1.7 million entries, set it to 10 × the entries you expect. At most
+	// 1<<32 (16 GiB): New refuses more.
 	NumCounters int64
 
 	// Policy says what happens to a load once every caller waiting on it
@@ -204,6 +220,11 @@ type Options[K comparable, V any] struct {
 	// call goes out) and one [LoadEvent] (its Keys) are per call. Misses
 	// and background refreshes wait in windows of their own: a window of
 	// refreshes takes one MaxRefreshes place, as a GetMany's refreshes do.
+	// A window holds no Limit slot while it waits, so it never holds up a
+	// miss: its call takes one as it goes out (a window of refreshes only
+	// if a background slot is free, else it is dropped, as a refresh
+	// refused at its start is, unless a Get already waits on one of its
+	// keys).
 	// Under [CancelAtZero] a key whose callers all left before its window
 	// went out is dropped from the call, and a window left empty makes no
 	// call; under [FinishAndFill] the key stays.
@@ -443,6 +464,8 @@ func (o *Options[K, V]) validate() error {
 		return optionError("MaxCost", "must be set when Options.Cost is set")
 	case o.NumCounters < 0:
 		return optionError("NumCounters", "must be >= 0, got %d", o.NumCounters)
+	case o.NumCounters > maxNumCounters:
+		return optionError("NumCounters", "must be at most %d (1<<32, 16 GiB of counters), got %d", int64(maxNumCounters), o.NumCounters)
 	case o.Policy != FinishAndFill && o.Policy != CancelAtZero:
 		return optionError("Policy", "is unknown: %v", o.Policy)
 	case o.LoadTimeout < 0:
@@ -478,7 +501,10 @@ func (o Options[K, V]) withDefaults() Options[K, V] {
 	}
 	if o.NumCounters == 0 {
 		if o.Cost == nil {
-			o.NumCounters = 10 * o.MaxCost
+			o.NumCounters = defaultMaxNumCounters
+			if o.MaxCost <= defaultMaxNumCounters/10 {
+				o.NumCounters = 10 * o.MaxCost
+			}
 		} else {
 			o.NumCounters = 1_000_000
 		}

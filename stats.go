@@ -118,9 +118,10 @@ type LoadEvent[K comparable] struct {
 	// NotModified is true when the Reload returned [ErrNotModified]: the
 	// value held was kept, its freshness renewed; Err is nil.
 	NotModified bool
-	// Keys is the number of keys the load was for: 1, or the keys of one
-	// [Options.LoadMany] call (whose Err, Attempts and Duration are the
-	// call's, and whose Callers are summed over its keys).
+	// Keys is the number of keys the load was for: 1, or the distinct
+	// keys of one [Options.LoadMany] call, the keys it was asked for
+	// (whose Err, Attempts and Duration are the call's, and whose Callers
+	// are summed over its keys).
 	Keys int
 	// Queued is how long the load waited for a downstream slot under
 	// [Options.Limit] before it started (or before it failed with
@@ -171,7 +172,7 @@ type Stats struct {
 	NotModified       uint64 // of Reloads, those whose Reload returned ErrNotModified
 	Revalidations     uint64 // Gets (and keys of GetMany) under WithRevalidate (each also counted in Misses)
 	BatchLoads        uint64 // of Loads, those for the keys of one LoadMany (or RemoteMany) call, made or refused
-	BatchKeys         uint64 // keys over all BatchLoads
+	BatchKeys         uint64 // distinct keys asked of LoadMany (or RemoteMany) over all BatchLoads: a key a window holds twice counts once
 	Peeks             uint64 // Peek calls, found or not (never counted in Gets)
 	RemoteDrops       uint64 // LocalCache.Drop calls from a watching Remote (RemoteWatcher): keys written elsewhere, held here or not
 	Distrusts         uint64 // LocalCache.Distrust calls: the Remote may have missed writes

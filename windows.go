@@ -331,11 +331,26 @@ type loadMarker struct {
 	parent *loadMarker
 }
 
+// startedFromMany is a load started from more than one load: a batch
+// whose calls were started by different loads' Gets (batch.markCalls).
+type startedFromMany interface {
+	// alsoFrom returns the loads it was started from besides its
+	// marker's parent.
+	alsoFrom() []*loadMarker
+}
+
 // waitsOn reports whether m, or a load m was started from, is c.
 func (m *loadMarker) waitsOn(c any) bool {
 	for ; m != nil; m = m.parent {
 		if m.id == c {
 			return true
+		}
+		if b, ok := m.id.(startedFromMany); ok {
+			for _, o := range b.alsoFrom() {
+				if o.waitsOn(c) {
+					return true
+				}
+			}
 		}
 	}
 	return false
