@@ -278,3 +278,38 @@ func TestBatchNeverGoesBackAfterALocalLoad(t *testing.T) {
 		t.Fatalf("LoadMany calls = %d, want 3 (one per GetMany)", n)
 	}
 }
+
+// A reader that served a value loaded without Redis reloads the key from
+// the downstream after another process's Set (ahead.go): the entry it
+// stores is the downstream's answer, which is the value set when the
+// writer committed it before its Set, as an application writes its
+// database first. This is the path of TestTrackingStorm's readers after
+// its last Sets; a downstream that ignores the writes (answering
+// "<key>-v<n>") has that reload store its own answer over the value set.
+func TestAheadReloadAfterASetReadsTheRow(t *testing.T) {
+	addr := redisAddr(t)
+	prefix := testPrefix(t, newClient(t, addr))
+	d := newDownstream()
+	to := Options[string, string]{Prefix: prefix, RetryAfter: time.Hour}
+	writer := versionedProc(t, addr, prefix, flightcache.Options[string, string]{TTL: time.Hour}, to, d.load)
+	reader := versionedProc(t, addr, prefix, flightcache.Options[string, string]{TTL: time.Hour}, to, d.load)
+	listening(t, writer, reader)
+	reader.t.failed() // a round trip of the reader timed out: it steps aside
+	if v := get(t, reader, "k"); v != "k-v1" {
+		t.Fatalf("reader without Redis = %q, want k-v1", v)
+	}
+	reader.t.downUntil.Store(0) // Redis answers the reader again
+
+	d.commit("k", "final")
+	writer.l.Set("k", "final")
+	reader.t.distrust() // as its health check does after a copy loaded untracked
+	if v := get(t, reader, "k"); v != "final" {
+		t.Fatalf("reader after the Set = %q, want final", v)
+	}
+	if s := reader.t.Stats(); s.AheadLoads != 1 {
+		t.Fatalf("reader: AheadLoads %d, want 1 (the reload came from the downstream)", s.AheadLoads)
+	}
+	if v := get(t, versionedProc(t, addr, prefix, flightcache.Options[string, string]{TTL: time.Hour}, to, d.load), "k"); v != "final" {
+		t.Fatalf("another process reads %q from the shared entry, want final", v)
+	}
+}

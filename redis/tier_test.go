@@ -16,9 +16,14 @@ import (
 
 // downstream is a fake downstream shared by the Loaders of one test: it
 // counts calls, and each call waits on gate (when set) until the test
-// closes it.
+// closes it. A call returns "<key>-v<n>" (n: the call's number), or the
+// key's row once the test has committed one (commit): a test whose writer
+// Sets values commits each to the downstream first, as an application
+// writes its database before it calls Set, so a load after the Set reads
+// what was set, as it would from a database.
 type downstream struct {
 	calls   atomic.Int64
+	rows    sync.Map // key → its committed row (a string)
 	gate    chan struct{}
 	started chan struct{} // receives (without blocking) when a call starts
 	delay   time.Duration // how long each call takes
@@ -52,8 +57,15 @@ func (d *downstream) load(ctx context.Context, key string) (string, error) {
 	if err != nil {
 		return "", err
 	}
+	if row, ok := d.rows.Load(key); ok {
+		return row.(string), nil
+	}
 	return fmt.Sprintf("%s-v%d", key, n), nil
 }
+
+// commit makes v key's row: every call that reads the row after commit
+// returns v.
+func (d *downstream) commit(key, v string) { d.rows.Store(key, v) }
 
 func (d *downstream) fail(err error) {
 	d.mu.Lock()
