@@ -75,7 +75,12 @@ func (r *chaosRun) judgeValue(k *chaosKey, tok *chaosToken, key int, v chaosVal,
 	age := ret.Sub(v.stamp)
 	storeMax(&r.n.maxAge, int64(age))
 	if age > chaosMaxAge+chaosSlack {
-		r.noteOverdue(vTooOld, v.stamp.Add(chaosMaxAge), ret, "Get(%d) = a value %v old (%v, Info.Age %v)", key, age, info.Source, info.Age)
+		// Info.Age stays under the bound (checked below): the value is
+		// too old by the time between the downstream making it and the
+		// Loader stamping it as it delivered the load, ret - Info.Age. A
+		// stall of the process in that stretch explains it; a slow
+		// delivery without one does not.
+		r.noteOverdue(vTooOld, v.stamp, ret.Add(-info.Age), "Get(%d) = a value %v old (%v, Info.Age %v)", key, age, info.Source, info.Age)
 	}
 	// The Loader stamps an entry no earlier than the value was made, and
 	// reads its clock no later than Get returns: Info.Age cannot exceed
