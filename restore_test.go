@@ -12,6 +12,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"testing/synctest"
 	"time"
 )
 
@@ -130,43 +131,48 @@ func roundTrip(t *testing.T, codec string, es []Entry[string, string]) []Entry[s
 }
 
 // TestRestoreWindows: an entry past every window is skipped; one in its
-// stale window is restored stale, its age counted from LoadedAt; a
-// restored not-found answers as a cached not-found (docs/design.md rule
-// 29).
+// stale window is restored stale, its age counted from LoadedAt, and its
+// Get starts the one background refresh; a restored not-found answers as
+// a cached not-found (docs/design.md rule 29). It runs in a synctest
+// bubble: the counters are read once the refresh has ended, never while
+// it runs.
 func TestRestoreWindows(t *testing.T) {
-	d := &downstream{}
-	l := newLoader(t, d, Options[string, string]{TTL: time.Minute})
-	now := time.Now()
-	swr := Freshness{TTL: time.Minute, StaleWhileRevalidate: time.Hour, StaleIfError: -1}
-	entries := []Entry[string, string]{
-		{Key: "past", Value: "old", LoadedAt: now.Add(-3 * time.Hour), Freshness: swr},
-		{Key: "stale", Value: "v", LoadedAt: now.Add(-30 * time.Minute), Freshness: swr},
-		{Key: "nf", NotFound: true, LoadedAt: now, Freshness: Freshness{TTL: time.Hour}},
-		{Key: "nf-past", NotFound: true, LoadedAt: now.Add(-2 * time.Hour), Freshness: Freshness{TTL: time.Hour}},
-		{Key: "nf-no-ttl", NotFound: true, LoadedAt: now}, // NotFoundTTL is 0: nothing to restore it for
-		{Key: "future", Value: "f", LoadedAt: now.Add(time.Hour), Freshness: Freshness{TTL: time.Minute}},
-	}
-	n, err := l.Restore(slices.Values(entries))
-	if err != nil || n != 3 {
-		t.Fatalf("Restore = %d, %v; want 3 (stale, nf, future), nil", n, err)
-	}
-	ctx := getCtx(t)
-	if v, _, ok := l.Peek("past"); ok {
-		t.Errorf("Peek(past) = %q; want nothing: it was past its windows", v)
-	}
-	v, info, err := l.GetInfo(ctx, "stale")
-	if err != nil || v != "v" || info.Source != SourceStale || info.Age < 29*time.Minute {
-		t.Errorf("GetInfo(stale) = %q, %+v, %v; want v, stale, aged about 30m", v, info, err)
-	}
-	if _, info, err := l.GetInfo(ctx, "nf"); !errors.Is(err, ErrNotFound) || info.Source != SourceHit {
-		t.Errorf("GetInfo(nf) = %v, %v; want a cached not-found (hit, ErrNotFound)", info.Source, err)
-	}
-	if v, info, err := l.GetInfo(ctx, "future"); err != nil || v != "f" || info.Source != SourceHit || info.Age > time.Minute {
-		t.Errorf("GetInfo(future) = %q, %+v, %v; want f, a hit loaded now", v, info, err)
-	}
-	if c := d.calls.Load() - int64(d.count("stale")); c != 0 {
-		t.Fatalf("downstream calls = %d besides the stale key's refresh; want 0", c)
-	}
+	synctest.Test(t, func(t *testing.T) {
+		d := &downstream{}
+		l := newLoader(t, d, Options[string, string]{TTL: time.Minute})
+		now := time.Now()
+		swr := Freshness{TTL: time.Minute, StaleWhileRevalidate: time.Hour, StaleIfError: -1}
+		entries := []Entry[string, string]{
+			{Key: "past", Value: "old", LoadedAt: now.Add(-3 * time.Hour), Freshness: swr},
+			{Key: "stale", Value: "v", LoadedAt: now.Add(-30 * time.Minute), Freshness: swr},
+			{Key: "nf", NotFound: true, LoadedAt: now, Freshness: Freshness{TTL: time.Hour}},
+			{Key: "nf-past", NotFound: true, LoadedAt: now.Add(-2 * time.Hour), Freshness: Freshness{TTL: time.Hour}},
+			{Key: "nf-no-ttl", NotFound: true, LoadedAt: now}, // NotFoundTTL is 0: nothing to restore it for
+			{Key: "future", Value: "f", LoadedAt: now.Add(time.Hour), Freshness: Freshness{TTL: time.Minute}},
+		}
+		n, err := l.Restore(slices.Values(entries))
+		if err != nil || n != 3 {
+			t.Fatalf("Restore = %d, %v; want 3 (stale, nf, future), nil", n, err)
+		}
+		ctx := getCtx(t)
+		if v, _, ok := l.Peek("past"); ok {
+			t.Errorf("Peek(past) = %q; want nothing: it was past its windows", v)
+		}
+		v, info, err := l.GetInfo(ctx, "stale")
+		if err != nil || v != "v" || info.Source != SourceStale || info.Age != 30*time.Minute {
+			t.Errorf("GetInfo(stale) = %q, %+v, %v; want v, stale, aged 30m", v, info, err)
+		}
+		if _, info, err := l.GetInfo(ctx, "nf"); !errors.Is(err, ErrNotFound) || info.Source != SourceHit {
+			t.Errorf("GetInfo(nf) = %v, %v; want a cached not-found (hit, ErrNotFound)", info.Source, err)
+		}
+		if v, info, err := l.GetInfo(ctx, "future"); err != nil || v != "f" || info.Source != SourceHit || info.Age > time.Minute {
+			t.Errorf("GetInfo(future) = %q, %+v, %v; want f, a hit loaded now", v, info, err)
+		}
+		synctest.Wait() // the stale key's background refresh has ended
+		if c, s := d.calls.Load(), d.count("stale"); c != 1 || s != 1 {
+			t.Fatalf("downstream calls = %d, %d of them the stale key's; want 1, its one refresh", c, s)
+		}
+	})
 }
 
 // TestRestoreKeepsHeld: Restore never replaces a key held (a Set's value,

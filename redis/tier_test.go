@@ -390,29 +390,37 @@ func TestSharedEntryWithFullJitter(t *testing.T) {
 
 // A reload through the tier revalidates the fleet's value: a process that
 // holds nothing reloads the value another process stored (Options.Reload
-// gets it as old), and a 304 renews it for every process.
+// gets it as old), and a 304 renews it for every process. Redis and the
+// entries' times need the real clock: the TTL is 3s, so the margins hold on
+// a loaded machine (a value not renewed is over 3s old when b reads it; a
+// reads the renewed one well inside its 3s of freshness), and the tiers'
+// Timeout is generous (a process that stepped aside would reload alone).
 func TestReloadRevalidatesTheFleetsValue(t *testing.T) {
+	const ttl = 3 * time.Second
 	addr := redisAddr(t)
 	p := testPrefix(t, newClient(t, addr))
 	d := newDownstream()
 	var mu sync.Mutex
 	var olds []string
-	lo := flightcache.Options[string, string]{TTL: 200 * time.Millisecond, StaleIfError: time.Minute,
+	lo := flightcache.Options[string, string]{TTL: ttl, StaleIfError: time.Minute,
 		Reload: func(ctx context.Context, k, old string) (string, error) {
 			mu.Lock()
 			olds = append(olds, old)
 			mu.Unlock()
 			return "", flightcache.ErrNotModified
 		}}
-	a := newProc(t, addr, p, lo, Options[string, string]{}, d)
-	b := newProc(t, addr, p, lo, Options[string, string]{}, d)
-	if v, err := a.l.Get(ctx, "k"); err != nil || v != "k-v1" {
+	a := newProc(t, addr, p, lo, generous, d)
+	b := newProc(t, addr, p, lo, generous, d)
+	gctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	if v, err := a.l.Get(gctx, "k"); err != nil || v != "k-v1" {
 		t.Fatalf("a.Get = %q, %v", v, err)
 	}
-	time.Sleep(300 * time.Millisecond) // past freshness, within StaleIfError
-	v, info, err := b.l.GetInfo(ctx, "k")
-	if err != nil || v != "k-v1" || info.Age > 100*time.Millisecond {
-		t.Fatalf("b.Get = %q (age %v), %v; want the fleet's k-v1, renewed", v, info.Age, err)
+	time.Sleep(ttl + 200*time.Millisecond) // past freshness (a's copy and the shared entry), within StaleIfError
+	renewing := time.Now()
+	v, info, err := b.l.GetInfo(gctx, "k")
+	if err != nil || v != "k-v1" || info.Age > ttl/2 {
+		t.Fatalf("b.Get = %q (age %v), %v; want the fleet's k-v1, renewed (not renewed, it is over %v old)", v, info.Age, err, ttl)
 	}
 	mu.Lock()
 	got := append([]string(nil), olds...)
@@ -425,13 +433,13 @@ func TestReloadRevalidatesTheFleetsValue(t *testing.T) {
 	}
 	// The renewed entry is fresh for the fleet: a's next Get, past its own
 	// copy's freshness, takes it from the tier without a reload.
-	time.Sleep(50 * time.Millisecond)
-	if v, err := a.l.Get(ctx, "k"); err != nil || v != "k-v1" {
+	if v, err := a.l.Get(gctx, "k"); err != nil || v != "k-v1" {
 		t.Errorf("a.Get after the renewal = %q, %v", v, err)
 	}
 	mu.Lock()
 	defer mu.Unlock()
 	if len(olds) != 1 {
-		t.Errorf("Reload calls after a's Get = %d; want still 1 (the renewed shared entry served a)", len(olds))
+		t.Errorf("Reload calls after a's Get = %d, %v after b's renewal began; want still 1 (the renewed shared entry, fresh for %v, served a)",
+			len(olds), time.Since(renewing).Round(time.Millisecond), ttl)
 	}
 }
