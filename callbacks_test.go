@@ -119,7 +119,7 @@ func TestPanicsInUserCallbacksAreContained(t *testing.T) {
 	})
 }
 
-// A Hash that panics goes through the user-code guard (docs/design.md,
+// A Hash that panics goes through the user-code guard (docs/internals.md,
 // "One guard for user code"): the Get returns a *PanicError, Set and
 // Invalidate of the key do nothing, no Get is left half-counted and Close
 // still returns.

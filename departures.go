@@ -6,7 +6,7 @@ import (
 )
 
 // What left the cache, and the writes an EvictionObserver makes on the
-// writer's goroutine (docs/design.md, "The write path"). Whoever marks an
+// writer's goroutine (docs/internals.md, "The write path"). Whoever marks an
 // entry gone reports it, once. ristretto's callbacks, the Clear and issue
 // run in the writer's rounds, which call no user code and which the
 // writer waits for: they only keep the event (noteLeft), and the writer

@@ -15,7 +15,7 @@ import (
 // New, or nil when nothing is observed; every method is a no-op on a nil
 // *observing, so a caller needs no check of its own, and the hit path,
 // which calls none of them, costs nothing. Where and on which goroutine
-// the core calls each: docs/design.md, "The Observer". loadStart runs
+// the core calls each: docs/internals.md, "The Observer". loadStart runs
 // once the load's delivery is deferred, so that a Goexit in an Observer
 // ends the load as one in the LoadFunc does.
 type observing[K comparable] struct {

@@ -10,7 +10,7 @@ import (
 
 // badError is an error whose method named broken panics. The Loader
 // inspects a load's error (errors.Is and errors.As call its Unwrap, Is and
-// As; its text is read with Error), on the load's goroutine: docs/design.md
+// As; its text is read with Error), on the load's goroutine: docs/internals.md
 // "One guard for user code" says a panic there is a *PanicError for the
 // waiters, as a LoadFunc's panic is (rule 7), never a crash.
 type badError struct{ broken string }

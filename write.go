@@ -8,7 +8,7 @@ import (
 	"github.com/flightcache/flightcache/internal/queue"
 )
 
-// The write path (docs/design.md, "The write path"). Fills, Set and
+// The write path (docs/internals.md, "The write path"). Fills, Set and
 // Invalidate never write ristretto themselves: under the key's shard lock
 // (flights.put) each marks the entry a Get could still find gone and
 // records its value in the key's pending write, which a Get on the locked

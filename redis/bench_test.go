@@ -18,7 +18,7 @@ import (
 //
 //	go test -run '^$' -bench . -benchtime 2000x ./redis
 //
-// docs/distributed.md records the figures.
+// docs/measured.md and docs/distributed-cluster.md record the figures.
 
 func benchProc(b *testing.B, addr, prefix string, tier bool) *flightcache.Loader[string, string] {
 	b.Helper()

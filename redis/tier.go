@@ -43,7 +43,7 @@
 //
 // A Cluster client needs a few more settings (MaxRetries, MaxRedirects,
 // MaxRetryBackoff) so that slot migrations do not make the tier step
-// aside: docs/distributed.md, "Client settings", has them and why.
+// aside: docs/distributed-cluster.md, "Client settings", has them and why.
 //
 // # Invalidation
 //
@@ -82,9 +82,10 @@
 // SharedDataStore; set it as [flightcache.Breaker.Custom]. It is opt-in.
 //
 // docs/distributed.md in the repository has the protocol step by step,
-// the failure modes and what each costs, the Cluster settings, and
-// measured figures (one downstream call per key for a fleet, how fast an
-// invalidation reaches the other processes).
+// the failure modes and what each costs, and how fast an invalidation
+// reaches the other processes; docs/distributed-cluster.md the Cluster
+// settings; docs/measured.md the other measured figures (one downstream
+// call per key for a fleet, the fleet at scale).
 package flightredis
 
 import (
@@ -251,7 +252,7 @@ var (
 //
 // client may be a single node, a Sentinel failover client or a Cluster
 // client (give a Cluster client MaxRedirects and MaxRetryBackoff as
-// docs/distributed.md says, so slot migrations do not step the tier
+// docs/distributed-cluster.md says, so slot migrations do not step the tier
 // aside; after a failure the tier has a Cluster client reload its slot
 // map, so a failover is found at once). It must have been created with
 // ContextTimeoutEnabled, or a slow Redis would hold loads past Timeout;
