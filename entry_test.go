@@ -95,7 +95,7 @@ func TestFailedRefreshCountSaturates(t *testing.T) {
 
 // A TTL (or a stale window) of math.MaxInt64, a natural "never expires",
 // must not overflow into an entry born expired.
-func TestHugeTTLOverflows(t *testing.T) {
+func TestHugeTTLDoesNotOverflow(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		d := &downstream{}
 		l := newLoader(t, d, Options[string, string]{TTL: time.Duration(math.MaxInt64)})
@@ -109,7 +109,7 @@ func TestHugeTTLOverflows(t *testing.T) {
 	})
 }
 
-func TestHugeStaleWindowOverflows(t *testing.T) {
+func TestHugeStaleWindowDoesNotOverflow(t *testing.T) {
 	w := windows{staleWhileRevalidate: time.Duration(math.MaxInt64)}
 	if p := w.phaseAt(61*time.Second, 60*time.Second); p != phaseStale {
 		t.Errorf("SWR=MaxInt64: phase %d one second after expiry, want phaseStale (%d)", p, phaseStale)
@@ -128,7 +128,7 @@ func TestHugeStaleWindowOverflows(t *testing.T) {
 // Real clock: the bug is a goroutine that spins without ever blocking, so
 // a bubble's clock would never move and no deadline in it would fire. The
 // deadlines are thousands of times what a refresh takes.
-func TestHugeMaxIntervalRefreshBackoffHangs(t *testing.T) {
+func TestHugeMaxIntervalRefreshBackoffDoesNotHang(t *testing.T) {
 	events := make(chan LoadEvent[string], 1)
 	l, err := New(func(context.Context, string) (string, error) { return "v", nil }, Options[string, string]{
 		TTL:     time.Hour,

@@ -381,7 +381,7 @@ func TestInvalidKeyNotCoveredByStale(t *testing.T) {
 // does not count as durably blocked, so a bubble's clock would never fire
 // the timeout. It only runs once the lock is known to be leaked, when the
 // Get can never return: its length cannot make the test flaky.
-func TestPanickingKeyLeaksShardLock(t *testing.T) {
+func TestPanickingKeyReleasesShardLock(t *testing.T) {
 	l, err := New(func(ctx context.Context, k any) (string, error) { return "v", nil },
 		Options[any, string]{TTL: time.Minute, Hash: func(any) uint64 { return 7 }})
 	if err != nil {

@@ -200,7 +200,7 @@ func (apiErrCtx) Err() error            { return apiError{Code: 499, Details: ma
 // ErrBreakerOpen) and err.Error() both panicked, for the errors of a
 // LoadFunc (one per key) and of a LoadMany (one for the whole call) alike.
 // GetMany compared a key's error with its context's the same way.
-func TestManyErrorOfUncomparableErrorsPanics(t *testing.T) {
+func TestManyErrorOfUncomparableErrorsDoesNotPanic(t *testing.T) {
 	for _, tc := range []string{"LoadFunc", "LoadMany", "context"} {
 		t.Run(tc, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {

@@ -401,7 +401,7 @@ func TestCloseOfOtherLoaderFromLoadFunc(t *testing.T) {
 // and still short of "never". The strict twin is internal/life's
 // TestGateRefusedCallsDoNotHoldClose: refused calls never touch the
 // stripes, so the gate balances as soon as the last call let in leaves.
-func TestCloseStarvedByGets(t *testing.T) {
+func TestCloseReturnsWhileGetsKeepComing(t *testing.T) {
 	const bound = time.Minute
 	l, err := New(func(_ context.Context, k int) (int, error) { return k, nil }, Options[int, int]{TTL: time.Hour})
 	if err != nil {
@@ -503,7 +503,7 @@ func TestCloseReturnsWhileLoadStartedDuringExit(t *testing.T) {
 //
 // Real clock: the collection is the runtime's, outside any bubble; the
 // deadline is thousands of times what the cleanups take to run.
-func TestClosedLoaderSurvivesNextGC(t *testing.T) {
+func TestClosedLoaderIsFreedByNextGC(t *testing.T) {
 	const loaders = 10
 	collected := make(chan int, loaders)
 	var before, after runtime.MemStats

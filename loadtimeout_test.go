@@ -123,7 +123,7 @@ func testLoadTimeoutOwnError(t *testing.T, path string, timeout time.Duration, f
 // and converts it back unchecked: past about MaxInt64/1.5 the wait
 // overflowed into a negative one, and the retry ran at once (half the
 // time, for an interval of MaxInt64: ten loads make a miss unlikely).
-func TestHugeRetryIntervalRetriesAtOnce(t *testing.T) {
+func TestHugeRetryIntervalWaitsUntilLoadTimeout(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		d := &downstream{fail: func(int64, string) error { return errBoom }}
 		l := newLoader(t, d, Options[string, string]{

@@ -287,7 +287,7 @@ func failIfStuck(t *testing.T, d time.Duration, f func()) {
 // A background refresh started by a Get made from inside A's LoadFunc must
 // not inherit A's load marker: nothing waits on the refresh, so its Get of A
 // is no cycle and must not fail with ErrRecursiveLoad.
-func TestBackgroundRefreshInheritsRecursionMarker(t *testing.T) {
+func TestBackgroundRefreshDoesNotInheritRecursionMarker(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		phase := 0
 		gotB := make(chan error, 1)

@@ -173,7 +173,7 @@ func TestBadErrorFromRemoteAndBreaker(t *testing.T) {
 // goroutine as it delivers; the waiters must still get the value (uncached)
 // rather than hang with the key wedged in flight. In a bubble a wedged Get
 // runs into its (fake) timeout as soon as everything else has blocked.
-func TestGoexitInCostWedgesKey(t *testing.T) {
+func TestGoexitInCostStillDeliversAndFreesKey(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		var n atomic.Int64
 		l, err := New(func(ctx context.Context, k string) (string, error) { return "v", nil },

@@ -368,7 +368,7 @@ func TestSetWaitsItsTurn(t *testing.T) {
 // true parallelism opens, and flooding goroutines never block, so a
 // bubble's clock would never move. The deadline is a search budget: a
 // loaded machine runs fewer iterations, never a false failure.
-func TestInvalidateBehindPendingWriteServesOldValue(t *testing.T) {
+func TestInvalidateBehindPendingWriteKeepsOldValueOut(t *testing.T) {
 	l := oldThenFailing(t, time.Minute)
 	defer flood(t, l)()
 
@@ -400,8 +400,8 @@ func TestInvalidateBehindPendingWriteServesOldValue(t *testing.T) {
 // deleted afterwards by Invalidate's queued delete: a successful fill lost
 // without a trace in SetsDropped, SetsRejected, FillsDropped or Evicted (a gap
 // docs/design.md rule 2 forbids). Real clock: see
-// TestInvalidateBehindPendingWriteServesOldValue.
-func TestInvalidateBehindPendingWriteLosesNextFill(t *testing.T) {
+// TestInvalidateBehindPendingWriteKeepsOldValueOut.
+func TestInvalidateBehindPendingWriteKeepsNextFill(t *testing.T) {
 	var mu sync.Mutex
 	calls := map[string]int{}
 	load := func(ctx context.Context, k string) (string, error) {
@@ -458,8 +458,8 @@ func TestInvalidateBehindPendingWriteLosesNextFill(t *testing.T) {
 // landed afterwards and was served as stale for the whole window
 // (docs/design.md rule 6: a Get after Invalidate returned never sees the
 // invalidated value). Real clock: see
-// TestInvalidateBehindPendingWriteServesOldValue.
-func TestInvalidateMissesFlushReplacedWrite(t *testing.T) {
+// TestInvalidateBehindPendingWriteKeepsOldValueOut.
+func TestInvalidateWaitsForReplacedCallsWrite(t *testing.T) {
 	l := oldThenFailing(t, 1) // fresh for 1ns, then stale for a minute
 	defer flood(t, l)()
 	canceled, cancel := context.WithCancel(context.Background())
@@ -488,7 +488,7 @@ func TestInvalidateMissesFlushReplacedWrite(t *testing.T) {
 
 // The same, with c2 already failed and gone from the map when Invalidate
 // runs: Invalidate then found no call at all and did not wait for c1's
-// write. Real clock: see TestInvalidateBehindPendingWriteServesOldValue.
+// write. Real clock: see TestInvalidateBehindPendingWriteKeepsOldValueOut.
 func TestInvalidateAfterReplacingCallFailed(t *testing.T) {
 	l := oldThenFailing(t, 1) // fresh for 1ns, then stale for a minute
 	defer flood(t, l)()
@@ -604,7 +604,7 @@ func oldThenFailing(t *testing.T, ttl time.Duration) *Loader[string, string] {
 // later write was lost, and a Get after both Sets returned saw the earlier
 // value. No clock: the two Sets must run truly at once, so this stays
 // outside a bubble.
-func TestConcurrentSetsOfOneKeyLoseTheLaterWrite(t *testing.T) {
+func TestConcurrentSetsOfOneKeyLoseNoWrite(t *testing.T) {
 	l, err := New(func(ctx context.Context, k int) (int, error) { return -1, nil },
 		Options[int, int]{TTL: time.Hour, MaxCost: 1 << 20, Breaker: Breaker{Disabled: true}})
 	if err != nil {
@@ -643,8 +643,8 @@ func TestConcurrentSetsOfOneKeyLoseTheLaterWrite(t *testing.T) {
 // landed afterwards. Today a finishing load records its write and delivers
 // under one shard lock, and never waits for the writer (rule 19).
 //
-// Real clock: see TestInvalidateBehindPendingWriteServesOldValue.
-func TestLeaveDuringBackpressureLosesInvalidate(t *testing.T) {
+// Real clock: see TestInvalidateBehindPendingWriteKeepsOldValueOut.
+func TestLeaveDuringBackpressureKeepsInvalidate(t *testing.T) {
 	var mu sync.Mutex
 	loading := map[string]chan struct{}{}
 	l, err := New(func(ctx context.Context, k string) (string, error) {
