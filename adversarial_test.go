@@ -543,8 +543,8 @@ func closeRacingRound(t *testing.T, round int, policy Policy, workers, keys int)
 	start := time.Now()
 	select {
 	case <-closed: // the workers kept going until Close returned
-	case <-time.After(time.Minute): // 1-5s on an idle 2-core machine under -race; starvation is TestCloseStarvedByGets's
-		report("Close did not return within a minute while %d goroutines kept calling the Loader (see TestCloseStarvedByGets)", workers)
+	case <-time.After(time.Minute): // 1-5s on an idle 2-core machine under -race; starvation is TestCloseReturnsWhileGetsKeepComing's
+		report("Close did not return within a minute while %d goroutines kept calling the Loader (see TestCloseReturnsWhileGetsKeepComing)", workers)
 		stop.Store(true)
 		recv(t, "Close, once the workers stopped", closed)
 	}

@@ -10,7 +10,7 @@ package flightcache
 // (start called Done under it: Gets of every key of the shard hung, and so
 // did Close), a waiter left counted (Stats.Waiting).
 //
-// Real clock, like TestPanickingKeyLeaksShardLock: before the fixes, Gets
+// Real clock, like TestPanickingKeyReleasesShardLock: before the fixes, Gets
 // blocked on a shard mutex the panic had left locked, which a synctest
 // bubble does not count as durably blocked, so a bubble's clock would never
 // end the wait. Every bound is many times what a quiet run needs; it only
@@ -308,7 +308,7 @@ func (r *trapRig) checkWhole(t *testing.T, keys []string) {
 // it forever, and a GetMany left the loads it had already published never
 // launched, so Gets of those keys waited for them until their deadline.
 // Each case ends in checkWhole (docs/design.md rules 8 and 19).
-func TestContextValuePanicLeavesGetCountedIn(t *testing.T) {
+func TestContextValuePanicCountsGetOut(t *testing.T) {
 	_ = WithRevalidate(context.Background()) // Gets look for WithRevalidate once it has been used
 	bg := context.Background()
 	trap := func(ctx context.Context, key any, pass int32) *trapCtx {
@@ -342,7 +342,7 @@ func TestContextValuePanicLeavesGetCountedIn(t *testing.T) {
 // waiting (Stats.Waiting stayed one too high). The early refresh of a hit,
 // the refresh of a stale value, a GetMany's loads and Refresh all went
 // through start.
-func TestContextDonePanicLeavesShardLocked(t *testing.T) {
+func TestContextDonePanicReleasesShardLock(t *testing.T) {
 	bg := context.Background()
 	trap := func() *trapCtx { return &trapCtx{Context: bg, done: true} }
 	runTrapCases(t, []trapCase{
@@ -373,7 +373,7 @@ func TestContextDonePanicLeavesShardLocked(t *testing.T) {
 // key's load and before the others', and left the rest counted in (Close
 // waited for them forever) and counted as waiting (docs/design.md rule
 // 19).
-func TestContextErrPanicLeavesGetManyCountedIn(t *testing.T) {
+func TestContextErrPanicCountsGetManyOut(t *testing.T) {
 	ended, cancel := context.WithCancel(context.Background())
 	cancel()
 	trap := func() *trapCtx { return &trapCtx{Context: ended, err: true} }

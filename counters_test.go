@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -250,4 +251,62 @@ func TestNotFoundsCountsLoadsNotHits(t *testing.T) {
 			t.Errorf("NotFounds %d, Hits %d, DownstreamCalls %d; want 1, 2, 1", s.NotFounds, s.Hits, s.DownstreamCalls)
 		}
 	})
+}
+
+// LoadEvent.Attempts is "the number of LoadFunc calls the load made", and
+// Stats.Retries counts the calls after a load's first. A call that panics,
+// or ends its goroutine with runtime.Goexit, is a call too; it used to go
+// uncounted, so a load whose only call panicked reported 0 attempts, as if
+// the breaker had refused it.
+func TestAttemptsCountCallsThatPanicOrGoexit(t *testing.T) {
+	cases := []struct {
+		name  string
+		fault func(call int) // called with 1, 2, ... for each LoadFunc call
+		calls int
+	}{
+		{"panic", func(int) { panic("boom") }, 1},
+		{"Goexit", func(int) { runtime.Goexit() }, 1},
+		{"error, then panic", func(n int) {
+			if n == 2 {
+				panic("boom")
+			}
+		}, 2},
+		{"error, then Goexit", func(n int) {
+			if n == 2 {
+				runtime.Goexit()
+			}
+		}, 2},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				calls := 0
+				var events eventLog
+				l, err := New(func(context.Context, string) (string, error) {
+					calls++
+					tc.fault(calls)
+					return "", errBoom // retryable: a second call follows
+				}, Options[string, string]{
+					TTL: time.Minute, OnLoad: events.add,
+					Retry: Retry{MaxAttempts: 3, InitialInterval: time.Millisecond},
+				})
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer l.Close()
+				l.Get(t.Context(), "k")
+				synctest.Wait()
+				evs := events.all()
+				if calls != tc.calls || len(evs) != 1 {
+					t.Fatalf("%d calls, %d LoadEvents; want %d and 1", calls, len(evs), tc.calls)
+				}
+				if evs[0].Attempts != calls {
+					t.Errorf("LoadEvent.Attempts = %d; want %d: every LoadFunc call counts", evs[0].Attempts, calls)
+				}
+				if s := l.Stats(); s.Retries != uint64(calls-1) {
+					t.Errorf("Stats.Retries = %d; want %d", s.Retries, calls-1)
+				}
+			})
+		})
+	}
 }

@@ -371,3 +371,45 @@ func TestInvalidKeyNotCoveredByStale(t *testing.T) {
 		l.Close()
 	}
 }
+
+// A key whose dynamic type is not comparable fails (a *PanicError: the
+// hash, checked as a map would, goes through the user-code guard) even with
+// a custom Hash, before Get takes a lock. It used to panic on the map lookup
+// in join with the shard mutex held, hanging every key of the shard.
+//
+// Real clock: the Get below blocks on a sync.Mutex, which a synctest bubble
+// does not count as durably blocked, so a bubble's clock would never fire
+// the timeout. It only runs once the lock is known to be leaked, when the
+// Get can never return: its length cannot make the test flaky.
+func TestPanickingKeyReleasesShardLock(t *testing.T) {
+	l, err := New(func(ctx context.Context, k any) (string, error) { return "v", nil },
+		Options[any, string]{TTL: time.Minute, Hash: func(any) uint64 { return 7 }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	func() {
+		defer func() {
+			if r := recover(); r != nil {
+				t.Logf("recovered: %v", r)
+			}
+		}()
+		_, err := l.Get(context.Background(), []int{1}) // a *PanicError, or a panic: no lock held either way
+		t.Logf("Get([]int{1}): %v", err)
+	}()
+	sh := l.flights.shard(7)
+	if sh.mu.TryLock() {
+		sh.mu.Unlock()
+		return
+	}
+	// Public consequence: an unrelated, comparable key in the same shard hangs.
+	done := make(chan struct{})
+	go func() { l.Get(context.Background(), "other"); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(300 * time.Millisecond):
+		t.Errorf("shard mutex left locked by the panic: Get(\"other\") hangs (ctx cannot help)")
+	}
+	sh.mu.Unlock() // clean up so the test binary can finish
+	recv(t, `Get("other") once the shard is unlocked`, done)
+}

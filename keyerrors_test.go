@@ -3,8 +3,10 @@ package flightcache
 import (
 	"context"
 	"errors"
+	"fmt"
 	"maps"
 	"slices"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"testing/synctest"
@@ -170,4 +172,89 @@ func TestLoadManyKeyErrorsEvent(t *testing.T) {
 			t.Errorf("events %+v; want one, its Err the ManyError of bad", evs)
 		}
 	})
+}
+
+// apiError is an error struct value holding a map, as a decoded API error
+// body may: its type is comparable, its values may not be.
+type apiError struct {
+	Code    int
+	Details any
+}
+
+func (e apiError) Error() string { return fmt.Sprintf("api error %d", e.Code) }
+
+// apiErrCtx is a context that has ended with an apiError holding a map, a
+// new one each time Err is called.
+type apiErrCtx struct{ context.Context }
+
+// apiErrDone is the Done channel of an apiErrCtx: closed.
+var apiErrDone = func() chan struct{} { ch := make(chan struct{}); close(ch); return ch }()
+
+func (apiErrCtx) Done() <-chan struct{} { return apiErrDone }
+func (apiErrCtx) Err() error            { return apiError{Code: 499, Details: map[string]any{"why": "left"}} }
+
+// Reading a GetMany error must not panic when its keys failed with error
+// values that hold a map. ManyError dropped duplicate errors with == where
+// the errors' type was comparable, and comparing two apiError values
+// holding maps panics ("comparing uncomparable type"): errors.Is(err,
+// ErrBreakerOpen) and err.Error() both panicked, for the errors of a
+// LoadFunc (one per key) and of a LoadMany (one for the whole call) alike.
+// GetMany compared a key's error with its context's the same way.
+func TestManyErrorOfUncomparableErrorsDoesNotPanic(t *testing.T) {
+	for _, tc := range []string{"LoadFunc", "LoadMany", "context"} {
+		t.Run(tc, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				opts := Options[string, string]{TTL: time.Minute, Breaker: Breaker{Disabled: true}}
+				if tc == "LoadMany" {
+					opts.LoadMany = func(_ context.Context, keys []string) (map[string]string, error) {
+						return nil, apiError{Code: 503, Details: map[string]any{"keys": keys}}
+					}
+				}
+				l, err := New(func(ctx context.Context, k string) (string, error) {
+					if tc == "context" {
+						<-ctx.Done() // the GetMany leaves first; Close ends this
+					}
+					return "", apiError{Code: 500, Details: map[string]any{"key": k}}
+				}, opts)
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer func() {
+					ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+					defer cancel()
+					if err := l.Shutdown(ctx); err != nil {
+						t.Errorf("Shutdown: %v; a Get is left inside the Loader", err)
+					}
+				}()
+				ctx := context.Context(t.Context())
+				if tc == "context" {
+					ctx = apiErrCtx{t.Context()}
+				}
+				var gerr error
+				func() {
+					defer func() {
+						if r := recover(); r != nil {
+							t.Fatalf("GetMany panicked: %v", r)
+						}
+					}()
+					_, gerr = l.GetMany(ctx, []string{"a", "b", "c"})
+				}()
+				defer func() {
+					if r := recover(); r != nil {
+						t.Fatalf("reading the GetMany error panicked: %v", r)
+					}
+				}()
+				if errors.Is(gerr, ErrBreakerOpen) {
+					t.Errorf("GetMany error %v matches ErrBreakerOpen; want only the apiErrors", gerr)
+				}
+				var ae apiError
+				if !errors.As(gerr, &ae) || !strings.Contains(gerr.Error(), "api error") {
+					t.Errorf("GetMany error %q; want the keys' apiErrors", gerr)
+				}
+				if me, ok := gerr.(*ManyError[string]); tc != "context" && (!ok || len(me.Errs) != 3 || len(me.Unwrap()) != 3) {
+					t.Errorf("GetMany error %#v; want a ManyError of 3 keys, 3 errors (none provably the same)", gerr)
+				}
+			})
+		})
+	}
 }

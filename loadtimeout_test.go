@@ -4,10 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"runtime"
 	"strings"
 	"sync"
 	"testing"
+	"testing/synctest"
 	"time"
 )
 
@@ -113,4 +115,30 @@ func testLoadTimeoutOwnError(t *testing.T, path string, timeout time.Duration, f
 	if s := l.Stats(); s.DownstreamCalls != n {
 		t.Errorf("DownstreamCalls = %d; want %d, one per load", s.DownstreamCalls, n)
 	}
+}
+
+// A retry interval near math.MaxInt64 means "wait about forever", so a
+// load whose first attempt fails ends at its LoadTimeout, not in a burst of
+// retries. backoff/v4 spreads each interval to up to 1.5× in floating point
+// and converts it back unchecked: past about MaxInt64/1.5 the wait
+// overflowed into a negative one, and the retry ran at once (half the
+// time, for an interval of MaxInt64: ten loads make a miss unlikely).
+func TestHugeRetryIntervalWaitsUntilLoadTimeout(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		d := &downstream{fail: func(int64, string) error { return errBoom }}
+		l := newLoader(t, d, Options[string, string]{
+			LoadTimeout: time.Hour,
+			Retry:       Retry{MaxAttempts: 3, InitialInterval: time.Duration(math.MaxInt64)},
+			Breaker:     Breaker{Disabled: true},
+		})
+		for i := range 10 {
+			k := fmt.Sprintf("k%d", i)
+			if _, err := l.Get(t.Context(), k); !errors.Is(err, ErrLoadTimeout) || !errors.Is(err, errBoom) {
+				t.Errorf("Get(%s) = %v; want ErrLoadTimeout with the first attempt's errBoom", k, err)
+			}
+			if n := d.count(k); n != 1 {
+				t.Errorf("Get(%s): %d attempts; want 1: the retry waits past the LoadTimeout", k, n)
+			}
+		}
+	})
 }

@@ -283,3 +283,47 @@ func failIfStuck(t *testing.T, d time.Duration, f func()) {
 	defer tm.Stop()
 	f()
 }
+
+// A background refresh started by a Get made from inside A's LoadFunc must
+// not inherit A's load marker: nothing waits on the refresh, so its Get of A
+// is no cycle and must not fail with ErrRecursiveLoad.
+func TestBackgroundRefreshDoesNotInheritRecursionMarker(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		phase := 0
+		gotB := make(chan error, 1)
+		var l *Loader[string, string]
+		l, err := New(func(ctx context.Context, k string) (string, error) {
+			switch {
+			case k == "B" && phase == 1: // B's background refresh
+				_, err := l.Get(ctx, "A")
+				gotB <- err
+				return "B2", nil
+			case k == "A" && phase == 1:
+				l.Get(ctx, "B") // stale B: returned at once, refresh starts in the background
+				select {
+				case <-time.After(200 * time.Millisecond): // A is still in flight while B refreshes
+				case <-ctx.Done():
+				}
+				return "A1", nil
+			}
+			return k + "0", nil
+		}, Options[string, string]{TTL: 20 * time.Millisecond, StaleWhileRevalidate: time.Minute})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer l.Close()
+		ctx := t.Context()
+		l.Get(ctx, "B")
+		time.Sleep(40 * time.Millisecond) // B stale
+		phase = 1
+		go l.Get(ctx, "A")
+		select {
+		case err := <-gotB:
+			if errors.Is(err, ErrRecursiveLoad) {
+				t.Errorf("background refresh of B, Get(A) = %v: nothing waits on this refresh, so no cycle", err)
+			}
+		case <-time.After(2 * time.Second):
+			t.Fatal("refresh of B never ran")
+		}
+	})
+}

@@ -410,3 +410,90 @@ func BenchmarkColdBurst(b *testing.B) {
 		})
 	}
 }
+
+// A miss storm of distinct keys must hold no more than MaxCost allows,
+// plus what the callers hold (docs/design.md rule 10). Loads used to wake
+// their waiters and then wait, each on its own goroutine holding its value,
+// for ristretto's single goroutine to apply their writes: callers moving on
+// to new keys outpaced it and thousands of goroutines piled up (with 64 KiB
+// values and MaxCost 100, 6.4 MB, the live heap reached 120-170 MB). Today a
+// finishing load never waits: its write takes a place of the fills' share
+// (Options.MaxPendingWrites, at most MaxCost of cost), or is not cached
+// when none is free (docs/design.md rule 19).
+//
+// Real clock: the storm must outpace ristretto's goroutine and the writer
+// with callers running truly at once, and the callers never block, so a
+// bubble's clock would never move. The duration is only how long the storm
+// lasts; the bounds are on goroutines and memory, not on time, so a loaded
+// machine runs fewer Gets but cannot fail for being slow.
+func TestMissStormIsBoundedByMaxCost(t *testing.T) {
+	const (
+		callers   = 32
+		valueSize = 64 << 10
+		maxCost   = 100
+	)
+	dur := 2 * time.Second
+	if testing.Short() {
+		dur = time.Second
+	}
+	l, err := New(func(context.Context, int) ([]byte, error) { return make([]byte, valueSize), nil },
+		Options[int, []byte]{TTL: time.Hour, MaxCost: maxCost})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	base := runtime.NumGoroutine()
+	// What other tests of the process keep live (package fixtures, under
+	// -shuffle any of them first) is not the storm's: the bound is on the
+	// growth from here.
+	baseMem := liveHeap()
+
+	var peakG, peakInFlight atomic.Int64
+	var peakMem atomic.Uint64
+	stop := make(chan struct{})
+	var sampler sync.WaitGroup
+	sampler.Go(func() {
+		for i := 0; ; i++ {
+			select {
+			case <-stop:
+				return
+			case <-time.After(20 * time.Millisecond):
+			}
+			storeMax(&peakG, int64(runtime.NumGoroutine()))
+			storeMax(&peakInFlight, l.Stats().InFlight)
+			if i%10 == 0 {
+				if v := liveHeap(); v > peakMem.Load() {
+					peakMem.Store(v)
+				}
+			}
+		}
+	})
+	var next atomic.Int64
+	end := time.Now().Add(dur)
+	var wg sync.WaitGroup
+	for range callers {
+		wg.Go(func() {
+			for time.Now().Before(end) {
+				l.Get(context.Background(), int(next.Add(1)))
+			}
+		})
+	}
+	waitGroup(t, "the storm's callers", &wg)
+	close(stop)
+	waitGroup(t, "the sampler", &sampler)
+
+	// By design: the callers, the sampler, one load per caller waiting and
+	// one per caller finishing; no background refreshes here.
+	maxG := base + 1 + 3*callers + 16
+	maxMem := baseMem + uint64((maxCost+2*callers)*valueSize) + 48<<20
+	t.Logf("%d Gets in %v: peak goroutines %d (bound %d), peak Stats.InFlight %d, peak live heap+stacks %.0f MB (bound %.0f MB: %.0f MB live before the storm)",
+		next.Load(), dur, peakG.Load(), maxG, peakInFlight.Load(), float64(peakMem.Load())/(1<<20), float64(maxMem)/(1<<20), float64(baseMem)/(1<<20))
+	if int(peakG.Load()) > maxG {
+		t.Errorf("%d goroutines at once with %d callers; want at most %d: finished loads wait on ristretto's write buffer, unbounded",
+			peakG.Load(), callers, maxG)
+	}
+	if peakMem.Load() > maxMem {
+		t.Errorf("live heap and stacks peaked at %.0f MB; want at most %.0f MB with MaxCost %d × %d KiB values and %d callers",
+			float64(peakMem.Load())/(1<<20), float64(maxMem)/(1<<20), maxCost, valueSize>>10, callers)
+	}
+}

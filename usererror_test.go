@@ -3,8 +3,10 @@ package flightcache
 import (
 	"context"
 	"errors"
+	"runtime"
 	"sync/atomic"
 	"testing"
+	"testing/synctest"
 	"time"
 )
 
@@ -165,4 +167,33 @@ func TestBadErrorFromRemoteAndBreaker(t *testing.T) {
 			}
 		})
 	}
+}
+
+// A runtime.Goexit in Cost (t.FailNow in a test's Cost, say) ends the load
+// goroutine as it delivers; the waiters must still get the value (uncached)
+// rather than hang with the key wedged in flight. In a bubble a wedged Get
+// runs into its (fake) timeout as soon as everything else has blocked.
+func TestGoexitInCostStillDeliversAndFreesKey(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var n atomic.Int64
+		l, err := New(func(ctx context.Context, k string) (string, error) { return "v", nil },
+			Options[string, string]{TTL: time.Minute, MaxCost: 100, Cost: func(string) int64 {
+				if n.Add(1) == 1 {
+					runtime.Goexit()
+				}
+				return 1
+			}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer l.Close()
+		for i := 0; i < 2; i++ {
+			ctx, cancel := context.WithTimeout(t.Context(), 300*time.Millisecond)
+			_, err := l.Get(ctx, "k")
+			cancel()
+			if err != nil {
+				t.Errorf("Get #%d: %v (InFlight=%d)", i+1, err, l.Stats().InFlight)
+			}
+		}
+	})
 }

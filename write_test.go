@@ -3,7 +3,9 @@ package flightcache
 import (
 	"context"
 	"fmt"
+	"runtime"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -353,4 +355,337 @@ func TestSetWaitsItsTurn(t *testing.T) {
 		<-closed // Close refuses the waiting Set
 		hold()
 	})
+}
+
+// Invalidate of a key whose finished load is still queued (its write not yet
+// applied by ristretto) must not let the old value back (docs/design.md
+// rule 6). In the first core a delete queued behind the write left a
+// moment, after the write was applied and before the delete, in which a Get
+// that started after Invalidate returned was served the invalidated value.
+//
+// Real clock, like the other tests that flood: the bug is a window between
+// the test goroutine, the writer and ristretto's own goroutines, which only
+// true parallelism opens, and flooding goroutines never block, so a
+// bubble's clock would never move. The deadline is a search budget: a
+// loaded machine runs fewer iterations, never a false failure.
+func TestInvalidateBehindPendingWriteKeepsOldValueOut(t *testing.T) {
+	l := oldThenFailing(t, time.Minute)
+	defer flood(t, l)()
+
+	canceled, cancel := context.WithCancel(context.Background())
+	cancel()
+	violations := 0
+	deadline := time.Now().Add(1500 * time.Millisecond)
+	iters := 0
+	for ; time.Now().Before(deadline) && violations == 0; iters++ {
+		k := fmt.Sprintf("k%d", iters)
+		if v, _ := l.Get(context.Background(), k); v != "old" {
+			continue
+		}
+		l.Invalidate(k)
+		for i := 0; i < 200; i++ {
+			v, info, err := l.GetInfo(canceled, k) // a cancelled ctx only probes the cache
+			if err == nil && v == "old" {
+				violations++
+				t.Errorf("iteration %d probe %d: Get after Invalidate returned returned the invalidated value (%v)", iters, i, info.Source)
+				break
+			}
+		}
+	}
+	t.Logf("%d iterations, %d violations, stats %+v", iters, violations, l.Stats())
+}
+
+// Variant: the Get right after Invalidate misses and starts a new load, whose
+// fill used to be an in-place update of the just-applied invalidated write,
+// deleted afterwards by Invalidate's queued delete: a successful fill lost
+// without a trace in SetsDropped, SetsRejected, FillsDropped or Evicted (a gap
+// docs/design.md rule 2 forbids). Real clock: see
+// TestInvalidateBehindPendingWriteKeepsOldValueOut.
+func TestInvalidateBehindPendingWriteKeepsNextFill(t *testing.T) {
+	var mu sync.Mutex
+	calls := map[string]int{}
+	load := func(ctx context.Context, k string) (string, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		if len(k) > 0 && k[0] == 'f' {
+			return k, nil
+		}
+		calls[k]++
+		if calls[k] == 1 {
+			return "old", nil
+		}
+		return fmt.Sprintf("new%d", calls[k]), nil
+	}
+	var lost atomic.Int64
+	l, err := New(load, Options[string, string]{TTL: time.Minute, MaxCost: 1 << 16, Breaker: Breaker{Disabled: true}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	defer flood(t, l)()
+
+	ctx := context.Background()
+	deadline := time.Now().Add(1500 * time.Millisecond)
+	iters := 0
+	for ; time.Now().Before(deadline) && lost.Load() == 0; iters++ {
+		k := fmt.Sprintf("k%d", iters)
+		l.Get(ctx, k)
+		l.Invalidate(k)
+		// No write waits for ristretto (docs/design.md rule 17), so the
+		// writer may apply the fill below, and ristretto refuse or evict
+		// it, at any moment: count from here.
+		before := l.Stats()
+		v2, i2, err := l.GetInfo(ctx, k)
+		if err != nil || i2.Source != SourceLoaded {
+			continue // served old (the other variant) or similar
+		}
+		v3, i3, _ := l.GetInfo(ctx, k)
+		after := l.Stats()
+		if i3.Source != SourceHit && after.Evicted == before.Evicted && after.SetsRejected == before.SetsRejected &&
+			after.SetsDropped == before.SetsDropped && after.FillsDropped == before.FillsDropped {
+			lost.Add(1)
+			t.Errorf("iteration %d: load returned %q to its caller, yet the next Get was %v (%q): fill lost with no Evicted/SetsRejected/SetsDropped/FillsDropped", iters, v2, i3.Source, v3)
+		}
+	}
+	t.Logf("%d iterations", iters)
+}
+
+// Variant through a finished call c1 whose entry is no longer fresh when a
+// Get looks, while c1's write is still unapplied: the Get starts c2. c2 used
+// to replace c1 in the map at once, carrying a flag that c1's write was
+// pending. Invalidate then found c2 (or, once c2 had failed and left the
+// map, nothing at all), queued no delete behind c1's write, and c1's value
+// landed afterwards and was served as stale for the whole window
+// (docs/design.md rule 6: a Get after Invalidate returned never sees the
+// invalidated value). Real clock: see
+// TestInvalidateBehindPendingWriteKeepsOldValueOut.
+func TestInvalidateWaitsForReplacedCallsWrite(t *testing.T) {
+	l := oldThenFailing(t, 1) // fresh for 1ns, then stale for a minute
+	defer flood(t, l)()
+	canceled, cancel := context.WithCancel(context.Background())
+	cancel()
+	deadline := time.Now().Add(1500 * time.Millisecond)
+	iters, found := 0, false
+	for ; time.Now().Before(deadline) && !found; iters++ {
+		k := fmt.Sprintf("k%d", iters)
+		l.Get(context.Background(), k) // "old", entry already past freshness (TTL 1ns)
+		if !inFlightMap(l, k) {
+			continue // c1's write already applied: not this interleaving
+		}
+		l.GetInfo(canceled, k) // joins: c1 finished, not fresh -> c2
+		l.Invalidate(k)
+		writesApplied(t, l, k)
+		for i := 0; i < 50; i++ {
+			if v, info, err := l.GetInfo(canceled, k); err == nil && v == "old" {
+				t.Errorf("iteration %d: %v %q served after Invalidate returned and its write was applied", iters, info.Source, v)
+				found = true
+				break
+			}
+		}
+	}
+	t.Logf("%d iterations", iters)
+}
+
+// The same, with c2 already failed and gone from the map when Invalidate
+// runs: Invalidate then found no call at all and did not wait for c1's
+// write. Real clock: see TestInvalidateBehindPendingWriteKeepsOldValueOut.
+func TestInvalidateAfterReplacingCallFailed(t *testing.T) {
+	l := oldThenFailing(t, 1) // fresh for 1ns, then stale for a minute
+	defer flood(t, l)()
+	deadline := time.Now().Add(1500 * time.Millisecond)
+	iters, found := 0, false
+	for ; time.Now().Before(deadline) && !found; iters++ {
+		k := fmt.Sprintf("k%d", iters)
+		l.Get(context.Background(), k) // "old", already past freshness (TTL 1ns)
+		if !inFlightMap(l, k) {
+			continue // c1's write already applied: not this interleaving
+		}
+		// c1 is finished and stale: this Get starts c2, which fails at once.
+		if _, _, err := l.GetInfo(context.Background(), k); err == nil {
+			continue // c1's write was applied meanwhile and served stale
+		}
+		writesApplied(t, l, k) // c2 has finished and left the map
+		l.Invalidate(k)
+		writesApplied(t, l, k)
+		if v, info, err := l.GetInfo(context.Background(), k); err == nil && v == "old" {
+			t.Errorf("iteration %d: %v %q served after Invalidate returned and its write was applied", iters, info.Source, v)
+			found = true
+		}
+	}
+	t.Logf("%d iterations", iters)
+}
+
+// flood loads other keys ("f1", "f2", …) from two goroutines, as under real
+// load: their fills interleave with a test key's writes and deletes in
+// ristretto's set buffer. Call the returned func, on t's goroutine, to
+// stop it: it fails t if the two have not ended within patience.
+func flood(t testing.TB, l *Loader[string, string]) (stop func()) {
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	var n atomic.Int64
+	for range 2 {
+		wg.Go(func() {
+			for {
+				select {
+				case <-done:
+					return
+				default:
+				}
+				l.Get(context.Background(), fmt.Sprintf("f%d", n.Add(1)))
+			}
+		})
+	}
+	return func() { close(done); waitGroup(t, "the flood's goroutines", &wg) }
+}
+
+// inFlightMap reports whether k has a load running or a write the writer
+// has not applied yet in l's in-flight map.
+func inFlightMap(l *Loader[string, string], k string) bool {
+	return l.flights.pending(k)
+}
+
+// writesApplied waits until k has nothing in l's in-flight map: every write
+// of k made so far (a fill, Set or Invalidate) has then been handed to
+// ristretto and applied (the writer closes a write only once ristretto has
+// applied its batch). The callers have no load of k running. It used to be
+// a cache.Wait(), when the Loader wrote ristretto itself; now ristretto
+// may not even have received the last write yet. 10s is thousands of times
+// what the writer needs, even under a flood on a busy machine.
+func writesApplied(t *testing.T, l *Loader[string, string], k string) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for inFlightMap(l, k) {
+		if time.Now().After(deadline) {
+			t.Fatalf("key %q still has a load or a write pending after 10s", k)
+		}
+		runtime.Gosched()
+	}
+}
+
+// oldThenFailing returns a Loader whose first load of a key returns "old"
+// and every later one fails (so "old" is the only value a key ever has),
+// while flood keys (starting with 'f') load as themselves. With a TTL
+// shorter than a minute, values stay a minute in StaleWhileRevalidate.
+func oldThenFailing(t *testing.T, ttl time.Duration) *Loader[string, string] {
+	t.Helper()
+	var mu sync.Mutex
+	seen := map[string]bool{}
+	load := func(ctx context.Context, k string) (string, error) {
+		if len(k) > 0 && k[0] == 'f' {
+			return k, nil
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		if !seen[k] {
+			seen[k] = true
+			return "old", nil
+		}
+		return "", errBoom
+	}
+	opts := Options[string, string]{TTL: ttl, MaxCost: 1 << 16, Breaker: Breaker{Disabled: true}}
+	if ttl < time.Minute {
+		opts.StaleWhileRevalidate = time.Minute
+	}
+	l, err := New(load, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { l.Close() })
+	return l
+}
+
+// Two writes of one key must not both reach ristretto as new items: when the
+// second is queued before the first is applied, ristretto's policy refuses
+// it (counted in SetsRejected) and keeps the first value. A Get after both
+// Sets returned is a hit on one of their values (docs/design.md rule 2). In
+// an earlier core, Set wrote ristretto itself and released the shard lock
+// before ristretto had applied the write, so a concurrent Set of the same
+// key (or a load finishing) could queue a second new item in that gap: the
+// later write was lost, and a Get after both Sets returned saw the earlier
+// value. No clock: the two Sets must run truly at once, so this stays
+// outside a bubble.
+func TestConcurrentSetsOfOneKeyLoseNoWrite(t *testing.T) {
+	l, err := New(func(ctx context.Context, k int) (int, error) { return -1, nil },
+		Options[int, int]{TTL: time.Hour, MaxCost: 1 << 20, Breaker: Breaker{Disabled: true}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	const rounds = 3000
+	for k := range rounds {
+		start := make(chan struct{})
+		var wg sync.WaitGroup
+		for w := range 2 {
+			wg.Go(func() {
+				<-start
+				l.Set(k, 2*k+w)
+			})
+		}
+		close(start)
+		waitGroup(t, "the two Sets", &wg)
+		if v, info, err := l.GetInfo(context.Background(), k); err != nil || info.Source != SourceHit || v/2 != k {
+			t.Fatalf("round %d: Get after both Sets returned = %d, %v, %v; want a hit with a value Set for %d", k, v, info.Source, err, k)
+		}
+	}
+	if s := l.Stats(); s.SetsRejected != 0 || s.SetsDropped != 0 {
+		t.Errorf("%d Sets of %d keys with room for all: SetsRejected %d, SetsDropped %d; want 0, 0", 2*rounds, rounds, s.SetsRejected, s.SetsDropped)
+	}
+}
+
+// A Get after Invalidate returned never sees the invalidated value, even
+// when the load's last waiter left under CancelAtZero as the load finished
+// (docs/design.md rules 4 and 6). Under backpressure the previous core had
+// a finishing load apply its own write before waking its waiters, with the
+// shard lock released meanwhile; its last waiter leaving in that window
+// took it out of the map as if it could still be cancelled: its write was
+// still in ristretto's buffer with no call of the key in the map, so an
+// Invalidate found nothing to wait for, deleted nothing, and the value
+// landed afterwards. Today a finishing load records its write and delivers
+// under one shard lock, and never waits for the writer (rule 19).
+//
+// Real clock: see TestInvalidateBehindPendingWriteKeepsOldValueOut.
+func TestLeaveDuringBackpressureKeepsInvalidate(t *testing.T) {
+	var mu sync.Mutex
+	loading := map[string]chan struct{}{}
+	l, err := New(func(ctx context.Context, k string) (string, error) {
+		if k[0] == 'f' {
+			return k, nil
+		}
+		mu.Lock()
+		ch := loading[k]
+		mu.Unlock()
+		close(ch) // the test cancels the waiter now, as the value is stored
+		return "v", nil
+	}, Options[string, string]{TTL: time.Minute, MaxCost: 1 << 16, Policy: CancelAtZero, Breaker: Breaker{Disabled: true}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	defer flood(t, l)() // ristretto's buffer is busy, so the window is wide
+
+	canceled, cancel := context.WithCancel(context.Background())
+	cancel()
+	deadline := time.Now().Add(1500 * time.Millisecond)
+	iters, windows := 0, 0
+	for ; time.Now().Before(deadline); iters++ {
+		k := fmt.Sprintf("k%d", iters)
+		ch := make(chan struct{})
+		mu.Lock()
+		loading[k] = ch
+		mu.Unlock()
+		ctx, cancel := context.WithCancel(context.Background())
+		go func() { <-ch; cancel() }()
+		_, err := l.Get(ctx, k)
+		cancel()
+		if err == nil {
+			continue // the value was delivered first
+		}
+		windows++
+		l.Invalidate(k)
+		writesApplied(t, l, k)
+		if v, info, err := l.GetInfo(canceled, k); err == nil {
+			t.Fatalf("iteration %d: %v %q served after Invalidate returned and its write was applied", iters, info.Source, v)
+		}
+	}
+	t.Logf("%d iterations, %d Gets left before the value was delivered", iters, windows)
 }

@@ -170,7 +170,7 @@ func waitGroup(t *testing.T, what string, wg *sync.WaitGroup) {
 }
 
 // The strict twin of the root package's real-clock starvation tests
-// (TestCloseStarvedByGets): calls refused after Close never touch a
+// (TestCloseReturnsWhileGetsKeepComing): calls refused after Close never touch a
 // stripe, so however many keep coming, the gate balances the moment the
 // last call let in before Close leaves. (Refused Gets were once counted on
 // the stripes, and a stream of them kept quiet from ever holding.)
