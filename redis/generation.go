@@ -98,8 +98,9 @@ var _ flightcache.RemoteInvalidateAll = (*Tier[string, int])(nil)
 // calling process's Loader drops its own.
 //
 // The old generations' keys are not deleted (that would take a SCAN of
-// Redis): they stay until their own expiry, and docs/distributed.md says
-// what that means for values that never expire.
+// Redis): they stay until their own expiry, and
+// docs/distributed-invalidation.md says what that means for values that
+// never expire.
 //
 // An InvalidateAll that cannot reach Redis (the tier is stepping aside,
 // or the round trip fails) is not lost: it is kept, the tier steps aside

@@ -272,8 +272,8 @@ func TestFirstLoadsWaitForTheSubscription(t *testing.T) {
 // reach Redis late (the writer's round trip passes Timeout: kept, and
 // replayed) and readers step aside (their own round trips pass it: loaded
 // without Redis, then read again). Those are counted and logged, with the
-// latencies (docs/distributed.md quotes them); every Invalidate must still
-// reach Redis, at once or replayed.
+// latencies (docs/distributed-invalidation.md quotes them); every
+// Invalidate must still reach Redis, at once or replayed.
 func TestInvalidationLatencyAcrossProcesses(t *testing.T) {
 	addr := redisAddr(t)
 	admin := newClient(t, addr)

@@ -564,8 +564,8 @@ func TestUndecodedInvalidateAllMessage(t *testing.T) {
 
 // TestInvalidateAllLatency measures, over 200 InvalidateAll calls of one of
 // 4 processes, how long after the call returned the last of the other
-// processes had dropped its copies (docs/distributed.md quotes it); every
-// drop must come within the heardAll deadline.
+// processes had dropped its copies (docs/distributed-invalidation.md
+// quotes it); every drop must come within the heardAll deadline.
 func TestInvalidateAllLatency(t *testing.T) {
 	addr := redisAddr(t)
 	prefix := testPrefix(t, newClient(t, addr))

@@ -82,8 +82,8 @@ type Stats struct {
 	// key without Redis, or its Set or Invalidate of the key has not
 	// reached Redis yet. Each such key is loaded under the lease, which
 	// writes the newer value for the fleet, or, when another process holds
-	// the lease, without it (see docs/distributed.md, "Invalidation
-	// across the fleet").
+	// the lease, without it (see docs/distributed-invalidation.md,
+	// "Invalidation across the fleet").
 	AheadLoads uint64
 	// Skipped counts Set, Invalidate and InvalidateAll calls not passed on
 	// to Redis because the tier was stepping aside (or, for Set and
@@ -116,8 +116,8 @@ type Stats struct {
 	Listening bool
 	// Invalidations is how the tier hears the fleet's Sets and
 	// Invalidates: "tracking" (Redis tells each process of the keys it
-	// read only, see docs/distributed.md), "channels" (Redis refused
-	// CLIENT TRACKING: every process hears every write, on sharded
+	// read only, see docs/distributed-invalidation.md), "channels" (Redis
+	// refused CLIENT TRACKING: every process hears every write, on sharded
 	// channels), "classic" (a client the tier cannot track per master, a
 	// Ring: every process hears every write, on one channel), or "" while
 	// it is not known yet.

@@ -81,11 +81,12 @@
 // built on gobreaker's DistributedCircuitBreaker with a Redis
 // SharedDataStore; set it as [flightcache.Breaker.Custom]. It is opt-in.
 //
-// docs/distributed.md in the repository has the protocol step by step,
-// the failure modes and what each costs, and how fast an invalidation
-// reaches the other processes; docs/distributed-cluster.md the Cluster
-// settings; docs/measured.md the other measured figures (one downstream
-// call per key for a fleet, the fleet at scale).
+// docs/distributed.md in the repository has the protocol step by step and
+// the failure modes and what each costs; docs/distributed-invalidation.md
+// how a write reaches the other processes' copies and how fast;
+// docs/distributed-cluster.md the Cluster settings; docs/measured.md the
+// other measured figures (one downstream call per key for a fleet, the
+// fleet at scale).
 package flightredis
 
 import (
