@@ -267,7 +267,8 @@ func TestLabelsPanicIsContained(t *testing.T) {
 // refused before it touches a stripe, as a Get is (the gate): counted in
 // and out on the stripes, a stream of them kept Close from seeing every
 // stripe balance, and Shutdown did not finish. Once it has, the callers'
-// calls leave the stripes as they are.
+// calls leave the stripes as they are (docs/design.md rule 28: Set,
+// Invalidate and Refresh after Close are refused at the door).
 func TestCloseWhileWritesKeepComing(t *testing.T) {
 	for _, tc := range []struct {
 		name string
