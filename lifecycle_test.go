@@ -221,6 +221,10 @@ func TestIdleLoadGoroutinesLeave(t *testing.T) {
 		}
 		time.Sleep(life.IdleFor + time.Second)
 		synctest.Wait()
+		// Exactly Kept, as life.Kept's doc says: the burst's goroutines
+		// are all new and none took a job while another went idle, so
+		// each counted the others exactly (internal/life's
+		// TestPoolReusesAndShrinks builds its burst the same way).
 		if n := l.pool.Idle(); n != life.Kept {
 			t.Fatalf("%d idle load goroutines after %v; want %d", n, life.IdleFor, life.Kept)
 		}
