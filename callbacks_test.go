@@ -40,7 +40,8 @@ func TestRecursiveGetFails(t *testing.T) {
 
 // Set, Invalidate and Get of another key from inside a LoadFunc and OnLoad
 // work; Close from inside either starts the shutdown and returns, and the
-// Loader finishes closing when the callback returns.
+// Loader finishes closing when the callback returns (docs/design.md rule
+// 28: a callback may call its Loader).
 func TestCallbacksMayUseTheLoader(t *testing.T) {
 	for _, where := range []string{"LoadFunc", "OnLoad"} {
 		t.Run(where, func(t *testing.T) {

@@ -107,7 +107,7 @@ func within(d time.Duration, f func()) bool {
 // operations has a deadline (and every Get its own), the Loader closes
 // within one and leaves no goroutine behind, every callback's write
 // returns, and no dependent is seen after the Invalidate that dropped it
-// returned.
+// returned (docs/design.md rule 28: a callback may call its Loader).
 func TestEvictedMayWrite(t *testing.T) {
 	for _, tc := range []evictCase{
 		{"Invalidate", false, false, 0, 0, 1, 1500},
@@ -202,7 +202,7 @@ func evictionRound(l *Loader[string, string], i, clear int) error {
 // they replaced or dropped. It cannot wait there: the caller of Set was
 // still counted in, and ristretto's goroutine or the writer's is what
 // Close waits for. The Loader then closes: a later Close from outside
-// returns within a deadline.
+// returns within a deadline (docs/design.md rule 28).
 func TestEvictedMayClose(t *testing.T) {
 	for _, cause := range []EvictionCause{EvictionPolicy, EvictionReplaced, EvictionInvalidated} {
 		t.Run(cause.String(), func(t *testing.T) {
@@ -244,7 +244,8 @@ func TestEvictedMayClose(t *testing.T) {
 
 // Two Loaders whose Evicted writes to the other: each writer may find the
 // other's share full, and does the other Loader's rounds itself, one at a
-// time with that Loader's own writer (write.go). Neither wedges.
+// time with that Loader's own writer (write.go). Neither wedges
+// (docs/design.md rule 28).
 func TestEvictedWritesToAnotherLoader(t *testing.T) {
 	var ls [2]*Loader[string, string]
 	var ds [2]*dependents

@@ -10,10 +10,10 @@ import (
 	"time"
 )
 
-// These tests hold the rule of docs/design.md that joins 18 and 20: no load
-// from before an InvalidateAll or a Distrust answers a Get, a revalidating
-// Get, a GetMany or a Refresh that starts after it, nor is handed to a
-// Reload as the old value.
+// These tests hold docs/design.md rule 27: no load from before an
+// InvalidateAll or a Distrust answers a Get, a revalidating Get, a GetMany
+// or a Refresh that starts after it, nor is handed to a Reload as the old
+// value.
 
 // forget is how a test makes the Loader forget what it holds: through
 // InvalidateAll, or through a watching Remote's Distrust.

@@ -176,6 +176,18 @@ func waitProgress(t testing.TB, what string, stall time.Duration, left func() in
 	}
 }
 
+// deadline is the context a test's Get runs under: the test's own
+// context, ended a minute from now (virtual time in a synctest bubble), so
+// a Get that would wait for good fails the test instead of hanging the
+// run. It is the one helper for that; a minute is generous for a loaded
+// machine under -race.
+func deadline(t testing.TB) context.Context {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	t.Cleanup(cancel)
+	return ctx
+}
+
 // result is one Get's outcome, gathered from goroutines.
 type result struct {
 	v    string

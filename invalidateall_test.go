@@ -60,7 +60,8 @@ func TestInvalidateAllDropsEveryValue(t *testing.T) {
 
 // Rule 20 for a load in flight: it delivers its result to its own waiters
 // but writes nothing, and a Get that starts after InvalidateAll does not
-// join it.
+// join it (docs/design.md rule 27: the load keeps its own waiters, the
+// caller starts its own).
 func TestInvalidateAllDetachesLoadsInFlight(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		d := &downstream{gate: make(chan struct{})}

@@ -221,6 +221,10 @@ func TestIdleLoadGoroutinesLeave(t *testing.T) {
 		}
 		time.Sleep(life.IdleFor + time.Second)
 		synctest.Wait()
+		// Exactly Kept, as life.Kept's doc says: the burst's goroutines
+		// are all new and none took a job while another went idle, so
+		// each counted the others exactly (internal/life's
+		// TestPoolReusesAndShrinks builds its burst the same way).
 		if n := l.pool.Idle(); n != life.Kept {
 			t.Fatalf("%d idle load goroutines after %v; want %d", n, life.IdleFor, life.Kept)
 		}
@@ -267,7 +271,8 @@ func TestLabelsPanicIsContained(t *testing.T) {
 // refused before it touches a stripe, as a Get is (the gate): counted in
 // and out on the stripes, a stream of them kept Close from seeing every
 // stripe balance, and Shutdown did not finish. Once it has, the callers'
-// calls leave the stripes as they are.
+// calls leave the stripes as they are (docs/design.md rule 28: Set,
+// Invalidate and Refresh after Close are refused at the door).
 func TestCloseWhileWritesKeepComing(t *testing.T) {
 	for _, tc := range []struct {
 		name string

@@ -306,14 +306,6 @@ func TestIsNotFoundGoexit(t *testing.T) {
 	})
 }
 
-// deadline is the test's context, ended a minute from now (virtual time in
-// a synctest bubble): a Get that would wait for good fails instead.
-func deadline(t *testing.T) context.Context {
-	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
-	t.Cleanup(cancel)
-	return ctx
-}
-
 // failingRemote is a Remote whose Load fails with err without loading.
 type failingRemote struct{ err error }
 

@@ -2,7 +2,6 @@ package flightcache
 
 import (
 	"bytes"
-	"context"
 	"encoding/gob"
 	"encoding/json"
 	"errors"
@@ -24,15 +23,6 @@ func notFoundKeys(_ int64, key string) error {
 	return nil
 }
 
-// getCtx is a Get's context with a deadline: no Get of these tests can
-// hang the run.
-func getCtx(t *testing.T) context.Context {
-	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	t.Cleanup(cancel)
-	return ctx
-}
-
 // collect gathers what l.Entries yields, by key.
 func collect(l *Loader[string, string]) map[string]Entry[string, string] {
 	m := map[string]Entry[string, string]{}
@@ -48,7 +38,7 @@ func warmLoader(t *testing.T) (*Loader[string, string], *downstream) {
 	t.Helper()
 	d := &downstream{fail: notFoundKeys}
 	l := newLoader(t, d, Options[string, string]{TTL: time.Hour, Jitter: 0.5, StaleWhileRevalidate: time.Minute, NotFoundTTL: time.Hour})
-	ctx := getCtx(t)
+	ctx := deadline(t)
 	for i := range 10 {
 		if _, err := l.Get(ctx, fmt.Sprint("k", i)); err != nil {
 			t.Fatalf("Get(k%d): %v", i, err)
@@ -87,7 +77,7 @@ func TestRestoreRoundTrip(t *testing.T) {
 				t.Fatalf("Restore = %d, %v; Len %d; want 12, nil; 12", n, err, l.Len())
 			}
 			got := collect(l)
-			ctx := getCtx(t)
+			ctx := deadline(t)
 			for k, en := range saved {
 				// LoadedAt goes through two clocks (wall and monotonic), read
 				// a moment apart: equal within a wide margin.
@@ -154,7 +144,7 @@ func TestRestoreWindows(t *testing.T) {
 		if err != nil || n != 3 {
 			t.Fatalf("Restore = %d, %v; want 3 (stale, nf, future), nil", n, err)
 		}
-		ctx := getCtx(t)
+		ctx := deadline(t)
 		if v, _, ok := l.Peek("past"); ok {
 			t.Errorf("Peek(past) = %q; want nothing: it was past its windows", v)
 		}
@@ -182,7 +172,7 @@ func TestRestoreKeepsHeld(t *testing.T) {
 	d := &downstream{gate: make(chan struct{}), started: make(chan string, 1)}
 	l := newLoader(t, d, Options[string, string]{TTL: time.Hour})
 	l.Set("set", "new")
-	ctx := getCtx(t)
+	ctx := deadline(t)
 	loading := getAsync(ctx, l, "loading")
 	recv(t, "the load of loading", d.started) // its load is in flight
 	old := func(k string) Entry[string, string] {
@@ -219,7 +209,7 @@ func TestRestoreRacesSets(t *testing.T) {
 		for i := range keys {
 			old = append(old, Entry[string, string]{Key: fmt.Sprint("k", i), Value: "old", LoadedAt: time.Now()})
 		}
-		ctx := getCtx(t)
+		ctx := deadline(t)
 		var wg sync.WaitGroup
 		for g := range 4 {
 			wg.Go(func() { // two restorers, two in the other order
