@@ -3,6 +3,7 @@ package flightcache
 import (
 	"context"
 	"errors"
+	"maps"
 )
 
 // Splitting a failed batch (docs/design.md rule 31). A LoadMany call that
@@ -93,11 +94,8 @@ func (p part[K]) halves() (part[K], part[K]) {
 // not be split further), nil if none did.
 func (l *Loader[K, V]) bisect(ctx context.Context, b *batch[K, V], keys []K, err error, t *tally) (map[K]V, error) {
 	vals := make(map[K]V, len(keys))
-	var errs map[K]error
+	errs := make(map[K]error) // a split follows a failure: some key is likely to fail
 	fail := func(keys []K, err error) {
-		if errs == nil {
-			errs = make(map[K]error)
-		}
 		for _, k := range keys {
 			errs[k] = err
 		}
@@ -122,12 +120,7 @@ func (l *Loader[K, V]) bisect(ctx context.Context, b *batch[K, V], keys []K, err
 		switch {
 		case err == nil:
 		case alone:
-			if errs == nil {
-				errs = make(map[K]error)
-			}
-			for k, e := range many.Errs {
-				errs[k] = e
-			}
+			maps.Copy(errs, many.Errs)
 		case len(p.keys) == 1 || ctx.Err() != nil || !l.callee.splittable(err):
 			fail(p.keys, err)
 			continue
@@ -146,7 +139,7 @@ func (l *Loader[K, V]) bisect(ctx context.Context, b *batch[K, V], keys []K, err
 			}
 		}
 	}
-	if errs == nil {
+	if len(errs) == 0 {
 		return vals, nil
 	}
 	return vals, &ManyError[K]{Errs: errs}
