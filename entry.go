@@ -81,6 +81,8 @@ type extra[K comparable, V any] struct {
 	win       windows // the entry's stale windows (none for a not-found)
 	ver       uint64  // the value's version, if versioned
 	versioned bool    // the value has a version: every value of a Loader with Version (version.go)
+
+	tags *tagList // the value's tags (Options.Tags, tags.go); nil: none
 }
 
 // error returns the cached not-found error, or nil for a value.
@@ -119,8 +121,8 @@ func (l *Loader[K, V]) newEntry(key K, v V, life lifetime, b born) *entry[K, V] 
 	until := timing.Add(now, fresh)
 	e := &entry[K, V]{key: key, val: v, loadedAt: now, freshUntil: until}
 	e.mark.Store(b.gen)
-	if life.own || life.versioned {
-		e.extra = &extra[K, V]{win: life.win, ver: life.ver, versioned: life.versioned}
+	if life.own || life.versioned || life.tags != nil {
+		e.extra = &extra[K, V]{win: life.win, ver: life.ver, versioned: life.versioned, tags: life.tags}
 	}
 	if l.opts.EarlyRefresh > 0 {
 		// Rounded up to the microsecond: a lead of a fast load (under a
@@ -140,6 +142,7 @@ type lifetime struct {
 	own       bool
 	ver       uint64
 	versioned bool
+	tags      *tagList // its tags (tags.go)
 }
 
 // lifeOf asks Options.Freshness (user code, through the guard) how long v
@@ -243,11 +246,12 @@ func (l *Loader[K, V]) distrusted(e *entry[K, V]) bool {
 }
 
 // cleared reports whether e was loaded (or Set) before the last
-// InvalidateAll: it is absent, not even a stale fallback or a value for a
-// Reload. The generations compare by their difference, so the order holds
-// across the counter's wrap for entries less than 2^26 moves old.
+// InvalidateAll, or carries a tag invalidated since (tags.go): it is
+// absent, not even a stale fallback or a value for a Reload. The
+// generations compare by their difference, so the order holds across the
+// counter's wrap for entries less than 2^26 moves old.
 func (l *Loader[K, V]) cleared(e *entry[K, V]) bool {
-	return l.olderThanFloor(e.mark.Load() &^ (goneBit | failsMask))
+	return l.olderThanFloor(e.mark.Load()&^(goneBit|failsMask)) || e.tagDropped()
 }
 
 // olderThanFloor reports whether generation gen is older than the last

@@ -105,6 +105,7 @@ type call[K comparable, V any] struct {
 	vals       loadValues   // what lctx's Value answers
 	background bool         // a refresh nobody waited on when it started
 	gen        uint32       // the fleet generation when it started: its entry's (remote.go)
+	tagAt      uint64       // the tag clock when it started: its value's stamp (tags.go)
 	from       *entry[K, V] // the value held for the key when the load started (a refresh's, a Reload's old value), or nil
 	stripe     *life.Stripe // the stripe the load goroutine is counted on (lifecycle)
 
@@ -393,6 +394,7 @@ func (f *flights[K, V]) start(sh *shard[K, V], r *request[K, V], n newLoad[K, V]
 		n.from = nil
 	}
 	c = &call[K, V]{l: l, key: r.key, h: r.h, done: make(chan struct{}), background: n.background, from: n.from, gen: gen, seen: n.seen}
+	c.tagAt = l.tags.now()
 	ctx, marker := r.cl.ctx, r.cl.marker
 	if n.background {
 		marker = nil // nothing waits on it: a Get it makes of the key that started it is no cycle
@@ -549,6 +551,7 @@ type delivery[K comparable, V any] struct {
 	drop       bool          // the value is not to be cached: the key keeps no older one either
 	big        int64         // with drop: the value's cost, too big for the cache (tooBig); 0: not that
 	outdated   bool          // the value was not cached: the one held has a higher version (version.go)
+	tags       *tagList      // the value's tags (tags.go): a Get that started after one was invalidated loads again
 }
 
 // finish sets c's result: it takes c out of the map and leaves e (if not

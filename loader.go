@@ -183,6 +183,7 @@ type Loader[K comparable, V any] struct {
 	epoch        time.Time     // every time offset in entries is measured from here
 	generation   atomic.Uint32 // the fleet generation, in steps of genUnit (remote.go)
 	floor        atomic.Uint32 // the generation of the last InvalidateAll: older entries are absent (remote.go)
+	tags         *tagTable     // Options.Tags' states (tags.go); nil without
 
 	// Shutdown (lifecycle.go).
 	ctx         context.Context         // the Loader's own work (Remote.Set, Remote.Invalidate); ends at Close
@@ -229,6 +230,7 @@ func New[K comparable, V any](load LoadFunc[K, V], opts Options[K, V]) (*Loader[
 	l.lim = limit.New(opts.Limit.config(opts.LoadTimeout), l.now)
 	l.flights.init(l)
 	l.bwin.init(l)
+	l.tags = newTagTable(opts.Tags != nil)
 	l.writer.init(opts.MaxPendingWrites, opts.MaxCost)
 	l.gate.Init()
 	l.timeouts = newTimeouts(opts.LoadTimeout, l.epoch)
@@ -391,7 +393,7 @@ func (l *Loader[K, V]) GetInfo(ctx context.Context, key K) (v V, info Info, err 
 		}
 		return l.serve(&request[K, V]{key: key, h: h, cl: cl, s: in.Stripe(), g: g, start: now}, g.e, src)
 	}
-	r := request[K, V]{key: key, h: h, cl: cl, s: in.Stripe(), g: g, start: now}
+	r := request[K, V]{key: key, h: h, cl: cl, s: in.Stripe(), g: g, start: now, tagAt: l.tags.now()}
 	a := l.wait(&r)
 	answered(&in, a.outcome())
 	if a.err == errCallerDone {
@@ -414,6 +416,7 @@ type request[K comparable, V any] struct {
 	g     glance[K, V]   // what the Get saw of key in the cache
 	start time.Duration  // when it looked: its waits and ages count from here
 	many  *batches[K, V] // the GetMany it belongs to, if batched: where its loads and refreshes go
+	tagAt uint64         // the tag clock as it started (tags.go)
 }
 
 // who returns r's caller, reading its context the first time
@@ -431,7 +434,7 @@ func (r *request[K, V]) who() *caller { return r.cl.full() }
 // lock (join), where cl is read already.
 func (l *Loader[K, V]) judge(cl *caller, e *entry[K, V], now time.Duration) Source {
 	switch {
-	case e == nil || cl.revalidate || l.distrusted(e):
+	case e == nil || cl.revalidate || l.distrusted(e) || e.tagDropped():
 		return SourceNone
 	case now < e.freshUntil: // every window starts where freshness ends
 		return SourceHit
@@ -640,6 +643,8 @@ func (l *Loader[K, V]) await(r *request[K, V], j *joined[K, V], again bool) (a a
 			return answer[V]{v: v, info: Info{Source: SourceStaleOnError, Age: age, Waited: a.info.Waited}}, false
 		}
 	case !again && end >= c.res.freshUntil && !r.cl.acceptsStale(c.res.freshUntil, end):
+		return a, true
+	case !again && c.res.tags.droppedFor(r.tagAt): // rule 35
 		return a, true
 	default:
 		a.info.Age = end - c.res.loadedAt
