@@ -22,13 +22,13 @@ import (
 // holds its tags' states, resolved once as it is stored; it is absent once
 // any of its tags was invalidated after its stamp (tagList.dropped). A hit
 // pays one atomic load and a compare per tag; InvalidateTag locks one
-// shard of the tag table, for one map look-up, and scans nothing.
+// part of the tag table, for one map look-up, and scans nothing.
 //
 // A tag's state lives as long as a value holds it: the table keeps it
 // through a weak pointer, and forgets it once it is collected. A state
 // made afresh cannot know the invalidations of its tag before it (made by
-// no one, or forgotten), so it starts at its shard's floor: the latest
-// such invalidation of any tag of the shard. A load that spans one may so
+// no one, or forgotten), so it starts at its part's floor: the latest
+// such invalidation of any tag of the part. A load that spans one may so
 // be refused its fill, never served a value it should not be.
 
 // MaxTags is the most tags one value may carry ([Options.Tags]). A value
@@ -42,28 +42,28 @@ const MaxTags = 8
 // naming the entry) for an [Entry] with more.
 var ErrTooManyTags = fmt.Errorf("flightcache: more than MaxTags (%d) tags for one value", MaxTags)
 
-// tagShards is the number of independent parts of the tag table.
-const tagShards = 64
+// tagParts is the number of independent parts of the tag table.
+const tagParts = 64
 
 // tagTable is the Loader's tags: the clock and each tag's state.
 type tagTable struct {
-	clock  atomic.Uint64 // InvalidateTag calls so far: each takes the next value
-	seed   maphash.Seed
-	shards [tagShards]tagShard
+	clock atomic.Uint64 // InvalidateTag calls so far: each takes the next value
+	seed  maphash.Seed
+	parts [tagParts]tagPart
 }
 
-// tagShard is one part of the tag table, chosen by the tag's hash.
-type tagShard struct {
+// tagPart is one part of the tag table, chosen by the tag's hash.
+type tagPart struct {
 	mu sync.Mutex
 	// states maps a tag to its state, weakly: a state no value holds is
 	// collected, and its cleanup forgets it (forget).
 	states map[string]weak.Pointer[tagState]
 	// floor is where a state made afresh starts (guarded by mu): the
-	// clock value of the latest invalidation of a tag of this shard that
+	// clock value of the latest invalidation of a tag of this part that
 	// had no state, or of a state since forgotten (at most the clock when
 	// it was).
 	floor uint64
-	_     [64 - 8 - 8 - 8]byte // keep neighbouring shards off one cache line
+	_     [64 - 8 - 8 - 8]byte // keep neighbouring parts off one cache line
 }
 
 // tagState is one tag's: the clock value of its last invalidation. It
@@ -119,8 +119,8 @@ func newTagTable(on bool) *tagTable {
 		return nil
 	}
 	t := &tagTable{seed: maphash.MakeSeed()}
-	for i := range t.shards {
-		t.shards[i].states = make(map[string]weak.Pointer[tagState])
+	for i := range t.parts {
+		t.parts[i].states = make(map[string]weak.Pointer[tagState])
 	}
 	return t
 }
@@ -133,34 +133,34 @@ func (t *tagTable) now() uint64 {
 	return t.clock.Load()
 }
 
-func (t *tagTable) shard(tag string) *tagShard {
-	return &t.shards[maphash.String(t.seed, tag)%tagShards]
+func (t *tagTable) part(tag string) *tagPart {
+	return &t.parts[maphash.String(t.seed, tag)%tagParts]
 }
 
 // invalidate records an invalidation of tag, in constant time: no scan,
-// one shard lock for one look-up, no allocation.
+// one part lock for one look-up, no allocation.
 func (t *tagTable) invalidate(tag string) {
-	sh := t.shard(tag)
-	sh.mu.Lock()
+	tp := t.part(tag)
+	tp.mu.Lock()
 	n := t.clock.Add(1)
-	if s := sh.states[tag].Value(); s != nil {
+	if s := tp.states[tag].Value(); s != nil {
 		s.dropped.Store(n)
 	} else {
-		sh.floor = n // no value holds it; a load in flight may: its state will start here
+		tp.floor = n // no value holds it; a load in flight may: its state will start here
 	}
-	sh.mu.Unlock()
+	tp.mu.Unlock()
 }
 
 // state returns tag's state, made if it has none.
 func (t *tagTable) state(tag string) *tagState {
-	sh := t.shard(tag)
-	sh.mu.Lock()
-	defer sh.mu.Unlock()
-	wp, known := sh.states[tag]
+	tp := t.part(tag)
+	tp.mu.Lock()
+	defer tp.mu.Unlock()
+	wp, known := tp.states[tag]
 	if s := wp.Value(); s != nil {
 		return s
 	}
-	start := sh.floor
+	start := tp.floor
 	if known {
 		// Collected, not yet forgotten: its invalidations are lost with
 		// it, and may be as late as now.
@@ -168,8 +168,8 @@ func (t *tagTable) state(tag string) *tagState {
 	}
 	s := &tagState{name: strings.Clone(tag)}
 	s.dropped.Store(start)
-	sh.states[s.name] = weak.Make(s)
-	runtime.AddCleanup(s, sh.forget, tagForget{t: t, name: s.name})
+	tp.states[s.name] = weak.Make(s)
+	runtime.AddCleanup(s, tp.forget, tagForget{t: t, name: s.name})
 	return s
 }
 
@@ -180,25 +180,25 @@ type tagForget struct {
 }
 
 // forget runs once f's tag state is collected: the tag leaves the table,
-// unless a new state took its place, and the shard's floor rises to the
+// unless a new state took its place, and the part's floor rises to the
 // clock, past any invalidation the state recorded.
-func (sh *tagShard) forget(f tagForget) {
-	sh.mu.Lock()
-	if wp, ok := sh.states[f.name]; ok && wp.Value() == nil {
-		delete(sh.states, f.name)
+func (tp *tagPart) forget(f tagForget) {
+	tp.mu.Lock()
+	if wp, ok := tp.states[f.name]; ok && wp.Value() == nil {
+		delete(tp.states, f.name)
 	}
-	sh.floor = max(sh.floor, f.t.clock.Load())
-	sh.mu.Unlock()
+	tp.floor = max(tp.floor, f.t.clock.Load())
+	tp.mu.Unlock()
 }
 
 // len returns how many tags the table holds (for tests).
 func (t *tagTable) len() int {
 	n := 0
-	for i := range t.shards {
-		sh := &t.shards[i]
-		sh.mu.Lock()
-		n += len(sh.states)
-		sh.mu.Unlock()
+	for i := range t.parts {
+		tp := &t.parts[i]
+		tp.mu.Lock()
+		n += len(tp.states)
+		tp.mu.Unlock()
 	}
 	return n
 }
@@ -268,6 +268,10 @@ func (e *entry[K, V]) tagNames() []string {
 // are written again. It counts in Stats.TagInvalidations. Without
 // Options.Tags, and after Close, it does nothing. InvalidateTag is safe
 // for concurrent use.
+//
+// NOTE: it acts on this Loader alone: with [Options.Remote], the shared
+// tier's entries are not invalidated, and a load after the call may be
+// answered from one stored there before it.
 func (l *Loader[K, V]) InvalidateTag(tag string) {
 	if l.tags == nil || l.gate.Closed() {
 		return
