@@ -825,7 +825,8 @@ func (h *errorKinds) take() string {
 // stored: ahead.go). A loaded machine makes those;
 // TestClusterScriptsOnAMigratingSlot checks the scripts on a migrating
 // slot without them. So does the idle twin, for a run in which no command
-// of the fleet outlasted its tier's Timeout: the cluster options ride
+// of the fleet timed out and no move outlasted the tier's Timeout (the
+// span of a command's retries, see clusterOptions): the cluster options ride
 // through the migration (ASK, TRYAGAIN), so no load goes unshared, no
 // tier meets a Redis error, and the fleet makes no extra call before the
 // moves.
@@ -964,8 +965,16 @@ func TestClusterSlotMove(t *testing.T) {
 		}
 	}
 	t.Logf("largest generation: %d calls (%s); extra calls in all: %d", len(largest), describe(largest, baseline), len(extra))
-	last := moves[len(moves)-1].after
-	idleTwin(t, []loadSign{{"commands timed out", f.errKinds.timedOut()}}, func(t *testing.T) {
+	// The signs of load: a command that timed out, and a migration slower
+	// than a command's retries last (about the tier's Timeout), which a
+	// command then meets from start to end.
+	last, slow := moves[len(moves)-1].after, uint64(0)
+	for _, m := range moves {
+		if m.took > to.Timeout {
+			slow++
+		}
+	}
+	idleTwin(t, []loadSign{{"commands timed out", f.errKinds.timedOut()}, {"moves longer than the tier's Timeout", slow}}, func(t *testing.T) {
 		if u, e := unshared(atBaseline, last), last.RedisErrors-atBaseline.RedisErrors; u != 0 || e != 0 {
 			t.Errorf("%d loads not shared (local %d, takeovers %d, ahead %d), %d Redis errors; want 0, 0",
 				u, last.LocalLoads-atBaseline.LocalLoads, last.Takeovers-atBaseline.Takeovers, last.AheadLoads-atBaseline.AheadLoads, e)
