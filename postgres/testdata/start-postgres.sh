@@ -127,7 +127,6 @@ max_wal_senders = 20
 max_replication_slots = 20
 fsync = off
 full_page_writes = off
-synchronous_commit = off
 EOF
 
 for attempt in 1 2 3 4 5; do

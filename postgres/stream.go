@@ -1,0 +1,355 @@
+package flightpg
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/cenkalti/backoff/v4"
+	"github.com/jackc/pglogrepl"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgproto3"
+)
+
+const (
+	// statusInterval is the most time the applied position waits before
+	// it is reported to the server.
+	statusInterval = time.Second
+	// idleStatusInterval is how often the Source reports while nothing
+	// changes, so the server knows it is alive.
+	idleStatusInterval = 10 * time.Second
+	// silenceLimit is how long the Source waits for any message before it
+	// takes the connection for dead; the server sends a keepalive at least
+	// every wal_sender_timeout/2 (30s by default).
+	silenceLimit = 2 * time.Minute
+)
+
+// run is the Source's goroutine: it reads the stream on conn until the
+// connection fails, then reconnects with backoff, until ctx ends.
+func (s *Source[K]) run(ctx context.Context, conn *pgconn.PgConn) {
+	defer close(s.done)
+	for {
+		err := s.stream(ctx, conn)
+		s.hangUp(conn)
+		if ctx.Err() != nil {
+			return
+		}
+		s.report(fmt.Errorf("flightpg: replication connection lost: %w", err))
+		if conn = s.reconnect(ctx); conn == nil {
+			return
+		}
+		s.stats.reconnects.Add(1)
+	}
+}
+
+// reconnect connects again, waiting between attempts as Options.Reconnect
+// says; it returns nil when ctx ends first.
+func (s *Source[K]) reconnect(ctx context.Context) *pgconn.PgConn {
+	b := backoff.NewExponentialBackOff()
+	b.InitialInterval = s.opts.Reconnect.InitialInterval
+	b.MaxInterval = s.opts.Reconnect.MaxInterval
+	b.MaxElapsedTime = 0
+	b.Reset()
+	for {
+		t := time.NewTimer(b.NextBackOff())
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil
+		case <-t.C:
+		}
+		conn, err := s.connect(ctx, false)
+		if err == nil {
+			return conn
+		}
+		if ctx.Err() != nil {
+			return nil
+		}
+		s.report(fmt.Errorf("flightpg: reconnect: %w", err))
+	}
+}
+
+// hangUp closes a replication connection; a temporary slot goes with it.
+func (s *Source[K]) hangUp(conn *pgconn.PgConn) {
+	ctx, cancel := context.WithTimeout(s.base, closeTimeout)
+	defer cancel()
+	_ = conn.Close(ctx)
+}
+
+// connect opens a replication connection, finds or creates the slot, and
+// starts the stream after the last position applied. A slot created where
+// one was read before (first is false) is a gap; any slot created
+// distrusts every value.
+func (s *Source[K]) connect(ctx context.Context, first bool) (*pgconn.PgConn, error) {
+	conn, err := pgconn.ConnectConfig(ctx, s.config)
+	if err != nil {
+		return nil, fmt.Errorf("flightpg: connect: %w", err)
+	}
+	slot, lost, err := s.startStream(ctx, conn)
+	if err != nil {
+		s.hangUp(conn)
+		return nil, err
+	}
+	switch {
+	case lost != "" && !first:
+		s.gap(slot, lost)
+	case lost != "":
+		s.apply.invalidateAll()
+	}
+	return conn, nil
+}
+
+// startStream finds or creates the slot and starts the stream on conn. It
+// returns the slot's name and, when changes before the stream's start
+// cannot be replayed (the slot was created, or someone else read past what
+// this Source applied), why.
+func (s *Source[K]) startStream(ctx context.Context, conn *pgconn.PgConn) (slot, lost string, err error) {
+	slot = s.opts.Slot
+	start := LSN(s.applied.Load())
+	if slot == "" {
+		slot = "flightpg_" + randomHex(8)
+		if err := createSlot(ctx, conn, slot, true); err != nil {
+			return "", "", err
+		}
+		lost = "a new temporary slot: what was committed before it cannot be read"
+	} else {
+		created, confirmed, err := ensureSlot(ctx, conn, slot)
+		if err != nil {
+			return "", "", err
+		}
+		switch {
+		case created:
+			lost = "slot " + slot + " was missing and is created anew"
+		case start != 0 && confirmed > start:
+			lost = fmt.Sprintf("slot %s was read up to %v elsewhere, past %v applied here", slot, confirmed, start)
+		}
+	}
+	if lost != "" {
+		start = 0 // from the slot's own position
+	}
+	err = s.startReplication(ctx, conn, slot, start)
+	var pgErr *pgconn.PgError
+	if s.opts.Slot != "" && errors.As(err, &pgErr) && pgErr.Code == "55000" {
+		// The slot was invalidated (max_slot_wal_keep_size): the WAL it
+		// needed is gone. Make it anew.
+		if err := dropSlot(ctx, conn, slot); err != nil {
+			return "", "", err
+		}
+		if err := createSlot(ctx, conn, slot, false); err != nil {
+			return "", "", err
+		}
+		lost = "slot " + slot + " was invalidated (" + pgErr.Message + ") and is created anew"
+		err = s.startReplication(ctx, conn, slot, 0)
+	}
+	if err != nil {
+		return "", "", fmt.Errorf("flightpg: start replication on slot %s: %w", slot, err)
+	}
+	return slot, lost, nil
+}
+
+func (s *Source[K]) startReplication(ctx context.Context, conn *pgconn.PgConn, slot string, start LSN) error {
+	return pglogrepl.StartReplication(ctx, conn, slot, pglogrepl.LSN(start), pglogrepl.StartReplicationOptions{
+		PluginArgs: []string{"proto_version '1'", "publication_names " + quoteLiteral(quoteIdent(s.opts.Publication))},
+	})
+}
+
+// createSlot creates a logical slot on pgoutput.
+func createSlot(ctx context.Context, conn *pgconn.PgConn, slot string, temporary bool) error {
+	_, err := pglogrepl.CreateReplicationSlot(ctx, conn, slot, "pgoutput",
+		pglogrepl.CreateReplicationSlotOptions{Temporary: temporary, SnapshotAction: "NOEXPORT_SNAPSHOT"})
+	if err != nil {
+		return fmt.Errorf("flightpg: create slot %s: %w", slot, err)
+	}
+	return nil
+}
+
+// ensureSlot creates the permanent slot when it is missing; it returns
+// whether it did, and the position the slot was confirmed at before.
+func ensureSlot(ctx context.Context, conn *pgconn.PgConn, slot string) (created bool, confirmed LSN, err error) {
+	// A replication connection (replication=database) takes plain SQL
+	// through the simple protocol. slot is checked: [a-z0-9_]+.
+	rs, err := conn.Exec(ctx, "SELECT confirmed_flush_lsn, plugin FROM pg_replication_slots WHERE slot_name = '"+slot+"'").ReadAll()
+	if err != nil {
+		return false, 0, fmt.Errorf("flightpg: look up slot %s: %w", slot, err)
+	}
+	if len(rs) == 1 && len(rs[0].Rows) == 1 {
+		row := rs[0].Rows[0]
+		if string(row[1]) != "pgoutput" {
+			return false, 0, fmt.Errorf("flightpg: slot %s uses plugin %q, not pgoutput", slot, row[1])
+		}
+		if row[0] != nil {
+			if confirmed, err = ParseLSN(string(row[0])); err != nil {
+				return false, 0, err
+			}
+		}
+		return false, confirmed, nil
+	}
+	return true, 0, createSlot(ctx, conn, slot, false)
+}
+
+// dropSlot drops a slot, waiting for a connection still using it to let
+// go.
+func dropSlot(ctx context.Context, conn *pgconn.PgConn, slot string) error {
+	if err := pglogrepl.DropReplicationSlot(ctx, conn, slot, pglogrepl.DropReplicationSlotOptions{Wait: true}); err != nil {
+		return fmt.Errorf("flightpg: drop slot %s: %w", slot, err)
+	}
+	return nil
+}
+
+// dropSlot drops the permanent slot, for Close.
+func (s *Source[K]) dropSlot() error {
+	ctx, cancel := context.WithTimeout(s.base, closeTimeout)
+	defer cancel()
+	conn, err := pgconn.ConnectConfig(ctx, s.config)
+	if err != nil {
+		return fmt.Errorf("flightpg: drop slot %s: %w", s.opts.Slot, err)
+	}
+	defer s.hangUp(conn)
+	return dropSlot(ctx, conn, s.opts.Slot)
+}
+
+// stream reads the replication stream on conn and applies it, reporting
+// progress to the server, until an error or ctx ends (then it returns nil).
+func (s *Source[K]) stream(ctx context.Context, conn *pgconn.PgConn) error {
+	rels := newRelations()
+	s.apply.reset() // a transaction cut by a lost connection comes again
+	lastStatus, lastHeard := time.Now(), time.Now()
+	sendStatus := func(reply bool) error {
+		at := LSN(s.applied.Load())
+		err := pglogrepl.SendStandbyStatusUpdate(ctx, conn, pglogrepl.StandbyStatusUpdate{
+			WALWritePosition: pglogrepl.LSN(at), ReplyRequested: reply,
+		})
+		if err != nil {
+			return fmt.Errorf("flightpg: report position %v: %w", at, err)
+		}
+		s.confirmed.Store(uint64(at))
+		lastStatus = time.Now()
+		return nil
+	}
+	for {
+		next := lastStatus.Add(idleStatusInterval)
+		if s.applied.Load() > s.confirmed.Load() {
+			next = lastStatus.Add(statusInterval)
+		}
+		if !time.Now().Before(next) {
+			if err := sendStatus(false); err != nil {
+				return err
+			}
+			continue
+		}
+		rctx, cancel := context.WithDeadline(ctx, next)
+		msg, err := conn.ReceiveMessage(rctx)
+		cancel()
+		switch {
+		case ctx.Err() != nil:
+			return nil
+		case err != nil && pgconn.Timeout(err):
+			if time.Since(lastHeard) > silenceLimit {
+				return fmt.Errorf("flightpg: no message from the server in %v", silenceLimit)
+			}
+			continue
+		case err != nil:
+			return err
+		}
+		lastHeard = time.Now()
+		switch msg := msg.(type) {
+		case *pgproto3.CopyData:
+			reply, err := s.handle(rels, msg.Data)
+			if err != nil {
+				return err
+			}
+			if reply {
+				if err := sendStatus(false); err != nil {
+					return err
+				}
+			}
+		case *pgproto3.ErrorResponse:
+			return pgconn.ErrorResponseToPgError(msg)
+		case *pgproto3.CopyDone:
+			return errors.New("flightpg: the server ended the replication stream")
+		}
+	}
+}
+
+// handle applies one message of the stream; it returns whether the
+// server asked for a reply.
+func (s *Source[K]) handle(rels *relations, data []byte) (reply bool, err error) {
+	if len(data) == 0 {
+		return false, nil
+	}
+	switch data[0] {
+	case pglogrepl.PrimaryKeepaliveMessageByteID:
+		k, err := pglogrepl.ParsePrimaryKeepaliveMessage(data[1:])
+		if err != nil {
+			return false, fmt.Errorf("flightpg: %w", err)
+		}
+		// Between transactions, everything the server decoded up to its
+		// position has been received and applied.
+		if !s.apply.open {
+			s.advance(LSN(k.ServerWALEnd))
+		}
+		return k.ReplyRequested, nil
+	case pglogrepl.XLogDataByteID:
+		x, err := pglogrepl.ParseXLogData(data[1:])
+		if err != nil {
+			return false, fmt.Errorf("flightpg: %w", err)
+		}
+		m, err := pglogrepl.Parse(x.WALData)
+		if err != nil {
+			s.apply.unknown(fmt.Errorf("flightpg: decode: %w", err))
+			return false, nil
+		}
+		s.message(rels, m)
+	}
+	return false, nil
+}
+
+// message applies one pgoutput message.
+func (s *Source[K]) message(rels *relations, m pglogrepl.Message) {
+	switch m := m.(type) {
+	case *pglogrepl.RelationMessage:
+		rels.byID[m.RelationID] = m
+	case *pglogrepl.BeginMessage:
+		s.apply.begin(m)
+	case *pglogrepl.CommitMessage:
+		s.apply.commit(m, time.Now())
+		s.advance(LSN(m.TransactionEndLSN))
+	case *pglogrepl.InsertMessage, *pglogrepl.UpdateMessage, *pglogrepl.DeleteMessage:
+		c, err := rels.change(m)
+		if err != nil {
+			s.apply.unknown(err)
+			return
+		}
+		s.apply.add(c)
+	case *pglogrepl.TruncateMessage:
+		cs, err := rels.truncated(m)
+		if err != nil {
+			s.apply.unknown(err)
+			return
+		}
+		for _, c := range cs {
+			s.apply.add(c)
+		}
+	}
+	// Type, Origin and logical decoding messages name no row.
+}
+
+// quoteIdent quotes a name as an SQL identifier.
+func quoteIdent(name string) string {
+	return `"` + strings.ReplaceAll(name, `"`, `""`) + `"`
+}
+
+// quoteLiteral quotes a string as an SQL literal.
+func quoteLiteral(s string) string {
+	return "'" + strings.ReplaceAll(s, "'", "''") + "'"
+}
+
+func randomHex(n int) string {
+	b := make([]byte, n)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}
