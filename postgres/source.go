@@ -33,8 +33,9 @@ type Source[K comparable] struct {
 	cancel context.CancelFunc // ends the Source's goroutine
 	done   chan struct{}      // closed when the goroutine has ended
 
-	applied   atomic.Uint64 // Stats.AppliedLSN
-	confirmed atomic.Uint64 // Stats.ConfirmedLSN
+	applied   atomic.Uint64          // Stats.AppliedLSN
+	confirmed atomic.Uint64          // Stats.ConfirmedLSN
+	slot      atomic.Pointer[string] // the slot read now
 
 	mu       sync.Mutex    // guards progress
 	progress chan struct{} // closed when applied grows; nil while no one waits
@@ -108,6 +109,15 @@ func (s *Source[K]) Stats() Stats {
 	st.AppliedLSN = LSN(s.applied.Load())
 	st.ConfirmedLSN = LSN(s.confirmed.Load())
 	return st
+}
+
+// Slot returns the name of the replication slot the Source reads from:
+// Options.Slot, or the temporary slot of its current connection.
+func (s *Source[K]) Slot() string {
+	if p := s.slot.Load(); p != nil {
+		return *p
+	}
+	return ""
 }
 
 // Wait returns once every change committed at or before lsn has been

@@ -94,6 +94,7 @@ func (s *Source[K]) connect(ctx context.Context, first bool) (*pgconn.PgConn, er
 		s.hangUp(conn)
 		return nil, err
 	}
+	s.slot.Store(&slot)
 	switch {
 	case lost != "" && !first:
 		s.gap(slot, lost)
