@@ -222,6 +222,40 @@ func TestMappingPanicIsContained(t *testing.T) {
 	}
 }
 
+// A column added to a published table (DDL) does not stop decoding: the
+// next change carries it.
+func TestColumnAddedKeepsDecoding(t *testing.T) {
+	conn := connect(t)
+	tbl, pub := table(t, conn)
+	var last Change
+	var mu sync.Mutex
+	mapping := func(c Change) ([]int64, []string) {
+		mu.Lock()
+		last = c
+		mu.Unlock()
+		return byID(c)
+	}
+	target := &recorder{}
+	src := start(t, target, mapping, Options{Publication: pub})
+	exec(t, conn, "INSERT INTO "+tbl+" VALUES (1, 'a', 1)")
+	exec(t, conn, "ALTER TABLE "+tbl+" ADD COLUMN stock int8 DEFAULT 5")
+	exec(t, conn, "UPDATE "+tbl+" SET stock = 6 WHERE id = 1")
+	caughtUp(t, src, conn)
+	mu.Lock()
+	defer mu.Unlock()
+	if keys, _ := target.take(); !slices.Equal(keys, []int64{1, 1}) || last.New["stock"] != int64(6) {
+		t.Errorf("after ADD COLUMN: invalidated %v, last change %+v; want [1 1], stock 6", keys, last)
+	}
+}
+
+// New fails, naming the option, when the publication does not exist.
+func TestMissingPublicationFailsNew(t *testing.T) {
+	_, err := New(deadline(t), pgURL(t), &recorder{}, byID, Options{Publication: "no_such_publication"})
+	if err == nil || !strings.Contains(err.Error(), "Options.Publication") || !strings.Contains(err.Error(), "no_such_publication") {
+		t.Errorf("New with a missing publication = %v; want an error naming Options.Publication and the name", err)
+	}
+}
+
 // New rejects bad options with an error naming the field.
 func TestOptionsNameTheBadField(t *testing.T) {
 	for _, tc := range []struct {

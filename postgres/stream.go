@@ -109,6 +109,15 @@ func (s *Source[K]) connect(ctx context.Context, first bool) (*pgconn.PgConn, er
 // cannot be replayed (the slot was created, or someone else read past what
 // this Source applied), why.
 func (s *Source[K]) startStream(ctx context.Context, conn *pgconn.PgConn) (slot, lost string, err error) {
+	// pgoutput reads the publication only when the first change comes:
+	// look now, so that a wrong name fails New and says why.
+	rs, err := conn.Exec(ctx, "SELECT 1 FROM pg_publication WHERE pubname = "+quoteLiteral(s.opts.Publication)).ReadAll()
+	if err != nil {
+		return "", "", fmt.Errorf("flightpg: look up publication %q: %w", s.opts.Publication, err)
+	}
+	if len(rs) != 1 || len(rs[0].Rows) != 1 {
+		return "", "", fmt.Errorf("flightpg: Options.Publication: no publication %q in database %q", s.opts.Publication, s.config.Database)
+	}
 	slot = s.opts.Slot
 	start := LSN(s.applied.Load())
 	if slot == "" {
@@ -237,7 +246,10 @@ func (s *Source[K]) stream(ctx context.Context, conn *pgconn.PgConn) error {
 			next = lastStatus.Add(statusInterval)
 		}
 		if !time.Now().Before(next) {
-			if err := sendStatus(false); err != nil {
+			// While idle, ask for a reply: the server's keepalive shows
+			// the connection alive (silenceLimit).
+			idle := s.applied.Load() == s.confirmed.Load()
+			if err := sendStatus(idle); err != nil {
 				return err
 			}
 			continue
