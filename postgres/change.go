@@ -8,9 +8,9 @@ import (
 	"github.com/jackc/pgx/v5/pgtype"
 )
 
-// Change is one committed row change, as the [Mapping] sees it. Nothing in
-// it is specific to PostgreSQL but the names of its operations' sources:
-// another database's change stream can fill the same fields.
+// Change is one committed row change, as the [Mapping] sees it. Its fields
+// are not PostgreSQL's own: another database's change stream (a MySQL
+// binlog) could fill them.
 type Change struct {
 	// Schema and Table name the table the row belongs to.
 	Schema, Table string
@@ -81,8 +81,8 @@ type LSN uint64
 // String formats the LSN as PostgreSQL does (16/B374D848).
 func (l LSN) String() string { return pglogrepl.LSN(l).String() }
 
-// ParseLSN parses the text form of an LSN, as pg_current_wal_lsn() gives
-// it.
+// ParseLSN parses the text form of an LSN, as pg_current_wal_insert_lsn()
+// gives it.
 func ParseLSN(s string) (LSN, error) {
 	l, err := pglogrepl.ParseLSN(s)
 	if err != nil {

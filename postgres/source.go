@@ -26,7 +26,8 @@ var ErrClosed = errors.New("flightpg: source closed")
 // methods are safe for concurrent use.
 type Source[K comparable] struct {
 	opts   Options
-	config *pgconn.Config
+	config *pgconn.Config // the replication connection's
+	plain  *pgconn.Config // the connection that asks what is visible (visible.go)
 	apply  *applier[K]
 	stats  counters
 	base   context.Context    // New's context without its cancellation: values for the work the Source starts
@@ -69,19 +70,21 @@ func New[K comparable](ctx context.Context, connString string, target Target[K],
 	if err != nil {
 		return nil, fmt.Errorf("flightpg: connString: %w", err)
 	}
-	config.RuntimeParams["replication"] = "database"
 	if config.RuntimeParams["application_name"] == "" {
 		config.RuntimeParams["application_name"] = "flightpg"
 	}
-	s := &Source[K]{opts: opts, config: config, base: context.WithoutCancel(ctx), done: make(chan struct{})}
+	plain := config.Copy()
+	delete(plain.RuntimeParams, "replication")
+	config.RuntimeParams["replication"] = "database"
+	s := &Source[K]{opts: opts, config: config, plain: plain, base: context.WithoutCancel(ctx), done: make(chan struct{})}
 	s.apply = newApplier(target, mapping, opts.MaxPendingKeys, s.report, &s.stats)
-	conn, err := s.connect(ctx, true)
+	link, err := s.connect(ctx, true)
 	if err != nil {
 		return nil, err
 	}
 	var life context.Context
 	life, s.cancel = context.WithCancel(s.base)
-	go s.run(life, conn)
+	go s.run(life, link)
 	return s, nil
 }
 
@@ -122,9 +125,10 @@ func (s *Source[K]) Slot() string {
 
 // Wait returns once every change committed at or before lsn has been
 // applied (its keys invalidated), or with ctx's error, or with
-// [ErrClosed]. A writer that read pg_current_wal_lsn() after its commit
-// waits with it for its own change to reach the cache: read-your-writes
-// across processes.
+// [ErrClosed]. A writer that read pg_current_wal_insert_lsn() after its
+// commit returned waits with it for its own change to reach the cache:
+// read-your-writes across processes. (pg_current_wal_lsn(), the position
+// written, may still be before a commit made with synchronous_commit off.)
 func (s *Source[K]) Wait(ctx context.Context, lsn LSN) error {
 	for {
 		s.mu.Lock()

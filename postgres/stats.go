@@ -44,6 +44,10 @@ type Stats struct {
 	Gaps uint64
 	// Reconnects counts the replication connections made after a loss.
 	Reconnects uint64
+	// NotYetVisible counts the transactions that arrived before
+	// PostgreSQL made them visible to other sessions: the Source waited
+	// for each before applying it (see docs/postgres.md).
+	NotYetVisible uint64
 	// AppliedLSN is the log position up to which every change has been
 	// applied (its invalidations made): the end of the last transaction
 	// applied, or, while nothing is pending, the last position the server
@@ -76,7 +80,7 @@ const LagWindow = 1024
 type counters struct {
 	transactions, changes, invalidations, tagInvalidations atomic.Uint64
 	invalidateAlls, tagsWithoutTarget, truncatesUnmapped   atomic.Uint64
-	panics, decodeErrors, gaps, reconnects                 atomic.Uint64
+	panics, decodeErrors, gaps, reconnects, notYetVisible  atomic.Uint64
 	lag                                                    lagWindow
 }
 
@@ -121,6 +125,7 @@ func (c *counters) snapshot() Stats {
 		DecodeErrors:      c.decodeErrors.Load(),
 		Gaps:              c.gaps.Load(),
 		Reconnects:        c.reconnects.Load(),
+		NotYetVisible:     c.notYetVisible.Load(),
 		Lag:               c.lag.summary(),
 	}
 }

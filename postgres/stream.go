@@ -28,18 +28,26 @@ const (
 	silenceLimit = 2 * time.Minute
 )
 
-// run is the Source's goroutine: it reads the stream on conn until the
+// link is a Source's pair of connections to the server: the replication
+// stream, and a plain one that asks whether a transaction is visible yet
+// (visible.go). Only the Source's goroutine uses them (New's before it).
+type link struct {
+	repl, plain *pgconn.PgConn
+}
+
+// run is the Source's goroutine: it reads the stream on l until a
 // connection fails, then reconnects with backoff, until ctx ends.
-func (s *Source[K]) run(ctx context.Context, conn *pgconn.PgConn) {
+func (s *Source[K]) run(ctx context.Context, l link) {
 	defer close(s.done)
 	for {
-		err := s.stream(ctx, conn)
-		s.hangUp(conn)
+		err := s.stream(ctx, l)
+		s.hangUp(l)
 		if ctx.Err() != nil {
 			return
 		}
 		s.report(fmt.Errorf("flightpg: replication connection lost: %w", err))
-		if conn = s.reconnect(ctx); conn == nil {
+		var ok bool
+		if l, ok = s.reconnect(ctx); !ok {
 			return
 		}
 		s.stats.reconnects.Add(1)
@@ -47,8 +55,8 @@ func (s *Source[K]) run(ctx context.Context, conn *pgconn.PgConn) {
 }
 
 // reconnect connects again, waiting between attempts as Options.Reconnect
-// says; it returns nil when ctx ends first.
-func (s *Source[K]) reconnect(ctx context.Context) *pgconn.PgConn {
+// says; it returns false when ctx ends first.
+func (s *Source[K]) reconnect(ctx context.Context) (link, bool) {
 	b := backoff.NewExponentialBackOff()
 	b.InitialInterval = s.opts.Reconnect.InitialInterval
 	b.MaxInterval = s.opts.Reconnect.MaxInterval
@@ -59,40 +67,50 @@ func (s *Source[K]) reconnect(ctx context.Context) *pgconn.PgConn {
 		select {
 		case <-ctx.Done():
 			t.Stop()
-			return nil
+			return link{}, false
 		case <-t.C:
 		}
-		conn, err := s.connect(ctx, false)
+		l, err := s.connect(ctx, false)
 		if err == nil {
-			return conn
+			return l, true
 		}
 		if ctx.Err() != nil {
-			return nil
+			return link{}, false
 		}
 		s.report(fmt.Errorf("flightpg: reconnect: %w", err))
 	}
 }
 
-// hangUp closes a replication connection; a temporary slot goes with it.
-func (s *Source[K]) hangUp(conn *pgconn.PgConn) {
+// hangUp closes a link's connections; a temporary slot goes with the
+// replication one.
+func (s *Source[K]) hangUp(l link) {
 	ctx, cancel := context.WithTimeout(s.base, closeTimeout)
 	defer cancel()
-	_ = conn.Close(ctx)
+	for _, c := range []*pgconn.PgConn{l.repl, l.plain} {
+		if c != nil {
+			_ = c.Close(ctx)
+		}
+	}
 }
 
-// connect opens a replication connection, finds or creates the slot, and
-// starts the stream after the last position applied. A slot created where
-// one was read before (first is false) is a gap; any slot created
-// distrusts every value.
-func (s *Source[K]) connect(ctx context.Context, first bool) (*pgconn.PgConn, error) {
-	conn, err := pgconn.ConnectConfig(ctx, s.config)
-	if err != nil {
-		return nil, fmt.Errorf("flightpg: connect: %w", err)
+// connect opens the connections, finds or creates the slot, and starts
+// the stream after the last position applied. A slot created where one
+// was read before (first is false) is a gap; any slot created distrusts
+// every value.
+func (s *Source[K]) connect(ctx context.Context, first bool) (link, error) {
+	var l link
+	var err error
+	if l.plain, err = pgconn.ConnectConfig(ctx, s.plain); err != nil {
+		return link{}, fmt.Errorf("flightpg: connect: %w", err)
 	}
-	slot, lost, err := s.startStream(ctx, conn)
+	if l.repl, err = pgconn.ConnectConfig(ctx, s.config); err != nil {
+		s.hangUp(l)
+		return link{}, fmt.Errorf("flightpg: connect for replication: %w", err)
+	}
+	slot, lost, err := s.startStream(ctx, l.repl)
 	if err != nil {
-		s.hangUp(conn)
-		return nil, err
+		s.hangUp(l)
+		return link{}, err
 	}
 	s.slot.Store(&slot)
 	switch {
@@ -101,7 +119,7 @@ func (s *Source[K]) connect(ctx context.Context, first bool) (*pgconn.PgConn, er
 	case lost != "":
 		s.apply.invalidateAll()
 	}
-	return conn, nil
+	return l, nil
 }
 
 // startStream finds or creates the slot and starts the stream on conn. It
@@ -218,13 +236,14 @@ func (s *Source[K]) dropSlot() error {
 	if err != nil {
 		return fmt.Errorf("flightpg: drop slot %s: %w", s.opts.Slot, err)
 	}
-	defer s.hangUp(conn)
+	defer s.hangUp(link{repl: conn})
 	return dropSlot(ctx, conn, s.opts.Slot)
 }
 
 // stream reads the replication stream on conn and applies it, reporting
 // progress to the server, until an error or ctx ends (then it returns nil).
-func (s *Source[K]) stream(ctx context.Context, conn *pgconn.PgConn) error {
+func (s *Source[K]) stream(ctx context.Context, l link) error {
+	conn := l.repl
 	rels := newRelations()
 	s.apply.reset() // a transaction cut by a lost connection comes again
 	lastStatus, lastHeard := time.Now(), time.Now()
@@ -271,7 +290,7 @@ func (s *Source[K]) stream(ctx context.Context, conn *pgconn.PgConn) error {
 		lastHeard = time.Now()
 		switch msg := msg.(type) {
 		case *pgproto3.CopyData:
-			reply, err := s.handle(rels, msg.Data)
+			reply, err := s.handle(ctx, l.plain, rels, msg.Data)
 			if err != nil {
 				return err
 			}
@@ -290,7 +309,7 @@ func (s *Source[K]) stream(ctx context.Context, conn *pgconn.PgConn) error {
 
 // handle applies one message of the stream; it returns whether the
 // server asked for a reply.
-func (s *Source[K]) handle(rels *relations, data []byte) (reply bool, err error) {
+func (s *Source[K]) handle(ctx context.Context, plain *pgconn.PgConn, rels *relations, data []byte) (reply bool, err error) {
 	if len(data) == 0 {
 		return false, nil
 	}
@@ -315,6 +334,17 @@ func (s *Source[K]) handle(rels *relations, data []byte) (reply bool, err error)
 		if err != nil {
 			s.apply.unknown(fmt.Errorf("flightpg: decode: %w", err))
 			return false, nil
+		}
+		if b, ok := m.(*pglogrepl.BeginMessage); ok {
+			// The commit is durable; wait until it is visible too, so that
+			// a load after its invalidations reads it (visible.go).
+			waited, err := awaitVisible(ctx, plain, b.Xid)
+			if err != nil {
+				return false, err
+			}
+			if waited {
+				s.stats.notYetVisible.Add(1)
+			}
 		}
 		s.message(rels, m)
 	}

@@ -100,7 +100,8 @@ func TestOutsideWriterIsNeverServedOld(t *testing.T) {
 	}
 	slices.Sort(waits)
 	st := src.Stats()
-	t.Logf("%d updates, %d Gets by %d readers: 0 old rows served; commit->Wait returned p50 %v p99 %v; "+
-		"Source lag (commit->applied, last %d) p50 %v p99 %v max %v",
-		updates, gets.Load(), readers, waits[len(waits)/2], waits[len(waits)*99/100], st.Lag.Samples, st.Lag.P50, st.Lag.P99, st.Lag.Max)
+	t.Logf("%d updates, %d Gets by %d readers: %d old rows served; commit->Wait returned p50 %v p99 %v; "+
+		"Source lag (commit->applied, last %d) p50 %v p99 %v max %v; %d transactions arrived before they were visible",
+		updates, gets.Load(), readers, stale.Load(), waits[len(waits)/2], waits[len(waits)*99/100],
+		st.Lag.Samples, st.Lag.P50, st.Lag.P99, st.Lag.Max, st.NotYetVisible)
 }
