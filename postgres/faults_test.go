@@ -2,6 +2,7 @@ package flightpg
 
 import (
 	"fmt"
+	osexec "os/exec"
 	"slices"
 	"strings"
 	"testing"
@@ -61,9 +62,11 @@ func TestReconnectResumesWithoutSkipping(t *testing.T) {
 	slot := testSlot()
 	var log errorLog
 	target := &recorder{}
-	src := start(t, target, byID, Options{Publication: pub, Slot: slot, DropSlotOnClose: true,
+	src := start(t, target, byID, Options{
+		Publication: pub, Slot: slot, DropSlotOnClose: true,
 		Reconnect: Reconnect{InitialInterval: 20 * time.Millisecond, MaxInterval: 200 * time.Millisecond},
-		OnError:   log.onError, OnGap: log.onGap})
+		OnError:   log.onError, OnGap: log.onGap,
+	})
 	_, allsAtStart := target.take()
 
 	const rounds, perRound = 3, 100
@@ -97,6 +100,48 @@ func TestReconnectResumesWithoutSkipping(t *testing.T) {
 	}
 	t.Logf("%d changes read for %d updates (replayed: %d); %d reconnects; lag p50 %v p99 %v",
 		st.Changes, rounds*perRound, int(st.Changes)-rounds*perRound, st.Reconnects, st.Lag.P50, st.Lag.P99)
+}
+
+// PostgreSQL restarted (a fast shutdown, then a start on the same port)
+// while a writer commits: the Source reconnects once the server is back
+// and resumes on its permanent slot; no change is skipped and nothing is
+// distrusted.
+func TestServerRestartResumesWithoutSkipping(t *testing.T) {
+	conn := connect(t)
+	tbl, pub := table(t, conn)
+	const rows = 100
+	exec(t, conn, "INSERT INTO "+tbl+" SELECT g, 'p', 0 FROM generate_series(1, $1::int) g", rows)
+	slot := testSlot()
+	var log errorLog
+	target := &recorder{}
+	src := start(t, target, byID, Options{
+		Publication: pub, Slot: slot, DropSlotOnClose: true,
+		Reconnect: Reconnect{InitialInterval: 20 * time.Millisecond, MaxInterval: 200 * time.Millisecond},
+		OnError:   log.onError, OnGap: log.onGap,
+	})
+	_, allsAtStart := target.take()
+	for id := 1; id <= rows/2; id++ {
+		exec(t, conn, "UPDATE "+tbl+" SET price = price + 1 WHERE id = $1", id)
+	}
+	if out, err := osexec.Command("bash", "testdata/start-postgres.sh", "restart", pgURL(t)).CombinedOutput(); err != nil {
+		t.Fatalf("restart the server: %v\n%s", err, out)
+	}
+	conn = connect(t) // the first one went with the server
+	for id := rows/2 + 1; id <= rows; id++ {
+		exec(t, conn, "UPDATE "+tbl+" SET price = price + 1 WHERE id = $1", id)
+	}
+	caughtUp(t, src, conn)
+
+	keys, alls := target.take()
+	keys = slices.Compact(keys)
+	st := src.Stats()
+	if len(keys) != rows || keys[0] != 1 || keys[len(keys)-1] != rows {
+		t.Errorf("invalidated %d distinct keys; want every one of 1..%d", len(keys), rows)
+	}
+	if _, gaps := log.snapshot(); alls != allsAtStart || st.Gaps != 0 || len(gaps) != 0 || st.Reconnects < 1 {
+		t.Errorf("after a server restart: %d InvalidateAll, Stats %+v, gaps %v; want %d (New's), 0 gaps, a reconnect",
+			alls, st, gaps, allsAtStart)
+	}
 }
 
 // A temporary slot goes with its connection: what was committed while
@@ -141,9 +186,11 @@ func TestDroppedSlotIsAGap(t *testing.T) {
 	slot := testSlot()
 	var log errorLog
 	target := &recorder{}
-	src, err := New(deadline(t), withUser(t, role), target, byID, Options{Publication: pub, Slot: slot, DropSlotOnClose: true,
+	src, err := New(deadline(t), withUser(t, role), target, byID, Options{
+		Publication: pub, Slot: slot, DropSlotOnClose: true,
 		Reconnect: Reconnect{InitialInterval: 20 * time.Millisecond, MaxInterval: 100 * time.Millisecond},
-		OnError:   log.onError, OnGap: log.onGap})
+		OnError:   log.onError, OnGap: log.onGap,
+	})
 	if err != nil {
 		t.Fatal(err)
 	}

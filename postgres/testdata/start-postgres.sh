@@ -11,7 +11,8 @@
 # on stderr) with wal_level=logical, trust authentication for the superuser
 # "postgres", and fsync off (it is thrown away); the server listens on
 # 127.0.0.1 and on a unix socket in that directory, and writes its log
-# there. initdb and postgres refuse to run as root: run as root, the script
+# there. "restart URL" restarts it (fast shutdown, same port and data).
+# initdb and postgres refuse to run as root: run as root, the script
 # runs them as the user "postgres" (created if missing) or, failing that,
 # as "nobody", and hands the directory to that user. "stop URL" shuts the
 # server down and deletes the directory.
@@ -57,6 +58,17 @@ fi
 # marker names the file, in a directory this script made, that holds the
 # server's URL: "stop" deletes only a directory that holds one.
 marker=.flightpg-single
+
+if [ "${1:-}" = restart ]; then
+  # A fast restart of the server URL names, on the same port and data
+  # (the tests of a Source riding out a server restart use it).
+  url=${2:?usage: start-postgres.sh restart URL}
+  bin=$(bindir)
+  data=$("$bin/psql" "$url" -XAtqc 'show data_directory')
+  [ -f "$(dirname "$data")/$marker" ] || { echo "start-postgres: $url is not a server this script started" >&2; exit 1; }
+  as_owner "$bin/pg_ctl" -D "$data" -l "$(dirname "$data")/postgres.log" -m fast -w -t 60 restart >&2
+  exit 0
+fi
 
 if [ "${1:-}" = stop ]; then
   url=${2:?usage: start-postgres.sh stop URL}
