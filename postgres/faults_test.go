@@ -291,6 +291,9 @@ func TestCloseDropsTheSlot(t *testing.T) {
 	if exists, _, _ := slotState(t, conn, slot); !exists {
 		t.Fatalf("slot %s is gone after Close without DropSlotOnClose", slot)
 	}
+	// The server lets go of the slot when the closed connection's
+	// walsender has exited, in its own time.
+	eventually(t, "the slot let go", func() bool { _, active, _ := slotState(t, conn, slot); return !active })
 	target := &recorder{}
 	again, err := New(deadline(t), pgURL(t), target, byID, Options{Publication: pub, Slot: slot, DropSlotOnClose: true})
 	if err != nil {
