@@ -46,7 +46,9 @@ type Source[K comparable] struct {
 }
 
 // New connects to the PostgreSQL that connString names (a URL or a DSN, as
-// pgx takes them; the user needs the REPLICATION attribute), creates or
+// pgx takes them; the user needs the REPLICATION attribute; the Source
+// holds two connections: the replication stream, and a plain one on which
+// it waits for each transaction to be visible before applying it), creates or
 // finds the replication slot ([Options.Slot]), starts reading
 // [Options.Publication], and returns once the stream has started: every
 // change committed after New returns reaches target. ctx bounds this

@@ -176,6 +176,7 @@ func (s *Source[K]) stream(ctx context.Context, l link) error {
 			if err != nil {
 				return err
 			}
+			lastHeard = time.Now() // a slow target is not a silent server
 			if reply {
 				if err := sendStatus(false); err != nil {
 					return err
