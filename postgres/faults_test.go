@@ -54,7 +54,8 @@ func slotState(t testing.TB, conn *pgx.Conn, slot string) (exists, active bool, 
 // With a permanent slot, a replication connection ended by the server
 // (pg_terminate_backend of its walsender) is made again and the stream
 // resumes where it was applied: every change committed meanwhile is
-// applied, none is skipped, and nothing is distrusted.
+// applied, none is skipped, and nothing is distrusted (docs/design.md,
+// rule 34).
 func TestReconnectResumesWithoutSkipping(t *testing.T) {
 	conn := connect(t)
 	tbl, pub := table(t, conn)

@@ -13,7 +13,8 @@ import (
 // the cache once the Source has applied that commit: its own caller gets
 // the row it read, and the next Get loads the committed row. Without a
 // Source the old row is served as a hit until its TTL (the twin below):
-// the Loader knows only the writes that go through it.
+// the Loader knows only the writes that go through it. (docs/design.md,
+// rules 6 and 34.)
 func TestLoadThatReadBeforeTheCommitNeverFills(t *testing.T) {
 	for _, withSource := range []bool{true, false} {
 		name := "without a Source: the old row is a hit"

@@ -18,7 +18,8 @@ import (
 // afterwards returns the row from before it, whatever was cached or
 // loading. Each row's price is its version; the writer waits for its
 // commit to be applied (Source.Wait), then publishes the version as the
-// least any later Get may return.
+// least any later Get may return. (docs/design.md, rule 34: a change is
+// applied once its commit is visible.)
 func TestOutsideWriterIsNeverServedOld(t *testing.T) {
 	conn := connect(t)
 	tbl, pub := table(t, conn)
