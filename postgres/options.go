@@ -35,6 +35,21 @@ type Options struct {
 	// always dropped.
 	DropSlotOnClose bool
 
+	// Resume is the position a warm restart resumes from: the
+	// [Source.Applied] of the Source of the process that saved the
+	// snapshot of its Loader's entries (flightcache's Loader.Entries),
+	// read after that Source was closed and before the entries were taken.
+	// The Source then reads Slot from Resume on: every change committed
+	// after it is applied, to the entries the Loader restored before New
+	// (see docs/postgres.md, "Warm restarts", and [Source.CatchUp]). When
+	// the slot cannot replay from Resume (it was created anew, or
+	// confirmed past Resume: read by a Source after the snapshot), the
+	// restored entries cannot be checked: New distrusts every value
+	// (InvalidateAll), counts a gap ([Stats.Gaps], [Options.OnGap]) and
+	// [Stats.Resumed] stays false. Needs Slot. Zero (the default): no
+	// resume, the Source reads from where Slot was confirmed.
+	Resume LSN
+
 	// MaxPendingKeys bounds the keys and tags a transaction's changes have
 	// named and the Source holds before it invalidates them. A transaction
 	// that names more is invalidated in parts as it streams (see
@@ -102,6 +117,8 @@ func (o *Options) validate() error {
 		return optionError("Slot", "must be 1 to 63 lower-case letters, digits and underscores, got %q", o.Slot)
 	case o.Slot == "" && o.DropSlotOnClose:
 		return optionError("DropSlotOnClose", "needs Options.Slot (a temporary slot is always dropped)")
+	case o.Slot == "" && o.Resume != 0:
+		return optionError("Resume", "needs Options.Slot (a temporary slot has nothing to replay)")
 	case o.MaxPendingKeys < 0:
 		return optionError("MaxPendingKeys", "must be >= 0, got %d", o.MaxPendingKeys)
 	case o.Reconnect.InitialInterval < 0:
