@@ -77,6 +77,54 @@ type Options struct {
 	// on the Source's goroutine, which waits for it. A panic in it is
 	// recovered.
 	OnGap func(Gap)
+
+	// OnApplied, when set, is called after each transaction is applied
+	// (one that held a change of the publication), in commit order, with
+	// what it did: its commit's position and time, its lag, its changes
+	// and the invalidations they made. It feeds an observer (a histogram
+	// of the lag, a counter of changes). It is called on the Source's
+	// goroutine, which waits for it: it must not block. A panic in it is
+	// recovered and reported to OnError (a *flightcache.PanicError).
+	OnApplied func(Applied)
+
+	// OnReconnect, when set, is called after each replication connection
+	// made after a loss (counted in [Stats.Reconnects]), before the stream
+	// resumes. A reconnect that finds changes lost is a [Gap] too
+	// (OnGap, before OnReconnect). It is called on the Source's goroutine,
+	// which waits for it. A panic in it is recovered and reported to
+	// OnError.
+	OnReconnect func(Reconnected)
+}
+
+// Applied is what one transaction applied did; see [Options.OnApplied].
+type Applied struct {
+	// LSN is its commit record's position; CommitTime when it committed
+	// (the server's clock).
+	LSN        LSN
+	CommitTime time.Time
+	// Lag is the time from its commit (the server's clock) to applied
+	// (this process's clock), as [Stats.Lag] counts it.
+	Lag time.Duration
+	// Changes counts its row changes (one per table truncated).
+	Changes int
+	// Keys and Tags count the Invalidate and InvalidateTag calls it made
+	// (each key and tag once per part, see Options.MaxPendingKeys).
+	Keys, Tags int
+	// All is true when it distrusted every value (InvalidateAll): a
+	// Mapping or target that panicked, a change it could not decode, tags
+	// a target cannot take, an unmapped TRUNCATE.
+	All bool
+}
+
+// Reconnected says that the Source connected again after losing its
+// replication connection; see [Options.OnReconnect].
+type Reconnected struct {
+	// Slot is the slot read from now.
+	Slot string
+	// Err is the error that lost the previous connection.
+	Err error
+	// Down is the time from the loss to the new connection.
+	Down time.Duration
 }
 
 // Reconnect is the backoff between attempts to reconnect; see

@@ -48,12 +48,19 @@ func (s *Source[K]) run(ctx context.Context, l link) {
 		if ctx.Err() != nil {
 			return
 		}
+		lost := time.Now()
 		s.report(fmt.Errorf("flightpg: replication connection lost: %w", err))
 		var ok bool
 		if l, ok = s.reconnect(ctx); !ok {
 			return
 		}
 		s.stats.reconnects.Add(1)
+		if s.opts.OnReconnect != nil {
+			r := Reconnected{Slot: s.Slot(), Err: err, Down: time.Since(lost)}
+			if perr := guard(func() { s.opts.OnReconnect(r) }); perr != nil {
+				s.report(fmt.Errorf("flightpg: Options.OnReconnect panicked: %w", perr))
+			}
+		}
 	}
 }
 
