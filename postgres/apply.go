@@ -46,6 +46,8 @@ type applier[K comparable] struct {
 	max     int
 	report  func(error)
 	stats   *counters
+	// onApplied is Options.OnApplied (nil: none).
+	onApplied func(Applied)
 
 	// The transaction being received (between Begin and Commit).
 	open       bool
@@ -56,6 +58,8 @@ type applier[K comparable] struct {
 	tagSet     map[string]struct{}
 	distrust   bool // invalidate everything at the next flush
 	dropped    bool // everything was invalidated after the commit: later changes need nothing
+	txKeys     int  // the Invalidate calls it made so far
+	txTags     int  // the InvalidateTag calls it made so far
 }
 
 func newApplier[K comparable](target Target[K], mapping Mapping[K], max int, report func(error), stats *counters) *applier[K] {
@@ -84,6 +88,7 @@ func (a *applier[K]) begin(m *pglogrepl.BeginMessage) {
 // reset forgets the transaction being received.
 func (a *applier[K]) reset() {
 	a.open, a.changes, a.distrust, a.dropped = false, 0, false, false
+	a.txKeys, a.txTags = 0, 0
 	clear(a.keys)
 	clear(a.tagSet)
 }
@@ -159,6 +164,8 @@ func (a *applier[K]) flush() {
 	})
 	a.stats.invalidations.Add(uint64(len(a.keys)))
 	a.stats.tagInvalidations.Add(uint64(len(a.tagSet)))
+	a.txKeys += len(a.keys)
+	a.txTags += len(a.tagSet)
 	clear(a.keys)
 	clear(a.tagSet)
 	if err != nil {
@@ -175,8 +182,16 @@ func (a *applier[K]) flush() {
 func (a *applier[K]) commit(m *pglogrepl.CommitMessage, now time.Time) {
 	a.flush()
 	if a.changes > 0 {
+		lag := now.Sub(m.CommitTime)
 		a.stats.transactions.Add(1)
-		a.stats.lag.add(now.Sub(m.CommitTime))
+		a.stats.lag.add(lag)
+		if a.onApplied != nil {
+			done := Applied{LSN: a.lsn, CommitTime: m.CommitTime, Lag: lag, Changes: a.changes,
+				Keys: a.txKeys, Tags: a.txTags, All: a.dropped}
+			if err := guard(func() { a.onApplied(done) }); err != nil {
+				a.report(fmt.Errorf("flightpg: Options.OnApplied panicked: %w", err))
+			}
+		}
 	}
 	a.reset()
 }

@@ -35,6 +35,21 @@ type Options struct {
 	// always dropped.
 	DropSlotOnClose bool
 
+	// Resume is the position a warm restart resumes from: the
+	// [Source.Applied] of the Source of the process that saved the
+	// snapshot of its Loader's entries (flightcache's Loader.Entries),
+	// read after that Source was closed and before the entries were taken.
+	// The Source then reads Slot from Resume on: every change committed
+	// after it is applied, to the entries the Loader restored before New
+	// (see docs/postgres.md, "Warm restarts", and [Source.CatchUp]). When
+	// the slot cannot replay from Resume (it was created anew, or
+	// confirmed past Resume: read by a Source after the snapshot), the
+	// restored entries cannot be checked: New distrusts every value
+	// (InvalidateAll), counts a gap ([Stats.Gaps], [Options.OnGap]) and
+	// [Stats.Resumed] stays false. Needs Slot. Zero (the default): no
+	// resume, the Source reads from where Slot was confirmed.
+	Resume LSN
+
 	// MaxPendingKeys bounds the keys and tags a transaction's changes have
 	// named and the Source holds before it invalidates them. A transaction
 	// that names more is invalidated in parts as it streams (see
@@ -62,6 +77,54 @@ type Options struct {
 	// on the Source's goroutine, which waits for it. A panic in it is
 	// recovered.
 	OnGap func(Gap)
+
+	// OnApplied, when set, is called after each transaction is applied
+	// (one that held a change of the publication), in commit order, with
+	// what it did: its commit's position and time, its lag, its changes
+	// and the invalidations they made. It feeds an observer (a histogram
+	// of the lag, a counter of changes). It is called on the Source's
+	// goroutine, which waits for it: it must not block. A panic in it is
+	// recovered and reported to OnError (a *flightcache.PanicError).
+	OnApplied func(Applied)
+
+	// OnReconnect, when set, is called after each replication connection
+	// made after a loss (counted in [Stats.Reconnects]), before the stream
+	// resumes. A reconnect that finds changes lost is a [Gap] too
+	// (OnGap, before OnReconnect). It is called on the Source's goroutine,
+	// which waits for it. A panic in it is recovered and reported to
+	// OnError.
+	OnReconnect func(Reconnected)
+}
+
+// Applied is what one transaction applied did; see [Options.OnApplied].
+type Applied struct {
+	// LSN is its commit record's position; CommitTime when it committed
+	// (the server's clock).
+	LSN        LSN
+	CommitTime time.Time
+	// Lag is the time from its commit (the server's clock) to applied
+	// (this process's clock), as [Stats.Lag] counts it.
+	Lag time.Duration
+	// Changes counts its row changes (one per table truncated).
+	Changes int
+	// Keys and Tags count the Invalidate and InvalidateTag calls it made
+	// (each key and tag once per part, see Options.MaxPendingKeys).
+	Keys, Tags int
+	// All is true when it distrusted every value (InvalidateAll): a
+	// Mapping or target that panicked, a change it could not decode, tags
+	// a target cannot take, an unmapped TRUNCATE.
+	All bool
+}
+
+// Reconnected says that the Source connected again after losing its
+// replication connection; see [Options.OnReconnect].
+type Reconnected struct {
+	// Slot is the slot read from now.
+	Slot string
+	// Err is the error that lost the previous connection.
+	Err error
+	// Down is the time from the loss to the new connection.
+	Down time.Duration
 }
 
 // Reconnect is the backoff between attempts to reconnect; see
@@ -102,6 +165,8 @@ func (o *Options) validate() error {
 		return optionError("Slot", "must be 1 to 63 lower-case letters, digits and underscores, got %q", o.Slot)
 	case o.Slot == "" && o.DropSlotOnClose:
 		return optionError("DropSlotOnClose", "needs Options.Slot (a temporary slot is always dropped)")
+	case o.Slot == "" && o.Resume != 0:
+		return optionError("Resume", "needs Options.Slot (a temporary slot has nothing to replay)")
 	case o.MaxPendingKeys < 0:
 		return optionError("MaxPendingKeys", "must be >= 0, got %d", o.MaxPendingKeys)
 	case o.Reconnect.InitialInterval < 0:

@@ -37,6 +37,8 @@ type Source[K comparable] struct {
 	applied   atomic.Uint64          // Stats.AppliedLSN
 	confirmed atomic.Uint64          // Stats.ConfirmedLSN
 	slot      atomic.Pointer[string] // the slot read now
+	resumed   atomic.Bool            // Stats.Resumed
+	urging    atomic.Int32           // CatchUps waiting: the stream asks the server for its position often
 
 	mu       sync.Mutex    // guards progress
 	progress chan struct{} // closed when applied grows; nil while no one waits
@@ -80,6 +82,8 @@ func New[K comparable](ctx context.Context, connString string, target Target[K],
 	config.RuntimeParams["replication"] = "database"
 	s := &Source[K]{opts: opts, config: config, plain: plain, base: context.WithoutCancel(ctx), done: make(chan struct{})}
 	s.apply = newApplier(target, mapping, opts.MaxPendingKeys, s.report, &s.stats)
+	s.apply.onApplied = opts.OnApplied
+	s.applied.Store(uint64(opts.Resume)) // applied by the process that saved the snapshot
 	link, err := s.connect(ctx, true)
 	if err != nil {
 		return nil, err
@@ -113,7 +117,47 @@ func (s *Source[K]) Stats() Stats {
 	st := s.stats.snapshot()
 	st.AppliedLSN = LSN(s.applied.Load())
 	st.ConfirmedLSN = LSN(s.confirmed.Load())
+	st.Resumed = s.resumed.Load()
 	return st
+}
+
+// Applied returns the log position up to which every change has been
+// applied ([Stats.AppliedLSN]). For a warm restart, close the Source,
+// then read Applied, then take the Loader's entries, and save both: the
+// next process passes it as [Options.Resume].
+func (s *Source[K]) Applied() LSN {
+	return LSN(s.applied.Load())
+}
+
+// CatchUp asks the server for its current WAL position (on a connection
+// of its own, pg_current_wal_insert_lsn()) and returns it once every
+// change committed up to it has been applied: after a warm restart
+// ([Options.Resume]), every change committed while no process read the
+// slot has then been invalidated, and the Loader may serve. It returns
+// ctx's error, the connection's, or [ErrClosed]; while it waits the
+// Source asks the server for its position every few milliseconds instead
+// of every 10 seconds, so that it returns promptly while nothing is
+// committed.
+func (s *Source[K]) CatchUp(ctx context.Context) (LSN, error) {
+	conn, err := pgconn.ConnectConfig(ctx, s.plain)
+	if err != nil {
+		return 0, fmt.Errorf("flightpg: CatchUp: connect: %w", err)
+	}
+	rs, err := conn.Exec(ctx, "SELECT pg_current_wal_insert_lsn()::text").ReadAll()
+	s.hangUp(link{plain: conn})
+	if err != nil {
+		return 0, fmt.Errorf("flightpg: CatchUp: read the server's position: %w", err)
+	}
+	if len(rs) != 1 || len(rs[0].Rows) != 1 {
+		return 0, fmt.Errorf("flightpg: CatchUp: read the server's position: unexpected result %v", rs)
+	}
+	at, err := ParseLSN(string(rs[0].Rows[0][0]))
+	if err != nil {
+		return 0, fmt.Errorf("flightpg: CatchUp: %w", err)
+	}
+	s.urging.Add(1)
+	defer s.urging.Add(-1)
+	return at, s.Wait(ctx, at)
 }
 
 // Slot returns the name of the replication slot the Source reads from:

@@ -265,6 +265,7 @@ func TestOptionsNameTheBadField(t *testing.T) {
 		{Options{}, "Options.Publication"},
 		{Options{Publication: "p", Slot: "Bad-Name"}, "Options.Slot"},
 		{Options{Publication: "p", DropSlotOnClose: true}, "Options.DropSlotOnClose"},
+		{Options{Publication: "p", Resume: 1}, "Options.Resume"},
 		{Options{Publication: "p", MaxPendingKeys: -1}, "Options.MaxPendingKeys"},
 		{Options{Publication: "p", Reconnect: Reconnect{InitialInterval: -1}}, "Options.Reconnect.InitialInterval"},
 		{Options{Publication: "p", Reconnect: Reconnect{InitialInterval: 2e9, MaxInterval: 1e9}}, "Options.Reconnect.MaxInterval"},

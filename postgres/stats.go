@@ -57,6 +57,13 @@ type Stats struct {
 	// (the slot's confirmed_flush_lsn): never past AppliedLSN, and at most
 	// about a second behind it.
 	ConfirmedLSN LSN
+	// Resumed is true when [Options.Resume] was set and the slot replayed
+	// from it: nothing committed after the snapshot is lost, and the
+	// restored entries are checked against every change (after
+	// [Source.CatchUp], all of them are). False with Resume set means the
+	// slot could not replay from it: the restored entries were distrusted
+	// (InvalidateAll) and Gaps counts it.
+	Resumed bool
 	// Lag is the time from commit (the server's clock) to applied (this
 	// process's clock) of the last transactions applied.
 	Lag Lag

@@ -26,6 +26,9 @@ const (
 	// takes the connection for dead; the server sends a keepalive at least
 	// every wal_sender_timeout/2 (30s by default).
 	silenceLimit = 2 * time.Minute
+	// urgeInterval is how often the Source asks the server for its
+	// position while a CatchUp waits.
+	urgeInterval = 20 * time.Millisecond
 )
 
 // link is a Source's pair of connections to the server: the replication
@@ -45,12 +48,19 @@ func (s *Source[K]) run(ctx context.Context, l link) {
 		if ctx.Err() != nil {
 			return
 		}
+		lost := time.Now()
 		s.report(fmt.Errorf("flightpg: replication connection lost: %w", err))
 		var ok bool
 		if l, ok = s.reconnect(ctx); !ok {
 			return
 		}
 		s.stats.reconnects.Add(1)
+		if s.opts.OnReconnect != nil {
+			r := Reconnected{Slot: s.Slot(), Err: err, Down: time.Since(lost)}
+			if perr := guard(func() { s.opts.OnReconnect(r) }); perr != nil {
+				s.report(fmt.Errorf("flightpg: Options.OnReconnect panicked: %w", perr))
+			}
+		}
 	}
 }
 
@@ -114,10 +124,14 @@ func (s *Source[K]) connect(ctx context.Context, first bool) (link, error) {
 	}
 	s.slot.Store(&slot)
 	switch {
-	case lost != "" && !first:
+	case lost != "" && (!first || s.opts.Resume != 0):
+		// A resume that cannot replay from Resume is a gap: the entries
+		// restored before New cannot be checked.
 		s.gap(slot, lost)
 	case lost != "":
 		s.apply.invalidateAll()
+	case first && s.opts.Resume != 0:
+		s.resumed.Store(true)
 	}
 	return l, nil
 }
@@ -146,11 +160,17 @@ func (s *Source[K]) stream(ctx context.Context, l link) error {
 		if s.applied.Load() > s.confirmed.Load() {
 			next = lastStatus.Add(statusInterval)
 		}
+		urged := s.urging.Load() > 0
+		if urged {
+			next = lastStatus.Add(urgeInterval)
+		}
 		if !time.Now().Before(next) {
 			// While idle, ask for a reply: the server's keepalive shows
-			// the connection alive (silenceLimit).
+			// the connection alive (silenceLimit). While a CatchUp waits,
+			// ask too: the keepalive carries the server's position, which
+			// advances AppliedLSN between transactions.
 			idle := s.applied.Load() == s.confirmed.Load()
-			if err := sendStatus(idle); err != nil {
+			if err := sendStatus(idle || urged); err != nil {
 				return err
 			}
 			continue
