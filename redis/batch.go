@@ -206,7 +206,7 @@ func (b *batchRun[K, V]) unwatch(slots []*slot[K]) {
 		}
 	}
 	if len(bases) > 0 {
-		b.t.wake.unwatch(b.w, bases...)
+		b.t.wake.Unwatch(b.w, bases...)
 	}
 }
 
@@ -227,7 +227,7 @@ func (b *batchRun[K, V]) watch(waiting []*slot[K]) bool {
 	if len(bases) == 0 {
 		return false
 	}
-	b.t.wake.await(b.ctx, b.t.wake.watch(b.w, bases...))
+	b.t.wake.Await(b.ctx, b.t.wake.Watch(b.w, bases...))
 	return true
 }
 
@@ -247,7 +247,7 @@ func (b *batchRun[K, V]) answer(s *slot[K], r flightcache.RemoteResult[V]) {
 	b.out[s.key] = r
 	if s.watched {
 		s.watched = false
-		b.t.wake.unwatch(b.w, s.ks.base)
+		b.t.wake.Unwatch(b.w, s.ks.base)
 	}
 }
 

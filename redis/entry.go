@@ -8,6 +8,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/flightcache/flightcache/redis/internal/wake"
 )
 
 // Codec turns values into bytes for Redis and back. Implementations must be
@@ -69,7 +71,7 @@ func keysAt(prefix, k string, gen int64) keys {
 	if gen != 0 {
 		base += ":g" + strconv.FormatInt(gen, 10)
 	}
-	return keys{gen: gen, base: base, wake: wakeChannel(base), entry: base + ":v", lease: base + ":l", alive: base + ":a", fail: base + ":f"}
+	return keys{gen: gen, base: base, wake: wake.Channel(base), entry: base + ":v", lease: base + ":l", alive: base + ":a", fail: base + ":f"}
 }
 
 // entry is the shared entry of one key, as stored in a Redis hash. Times are

@@ -11,6 +11,7 @@ import (
 	"sync/atomic"
 
 	"github.com/flightcache/flightcache"
+	"github.com/flightcache/flightcache/redis/internal/track"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -267,7 +268,7 @@ func (t *Tier[K, V]) listening() {
 func (t *Tier[K, V]) distrust() {
 	t.stats.distrusts.Add(1)
 	t.flights.cutAll()     // a Get detaches its key's Load running now
-	t.track.echoes.reset() // an echo expected may never come
+	t.track.Echoes.Reset() // an echo expected may never come
 	t.fleet.each(func(l flightcache.LocalCache[K]) { l.Distrust() })
 	t.served.reset() // what was handed over is read again, not reloaded
 }
@@ -275,8 +276,8 @@ func (t *Tier[K, V]) distrust() {
 // keep records a Set or Invalidate of key that did not reach Redis, to be
 // replayed as an invalidation.
 func (t *Tier[K, V]) keep(name string, key K) {
-	t.track.epoch.Add(1) // the Loader holds a copy the tier did not hand over
-	t.ahead.mark(name)   // and Redis holds an older one (ahead.go)
+	t.epoch.Add(1)     // the Loader holds a copy the tier did not hand over
+	t.ahead.mark(name) // and Redis holds an older one (ahead.go)
 	t.fleet.mu.Lock()
 	defer t.fleet.mu.Unlock()
 	if t.fleet.pending == nil {
@@ -380,14 +381,14 @@ func (t *Tier[K, V]) invalidate(ctx context.Context, name string, key K) bool {
 }
 
 // published sends, in channels mode, the invalidation of a write of key
-// (named name) that reached Redis on its channel (sharded.go). It reports
+// (named name) that reached Redis on its channel (package shard). It reports
 // false when that failed: the write is kept, and replayed as an
 // invalidation.
 func (t *Tier[K, V]) published(ctx context.Context, name string, key K) bool {
-	if t.track.mode.Load() != invChannels {
+	if t.track.Mode() != track.Channels {
 		return true
 	}
-	err := t.publishShard(ctx, name, key)
+	err := t.shards.Publish(ctx, name, t.invalidation(name, key))
 	if err == nil {
 		return true
 	}

@@ -270,7 +270,7 @@ func (t *Tier[K, V]) loadAt(ctx context.Context, key K, name string, gen int64, 
 	var w chan struct{} // the key's wake-ups, once the Load waits
 	defer func() {
 		if w != nil {
-			t.wake.unwatch(w, ks.base)
+			t.wake.Unwatch(w, ks.base)
 		}
 	}()
 	tk, landed := t.takeoff(key, ks)
@@ -369,7 +369,7 @@ func (t *Tier[K, V]) loadAt(ctx context.Context, key K, name string, gen int64, 
 			// Redis has confirmed it (a wake-up published before is not
 			// heard), look once more before waiting.
 			w = make(chan struct{}, 1)
-			t.wake.await(ctx, t.wake.watch(w, ks.base))
+			t.wake.Await(ctx, t.wake.Watch(w, ks.base))
 			if ctx.Err() != nil {
 				return rv, ctxError(ctx), false
 			}

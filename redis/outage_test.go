@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/flightcache/flightcache"
+	"github.com/flightcache/flightcache/redis/internal/wake"
 )
 
 // ownRedis is a redis-server process owned by one test, so the test can
@@ -137,11 +138,11 @@ func TestRedisStoppedThenBack(t *testing.T) {
 	}
 	// The wake-up subscriptions work again: a publish wakes a waiter.
 	w := make(chan struct{}, 1)
-	b.t.wake.watch(w, "probe")
-	defer b.t.wake.unwatch(w, "probe")
+	b.t.wake.Watch(w, "probe")
+	defer b.t.wake.Unwatch(w, "probe")
 	pub := newClient(t, srv.addr)
 	eventually(t, 20*time.Second, "pub/sub to resume", func() bool {
-		pub.Publish(ctx, wakeChannel("probe"), "")
+		pub.Publish(ctx, wake.Channel("probe"), "")
 		select {
 		case <-w:
 			return true

@@ -102,6 +102,10 @@ import (
 
 	"github.com/flightcache/flightcache"
 	"github.com/flightcache/flightcache/internal/timing"
+	"github.com/flightcache/flightcache/redis/internal/events"
+	"github.com/flightcache/flightcache/redis/internal/shard"
+	"github.com/flightcache/flightcache/redis/internal/track"
+	"github.com/flightcache/flightcache/redis/internal/wake"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -213,13 +217,14 @@ type Tier[K comparable, V any] struct {
 	used      atomic.Bool  // the Loader has called the tier: its cache may hold what a move drops
 
 	served  served
-	ahead   ahead         // keys this process may have served newer values of than Redis holds (ahead.go)
-	events  events        // the classic invalidation channel's subscription
-	wake    wakeups       // the wake-up channels of the keys this process waits on
-	track   tracker       // how the tier hears the fleet's writes (tracking.go)
-	shards  shards        // the fallback of tracking (sharded.go)
-	flights flights       // the keys Loads read now (tracked.go)
-	checks  chan check[K] // copies to check against their entries (tracked.go)
+	ahead   ahead               // keys this process may have served newer values of than Redis holds (ahead.go)
+	events  events.Subscription // the classic invalidation channel's subscription
+	wake    wake.Hub            // the wake-up channels of the keys this process waits on
+	track   track.Tracker       // how the tier hears the fleet's writes
+	shards  shard.Channels      // the fallback of tracking
+	epoch   atomic.Uint64       // of the dropped marks (droppedMark)
+	flights flights             // the keys Loads read now (tracked.go)
+	checks  chan check[K]       // copies to check against their entries (tracked.go)
 	stats   counters
 
 	downUntil atomic.Int64 // UnixNano until which Redis is skipped; 0 = up
@@ -280,7 +285,7 @@ func newTier[K comparable, V any](client redis.UniversalClient, opts Options[K, 
 		codec:      opts.Codec,
 		aliveMS:    px(opts.HolderTimeout),
 		failMS:     px(max(timing.Mul(opts.PollInterval, 4), time.Second)),
-		wakeCmd:    wakeCommand(client),
+		wakeCmd:    wake.Command(client),
 		invChannel: opts.Prefix + "invalidated",
 		origin:     token(8),
 		genKey:     opts.Prefix + "generation",
@@ -294,13 +299,15 @@ func newTier[K comparable, V any](client redis.UniversalClient, opts Options[K, 
 	t.served.init()
 	t.fleet.jsonKeys = jsonSafe(reflect.TypeFor[K]())
 	t.ctx, t.cancel = context.WithCancel(context.Background())
-	t.wake.init(t.ctx, client, opts.Timeout, &t.stats)
-	t.events.start(t.ctx, client, handlers{
-		invalidated: t.invChannel,
-		onDrop:      t.onInvalidated, onUp: t.onUp, onDown: t.onDown, onRetry: t.onRetry,
-		onTick: t.onTick,
+	t.wake.Init(t.ctx, client, opts.Timeout)
+	t.events.Start(t.ctx, client, events.Handlers{
+		Channel:   t.invChannel,
+		OnMessage: t.onInvalidated, OnUp: t.onUp, OnDown: t.onDown, OnRetry: t.onRetry,
+		OnTick: t.onTick,
 	}, opts.Timeout)
-	t.shards.init(opts.Prefix, client)
+	t.shards.Init(opts.Prefix, client, opts.Timeout, shard.Handlers{
+		OnMessage: t.onInvalidated, OnUp: t.onNodeUp, OnDown: t.onDown, OnRetry: t.onRetry,
+	})
 	t.startTracking()
 	return t
 }
@@ -406,10 +413,10 @@ func (t *Tier[K, V]) Close() error {
 	t.once.Do(func() {
 		t.closed.Store(true)
 		t.cancel()
-		t.events.stop()
-		t.track.stop()
-		t.shards.wg.Wait()
-		t.wake.close()
+		t.events.Stop()
+		t.track.Stop()
+		t.shards.Wait()
+		t.wake.Close()
 		t.dropPending()
 	})
 	return nil

@@ -10,6 +10,7 @@ import (
 
 	"github.com/flightcache/flightcache"
 	"github.com/flightcache/flightcache/internal/timing"
+	"github.com/flightcache/flightcache/redis/internal/track"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -21,41 +22,41 @@ import (
 // fleet's writes: tracking, or, where Redis refuses it, sharded channels.
 func (t *Tier[K, V]) startTracking() {
 	interval := max(t.opts.Timeout*4, 500*time.Millisecond) // as the subscription's health check
-	t.track.start(t.ctx, t.rdb, trackHandlers{
-		onKeys: t.onTracked, onFlush: t.onFlush,
-		onUp: t.onNodeUp, onDown: t.onDown, onRetry: t.onRetry,
-		onRefused: t.startShards, onConnLost: t.onConnLost,
-		timeout: t.opts.Timeout, interval: interval,
+	t.track.Start(t.ctx, t.rdb, track.Handlers{
+		OnKeys: t.onTracked, OnFlush: t.onFlush,
+		OnUp: t.onNodeUp, OnDown: t.onDown, OnRetry: t.onRetry,
+		OnRefused: func() { t.shards.Start(t.ctx) }, OnConnLost: t.onConnLost,
+		Timeout: t.opts.Timeout, Interval: interval,
 	})
 	t.checks = make(chan check[K], 4096)
-	t.track.wg.Go(t.checker)
+	t.track.Go(t.checker)
 }
 
 // tracking reports whether the tier hears the fleet's writes through
 // tracking: a value it keeps must then have been read tracked.
-func (t *Tier[K, V]) tracking() bool { return t.track.mode.Load() == invTracking }
+func (t *Tier[K, V]) tracking() bool { return t.track.Mode() == track.Tracking }
 
 // quiet reports whether this tier's Sets and Invalidates publish nothing
 // on the classic channel: tracking, or channels (which publish on their
 // own channel after the write).
 func (t *Tier[K, V]) quiet() bool {
-	m := t.track.mode.Load()
-	return m == invTracking || m == invChannels
+	m := t.track.Mode()
+	return m == track.Tracking || m == track.Channels
 }
 
 // hearing reports whether the tier hears every write of the fleet that it
 // must: the classic subscription (wake-ups, InvalidateAll) and, by the
 // mode, every node's tracking or every sharded channel.
 func (t *Tier[K, V]) hearing() bool {
-	if !t.events.up.Load() {
+	if !t.events.Up() {
 		return false
 	}
-	switch t.track.mode.Load() {
-	case invTracking:
-		return t.track.allUp()
-	case invChannels:
-		return t.shards.allUp()
-	case invClassic:
+	switch t.track.Mode() {
+	case track.Tracking:
+		return t.track.AllUp()
+	case track.Channels:
+		return t.shards.AllUp()
+	case track.Classic:
 		return true
 	}
 	return false
@@ -64,8 +65,8 @@ func (t *Tier[K, V]) hearing() bool {
 // awaitStartup waits, at most until ctx ends, for the subscription and
 // the listener to be confirmed for the first time (or a Timeout).
 func (t *Tier[K, V]) awaitStartup(ctx context.Context) {
-	t.events.awaitStartup(ctx)
-	t.track.awaitStartup(ctx)
+	t.events.AwaitStartup(ctx)
+	t.track.AwaitStartup(ctx)
 }
 
 // untracked notes that a value was handed over that Redis does not track
@@ -73,7 +74,7 @@ func (t *Tier[K, V]) awaitStartup(ctx context.Context) {
 // tier had not armed): with tracking, the next health check distrusts it.
 func (t *Tier[K, V]) untracked() {
 	if t.tracking() {
-		t.track.epoch.Add(1)
+		t.epoch.Add(1)
 		t.fleet.missed.Store(true)
 	}
 }
@@ -121,8 +122,8 @@ func (t *Tier[K, V]) onTracked(names []string) {
 		if !ok {
 			continue // not an entry of this tier
 		}
-		own := t.track.echoes.heard(s)
-		if own == echoNone {
+		own := t.track.Echoes.Heard(s)
+		if own == track.EchoNone {
 			t.stats.invalidationsHeard.Add(1)
 		}
 		key, ok := t.keyNamed(name)
@@ -130,7 +131,7 @@ func (t *Tier[K, V]) onTracked(names []string) {
 		case !ok:
 			t.stats.undecodedInvalidations.Add(1)
 			lost = true
-		case own == echoWrite: // this process's own Set or Invalidate: dropped, as everywhere
+		case own == track.EchoWrite: // this process's own Set or Invalidate: dropped, as everywhere
 			t.dropKey(key, keysAt(t.opts.Prefix, name, gen))
 		default:
 			t.invalidated(key, keysAt(t.opts.Prefix, name, gen))
@@ -187,7 +188,7 @@ func (t *Tier[K, V]) dropKey(key K, ks keys) {
 // the epoch moves whenever the Loader may have taken a copy the tier did
 // not hand over (a local load, a write kept for replay).
 func (t *Tier[K, V]) droppedMark() string {
-	return "-" + strconv.FormatUint(t.track.epoch.Load(), 10)
+	return "-" + strconv.FormatUint(t.epoch.Load(), 10)
 }
 
 // echoWindow is how long after the tier hands a copy over an invalidation
@@ -228,7 +229,7 @@ func (t *Tier[K, V]) checker() {
 		for i, c := range batch {
 			entries[i] = c.ks.entry
 		}
-		cmds, _, ok := t.readTrackedMany(t.ctx, entries, idField, false)
+		cmds, ok := t.track.ReadMany(t.ctx, entries, idField)
 		for i, c := range batch {
 			id := t.served.get(c.ks.base)
 			if id == t.droppedMark() {
@@ -401,7 +402,7 @@ func (t *Tier[K, V]) remembersNames() bool {
 	if !t.fleet.jsonKeys {
 		return true
 	}
-	if t.track.mode.Load() == invChannels || t.track.mode.Load() == invClassic {
+	if t.track.Mode() == track.Channels || t.track.Mode() == track.Classic {
 		return false
 	}
 	_, str := any(*new(K)).(string)
@@ -437,57 +438,6 @@ func parseEntryName(prefix, s string) (name string, gen int64, ok bool) {
 	return name, gen, keysAt(prefix, name, gen).entry == s
 }
 
-// readTrackedMany reads fields of entries tracked (CLIENT CACHING yes, then
-// HMGET): one pipeline per master, at once, and with gen the shared
-// generation. ok is false when one of them could not be tracked; the
-// caller then reads them all untracked.
-func (t *Tier[K, V]) readTrackedMany(ctx context.Context, entries, fields []string, gen bool) (cmds []*redis.SliceCmd, g *redis.StringCmd, ok bool) {
-	byNode := make(map[*redis.Client][]int)
-	for i, e := range entries {
-		rc := t.track.reader(ctx, e)
-		if rc == nil {
-			return nil, nil, false
-		}
-		byNode[rc] = append(byNode[rc], i)
-	}
-	c, cancel := t.op(ctx)
-	defer cancel()
-	cmds = make([]*redis.SliceCmd, len(entries))
-	caching := make([]*redis.Cmd, len(entries))
-	var wg sync.WaitGroup
-	if gen && t.track.single == nil {
-		wg.Go(func() { g = t.rdb.Get(c, t.genKey) })
-	}
-	for rc, idx := range byNode {
-		wg.Go(func() {
-			_, _ = rc.Pipelined(c, func(p redis.Pipeliner) error {
-				for _, i := range idx {
-					caching[i] = p.Do(c, "CLIENT", "CACHING", "yes")
-					cmds[i] = p.HMGet(c, entries[i], fields...)
-				}
-				if gen && t.track.single != nil {
-					g = p.Get(c, t.genKey)
-				}
-				return nil
-			})
-		})
-	}
-	wg.Wait()
-	for i, cmd := range cmds {
-		if moved(cmd.Err()) && t.track.cluster != nil {
-			t.track.cluster.ReloadState(t.ctx)
-		}
-		if moved(cmd.Err()) || (cmd.Err() == nil && caching[i].Err() != nil) {
-			return nil, nil, false // read, but not tracked
-		}
-	}
-	t.track.reads.Add(uint64(len(entries)))
-	for _, e := range entries {
-		t.track.echoes.tracked(e)
-	}
-	return cmds, g, true
-}
-
 // wrote notes, with tracking, that this process's Set or Invalidate of
 // key reached Redis as the write of entry: if Redis tracks entry for this
 // process, the write comes back as an invalidation, which drops the
@@ -499,14 +449,14 @@ func (t *Tier[K, V]) readTrackedMany(ctx context.Context, entries, fields []stri
 // reply) and reports whether an echo is awaited; wrote runs after it, ok
 // when it changed the entry.
 func (t *Tier[K, V]) writing(entry string) (echo bool) {
-	return t.tracking() && t.track.echoes.wrote(entry, echoWrite)
+	return t.tracking() && t.track.Echoes.Wrote(entry, track.EchoWrite)
 }
 
 func (t *Tier[K, V]) wrote(key K, entry string, echo, ok bool) {
 	switch {
 	case !t.tracking():
 	case !ok:
-		t.track.echoes.unmark(entry)
+		t.track.Echoes.Unmark(entry)
 	case !echo:
 		t.flights.cut(strings.TrimSuffix(entry, ":v"))
 		t.fleet.each(func(l flightcache.LocalCache[K]) { l.Drop(key) })
@@ -518,82 +468,8 @@ func (t *Tier[K, V]) wrote(key K, entry string, echo, ok bool) {
 // heard (the copy is still checked, as any other).
 func (t *Tier[K, V]) filling(entry string) {
 	if t.tracking() {
-		_ = t.track.echoes.wrote(entry, echoFill)
+		_ = t.track.Echoes.Wrote(entry, track.EchoFill)
 	}
-}
-
-// What echoes knows of an entry.
-const (
-	echoNone  int8 = iota // tracked; no write of this process since
-	echoWrite             // this process's Set or Invalidate since
-	echoFill              // this process's fill since
-)
-
-// echoes remembers which entries Redis tracks for this process, and which
-// of those this process wrote since: the invalidation that comes back is
-// its own write's echo. Bounded: a name forgotten costs a count, never a
-// drop. It is forgotten at each distrust: the echo of a connection lost
-// never comes.
-type echoes struct {
-	mu sync.Mutex
-	m  map[string]int8 // entry → echoNone, echoWrite or echoFill
-}
-
-// tracked notes a tracked read of entry.
-func (e *echoes) tracked(entry string) {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	if e.m == nil {
-		e.m = make(map[string]int8)
-	}
-	if _, ok := e.m[entry]; !ok {
-		if len(e.m) >= maxServed {
-			for k := range e.m {
-				delete(e.m, k)
-				break
-			}
-		}
-		e.m[entry] = echoNone
-	}
-}
-
-// wrote notes this process's write of entry, of kind echoWrite or
-// echoFill, if Redis tracks entry for it: it reports whether an
-// invalidation will come back.
-func (e *echoes) wrote(entry string, kind int8) bool {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	if _, ok := e.m[entry]; ok {
-		e.m[entry] = kind
-		return true
-	}
-	return false
-}
-
-// unmark undoes wrote, for a write that changed nothing.
-func (e *echoes) unmark(entry string) {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	if k, ok := e.m[entry]; ok && k != echoNone {
-		e.m[entry] = echoNone
-	}
-}
-
-// reset forgets everything.
-func (e *echoes) reset() {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	clear(e.m)
-}
-
-// heard notes an invalidation of entry (Redis tracks it no more); it
-// returns what the tier knew: echoNone for another process's write.
-func (e *echoes) heard(entry string) int8 {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	own := e.m[entry]
-	delete(e.m, entry)
-	return own
 }
 
 // trackWritten tracks the entry this process just wrote for key (a Set):
@@ -605,20 +481,7 @@ func (t *Tier[K, V]) trackWritten(ctx context.Context, key K, ks keys, id string
 	if !t.tracking() {
 		return
 	}
-	var got *redis.StringCmd
-	var caching *redis.Cmd
-	if rc := t.track.reader(ctx, ks.entry); rc != nil {
-		c, cancel := t.op(ctx)
-		_, _ = rc.Pipelined(c, func(p redis.Pipeliner) error {
-			caching = p.Do(c, "CLIENT", "CACHING", "yes")
-			got = p.HGet(c, ks.entry, "id")
-			return nil
-		})
-		cancel()
-		t.track.reads.Add(1)
-		t.track.echoes.tracked(ks.entry)
-	}
-	if got == nil || caching.Err() != nil || got.Val() != id {
+	if got, ok := t.track.ReadID(ctx, ks.entry); !ok || got != id {
 		t.flights.cut(ks.base)
 		t.served.drop(ks.base)
 		t.fleet.each(func(l flightcache.LocalCache[K]) { l.Drop(key) })
@@ -670,7 +533,7 @@ func (t *Tier[K, V]) readEntries(ctx context.Context, trips *atomic.Uint64, entr
 	for j, i := range again {
 		raced[j] = entries[i]
 	}
-	more, _, ok := t.readTrackedMany(ctx, raced, entryFields, false)
+	more, ok := t.track.ReadMany(ctx, raced, entryFields)
 	if !ok {
 		t.untracked()
 		return cmds, g
@@ -692,7 +555,7 @@ func (t *Tier[K, V]) touch(ctx context.Context, entries []string) (wait func() (
 	var ok bool
 	go func() {
 		defer close(done)
-		cmds, _, ok = t.readTrackedMany(ctx, entries, idField, false)
+		cmds, ok = t.track.ReadMany(ctx, entries, idField)
 	}()
 	return func() ([]*redis.SliceCmd, bool) {
 		<-done

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/flightcache/flightcache"
+	"github.com/flightcache/flightcache/redis/internal/track"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -129,22 +130,13 @@ func TestTrackingQueuedChecksDropOnce(t *testing.T) {
 
 // invNode is the only invalidation connection of a single-node tier, or
 // the one of the master of name on a Cluster.
-func invNode(t *testing.T, tier *Tier[string, string], name string) (*tnode, string) {
+func invNode(t *testing.T, tier *Tier[string, string], name string) (*track.Node, string) {
 	t.Helper()
 	ks := keysFor(tier.opts.Prefix, name)
-	addr := ""
-	if tier.track.single != nil {
-		addr = tier.track.single.Options().Addr
-	} else {
-		m, err := tier.track.cluster.MasterForKey(ctx, ks.entry)
-		if err != nil {
-			t.Fatal(err)
-		}
-		addr = m.Options().Addr
+	n, addr, err := tier.track.NodeOf(ctx, ks.entry)
+	if err != nil {
+		t.Fatal(err)
 	}
-	tier.track.mu.Lock()
-	defer tier.track.mu.Unlock()
-	n := tier.track.nodes[addr]
 	if n == nil {
 		t.Fatalf("no node for %s", addr)
 	}
@@ -220,7 +212,7 @@ func TestTrackingInvalidationConnectionKilled(t *testing.T) {
 	holder.l.Get(ctx, "k")
 	n, addr := invNode(t, holder.t, "k")
 	losses := holder.t.Stats().SubscriptionLosses
-	if err := nodeClient(t, addr).ClientKillByFilter(ctx, "ID", fmt.Sprint(n.id.Load())).Err(); err != nil {
+	if err := nodeClient(t, addr).ClientKillByFilter(ctx, "ID", fmt.Sprint(n.ID())).Err(); err != nil {
 		t.Fatal(err)
 	}
 	checkRearmed(t, writer, holder, losses)
@@ -241,7 +233,7 @@ func TestTrackingBrokenRedirect(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	reads := n.reads.Load()
+	reads := n.Reads()
 	if err := reads.Do(ctx, "CLIENT", "TRACKING", "off").Err(); err != nil {
 		t.Fatal(err)
 	}
