@@ -83,6 +83,11 @@ type batchRun[K comparable, V any] struct {
 	gen   int64  // the generation the keys not answered yet are named in
 	moves int    // how many times they were named again in a newer one
 	since uint64 // the last mark of ahead when the batch began: a fill stored clears those up to it
+
+	// The keys between two steps: leased by acquire, to load without
+	// Redis (a round trip failed, or ahead of Redis while another process
+	// holds the lease), and waiting on another process.
+	leased, local, waiting []*slot[K]
 }
 
 // LoadMany implements [flightcache.RemoteMany]: it answers each of keys as
@@ -142,10 +147,7 @@ func (t *Tier[K, V]) LoadMany(ctx context.Context, keys []K, load func(context.C
 	}
 	if t.closed.Load() || t.down() || !t.ready(ctx) {
 		t.listening()
-		for _, s := range slots {
-			s.name = t.key(s.key)
-			t.handed(s.name, s.key)
-		}
+		b.name(slots)
 		b.loadAndStore(nil, slots)
 		return b.out
 	}
@@ -153,45 +155,63 @@ func (t *Tier[K, V]) LoadMany(ctx context.Context, keys []K, load func(context.C
 	t.listening()
 	b.gen = t.gen.Load()
 	b.since = t.ahead.now()
+	b.name(slots)
+	b.w = make(chan struct{}, 1)
+	defer func() { b.unwatch(slots) }()
+	defer t.takeoffAll(slots)()
+	b.run(slots)
+	return b.out
+}
+
+// name names the keys of slots (Options.Key) in the batch's generation.
+func (b *batchRun[K, V]) name(slots []*slot[K]) {
+	t := b.t
 	for _, s := range slots {
 		s.name = t.key(s.key)
 		t.handed(s.name, s.key)
 		s.ks = keysAt(t.opts.Prefix, s.name, b.gen)
 		s.ahead, _ = t.ahead.state(s.name)
 	}
-	b.w = make(chan struct{}, 1)
-	defer func() { b.unwatch(slots) }()
-	defer t.takeoffAll(slots)()
+}
 
+// run takes the keys of slots through the steps until each has its
+// result: read, acquire, load and store, wait, and acquire again.
+func (b *batchRun[K, V]) run(slots []*slot[K]) {
 	open, local := b.read(slots)
-	var leased, waiting []*slot[K]
+	b.local = local
 	for {
-		for len(open) > 0 {
-			if t.gen.Load() != b.gen {
-				// A newer generation: every key not answered yet (nor
-				// leased) is read again under it.
-				var more []*slot[K]
-				open, more = b.read(append(open, waiting...))
-				local, waiting = append(local, more...), nil
-				continue
-			}
-			open, leased, local, waiting = b.acquire(open, leased, local, waiting)
+		b.acquireAll(open)
+		if len(b.leased)+len(b.local) > 0 {
+			b.loadAndStore(b.leased, b.local)
+			b.leased, b.local = nil, nil
 		}
-		if len(leased)+len(local) > 0 {
-			b.loadAndStore(leased, local)
-			leased, local = nil, nil
+		if len(b.waiting) == 0 {
+			return
 		}
-		if len(waiting) == 0 {
-			return b.out
-		}
-		if !b.sleep(waiting) {
-			err := ctxError(ctx)
-			for _, s := range waiting {
+		if !b.sleep(b.waiting) {
+			err := ctxError(b.ctx)
+			for _, s := range b.waiting {
 				b.answer(s, flightcache.RemoteResult[V]{Err: err})
 			}
-			return b.out
+			return
 		}
-		open, waiting = waiting, nil
+		open, b.waiting = b.waiting, nil
+	}
+}
+
+// acquireAll runs the acquire step until no key of open is left to
+// acquire again.
+func (b *batchRun[K, V]) acquireAll(open []*slot[K]) {
+	for len(open) > 0 {
+		if b.t.gen.Load() != b.gen {
+			// A newer generation: every key not answered yet (nor
+			// leased) is read again under it.
+			var more []*slot[K]
+			open, more = b.read(append(open, b.waiting...))
+			b.local, b.waiting = append(b.local, more...), nil
+			continue
+		}
+		open = b.acquire(open)
 	}
 }
 
@@ -358,10 +378,10 @@ func (b *batchRun[K, V]) broken(failed []*slot[K]) []*slot[K] {
 }
 
 // acquire is the acquire step for open: it runs the acquire script for
-// each of them and sorts them by outcome, appending to leased, local and
-// waiting; again holds the keys whose entry changed and is still of no use
-// (they are acquired again at once).
-func (b *batchRun[K, V]) acquire(open, leased, local, waiting []*slot[K]) (again, leased2, local2, waiting2 []*slot[K]) {
+// each of them and sorts them by outcome into the batch's leased, local
+// and waiting keys; it returns the keys whose entry changed and is still
+// of no use (they are acquired again at once).
+func (b *batchRun[K, V]) acquire(open []*slot[K]) (again []*slot[K]) {
 	t := b.t
 	calls := make([]evalCall, len(open))
 	for i, s := range open {
@@ -371,17 +391,8 @@ func (b *batchRun[K, V]) acquire(open, leased, local, waiting []*slot[K]) (again
 	}
 	cmds := t.evalAll(b.ctx, calls, &t.stats.batchRoundTrips)
 	if t.gen.Load() != b.gen {
-		// A newer generation: nothing of this one is handed over, and the
-		// leases just taken are given back; the caller reads every key
-		// again under the newer one.
-		var won []*slot[K]
-		for i, s := range open {
-			if res, err := cmds[i].Slice(); err == nil && len(res) > 0 && (res[0] == "won" || res[0] == "stolen") {
-				won = append(won, s)
-			}
-		}
-		t.releaseAll(context.WithoutCancel(b.ctx), won)
-		return open, leased, local, waiting
+		b.giveBack(open, cmds)
+		return open
 	}
 	var failed []*slot[K]
 	for i, s := range open {
@@ -393,53 +404,82 @@ func (b *batchRun[K, V]) acquire(open, leased, local, waiting []*slot[K]) (again
 			failed = append(failed, s)
 			continue
 		}
-		kind, _ := res[0].(string)
-		switch kind {
-		case "entry":
-			var fields []any
-			if len(res) > 1 {
-				fields, _ = res[1].([]any)
-			}
-			s.e, s.perr = parseEntry(fields)
-			if !b.offer(s) {
-				again = append(again, s)
-			}
-		case "failed":
-			// The entry is still s.e (acquire compared the ids): it may
-			// cover the failure.
-			t.stats.peerErrors.Add(1)
-			var fail any
-			if len(res) > 1 {
-				fail = res[1]
-			}
-			rv, perr := t.cover(s.e, peerError(fail))
-			b.answer(s, flightcache.RemoteResult[V]{RemoteValue: rv, Err: perr})
-		case "won", "stolen":
-			s.stolen = kind == "stolen"
-			leased = append(leased, s)
-		default: // "held"
-			if s.ahead { // the holder may have read before the value served: load without the lease, as Load
-				s.aside = true
-				local = append(local, s)
-				continue
-			}
-			if s.waited == "" {
-				t.stats.waits.Add(1)
-			}
-			if len(res) > 1 {
-				s.waited, _ = res[1].(string)
-			}
-			s.delay = min(t.opts.PollInterval, t.opts.PollInterval/8<<min(s.attempt, 3))
-			s.attempt++
-			if len(res) > 2 {
-				if ttl, ok := res[2].(int64); ok && ttl >= 0 {
-					s.delay = min(s.delay, timing.Add(fromMS(ttl), time.Millisecond))
-				}
-			}
-			waiting = append(waiting, s)
+		if !b.sort(s, res) {
+			again = append(again, s)
 		}
 	}
-	return again, leased, append(local, b.broken(failed)...), waiting
+	b.local = append(b.local, b.broken(failed)...)
+	return again
+}
+
+// giveBack gives back the leases acquire just took (cmds: its replies for
+// open): a newer generation came, nothing of this one is handed over, and
+// the caller reads every key again under the newer one.
+func (b *batchRun[K, V]) giveBack(open []*slot[K], cmds []*redis.Cmd) {
+	var won []*slot[K]
+	for i, s := range open {
+		if res, err := cmds[i].Slice(); err == nil && len(res) > 0 && (res[0] == "won" || res[0] == "stolen") {
+			won = append(won, s)
+		}
+	}
+	b.t.releaseAll(context.WithoutCancel(b.ctx), won)
+}
+
+// sort handles s's acquire reply res; false when s is to be acquired
+// again (its entry changed and is still of no use).
+func (b *batchRun[K, V]) sort(s *slot[K], res []any) bool {
+	t := b.t
+	switch kind, _ := res[0].(string); kind {
+	case "entry":
+		var fields []any
+		if len(res) > 1 {
+			fields, _ = res[1].([]any)
+		}
+		s.e, s.perr = parseEntry(fields)
+		return b.offer(s)
+	case "failed":
+		// The entry is still s.e (acquire compared the ids): it may
+		// cover the failure.
+		t.stats.peerErrors.Add(1)
+		var fail any
+		if len(res) > 1 {
+			fail = res[1]
+		}
+		rv, perr := t.cover(s.e, peerError(fail))
+		b.answer(s, flightcache.RemoteResult[V]{RemoteValue: rv, Err: perr})
+	case "won", "stolen":
+		s.stolen = kind == "stolen"
+		b.leased = append(b.leased, s)
+	default: // "held"
+		b.held(s, res)
+	}
+	return true
+}
+
+// held makes s wait for the process that holds its lease (res: the
+// holder's token and its alive key's PTTL), or, ahead of Redis, load
+// without the lease, as Load does.
+func (b *batchRun[K, V]) held(s *slot[K], res []any) {
+	t := b.t
+	if s.ahead { // the holder may have read before the value served
+		s.aside = true
+		b.local = append(b.local, s)
+		return
+	}
+	if s.waited == "" {
+		t.stats.waits.Add(1)
+	}
+	if len(res) > 1 {
+		s.waited, _ = res[1].(string)
+	}
+	s.delay = min(t.opts.PollInterval, t.opts.PollInterval/8<<min(s.attempt, 3))
+	s.attempt++
+	if len(res) > 2 {
+		if ttl, ok := res[2].(int64); ok && ttl >= 0 {
+			s.delay = min(s.delay, timing.Add(fromMS(ttl), time.Millisecond))
+		}
+	}
+	b.waiting = append(b.waiting, s)
 }
 
 // sleep is the wait step: it waits, for the keys of waiting, for a
@@ -475,28 +515,7 @@ func (b *batchRun[K, V]) sleep(waiting []*slot[K]) bool {
 // every lease is released on the way out, and the panic goes on.
 func (b *batchRun[K, V]) loadAndStore(leased, local []*slot[K]) {
 	t := b.t
-	keys := make([]K, 0, len(leased)+len(local))
-	for _, s := range leased {
-		keys = append(keys, s.key)
-		if s.stolen {
-			t.stats.takeovers.Add(1)
-		}
-	}
-	aside, ahead := 0, 0 // of local, of local and leased
-	for _, s := range local {
-		keys = append(keys, s.key)
-		if s.aside {
-			aside++
-		}
-	}
-	for _, s := range leased {
-		if s.ahead {
-			ahead++
-		}
-	}
-	t.stats.leases.Add(uint64(len(leased)))
-	t.stats.aheadLoads.Add(uint64(aside + ahead))
-	t.localLoads(len(local) - aside)
+	keys := b.count(leased, local)
 	bg := context.WithoutCancel(b.ctx) // the leases must be released even if ctx ended
 	stop := t.beatMany(leased)
 	done := false
@@ -507,143 +526,215 @@ func (b *batchRun[K, V]) loadAndStore(leased, local []*slot[K]) {
 		}
 	}()
 	start := time.Now()
-	m, lerr := b.load(b.ctx, keys) // a *ManyError: each of its keys failed alone (errOf)
-	end := time.Now()
-	loaded := func(v V) flightcache.RemoteValue[V] {
-		return flightcache.RemoteValue[V]{Value: v, LoadedAt: end, Took: end.Sub(start), Loaded: true}
-	}
-	for _, s := range local {
-		err := errOf(lerr, s.key)
-		v, ok := m[s.key]
-		switch {
-		case err != nil:
-			b.answer(s, flightcache.RemoteResult[V]{Err: err})
-		case ok:
-			b.answer(s, flightcache.RemoteResult[V]{RemoteValue: loaded(v)})
-		default:
-			b.answer(s, flightcache.RemoteResult[V]{Err: flightcache.ErrNotFound})
-		}
-		if !s.aside && (err == nil || t.notFound(err)) { // loaded without Redis: maybe newer than its entry
-			t.ahead.mark(s.name)
-		}
-	}
+	m, err := b.load(b.ctx, keys) // a *ManyError: each of its keys failed alone (errOf)
+	got := batchLoad[K, V]{m: m, err: err, start: start, end: time.Now()}
+	b.answerLocal(local, got)
 	if len(leased) == 0 {
 		done = true
 		stop()
 		return
 	}
-
-	// What to do with each lease, and with the script's reply. This calls
-	// user code (Freshness, the Codec): encode recovers its panics, and the
-	// deferred release covers a Goexit here.
-	calls := make([]evalCall, len(leased))
-	then := make([]func(*redis.Cmd) bool, len(leased)) // false: Redis failed
-	for i, s := range leased {
-		dead := t.dead(s.ks) // an InvalidateAll ended the lease's generation: nothing is stored
-		err := errOf(lerr, s.key)
-		release := func(fail string, want bool) {
-			calls[i] = evalCall{releaseScript, releaseKeys(s.ks), t.releaseArgs(s.ks, s.tok, fail, want)}
-		}
-		switch v, ok := m[s.key]; {
-		case err != nil && !t.sharesNotFound(err):
-			want := false
-			fail := ""
-			if !errors.Is(err, flightcache.ErrNotModified) { // a batch revalidates nothing: nothing to share
-				fail = t.failure(b.ctx, s.tok, err)
-				want = t.mayCover(err) && !s.ahead // the entry may be older than a value served
-			}
-			release(fail, want)
-			then[i] = func(cmd *redis.Cmd) bool {
-				res, rerr := cmd.Slice()
-				var e entry
-				if rerr == nil && !dead && want {
-					e, _ = parseEntry(res) // an entry that does not parse covers nothing
-				}
-				rv, cerr := t.cover(e, err)
-				b.answer(s, flightcache.RemoteResult[V]{RemoteValue: rv, Err: cerr})
-				return rerr == nil
-			}
-		case err == nil && ok:
-			rv := loaded(v)
-			enc, share := t.encode(s.key, rv, rand.Float64())
-			if share && dead {
-				t.stats.writesLost.Add(1)
-				share = false
-			}
-			var id string
-			if share {
-				var args []any
-				id, args = t.writeArgs(s.ks, enc)
-				t.filling(s.ks.entry)
-				calls[i] = evalCall{writeScript, writeKeys(s.ks), append([]any{s.tok}, args...)}
-			} else {
-				release("", false)
-			}
-			then[i] = func(cmd *redis.Cmd) bool {
-				b.answer(s, flightcache.RemoteResult[V]{RemoteValue: rv})
-				if !share {
-					return cmd.Err() == nil
-				}
-				n, held, werr := writeAnswer(cmd)
-				if werr != nil {
-					return false
-				}
-				if t.stored(n) {
-					t.handOver(s.ks, s.tk, id)
-					if s.ahead {
-						t.ahead.clear(s.name, b.since)
-					}
-				} else if n == writeOutdated {
-					t.outdatedFill(s.ks, s.key, held)
-				}
-				return true
-			}
-		default:
-			// Not found (a key load did not return, or load failing as a
-			// whole with ErrNotFound): stored as a not-found marker for
-			// the fleet when the Loader caches not-founds, else shared
-			// with the processes waiting on this lease; as Load does with
-			// its load's ErrNotFound.
-			nf := flightcache.ErrNotFound
-			if err != nil {
-				nf = err
-			}
-			marker := t.sharesNotFound(nf)
-			if marker && dead {
-				t.stats.writesLost.Add(1)
-				marker = false
-			}
-			if marker {
-				calls[i] = t.notFoundCall(s.ks, s.tok)
-			} else {
-				release(t.failure(b.ctx, s.tok, nf), false)
-			}
-			then[i] = func(cmd *redis.Cmd) bool {
-				b.answer(s, flightcache.RemoteResult[V]{Err: nf})
-				if !marker {
-					return cmd.Err() == nil
-				}
-				n, werr := cmd.Int()
-				if werr != nil {
-					return false
-				}
-				if t.stored(n) {
-					t.served.drop(s.ks.base)
-					if s.ahead {
-						t.ahead.clear(s.name, b.since)
-					}
-				}
-				return true
-			}
-		}
-	}
+	calls, then := b.plan(leased, got)
 	done = true
 	stop()
 	// The batch's own wake-ups must not wake its wait for other keys.
 	b.unwatch(leased)
-	cmds := t.evalAll(bg, calls, &t.stats.batchRoundTrips)
+	b.store(bg, calls, then)
+}
+
+// batchLoad is what one call of a batch's load returned, and when.
+type batchLoad[K comparable, V any] struct {
+	m          map[K]V
+	err        error
+	start, end time.Time
+}
+
+// value is v, loaded by this call.
+func (l batchLoad[K, V]) value(v V) flightcache.RemoteValue[V] { return loaded(v, l.start, l.end) }
+
+// count counts the leases, the takeovers and the loads ahead of Redis or
+// without it of a call of load for leased and local, and returns the keys
+// to call it with.
+func (b *batchRun[K, V]) count(leased, local []*slot[K]) []K {
+	t := b.t
+	keys := make([]K, 0, len(leased)+len(local))
+	aside, ahead := 0, 0 // of local, of leased
+	for _, s := range leased {
+		keys = append(keys, s.key)
+		if s.stolen {
+			t.stats.takeovers.Add(1)
+		}
+		if s.ahead {
+			ahead++
+		}
+	}
+	for _, s := range local {
+		keys = append(keys, s.key)
+		if s.aside {
+			aside++
+		}
+	}
+	t.stats.leases.Add(uint64(len(leased)))
+	t.stats.aheadLoads.Add(uint64(aside + ahead))
+	t.localLoads(len(local) - aside)
+	return keys
+}
+
+// answerLocal answers the keys of local, loaded without Redis.
+func (b *batchRun[K, V]) answerLocal(local []*slot[K], got batchLoad[K, V]) {
+	for _, s := range local {
+		err := errOf(got.err, s.key)
+		v, ok := got.m[s.key]
+		switch {
+		case err != nil:
+			b.answer(s, flightcache.RemoteResult[V]{Err: err})
+		case ok:
+			b.answer(s, flightcache.RemoteResult[V]{RemoteValue: got.value(v)})
+		default:
+			b.answer(s, flightcache.RemoteResult[V]{Err: flightcache.ErrNotFound})
+		}
+		if !s.aside && (err == nil || b.t.notFound(err)) { // loaded without Redis: maybe newer than its entry
+			b.t.ahead.mark(s.name)
+		}
+	}
+}
+
+// settle is a lease's script call, and what to do with its reply: false
+// when Redis failed.
+type settle struct {
+	call evalCall
+	then func(*redis.Cmd) bool
+}
+
+// plan decides what to do with each lease of leased, and with the
+// script's reply. This calls user code (Freshness, the Codec): encode
+// recovers its panics, and loadAndStore's deferred release covers a
+// Goexit here.
+func (b *batchRun[K, V]) plan(leased []*slot[K], got batchLoad[K, V]) ([]evalCall, []func(*redis.Cmd) bool) {
+	calls := make([]evalCall, len(leased))
+	then := make([]func(*redis.Cmd) bool, len(leased))
+	for i, s := range leased {
+		dead := b.t.dead(s.ks) // an InvalidateAll ended the lease's generation: nothing is stored
+		err := errOf(got.err, s.key)
+		var st settle
+		switch v, ok := got.m[s.key]; {
+		case err != nil && !b.t.sharesNotFound(err):
+			st = b.planFailure(s, err, dead)
+		case err == nil && ok:
+			st = b.planValue(s, got.value(v), dead)
+		default:
+			st = b.planNotFound(s, err, dead)
+		}
+		calls[i], then[i] = st.call, st.then
+	}
+	return calls, then
+}
+
+// planFailure releases s's lease after its load failed with err, leaving
+// the failure for the waiters, and covers it with the entry if it may.
+func (b *batchRun[K, V]) planFailure(s *slot[K], err error, dead bool) settle {
+	t := b.t
+	want, fail := false, ""
+	if !errors.Is(err, flightcache.ErrNotModified) { // a batch revalidates nothing: nothing to share
+		fail = t.failure(b.ctx, s.tok, err)
+		want = t.mayCover(err) && !s.ahead // the entry may be older than a value served
+	}
+	return settle{t.releaseCall(s.ks, s.tok, fail, want), func(cmd *redis.Cmd) bool {
+		res, rerr := cmd.Slice()
+		var e entry
+		if rerr == nil && !dead && want {
+			e, _ = parseEntry(res) // an entry that does not parse covers nothing
+		}
+		rv, cerr := t.cover(e, err)
+		b.answer(s, flightcache.RemoteResult[V]{RemoteValue: rv, Err: cerr})
+		return rerr == nil
+	}}
+}
+
+// planValue writes rv as s's entry under its lease, or releases the lease
+// when rv is not to share.
+func (b *batchRun[K, V]) planValue(s *slot[K], rv flightcache.RemoteValue[V], dead bool) settle {
+	t := b.t
+	enc, share := t.encode(s.key, rv, rand.Float64())
+	if share && dead {
+		t.stats.writesLost.Add(1)
+		share = false
+	}
+	if !share {
+		return settle{t.releaseCall(s.ks, s.tok, "", false), func(cmd *redis.Cmd) bool {
+			b.answer(s, flightcache.RemoteResult[V]{RemoteValue: rv})
+			return cmd.Err() == nil
+		}}
+	}
+	id, args := t.writeArgs(s.ks, enc)
+	t.filling(s.ks.entry)
+	return settle{evalCall{writeScript, writeKeys(s.ks), append([]any{s.tok}, args...)}, func(cmd *redis.Cmd) bool {
+		b.answer(s, flightcache.RemoteResult[V]{RemoteValue: rv})
+		n, held, werr := writeAnswer(cmd)
+		if werr != nil {
+			return false
+		}
+		if t.stored(n) {
+			t.handOver(s.ks, s.tk, id)
+			b.caughtUp(s)
+		} else if n == writeOutdated {
+			t.outdatedFill(s.ks, s.key, held)
+		}
+		return true
+	}}
+}
+
+// planNotFound settles s's lease after a not-found (a key load did not
+// return, or load failing as a whole with err matching ErrNotFound):
+// stored as a not-found marker for the fleet when the Loader caches
+// not-founds, else shared with the processes waiting on this lease; as
+// Load does with its load's ErrNotFound.
+func (b *batchRun[K, V]) planNotFound(s *slot[K], err error, dead bool) settle {
+	t := b.t
+	nf := flightcache.ErrNotFound
+	if err != nil {
+		nf = err
+	}
+	marker := t.sharesNotFound(nf)
+	if marker && dead {
+		t.stats.writesLost.Add(1)
+		marker = false
+	}
+	if !marker {
+		return settle{t.releaseCall(s.ks, s.tok, t.failure(b.ctx, s.tok, nf), false), func(cmd *redis.Cmd) bool {
+			b.answer(s, flightcache.RemoteResult[V]{Err: nf})
+			return cmd.Err() == nil
+		}}
+	}
+	return settle{t.notFoundCall(s.ks, s.tok), func(cmd *redis.Cmd) bool {
+		b.answer(s, flightcache.RemoteResult[V]{Err: nf})
+		n, werr := cmd.Int()
+		if werr != nil {
+			return false
+		}
+		if t.stored(n) {
+			t.served.drop(s.ks.base)
+			b.caughtUp(s)
+		}
+		return true
+	}}
+}
+
+// caughtUp notes that s's entry now holds what this process loaded: it is
+// no longer ahead of Redis on the key (ahead.go).
+func (b *batchRun[K, V]) caughtUp(s *slot[K]) {
+	if s.ahead {
+		b.t.ahead.clear(s.name, b.since)
+	}
+}
+
+// store runs calls in one round trip and hands each reply to its then;
+// Redis failing any of them steps the tier aside.
+func (b *batchRun[K, V]) store(ctx context.Context, calls []evalCall, then []func(*redis.Cmd) bool) {
+	t := b.t
+	cmds := t.evalAll(ctx, calls, &t.stats.batchRoundTrips)
 	ok := true
-	for i := range leased {
+	for i := range calls {
 		ok = then[i](cmds[i]) && ok
 	}
 	if !ok {
@@ -672,7 +763,7 @@ func (t *Tier[K, V]) releaseAll(ctx context.Context, ss []*slot[K]) {
 	}
 	calls := make([]evalCall, len(ss))
 	for i, s := range ss {
-		calls[i] = evalCall{releaseScript, releaseKeys(s.ks), t.releaseArgs(s.ks, s.tok, "", false)}
+		calls[i] = t.releaseCall(s.ks, s.tok, "", false)
 	}
 	for _, cmd := range t.evalAll(ctx, calls, &t.stats.batchRoundTrips) {
 		if cmd.Err() != nil {

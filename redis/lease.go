@@ -265,148 +265,236 @@ func (t *Tier[K, V]) Load(ctx context.Context, key K, load func(context.Context)
 // lease: Load then starts again under that one. For a key this process may
 // be ahead of Redis on (ahead.go), it takes nothing from Redis: it loads
 // under the lease, or without it while another process holds it.
-func (t *Tier[K, V]) loadAt(ctx context.Context, key K, name string, gen int64, load func(context.Context) (V, error)) (rv flightcache.RemoteValue[V], err error, again bool) {
-	ks := keysAt(t.opts.Prefix, name, gen)
-	var w chan struct{} // the key's wake-ups, once the Load waits
-	defer func() {
-		if w != nil {
-			t.wake.Unwatch(w, ks.base)
-		}
-	}()
-	tk, landed := t.takeoff(key, ks)
+func (t *Tier[K, V]) loadAt(ctx context.Context, key K, name string, gen int64, load func(context.Context) (V, error)) (flightcache.RemoteValue[V], error, bool) {
+	r := &loadRun[K, V]{t: t, ctx: ctx, key: key, name: name, gen: gen, load: load, ks: keysAt(t.opts.Prefix, name, gen)}
+	defer r.unwatch()
+	var landed func()
+	r.tk, landed = t.takeoff(key, r.ks)
 	defer landed()
-	ahead, since := t.ahead.state(name)
+	r.ahead, r.since = t.ahead.state(name)
+	out := r.run()
+	return out.rv, out.err, out.again
+}
 
-	vals, g, err := t.readEntry(ctx, ks)
-	if err != nil {
-		rv, err := t.fallback(ctx, name, load)
-		return rv, err, false
+// loadRun is one Load of a key under one generation (loadAt): the lease
+// protocol's steps, read, judge, acquire, wait, and hold for the lease
+// this Load takes.
+type loadRun[K comparable, V any] struct {
+	t       *Tier[K, V]
+	ctx     context.Context
+	key     K
+	name    string // Options.Key(key)
+	gen     int64
+	load    func(context.Context) (V, error)
+	ks      keys
+	tk      ticket        // the Load's (takeoff)
+	ahead   bool          // this process may be ahead of the entry (ahead.go): it takes nothing from Redis
+	since   uint64        // the mark of ahead when the Load began
+	e       entry         // the entry last seen
+	perr    error         // e did not parse
+	waited  string        // the token of the lease this Load waits on, "" if none yet
+	w       chan struct{} // the key's wake-ups, once the Load waits
+	attempt int           // waits so far, for the poll backoff
+}
+
+// loadResult is how a Load ends: again when a newer generation came first.
+type loadResult[V any] struct {
+	rv    flightcache.RemoteValue[V]
+	err   error
+	again bool
+}
+
+// run reads the entry, then judges it, acquires and waits until the Load
+// has its result.
+func (r *loadRun[K, V]) run() loadResult[V] {
+	if out, done := r.read(); done {
+		return out
 	}
-	if cur, ok := t.seen(ctx, g, gen); !ok {
-		rv, err := t.localUnlessDone(ctx, name, load)
-		return rv, err, false
-	} else if cur != gen {
-		return rv, nil, true
-	}
-	e, perr := parseEntry(vals)
-	waited := "" // token of the lease this Load waited on
-	for attempt := 0; ; attempt++ {
-		if t.gen.Load() != gen { // nothing of an older generation is handed over
-			return rv, nil, true
+	for ; ; r.attempt++ {
+		if r.t.gen.Load() != r.gen { // nothing of an older generation is handed over
+			return loadResult[V]{again: true}
 		}
-		switch {
-		case ahead: // the entry may be older than what this process served
-		case perr == nil && t.sharedNotFound(e):
-			t.stats.notFoundHits.Add(1)
-			return rv, ErrSharedNotFound, false
-		case perr == nil && e.ok && t.usable(ctx, ks, e):
-			if v, err := t.decode(e.val); err == nil {
-				return t.hand(ks, tk, e, v, waited != ""), nil, false
-			}
-			t.stats.decodeErrors.Add(1)
-		case perr != nil:
-			t.stats.decodeErrors.Add(1)
+		if out, done := r.offer(); done {
+			return out
 		}
-		tok := token(16)
-		c, cancel := t.op(ctx)
-		res, err := acquireScript.Run(c, t.scripts, []string{ks.entry, ks.lease, ks.alive, ks.fail},
-			e.id, tok, t.attached().leaseMS, t.aliveMS, waited).Slice()
-		cancel()
-		if err != nil {
-			rv, err := t.fallback(ctx, name, load)
-			return rv, err, false
+		if out, done := r.acquire(); done {
+			return out
 		}
-		kind, _ := res[0].(string)
-		if t.gen.Load() != gen {
-			if kind == "won" || kind == "stolen" {
-				t.release(context.WithoutCancel(ctx), ks, tok, "", false)
-			}
-			return rv, nil, true
-		}
-		switch kind {
-		case "entry":
-			fields, _ := res[1].([]any)
-			e, perr = parseEntry(fields)
-			continue
-		case "failed":
-			// The entry is still e (acquire compared the ids): it may
-			// cover the failure.
-			t.stats.peerErrors.Add(1)
-			rv, err := t.cover(e, peerError(res[1]))
-			return rv, err, false
-		case "won", "stolen":
-			if kind == "stolen" {
-				t.stats.takeovers.Add(1)
-			}
-			if ahead {
-				t.stats.aheadLoads.Add(1)
-				rv, err, stored := t.hold(ctx, ks, tk, key, tok, load, nil, false)
-				if stored {
-					t.ahead.clear(name, since)
-				}
-				return rv, err, false
-			}
-			fctx, fleet := t.withFleetValue(ctx, e)
-			rv, err, _ := t.hold(fctx, ks, tk, key, tok, load, fleet, true)
-			return rv, err, false
-		}
-		if ahead {
-			// The holder may have read the downstream before the value
-			// this process served: load without the lease. The read above
-			// was tracked, so a later write of the key comes back.
-			t.stats.aheadLoads.Add(1)
-			rv, err := t.aside(ctx, load)
-			return rv, err, false
-		}
-		// "held": wait for the holder's wake-up, a poll, or the holder's
-		// alive key to lapse, whichever comes first.
-		if waited == "" {
-			t.stats.waits.Add(1)
-		}
-		waited, _ = res[1].(string)
-		if w == nil {
-			// The first wait: subscribe to the key's wake-ups, and once
-			// Redis has confirmed it (a wake-up published before is not
-			// heard), look once more before waiting.
-			w = make(chan struct{}, 1)
-			t.wake.Await(ctx, t.wake.Watch(w, ks.base))
-			if ctx.Err() != nil {
-				return rv, ctxError(ctx), false
-			}
-			attempt-- // that look is not a wait: the backoff starts after it
-			continue
-		}
-		d := min(t.opts.PollInterval, t.opts.PollInterval/8<<min(attempt, 3))
-		if ttl, ok := res[2].(int64); ok && ttl >= 0 {
-			d = min(d, timing.Add(fromMS(ttl), time.Millisecond))
-		}
-		timer := time.NewTimer(jitter(d))
-		select {
-		case <-w:
-			t.stats.wakeups.Add(1)
-		case <-timer.C:
-			t.stats.polls.Add(1)
-		case <-ctx.Done():
-			timer.Stop()
-			return rv, ctxError(ctx), false
-		}
-		timer.Stop()
 	}
 }
 
-// withFleetValue passes the shared entry e, if it is still of use (within
-// its StaleIfError window) and decodes, to the load about to run, so that
-// a Loader with Options.Reload revalidates the fleet's value rather than
-// its own (flightcache.WithReloadValue). It returns that value too, or nil.
-func (t *Tier[K, V]) withFleetValue(ctx context.Context, e entry) (context.Context, *V) {
-	if !e.ok || e.nf || t.attached().phase(e, now()) == flightcache.PhaseExpired {
-		return ctx, nil
-	}
-	v, err := t.decode(e.val)
+// read is the read step: the entry, and the shared generation beside it.
+// done when the Load ends there: Redis failed, or a newer generation.
+func (r *loadRun[K, V]) read() (out loadResult[V], done bool) {
+	t := r.t
+	vals, g, err := t.readEntry(r.ctx, r.ks)
 	if err != nil {
-		return ctx, nil
+		rv, err := t.fallback(r.ctx, r.name, r.load)
+		return loadResult[V]{rv: rv, err: err}, true
 	}
-	return flightcache.WithReloadValue(ctx, v), &v
+	if cur, ok := t.seen(r.ctx, g, r.gen); !ok {
+		rv, err := t.localUnlessDone(r.ctx, r.name, r.load)
+		return loadResult[V]{rv: rv, err: err}, true
+	} else if cur != r.gen {
+		return loadResult[V]{again: true}, true
+	}
+	r.e, r.perr = parseEntry(vals)
+	return loadResult[V]{}, false
+}
+
+// offer answers the Load with the entry last seen if it is of use: a live
+// not-found marker, or a usable entry that decodes.
+func (r *loadRun[K, V]) offer() (out loadResult[V], done bool) {
+	t := r.t
+	switch {
+	case r.ahead: // the entry may be older than what this process served
+	case r.perr == nil && t.sharedNotFound(r.e):
+		t.stats.notFoundHits.Add(1)
+		return loadResult[V]{err: ErrSharedNotFound}, true
+	case r.perr == nil && r.e.ok && t.usable(r.ctx, r.ks, r.e):
+		if v, err := t.decode(r.e.val); err == nil {
+			return loadResult[V]{rv: t.hand(r.ks, r.tk, r.e, v, r.waited != "")}, true
+		}
+		t.stats.decodeErrors.Add(1)
+	case r.perr != nil:
+		t.stats.decodeErrors.Add(1)
+	}
+	return loadResult[V]{}, false
+}
+
+// acquire is the acquire step, and what its answer leads to: a newer
+// entry to judge (not done), the holder's failure, the lease (hold), or a
+// wait.
+func (r *loadRun[K, V]) acquire() (out loadResult[V], done bool) {
+	t := r.t
+	tok := token(16)
+	c, cancel := t.op(r.ctx)
+	res, err := acquireScript.Run(c, t.scripts, []string{r.ks.entry, r.ks.lease, r.ks.alive, r.ks.fail},
+		r.e.id, tok, t.attached().leaseMS, t.aliveMS, r.waited).Slice()
+	cancel()
+	if err != nil {
+		rv, err := t.fallback(r.ctx, r.name, r.load)
+		return loadResult[V]{rv: rv, err: err}, true
+	}
+	kind, _ := res[0].(string)
+	if t.gen.Load() != r.gen {
+		if kind == "won" || kind == "stolen" {
+			t.release(context.WithoutCancel(r.ctx), r.ks, tok, "", false)
+		}
+		return loadResult[V]{again: true}, true
+	}
+	switch kind {
+	case "entry":
+		fields, _ := res[1].([]any)
+		r.e, r.perr = parseEntry(fields)
+		return loadResult[V]{}, false
+	case "failed":
+		// The entry is still e (acquire compared the ids): it may
+		// cover the failure.
+		t.stats.peerErrors.Add(1)
+		rv, err := t.cover(r.e, peerError(res[1]))
+		return loadResult[V]{rv: rv, err: err}, true
+	case "won", "stolen":
+		if kind == "stolen" {
+			t.stats.takeovers.Add(1)
+		}
+		return r.leased(tok), true
+	}
+	return r.held(res)
+}
+
+// leased runs the load under the lease tok this Load took.
+func (r *loadRun[K, V]) leased(tok string) loadResult[V] {
+	if r.ahead {
+		r.t.stats.aheadLoads.Add(1)
+		rv, err, stored := r.hold(r.ctx, tok, nil, false)
+		if stored {
+			r.t.ahead.clear(r.name, r.since)
+		}
+		return loadResult[V]{rv: rv, err: err}
+	}
+	fctx, fleet := r.fleetValue()
+	rv, err, _ := r.hold(fctx, tok, fleet, true)
+	return loadResult[V]{rv: rv, err: err}
+}
+
+// held handles a lease another process holds (res: acquire's answer):
+// wait for the holder's wake-up, a poll, or the holder's alive key to
+// lapse, whichever comes first. done when the Load ends instead.
+func (r *loadRun[K, V]) held(res []any) (out loadResult[V], done bool) {
+	t := r.t
+	if r.ahead {
+		// The holder may have read the downstream before the value
+		// this process served: load without the lease. The read above
+		// was tracked, so a later write of the key comes back.
+		t.stats.aheadLoads.Add(1)
+		rv, err := aside(r.ctx, r.load)
+		return loadResult[V]{rv: rv, err: err}, true
+	}
+	if r.waited == "" {
+		t.stats.waits.Add(1)
+	}
+	r.waited, _ = res[1].(string)
+	if r.w == nil {
+		// The first wait: subscribe to the key's wake-ups, and once
+		// Redis has confirmed it (a wake-up published before is not
+		// heard), look once more before waiting.
+		r.w = make(chan struct{}, 1)
+		t.wake.Await(r.ctx, t.wake.Watch(r.w, r.ks.base))
+		if r.ctx.Err() != nil {
+			return loadResult[V]{err: ctxError(r.ctx)}, true
+		}
+		r.attempt-- // that look is not a wait: the backoff starts after it
+		return loadResult[V]{}, false
+	}
+	d := min(t.opts.PollInterval, t.opts.PollInterval/8<<min(r.attempt, 3))
+	if ttl, ok := res[2].(int64); ok && ttl >= 0 {
+		d = min(d, timing.Add(fromMS(ttl), time.Millisecond))
+	}
+	if !r.sleep(d) {
+		return loadResult[V]{err: ctxError(r.ctx)}, true
+	}
+	return loadResult[V]{}, false
+}
+
+// sleep waits (jittered) d, or until a wake-up of the key; false when the
+// Load's context ended first.
+func (r *loadRun[K, V]) sleep(d time.Duration) bool {
+	timer := time.NewTimer(jitter(d))
+	defer timer.Stop()
+	select {
+	case <-r.w:
+		r.t.stats.wakeups.Add(1)
+	case <-timer.C:
+		r.t.stats.polls.Add(1)
+	case <-r.ctx.Done():
+		return false
+	}
+	return true
+}
+
+// unwatch drops the Load's subscription to the key's wake-ups, if any.
+func (r *loadRun[K, V]) unwatch() {
+	if r.w != nil {
+		r.t.wake.Unwatch(r.w, r.ks.base)
+	}
+}
+
+// fleetValue passes the shared entry last seen, if it is still of use
+// (within its StaleIfError window) and decodes, to the load about to run,
+// so that a Loader with Options.Reload revalidates the fleet's value
+// rather than its own (flightcache.WithReloadValue). It returns that value
+// too, or nil.
+func (r *loadRun[K, V]) fleetValue() (context.Context, *V) {
+	e := r.e
+	if !e.ok || e.nf || r.t.attached().phase(e, now()) == flightcache.PhaseExpired {
+		return r.ctx, nil
+	}
+	v, err := r.t.decode(e.val)
+	if err != nil {
+		return r.ctx, nil
+	}
+	return flightcache.WithReloadValue(r.ctx, v), &v
 }
 
 // hand returns a decoded entry to the Loader and remembers it was served,
@@ -428,61 +516,75 @@ func (t *Tier[K, V]) hand(ks keys, tk ticket, e entry, v V, waited bool) flightc
 	}
 }
 
-// hold runs load under the lease tok, then writes the entry (success) or
-// releases the lease (failure). Whatever happens after the lease was taken
-// (load, or user code after it, panics or ends its goroutine with
-// runtime.Goexit), its deferred release drops the lease if nothing else
-// did, which wakes the processes waiting on it. fleet is the shared value
-// the load revalidates, if any: when the load answers ErrNotModified it is
-// stored again, renewed, for every process. tk is the Load's ticket. A
+// hold runs the Load's load, with ctx, under the lease tok, then writes
+// the entry (success) or releases the lease (failure). Whatever happens
+// after the lease was taken (load, or user code after it, panics or ends
+// its goroutine with runtime.Goexit), its deferred release drops the
+// lease if nothing else did, which wakes the processes waiting on it.
+// fleet is the shared value the load revalidates, if any: when the load
+// answers ErrNotModified it is stored again, renewed, for every process. A
 // failed load is covered by the shared entry only if covers. stored
 // reports whether the value (or a not-found marker) became the shared
 // entry.
-func (t *Tier[K, V]) hold(ctx context.Context, ks keys, tk ticket, key K, tok string, load func(context.Context) (V, error), fleet *V, covers bool) (rv flightcache.RemoteValue[V], err error, stored bool) {
+func (r *loadRun[K, V]) hold(ctx context.Context, tok string, fleet *V, covers bool) (rv flightcache.RemoteValue[V], err error, stored bool) {
+	t := r.t
 	t.stats.leases.Add(1)
-	stop := t.beat(ks, tok)
+	stop := t.beat(r.ks, tok)
 	bg := context.WithoutCancel(ctx) // the lease must be released even if ctx ended
 	settled := false                 // the lease was written or released
 	defer func() {
 		stop()
 		if !settled {
-			t.release(bg, ks, tok, "", false)
+			t.release(bg, r.ks, tok, "", false)
 		}
 	}()
 	start := time.Now()
-	v, err := load(ctx)
+	v, err := r.load(ctx)
 	end := time.Now()
 	stop()
-	if errors.Is(err, flightcache.ErrNotModified) {
-		// Not a failure: the value revalidated is still current.
-		if fleet == nil { // the Loader's own value, which the tier does not have
-			t.release(bg, ks, tok, "", false)
-			settled = true
-			return flightcache.RemoteValue[V]{}, err, false
-		}
-		rv := flightcache.RemoteValue[V]{Value: *fleet, LoadedAt: end, Took: end.Sub(start), Loaded: true}
-		stored := t.write(bg, ks, tk, key, tok, rv)
+	switch {
+	case errors.Is(err, flightcache.ErrNotModified) && fleet == nil:
+		// Not a failure, but the Loader's own value, which the tier does
+		// not have.
+		t.release(bg, r.ks, tok, "", false)
+		settled = true
+		return flightcache.RemoteValue[V]{}, err, false
+	case errors.Is(err, flightcache.ErrNotModified):
+		// Not a failure: the fleet's value revalidated is still current.
+		rv = loaded(*fleet, start, end)
+	case err != nil:
+		rv, err, stored = r.failed(ctx, tok, err, covers)
 		settled = true
 		return rv, err, stored
+	default:
+		rv = loaded(v, start, end)
 	}
-	if err != nil {
-		if fail := t.failure(ctx, tok, err); fail != "" && t.sharesNotFound(err) {
-			stored := t.writeNotFound(bg, ks, tok)
-			settled = true
-			return flightcache.RemoteValue[V]{}, err, stored
-		}
-		e := t.release(bg, ks, tok, t.failure(ctx, tok, err), covers && t.mayCover(err))
-		settled = true
-		if t.dead(ks) || !covers { // an InvalidateAll ended the entry's generation: it covers nothing
-			e = entry{}
-		}
-		rv, err := t.cover(e, err)
-		return rv, err, false
-	}
-	rv = flightcache.RemoteValue[V]{Value: v, LoadedAt: end, Took: end.Sub(start), Loaded: true}
-	stored = t.write(bg, ks, tk, key, tok, rv)
+	stored = r.write(bg, tok, rv)
 	settled = true
-	return rv, nil, stored
+	return rv, err, stored
+}
+
+// failed settles the lease tok after the load failed with err: a
+// not-found shared as a marker, else a release that leaves the failure
+// for the waiters and returns the entry that may cover it (if covers).
+func (r *loadRun[K, V]) failed(ctx context.Context, tok string, err error, covers bool) (flightcache.RemoteValue[V], error, bool) {
+	t := r.t
+	bg := context.WithoutCancel(ctx)
+	fail := t.failure(ctx, tok, err)
+	if fail != "" && t.sharesNotFound(err) {
+		return flightcache.RemoteValue[V]{}, err, r.writeNotFound(bg, tok)
+	}
+	e := t.release(bg, r.ks, tok, fail, covers && t.mayCover(err))
+	if t.dead(r.ks) || !covers { // an InvalidateAll ended the entry's generation: it covers nothing
+		e = entry{}
+	}
+	rv, err := t.cover(e, err)
+	return rv, err, false
+}
+
+// loaded is the value a load returned, loaded between start and end.
+func loaded[V any](v V, start, end time.Time) flightcache.RemoteValue[V] {
+	return flightcache.RemoteValue[V]{Value: v, LoadedAt: end, Took: end.Sub(start), Loaded: true}
 }
 
 // sharesNotFound reports whether a load's error err is a not-found to store
@@ -516,10 +618,11 @@ func (t *Tier[K, V]) notFoundCall(ks keys, tok string) evalCall {
 		px(ttl), t.wakeCmd, ks.wake}}
 }
 
-// writeNotFound stores a not-found marker as the entry of ks if the lease
+// writeNotFound stores a not-found marker as the Load's entry if the lease
 // tok is still held, drops the lease and wakes its waiters, so every process (the
 // ones waiting on this lease included) gets the not-found from the tier.
-func (t *Tier[K, V]) writeNotFound(ctx context.Context, ks keys, tok string) (stored bool) {
+func (r *loadRun[K, V]) writeNotFound(ctx context.Context, tok string) (stored bool) {
+	t, ks := r.t, r.ks
 	if t.dead(ks) { // of a generation an InvalidateAll ended: not stored
 		t.stats.writesLost.Add(1)
 		t.release(ctx, ks, tok, "", false)
@@ -582,7 +685,7 @@ func (t *Tier[K, V]) beat(ks keys, tok string) (stop func()) {
 	return sync.OnceFunc(func() { close(quit); wg.Wait() })
 }
 
-// write stores rv as the key's entry, with the windows the Loader's options
+// write stores rv as the Load's entry, with the windows the Loader's options
 // give this value (Rules.WindowsOf: per-value Freshness included), if the
 // lease tok is still held. A value not to share (see encode) is not
 // stored: the lease is released instead, which wakes the processes waiting
@@ -591,9 +694,9 @@ func (t *Tier[K, V]) beat(ks keys, tok string) (stop func()) {
 // load): it is counted in WritesLost. Nor is a value of a lower version
 // than the entry's (version.go): the script drops the lease and wakes the
 // waiters all the same, and it is counted in WritesOutdated. The entry
-// written is recorded as the Loader's copy for the Load with ticket tk
-// (handOver). It reports whether rv became the shared entry.
-func (t *Tier[K, V]) write(ctx context.Context, ks keys, tk ticket, key K, tok string, rv flightcache.RemoteValue[V]) (stored bool) {
+// written is recorded as the Loader's copy for the Load (handOver). It reports whether rv became the shared entry.
+func (r *loadRun[K, V]) write(ctx context.Context, tok string, rv flightcache.RemoteValue[V]) (stored bool) {
+	t, ks, key := r.t, r.ks, r.key
 	enc, ok := t.encode(key, rv, rand.Float64())
 	if ok && t.dead(ks) {
 		t.stats.writesLost.Add(1)
@@ -612,7 +715,7 @@ func (t *Tier[K, V]) write(ctx context.Context, ks keys, tk ticket, key K, tok s
 	case err != nil:
 		t.failed()
 	case t.stored(n):
-		t.handOver(ks, tk, id)
+		t.handOver(ks, r.tk, id)
 		return true
 	case n == writeOutdated:
 		t.outdatedFill(ks, key, held)
@@ -717,7 +820,8 @@ func writeKeys(ks keys) []string { return []string{ks.entry, ks.lease, ks.alive}
 // is none, or Redis failed): what may cover the failed load.
 func (t *Tier[K, V]) release(ctx context.Context, ks keys, tok, fail string, want bool) entry {
 	c, cancel := t.op(ctx)
-	res, err := releaseScript.Run(c, t.scripts, releaseKeys(ks), t.releaseArgs(ks, tok, fail, want)...).Slice()
+	call := t.releaseCall(ks, tok, fail, want)
+	res, err := call.script.Run(c, t.scripts, call.keys, call.args...).Slice()
 	cancel()
 	if err != nil {
 		t.failed()
@@ -727,11 +831,8 @@ func (t *Tier[K, V]) release(ctx context.Context, ks keys, tok, fail string, wan
 	return e
 }
 
-// releaseKeys and releaseArgs are releaseScript's KEYS and ARGV (see
-// release).
-func releaseKeys(ks keys) []string { return []string{ks.lease, ks.alive, ks.fail, ks.entry} }
-
-func (t *Tier[K, V]) releaseArgs(ks keys, tok, fail string, want bool) []any {
+// releaseCall is the releaseScript call of release.
+func (t *Tier[K, V]) releaseCall(ks keys, tok, fail string, want bool) evalCall {
 	flag, drop := "", ""
 	if want {
 		flag = "1"
@@ -739,7 +840,8 @@ func (t *Tier[K, V]) releaseArgs(ks keys, tok, fail string, want bool) []any {
 	if strings.HasPrefix(fail, tok+"\nnf\n") { // a not-found (failure): the entry goes
 		drop = "1"
 	}
-	return []any{tok, fail, t.failMS, t.wakeCmd, ks.wake, flag, drop}
+	return evalCall{releaseScript, []string{ks.lease, ks.alive, ks.fail, ks.entry},
+		[]any{tok, fail, t.failMS, t.wakeCmd, ks.wake, flag, drop}}
 }
 
 // failure is what a failed load leaves for the processes that waited on it:
@@ -817,7 +919,7 @@ func (t *Tier[K, V]) localUnlessDone(ctx context.Context, name string, load func
 func (t *Tier[K, V]) local(ctx context.Context, name string, load func(context.Context) (V, error)) (flightcache.RemoteValue[V], error) {
 	t.stats.localLoads.Add(1)
 	t.untracked()
-	rv, err := t.aside(ctx, load)
+	rv, err := aside(ctx, load)
 	if err == nil || t.notFound(err) {
 		t.ahead.mark(name)
 	}
@@ -825,14 +927,14 @@ func (t *Tier[K, V]) local(ctx context.Context, name string, load func(context.C
 }
 
 // aside calls load, without the lease.
-func (t *Tier[K, V]) aside(ctx context.Context, load func(context.Context) (V, error)) (flightcache.RemoteValue[V], error) {
+func aside[V any](ctx context.Context, load func(context.Context) (V, error)) (flightcache.RemoteValue[V], error) {
 	start := time.Now()
 	v, err := load(ctx)
 	end := time.Now()
 	if err != nil {
 		return flightcache.RemoteValue[V]{}, err
 	}
-	return flightcache.RemoteValue[V]{Value: v, LoadedAt: end, Took: end.Sub(start), Loaded: true}, nil
+	return loaded(v, start, end), nil
 }
 
 // Set implements [flightcache.Remote]: it stores v as key's shared entry
