@@ -55,8 +55,8 @@ import (
 // holder died and its lease was taken over, or it gave up without a result
 // to share), which is when Load too would load after waiting.
 
-// slot is the state of one key of a batch.
-type slot[K comparable] struct {
+// item is the state of one key of a batch.
+type item[K comparable] struct {
 	key     K
 	name    string // Options.Key(key)
 	ks      keys
@@ -87,7 +87,7 @@ type batchRun[K comparable, V any] struct {
 	// The keys between two steps: leased by acquire, to load without
 	// Redis (a round trip failed, or ahead of Redis while another process
 	// holds the lease), and waiting on another process.
-	leased, local, waiting []*slot[K]
+	leased, local, waiting []*item[K]
 }
 
 // LoadMany implements [flightcache.RemoteMany]: it answers each of keys as
@@ -138,35 +138,35 @@ func (t *Tier[K, V]) LoadMany(ctx context.Context, keys []K, load func(context.C
 	t.stats.batches.Add(1)
 	t.used.Store(true)
 	b := &batchRun[K, V]{t: t, ctx: ctx, load: load, out: make(map[K]flightcache.RemoteResult[V], len(keys))}
-	slots := make([]*slot[K], len(keys))
+	items := make([]*item[K], len(keys))
 	for i, k := range keys {
-		slots[i] = &slot[K]{key: k}
+		items[i] = &item[K]{key: k}
 	}
-	if len(slots) == 0 {
+	if len(items) == 0 {
 		return b.out
 	}
 	if t.closed.Load() || t.down() || !t.ready(ctx) {
 		t.listening()
-		b.name(slots)
-		b.loadAndStore(nil, slots)
+		b.name(items)
+		b.loadAndStore(nil, items)
 		return b.out
 	}
 	t.awaitStartup(ctx)
 	t.listening()
 	b.gen = t.gen.Load()
 	b.since = t.ahead.now()
-	b.name(slots)
+	b.name(items)
 	b.w = make(chan struct{}, 1)
-	defer func() { b.unwatch(slots) }()
-	defer t.takeoffAll(slots)()
-	b.run(slots)
+	defer func() { b.unwatch(items) }()
+	defer t.takeoffAll(items)()
+	b.run(items)
 	return b.out
 }
 
-// name names the keys of slots (Options.Key) in the batch's generation.
-func (b *batchRun[K, V]) name(slots []*slot[K]) {
+// name names the keys of items (Options.Key) in the batch's generation.
+func (b *batchRun[K, V]) name(items []*item[K]) {
 	t := b.t
-	for _, s := range slots {
+	for _, s := range items {
 		s.name = t.key(s.key)
 		t.handed(s.name, s.key)
 		s.ks = keysAt(t.opts.Prefix, s.name, b.gen)
@@ -174,10 +174,10 @@ func (b *batchRun[K, V]) name(slots []*slot[K]) {
 	}
 }
 
-// run takes the keys of slots through the steps until each has its
+// run takes the keys of items through the steps until each has its
 // result: read, acquire, load and store, wait, and acquire again.
-func (b *batchRun[K, V]) run(slots []*slot[K]) {
-	open, local := b.read(slots)
+func (b *batchRun[K, V]) run(items []*item[K]) {
+	open, local := b.read(items)
 	b.local = local
 	for {
 		b.acquireAll(open)
@@ -201,12 +201,12 @@ func (b *batchRun[K, V]) run(slots []*slot[K]) {
 
 // acquireAll runs the acquire step until no key of open is left to
 // acquire again.
-func (b *batchRun[K, V]) acquireAll(open []*slot[K]) {
+func (b *batchRun[K, V]) acquireAll(open []*item[K]) {
 	for len(open) > 0 {
 		if b.t.gen.Load() != b.gen {
 			// A newer generation: every key not answered yet (nor
 			// leased) is read again under it.
-			var more []*slot[K]
+			var more []*item[K]
 			open, more = b.read(append(open, b.waiting...))
 			b.local, b.waiting = append(b.local, more...), nil
 			continue
@@ -216,10 +216,10 @@ func (b *batchRun[K, V]) acquireAll(open []*slot[K]) {
 }
 
 // unwatch drops the batch's subscriptions to the wake-ups of the keys of
-// slots.
-func (b *batchRun[K, V]) unwatch(slots []*slot[K]) {
+// items.
+func (b *batchRun[K, V]) unwatch(items []*item[K]) {
 	var bases []string
-	for _, s := range slots {
+	for _, s := range items {
 		if s.watched {
 			s.watched = false
 			bases = append(bases, s.ks.base)
@@ -235,7 +235,7 @@ func (b *batchRun[K, V]) unwatch(slots []*slot[K]) {
 // it. It reports whether there were any: those must be looked at once
 // more before the batch waits, as a wake-up published before the
 // subscription is not heard.
-func (b *batchRun[K, V]) watch(waiting []*slot[K]) bool {
+func (b *batchRun[K, V]) watch(waiting []*item[K]) bool {
 	var bases []string
 	for _, s := range waiting {
 		if !s.watched {
@@ -251,19 +251,19 @@ func (b *batchRun[K, V]) watch(waiting []*slot[K]) bool {
 	return true
 }
 
-// regen names the keys of slots in generation gen (the batch's from now),
+// regen names the keys of items in generation gen (the batch's from now),
 // forgetting what was seen of them in the older one.
-func (b *batchRun[K, V]) regen(slots []*slot[K], gen int64) {
-	b.unwatch(slots)
+func (b *batchRun[K, V]) regen(items []*item[K], gen int64) {
+	b.unwatch(items)
 	b.gen = gen
 	b.moves++
-	for _, s := range slots {
-		*s = slot[K]{key: s.key, name: s.name, ks: keysAt(b.t.opts.Prefix, s.name, gen), ahead: s.ahead}
+	for _, s := range items {
+		*s = item[K]{key: s.key, name: s.name, ks: keysAt(b.t.opts.Prefix, s.name, gen), ahead: s.ahead}
 	}
 }
 
 // answer records s's result; s no longer needs wake-ups.
-func (b *batchRun[K, V]) answer(s *slot[K], r flightcache.RemoteResult[V]) {
+func (b *batchRun[K, V]) answer(s *item[K], r flightcache.RemoteResult[V]) {
 	b.out[s.key] = r
 	if s.watched {
 		s.watched = false
@@ -277,32 +277,32 @@ func (b *batchRun[K, V]) answer(s *slot[K], r flightcache.RemoteResult[V]) {
 // when it is newer than the batch's, the keys are named in it and read
 // again (at most maxGenTries times in all, then loaded locally), and when
 // the tier knows a newer one first, they are too.
-func (b *batchRun[K, V]) read(slots []*slot[K]) (open, local []*slot[K]) {
+func (b *batchRun[K, V]) read(items []*item[K]) (open, local []*item[K]) {
 	t := b.t
 	for {
 		if t.gen.Load() != b.gen {
 			if b.moves+1 >= maxGenTries {
-				return nil, slots // the generation keeps moving: without Redis
+				return nil, items // the generation keeps moving: without Redis
 			}
-			b.regen(slots, t.gen.Load())
+			b.regen(items, t.gen.Load())
 		}
-		cmds, err := b.readAt(slots)
+		cmds, err := b.readAt(items)
 		switch {
 		case errors.Is(err, errNotRestored) && b.ctx.Err() == nil:
-			return nil, slots // recorded by restore: loaded locally
+			return nil, items // recorded by restore: loaded locally
 		case err != nil: // as a failed read
-			return nil, b.broken(slots)
+			return nil, b.broken(items)
 		case t.gen.Load() == b.gen:
-			return b.judge(slots, cmds)
+			return b.judge(items, cmds)
 		}
 	}
 }
 
-// readAt reads the entries of slots and the shared generation, in one
+// readAt reads the entries of items and the shared generation, in one
 // round trip. It fails if the generation could not be read or, found
 // lost, set back (errNotRestored).
-func (b *batchRun[K, V]) readAt(slots []*slot[K]) ([]*redis.SliceCmd, error) {
-	cmds, gcmd := b.t.readMany(b.ctx, slots)
+func (b *batchRun[K, V]) readAt(items []*item[K]) ([]*redis.SliceCmd, error) {
+	cmds, gcmd := b.t.readMany(b.ctx, items)
 	g, err := genOf(gcmd)
 	if err != nil {
 		return cmds, err
@@ -313,10 +313,10 @@ func (b *batchRun[K, V]) readAt(slots []*slot[K]) ([]*redis.SliceCmd, error) {
 	return cmds, nil
 }
 
-// judge answers the keys of slots whose entry, read by cmds, is usable.
-func (b *batchRun[K, V]) judge(slots []*slot[K], cmds []*redis.SliceCmd) (open, local []*slot[K]) {
-	var failed []*slot[K]
-	for i, s := range slots {
+// judge answers the keys of items whose entry, read by cmds, is usable.
+func (b *batchRun[K, V]) judge(items []*item[K], cmds []*redis.SliceCmd) (open, local []*item[K]) {
+	var failed []*item[K]
+	for i, s := range items {
 		vals, err := cmds[i].Result()
 		if err != nil {
 			failed = append(failed, s)
@@ -332,7 +332,7 @@ func (b *batchRun[K, V]) judge(slots []*slot[K], cmds []*redis.SliceCmd) (open, 
 
 // offer answers s with its entry if the entry is usable and decodes, as
 // Load does; it reports whether it did.
-func (b *batchRun[K, V]) offer(s *slot[K]) bool {
+func (b *batchRun[K, V]) offer(s *item[K]) bool {
 	t := b.t
 	if t.dead(s.ks) || s.ahead { // nothing of an older generation, nor what may be older than a value served
 		return false
@@ -362,7 +362,7 @@ func (b *batchRun[K, V]) offer(s *slot[K]) bool {
 // does: if the load's context ended they get its error; otherwise Redis
 // failed (counted once for the round trip, and the tier steps aside) and
 // they are returned, to be loaded locally.
-func (b *batchRun[K, V]) broken(failed []*slot[K]) []*slot[K] {
+func (b *batchRun[K, V]) broken(failed []*item[K]) []*item[K] {
 	if len(failed) == 0 {
 		return nil
 	}
@@ -381,7 +381,7 @@ func (b *batchRun[K, V]) broken(failed []*slot[K]) []*slot[K] {
 // each of them and sorts them by outcome into the batch's leased, local
 // and waiting keys; it returns the keys whose entry changed and is still
 // of no use (they are acquired again at once).
-func (b *batchRun[K, V]) acquire(open []*slot[K]) (again []*slot[K]) {
+func (b *batchRun[K, V]) acquire(open []*item[K]) (again []*item[K]) {
 	t := b.t
 	calls := make([]evalCall, len(open))
 	for i, s := range open {
@@ -394,7 +394,7 @@ func (b *batchRun[K, V]) acquire(open []*slot[K]) (again []*slot[K]) {
 		b.giveBack(open, cmds)
 		return open
 	}
-	var failed []*slot[K]
+	var failed []*item[K]
 	for i, s := range open {
 		res, err := cmds[i].Slice()
 		if err == nil && len(res) == 0 {
@@ -415,8 +415,8 @@ func (b *batchRun[K, V]) acquire(open []*slot[K]) (again []*slot[K]) {
 // giveBack gives back the leases acquire just took (cmds: its replies for
 // open): a newer generation came, nothing of this one is handed over, and
 // the caller reads every key again under the newer one.
-func (b *batchRun[K, V]) giveBack(open []*slot[K], cmds []*redis.Cmd) {
-	var won []*slot[K]
+func (b *batchRun[K, V]) giveBack(open []*item[K], cmds []*redis.Cmd) {
+	var won []*item[K]
 	for i, s := range open {
 		if res, err := cmds[i].Slice(); err == nil && len(res) > 0 && (res[0] == "won" || res[0] == "stolen") {
 			won = append(won, s)
@@ -427,7 +427,7 @@ func (b *batchRun[K, V]) giveBack(open []*slot[K], cmds []*redis.Cmd) {
 
 // sort handles s's acquire reply res; false when s is to be acquired
 // again (its entry changed and is still of no use).
-func (b *batchRun[K, V]) sort(s *slot[K], res []any) bool {
+func (b *batchRun[K, V]) sort(s *item[K], res []any) bool {
 	t := b.t
 	switch kind, _ := res[0].(string); kind {
 	case "entry":
@@ -459,7 +459,7 @@ func (b *batchRun[K, V]) sort(s *slot[K], res []any) bool {
 // held makes s wait for the process that holds its lease (res: the
 // holder's token and its alive key's PTTL), or, ahead of Redis, load
 // without the lease, as Load does.
-func (b *batchRun[K, V]) held(s *slot[K], res []any) {
+func (b *batchRun[K, V]) held(s *item[K], res []any) {
 	t := b.t
 	if s.ahead { // the holder may have read before the value served
 		s.aside = true
@@ -487,7 +487,7 @@ func (b *batchRun[K, V]) held(s *slot[K], res []any) {
 // the load's context (then it returns false). When some of them were not
 // subscribed to yet, it subscribes instead, and returns at once for them
 // to be looked at again.
-func (b *batchRun[K, V]) sleep(waiting []*slot[K]) bool {
+func (b *batchRun[K, V]) sleep(waiting []*item[K]) bool {
 	if b.watch(waiting) {
 		return b.ctx.Err() == nil
 	}
@@ -513,7 +513,7 @@ func (b *batchRun[K, V]) sleep(waiting []*slot[K]) bool {
 // leases' writes and releases in one round trip. If load panics, or load
 // or user code after it (Options.Freshness, the Codec) ends the goroutine,
 // every lease is released on the way out, and the panic goes on.
-func (b *batchRun[K, V]) loadAndStore(leased, local []*slot[K]) {
+func (b *batchRun[K, V]) loadAndStore(leased, local []*item[K]) {
 	t := b.t
 	keys := b.count(leased, local)
 	bg := context.WithoutCancel(b.ctx) // the leases must be released even if ctx ended
@@ -555,7 +555,7 @@ func (l batchLoad[K, V]) value(v V) flightcache.RemoteValue[V] { return loaded(v
 // count counts the leases, the takeovers and the loads ahead of Redis or
 // without it of a call of load for leased and local, and returns the keys
 // to call it with.
-func (b *batchRun[K, V]) count(leased, local []*slot[K]) []K {
+func (b *batchRun[K, V]) count(leased, local []*item[K]) []K {
 	t := b.t
 	keys := make([]K, 0, len(leased)+len(local))
 	aside, ahead := 0, 0 // of local, of leased
@@ -581,7 +581,7 @@ func (b *batchRun[K, V]) count(leased, local []*slot[K]) []K {
 }
 
 // answerLocal answers the keys of local, loaded without Redis.
-func (b *batchRun[K, V]) answerLocal(local []*slot[K], got batchLoad[K, V]) {
+func (b *batchRun[K, V]) answerLocal(local []*item[K], got batchLoad[K, V]) {
 	for _, s := range local {
 		err := errOf(got.err, s.key)
 		v, ok := got.m[s.key]
@@ -610,7 +610,7 @@ type settle struct {
 // script's reply. This calls user code (Freshness, the Codec): encode
 // recovers its panics, and loadAndStore's deferred release covers a
 // Goexit here.
-func (b *batchRun[K, V]) plan(leased []*slot[K], got batchLoad[K, V]) ([]evalCall, []func(*redis.Cmd) bool) {
+func (b *batchRun[K, V]) plan(leased []*item[K], got batchLoad[K, V]) ([]evalCall, []func(*redis.Cmd) bool) {
 	calls := make([]evalCall, len(leased))
 	then := make([]func(*redis.Cmd) bool, len(leased))
 	for i, s := range leased {
@@ -632,7 +632,7 @@ func (b *batchRun[K, V]) plan(leased []*slot[K], got batchLoad[K, V]) ([]evalCal
 
 // planFailure releases s's lease after its load failed with err, leaving
 // the failure for the waiters, and covers it with the entry if it may.
-func (b *batchRun[K, V]) planFailure(s *slot[K], err error, dead bool) settle {
+func (b *batchRun[K, V]) planFailure(s *item[K], err error, dead bool) settle {
 	t := b.t
 	want, fail := false, ""
 	if !errors.Is(err, flightcache.ErrNotModified) { // a batch revalidates nothing: nothing to share
@@ -653,7 +653,7 @@ func (b *batchRun[K, V]) planFailure(s *slot[K], err error, dead bool) settle {
 
 // planValue writes rv as s's entry under its lease, or releases the lease
 // when rv is not to share.
-func (b *batchRun[K, V]) planValue(s *slot[K], rv flightcache.RemoteValue[V], dead bool) settle {
+func (b *batchRun[K, V]) planValue(s *item[K], rv flightcache.RemoteValue[V], dead bool) settle {
 	t := b.t
 	enc, share := t.encode(s.key, rv, rand.Float64())
 	if share && dead {
@@ -689,7 +689,7 @@ func (b *batchRun[K, V]) planValue(s *slot[K], rv flightcache.RemoteValue[V], de
 // stored as a not-found marker for the fleet when the Loader caches
 // not-founds, else shared with the processes waiting on this lease; as
 // Load does with its load's ErrNotFound.
-func (b *batchRun[K, V]) planNotFound(s *slot[K], err error, dead bool) settle {
+func (b *batchRun[K, V]) planNotFound(s *item[K], err error, dead bool) settle {
 	t := b.t
 	nf := flightcache.ErrNotFound
 	if err != nil {
@@ -722,7 +722,7 @@ func (b *batchRun[K, V]) planNotFound(s *slot[K], err error, dead bool) settle {
 
 // caughtUp notes that s's entry now holds what this process loaded: it is
 // no longer ahead of Redis on the key (ahead.go).
-func (b *batchRun[K, V]) caughtUp(s *slot[K]) {
+func (b *batchRun[K, V]) caughtUp(s *item[K]) {
 	if s.ahead {
 		b.t.ahead.clear(s.name, b.since)
 	}
@@ -757,7 +757,7 @@ func errOf[K comparable](err error, key K) error {
 }
 
 // releaseAll releases the leases of ss, sharing nothing, in one round trip.
-func (t *Tier[K, V]) releaseAll(ctx context.Context, ss []*slot[K]) {
+func (t *Tier[K, V]) releaseAll(ctx context.Context, ss []*item[K]) {
 	if len(ss) == 0 {
 		return
 	}
@@ -776,7 +776,7 @@ func (t *Tier[K, V]) releaseAll(ctx context.Context, ss []*slot[K]) {
 // beatMany extends the alive keys of the leases of ss every
 // HolderTimeout/3, in one round trip for all of them, until stop. A lease
 // found lost (Set, Invalidate, takeover) is not beaten any more.
-func (t *Tier[K, V]) beatMany(ss []*slot[K]) (stop func()) {
+func (t *Tier[K, V]) beatMany(ss []*item[K]) (stop func()) {
 	if len(ss) == 0 {
 		return func() {}
 	}

@@ -86,7 +86,7 @@ type Breaker struct {
 	settings gobreaker.Settings
 	stateKey string
 
-	sem   chan struct{}                                  // one slot: one Execute at a time here; guards store and dcb
+	sem   chan struct{}                                  // one token: one Execute at a time here; guards store and dcb
 	store *store                                         // guarded by sem
 	dcb   *gobreaker.DistributedCircuitBreaker[struct{}] // guarded by sem; nil until seeded
 

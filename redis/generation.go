@@ -23,7 +23,7 @@ import (
 //     lifetimes.
 //   - Every round trip that reads or writes a key's state reads the
 //     counter too, after it, in the same pipeline (on a Cluster the two
-//     commands go to their nodes at once: the counter has a slot of its
+//     commands go to their nodes at once: the counter has a hash slot of its
 //     own, and no script may touch both). The tier names the state with
 //     the newest generation it knows; when the counter says a newer one,
 //     what the round trip read is not used, and it goes again under the
@@ -211,7 +211,7 @@ func (t *Tier[K, V]) advance(g int64, own bool) bool {
 	}
 	// The Loader drops every copy (DropAll, or its own InvalidateAll),
 	// which detaches the Loads running then, of this generation too.
-	t.flights.cutAll()
+	t.running.cutAll()
 	t.served.reset() // the versions handed over were of older generations
 	if own || t.ownAll.Load() > 0 || !t.used.Load() {
 		return true

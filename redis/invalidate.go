@@ -33,7 +33,7 @@ import (
 //     key, and the copy it hands over comes from that read or a later one:
 //     any change after the tracked read comes back as an invalidation, so
 //     no copy is kept untracked. A value handed over without a tracked
-//     read (a local load, a master not armed yet, a slot that moved) has
+//     read (a local load, a master not armed yet, a hash slot that moved) has
 //     the next health check distrust every copy.
 //   - On an invalidation the tier drops the key's copy, unless it can show
 //     the copy is still the entry's current version: a tracked read of the
@@ -189,7 +189,7 @@ func (t *Tier[K, V]) onInvalidated(payload string) {
 		return
 	}
 	base := keysAt(t.opts.Prefix, parts[2], t.gen.Load()).base
-	t.flights.cut(base)
+	t.running.cut(base)
 	t.served.drop(base)
 	t.fleet.each(func(l flightcache.LocalCache[K]) { l.Drop(key) })
 }
@@ -267,7 +267,7 @@ func (t *Tier[K, V]) listening() {
 // distrust has every copy the Loaders hold read again before it is served.
 func (t *Tier[K, V]) distrust() {
 	t.stats.distrusts.Add(1)
-	t.flights.cutAll()     // a Get detaches its key's Load running now
+	t.running.cutAll()     // a Get detaches its key's Load running now
 	t.track.Echoes.Reset() // an echo expected may never come
 	t.fleet.each(func(l flightcache.LocalCache[K]) { l.Distrust() })
 	t.served.reset() // what was handed over is read again, not reloaded
@@ -398,7 +398,7 @@ func (t *Tier[K, V]) published(ctx context.Context, name string, key K) bool {
 
 // writeFailed records a Set or Invalidate that did not reach Redis. A
 // connection failure or timeout steps the tier aside, as for a Load; an
-// error Redis answered (a refused command, a Cluster slot in migration)
+// error Redis answered (a refused command, a Cluster hash slot in migration)
 // does not: Redis is there, and the write is replayed later.
 func (t *Tier[K, V]) writeFailed(ctx context.Context, err error) {
 	var reply redis.Error

@@ -32,7 +32,7 @@ import (
 //
 // "Wake" publishes an empty message on the key's own wake-up channel,
 // keys.wake (wakeups.go), with the command the caller passes beside it:
-// SPUBLISH on a Cluster (the channel is of the script's own slot), PUBLISH
+// SPUBLISH on a Cluster (the channel is of the script's own hash slot), PUBLISH
 // on a single node. Only the processes that wait on the key subscribe to
 // it. A wake-up Redis refuses does not fail its script, whose writes are
 // made by then: the scripts publish with redis.pcall, and a waiter that
@@ -40,7 +40,7 @@ import (
 // publishes (writeScript's ARGV[13] and [14], invalidateScript's ARGV[3]
 // and [4]) go to <Prefix>invalidated, as ever.
 //
-// No script touches a key after deleting it. While a Cluster slot
+// No script touches a key after deleting it. While a Cluster hash slot
 // migrates, its source master counts a key it lacks as the target's, and
 // a script that touches one fails midway, its earlier writes made
 // ("Script attempted to access a non local key"): a fill that deleted the
@@ -847,7 +847,7 @@ func (t *Tier[K, V]) releaseCall(ks keys, tok, fail string, want bool) evalCall 
 // failure is what a failed load leaves for the processes that waited on it:
 // "" when the failure says nothing about the downstream (the load was
 // cancelled here, or the breaker or the Loader's Limit refused it: the
-// other processes have slots and breakers of their own), so a waiter
+// other processes have items and breakers of their own), so a waiter
 // loads instead. A
 // not-found by the Loader's rule is marked so: the waiters' error matches
 // flightcache.ErrNotFound.
@@ -957,7 +957,7 @@ func (t *Tier[K, V]) Set(ctx context.Context, key K, v flightcache.RemoteValue[V
 	t.used.Store(true)
 	name := t.key(key)
 	t.handed(name, key)
-	t.flights.cut(keysAt(t.opts.Prefix, name, t.gen.Load()).base) // the Loader holds v now
+	t.running.cut(keysAt(t.opts.Prefix, name, t.gen.Load()).base) // the Loader holds v now
 	if t.closed.Load() || t.down() || !t.ready(ctx) {
 		t.skip(name, key)
 		return
@@ -996,7 +996,7 @@ func (t *Tier[K, V]) Set(ctx context.Context, key K, v flightcache.RemoteValue[V
 	default:
 		t.reached(name)
 		t.ahead.clear(name, since) // the fleet's later values are newer than this one
-		t.served.put(ks.base, id)
+		t.served.note(ks.base, id)
 		t.trackWritten(ctx, key, ks, id)
 	}
 }
@@ -1009,7 +1009,7 @@ func (t *Tier[K, V]) Set(ctx context.Context, key K, v flightcache.RemoteValue[V
 func (t *Tier[K, V]) Invalidate(ctx context.Context, key K) {
 	t.used.Store(true)
 	name := t.key(key)
-	t.flights.cut(keysAt(t.opts.Prefix, name, t.gen.Load()).base) // the Loader holds nothing now
+	t.running.cut(keysAt(t.opts.Prefix, name, t.gen.Load()).base) // the Loader holds nothing now
 	if t.closed.Load() || t.down() || !t.ready(ctx) {
 		t.skip(name, key)
 		return

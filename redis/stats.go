@@ -51,7 +51,7 @@ type Stats struct {
 	WakeupsHeard uint64
 	// WakeupSubscriptionsLost counts wake-up subscriptions lost while a
 	// Load waited: the connection broke (go-redis makes it again), or
-	// Redis dropped the subscription because the key's slot moved to
+	// Redis dropped the subscription because the key's hash slot moved to
 	// another master. A wake-up missed meanwhile costs its waiters a poll.
 	WakeupSubscriptionsLost uint64
 	// WritesLost counts values loaded here under a lease that was gone when

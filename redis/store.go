@@ -135,7 +135,7 @@ func (s *store) GetData(name string) ([]byte, error) {
 
 // SetData implements gobreaker.SharedDataStore. It writes under the mutex
 // (a plain SET: the state and the mutex may live in different Cluster
-// slots); in modeSeed only if no state exists yet.
+// items); in modeSeed only if no state exists yet.
 func (s *store) SetData(name string, data []byte) error {
 	c, cancel := s.ctx()
 	defer cancel()

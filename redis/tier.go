@@ -42,7 +42,7 @@
 //	tier, err := flightredis.NewTier(rdb, flightredis.Options[string, Price]{Prefix: "prices:"})
 //
 // A Cluster client needs a few more settings (MaxRetries, MaxRedirects,
-// MaxRetryBackoff) so that slot migrations do not make the tier step
+// MaxRetryBackoff) so that hash slot migrations do not make the tier step
 // aside: docs/distributed-cluster.md, "Client settings", has them and why.
 //
 // # Invalidation
@@ -190,7 +190,7 @@ type Options[K comparable, V any] struct {
 // Redis client stays the caller's to close.
 type Tier[K comparable, V any] struct {
 	rdb     redis.UniversalClient
-	scripts patient       // rdb, for the scripts: patient with a moving slot
+	scripts patient       // rdb, for the scripts: patient with a moving hash slot
 	opts    Options[K, V] // defaults applied, but LeaseTTL's (it needs the Loader's LoadTimeout: see attachment)
 	key     func(K) string
 	codec   Codec[V]
@@ -223,7 +223,7 @@ type Tier[K comparable, V any] struct {
 	track   track.Tracker       // how the tier hears the fleet's writes
 	shards  shard.Channels      // the fallback of tracking
 	epoch   atomic.Uint64       // of the dropped marks (droppedMark)
-	flights flights             // the keys Loads read now (tracked.go)
+	running runningLoads        // the keys Loads read now (tracked.go)
 	checks  chan check[K]       // copies to check against their entries (tracked.go)
 	stats   counters
 
@@ -258,8 +258,8 @@ var (
 //
 // client may be a single node, a Sentinel failover client or a Cluster
 // client (give a Cluster client MaxRedirects and MaxRetryBackoff as
-// docs/distributed-cluster.md says, so slot migrations do not step the tier
-// aside; after a failure the tier has a Cluster client reload its slot
+// docs/distributed-cluster.md says, so hash slot migrations do not step the tier
+// aside; after a failure the tier has a Cluster client reload its hash slot
 // map, so a failover is found at once). It must have been created with
 // ContextTimeoutEnabled, or a slow Redis would hold loads past Timeout;
 // NewTier returns an error otherwise. NewTier does not contact Redis: a
@@ -335,7 +335,7 @@ func checkClient(c redis.UniversalClient) error {
 
 // validate checks the tier's own options; loadTimeout is the Loader's, or
 // 0 before the tier knows it (which leaves LeaseTTL unchecked against it),
-// and maxWait how long its loads may wait for a downstream slot, holding
+// and maxWait how long its loads may wait for a Limit slot, holding
 // their lease (Limit.MaxWait; 0 without a Limit).
 func (o *Options[K, V]) validate(loadTimeout, maxWait time.Duration) error {
 	hold := timing.Add(loadTimeout, maxWait)
@@ -434,7 +434,7 @@ func (t *Tier[K, V]) failed() {
 	t.downUntil.Store(unixNanoAfter(time.Now(), t.opts.RetryAfter))
 	if cc, ok := t.rdb.(*redis.ClusterClient); ok {
 		// A master that stopped answering may have been replaced: have
-		// go-redis read the slot map again (in the background, at most
+		// go-redis read the hash slot map again (in the background, at most
 		// every 200ms), rather than wait for its periodic reload.
 		cc.ReloadState(t.ctx)
 	}
@@ -485,7 +485,7 @@ func (s *served) since(base string) (string, time.Time) {
 	return e.id, e.at
 }
 
-func (s *served) put(base, id string) {
+func (s *served) note(base, id string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if _, ok := s.m[base]; !ok && len(s.m) >= maxServed {

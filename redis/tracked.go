@@ -149,7 +149,7 @@ func (t *Tier[K, V]) onTracked(names []string) {
 // value it waited for, come back this way once. While a Load of the key
 // runs here, the check waits for its end (its value is not known yet).
 func (t *Tier[K, V]) invalidated(key K, ks keys) {
-	if t.flights.pushed(ks.base) {
+	if t.running.pushed(ks.base) {
 		return
 	}
 	t.verify(key, ks)
@@ -157,7 +157,7 @@ func (t *Tier[K, V]) invalidated(key K, ks keys) {
 
 // verify queues the check of the Loader's copy of key, or drops it now when
 // the tier does not know which version it is, when it handed it over
-// longer ago than an echo takes (see echoWindow), or the queue is full. A key
+// longer ago than an echo takes (see echoSpan), or the queue is full. A key
 // dropped since the tier last handed it over is left alone: the Loader
 // has no copy of it (a check that dropped it tracked it again, and the
 // next write of the entry comes back).
@@ -165,7 +165,7 @@ func (t *Tier[K, V]) verify(key K, ks keys) {
 	switch id, at := t.served.since(ks.base); {
 	case id == t.droppedMark():
 		return
-	case id != "" && id[0] != '-' && time.Since(at) < t.echoWindow():
+	case id != "" && id[0] != '-' && time.Since(at) < t.echoSpan():
 		select {
 		case t.checks <- check[K]{key, ks}:
 			return
@@ -178,8 +178,8 @@ func (t *Tier[K, V]) verify(key K, ks keys) {
 // dropKey drops the Loader's copy of key, whose entry is ks, and marks it
 // dropped (see verify).
 func (t *Tier[K, V]) dropKey(key K, ks keys) {
-	t.flights.cut(ks.base)
-	t.served.put(ks.base, t.droppedMark())
+	t.running.cut(ks.base)
+	t.served.note(ks.base, t.droppedMark())
 	t.fleet.each(func(l flightcache.LocalCache[K]) { l.Drop(key) })
 }
 
@@ -191,13 +191,13 @@ func (t *Tier[K, V]) droppedMark() string {
 	return "-" + strconv.FormatUint(t.epoch.Load(), 10)
 }
 
-// echoWindow is how long after the tier hands a copy over an invalidation
+// echoSpan is how long after the tier hands a copy over an invalidation
 // of its entry may be the echo of the write it came from (this process's
 // fill, or the one it waited for, whose entry it had read missing, and so
 // tracked): such an invalidation is checked before the copy is dropped.
 // One that comes later drops the copy at once, without the check's round
 // trip: the drop of a key held for a while is as quick as the message.
-func (t *Tier[K, V]) echoWindow() time.Duration {
+func (t *Tier[K, V]) echoSpan() time.Duration {
 	return max(timing.Mul(t.opts.Timeout, 4), time.Second)
 }
 
@@ -245,16 +245,17 @@ func (t *Tier[K, V]) checker() {
 // idField is the field a check reads.
 var idField = []string{"id"}
 
-// flights are the keys (keys.base) a Load or LoadMany of this tier reads
+// runningLoads are the keys (keys.base) a Load or LoadMany of this tier reads
 // now, whether an invalidation of theirs came meanwhile, and whether the
 // Loader's copy of them was cut (see cut) since each Load began.
-type flights struct {
+type runningLoads struct {
 	mu   sync.Mutex
-	m    map[string]*flight // guarded by mu
-	cuts uint64             // cuts of every key (cutAll); guarded by mu
+	m    map[string]*keyLoads // guarded by mu
+	cuts uint64               // cuts of every key (cutAll); guarded by mu
 }
 
-type flight struct {
+// keyLoads are the Loads of one key running now.
+type keyLoads struct {
 	n      int    // Loads of the key running
 	pushed bool   // an invalidation came while they ran
 	cuts   uint64 // cuts of the key while they ran
@@ -264,17 +265,17 @@ type flight struct {
 type ticket struct{ key, all uint64 }
 
 // begin notes that a Load of base starts, and returns its ticket.
-func (f *flights) begin(base string) ticket {
+func (f *runningLoads) begin(base string) ticket {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if f.m == nil {
-		f.m = make(map[string]*flight)
+		f.m = make(map[string]*keyLoads)
 	}
 	fl := f.m[base]
 	if fl != nil {
 		fl.n++
 	} else {
-		fl = &flight{n: 1}
+		fl = &keyLoads{n: 1}
 		f.m[base] = fl
 	}
 	return ticket{fl.cuts, f.cuts}
@@ -285,7 +286,7 @@ func (f *flights) begin(base string) ticket {
 // Invalidate): the Loader detaches a Load of the key running then, and
 // keeps nothing of it. Call it before the drop and before recording what
 // the Loader holds instead.
-func (f *flights) cut(base string) {
+func (f *runningLoads) cut(base string) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if fl := f.m[base]; fl != nil {
@@ -295,30 +296,30 @@ func (f *flights) cut(base string) {
 
 // cutAll is cut for every key (a distrust: a Get detaches the Loads of
 // its key running then; a move to a new generation).
-func (f *flights) cutAll() {
+func (f *runningLoads) cutAll() {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.cuts++
 }
 
-// record runs put, the record of a copy a Load with ticket tk hands the
+// record runs note, the record of a copy a Load with ticket tk hands the
 // Loader, unless the Loader's copy of base was cut since that Load began:
 // the Loader keeps nothing of it then, and what it holds instead (the copy
 // of a Load that began after the cut, or of a Set) is what served must
 // name, else an invalidation of that copy is checked against the wrong
 // version and lost. Under mu: a cut comes before the record, or finds it
 // made and overrides it.
-func (f *flights) record(base string, tk ticket, put func()) {
+func (f *runningLoads) record(base string, tk ticket, note func()) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if fl := f.m[base]; fl != nil && fl.cuts == tk.key && f.cuts == tk.all {
-		put()
+		note()
 	}
 }
 
 // end notes that a Load of base ends; it reports whether an invalidation
 // came while it ran (the last of them to end checks it).
-func (f *flights) end(base string) (pushed bool) {
+func (f *runningLoads) end(base string) (pushed bool) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	fl := f.m[base]
@@ -334,7 +335,7 @@ func (f *flights) end(base string) (pushed bool) {
 
 // pushed notes an invalidation of base; it reports whether a Load of it
 // runs, which will have it checked when it ends.
-func (f *flights) pushed(base string) bool {
+func (f *runningLoads) pushed(base string) bool {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if fl := f.m[base]; fl != nil {
@@ -348,14 +349,14 @@ func (f *flights) pushed(base string) bool {
 // (for handOver) and what ends it (landed).
 func (t *Tier[K, V]) takeoff(key K, ks keys) (tk ticket, landed func()) {
 	before := t.served.get(ks.base)
-	tk = t.flights.begin(ks.base)
+	tk = t.running.begin(ks.base)
 	return tk, func() { t.landed(key, ks, before) }
 }
 
 // handOver records that a Load with ticket tk hands the Loader the entry
-// of ks whose id is id (see flights.record).
+// of ks whose id is id (see runningLoads.record).
 func (t *Tier[K, V]) handOver(ks keys, tk ticket, id string) {
-	t.flights.record(ks.base, tk, func() { t.served.put(ks.base, id) })
+	t.running.record(ks.base, tk, func() { t.served.note(ks.base, id) })
 }
 
 // localLoads counts n keys of a batch loaded without Redis (untracked).
@@ -376,7 +377,7 @@ func (t *Tier[K, V]) landed(key K, ks keys, before string) {
 	if id := t.served.get(ks.base); id != "" && id[0] == '-' && id == before {
 		t.served.drop(ks.base) // first: an invalidation from now on waits for end
 	}
-	if t.flights.end(ks.base) {
+	if t.running.end(ks.base) {
 		t.verify(key, ks)
 	}
 }
@@ -458,7 +459,7 @@ func (t *Tier[K, V]) wrote(key K, entry string, echo, ok bool) {
 	case !ok:
 		t.track.Echoes.Unmark(entry)
 	case !echo:
-		t.flights.cut(strings.TrimSuffix(entry, ":v"))
+		t.running.cut(strings.TrimSuffix(entry, ":v"))
 		t.fleet.each(func(l flightcache.LocalCache[K]) { l.Drop(key) })
 	}
 }
@@ -482,17 +483,17 @@ func (t *Tier[K, V]) trackWritten(ctx context.Context, key K, ks keys, id string
 		return
 	}
 	if got, ok := t.track.ReadID(ctx, ks.entry); !ok || got != id {
-		t.flights.cut(ks.base)
+		t.running.cut(ks.base)
 		t.served.drop(ks.base)
 		t.fleet.each(func(l flightcache.LocalCache[K]) { l.Drop(key) })
 	}
 }
 
-// readMany reads the entries of a batch's slots and the shared generation
+// readMany reads the entries of a batch's items and the shared generation
 // (readEntries), in one round trip that batchRoundTrips counts.
-func (t *Tier[K, V]) readMany(ctx context.Context, slots []*slot[K]) ([]*redis.SliceCmd, *redis.StringCmd) {
-	entries := make([]string, len(slots))
-	for i, s := range slots {
+func (t *Tier[K, V]) readMany(ctx context.Context, items []*item[K]) ([]*redis.SliceCmd, *redis.StringCmd) {
+	entries := make([]string, len(items))
+	for i, s := range items {
 		entries[i] = s.ks.entry
 	}
 	return t.readEntries(ctx, &t.stats.batchRoundTrips, entries...)
@@ -572,17 +573,17 @@ func covered(ids *redis.SliceCmd, vals []any) bool {
 	return ids.Val()[0] == vals[0]
 }
 
-// takeoffAll begins the Loads of a LoadMany's slots, and returns what ends
-// them (see landed), for the entries the slots name now.
-func (t *Tier[K, V]) takeoffAll(slots []*slot[K]) (landed func()) {
-	kss := make([]keys, len(slots))
-	before := make([]string, len(slots))
-	for i, s := range slots {
+// takeoffAll begins the Loads of a LoadMany's items, and returns what ends
+// them (see landed), for the entries the items name now.
+func (t *Tier[K, V]) takeoffAll(items []*item[K]) (landed func()) {
+	kss := make([]keys, len(items))
+	before := make([]string, len(items))
+	for i, s := range items {
 		kss[i], before[i] = s.ks, t.served.get(s.ks.base)
-		s.tk = t.flights.begin(s.ks.base)
+		s.tk = t.running.begin(s.ks.base)
 	}
 	return func() {
-		for i, s := range slots {
+		for i, s := range items {
 			t.landed(s.key, kss[i], before[i])
 		}
 	}

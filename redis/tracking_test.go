@@ -115,7 +115,7 @@ func TestTrackingQueuedChecksDropOnce(t *testing.T) {
 		// the checks run in order, so once it has dropped that copy, every
 		// check of k has run.
 		lks := keysAt(b.t.opts.Prefix, b.t.key(last), b.t.gen.Load())
-		b.t.served.put(lks.base, "0")
+		b.t.served.note(lks.base, "0")
 		b.t.verify(last, lks)
 		eventually(t, 5*time.Second, "the last check", func() bool { return b.t.served.get(lks.base) == b.t.droppedMark() })
 		eventually(t, 5*time.Second, "b's drops", func() bool { return b.l.Stats().RemoteDrops-drops >= 2 })

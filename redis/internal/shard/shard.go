@@ -1,7 +1,7 @@
 // Package shard is the fallback of tracking where Redis refuses CLIENT
 // TRACKING (an ACL without client|tracking, a proxy that does not pass
 // it): a fixed number of invalidation channels, "<prefix>inv:{tag}", whose
-// hash tags spread them over the hash slots, hence the masters. Every
+// hash tags spread them over the hash items, hence the masters. Every
 // process listens to all of them (SSUBSCRIBE on a Cluster, one per
 // channel; SUBSCRIBE of them all on one node), and a writer publishes its
 // invalidation message on the channel of the key's name, in a command of
@@ -47,7 +47,7 @@ type Channels struct {
 }
 
 // Names names the invalidation channels of prefix: channel i's hash tag is
-// the first number whose hash slot is in the i-th sixteenth of the slots.
+// the first number whose hash slot is in the i-th sixteenth of the hash slots.
 func Names(prefix string) []string {
 	names := make([]string, Count)
 	found := 0

@@ -49,7 +49,7 @@ func (tr *Tracker) ReadMany(ctx context.Context, entries, fields []string) (cmds
 
 // allTracked reports whether every read of cmds was tracked (caching, its
 // CLIENT CACHING yes, answered) on the node of its key; a MOVED has a
-// Cluster client reload its slot map.
+// Cluster client reload its hash slot map.
 func (tr *Tracker) allTracked(cmds []*redis.SliceCmd, caching []*redis.Cmd) bool {
 	for i, cmd := range cmds {
 		if listen.Moved(cmd.Err()) && tr.cluster != nil {

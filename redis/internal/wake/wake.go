@@ -18,8 +18,8 @@ import (
 // Hub holds the per-key wake-ups. When a load ends (a fill, a release, a not-found
 // marker, an Invalidate or a Set that drops a lease), the lease scripts
 // publish on the key's own wake-up channel, keys.wake ("<base>:w", which
-// shares the key's hash tag and so its Cluster slot): with SPUBLISH on a
-// Cluster client, so the message stays on the shard of its slot, and with
+// shares the key's hash tag and so its Cluster hash slot): with SPUBLISH on a
+// Cluster client, so the message stays on the shard of its hash slot, and with
 // PUBLISH on a single node or a Sentinel failover client. Nothing is
 // broadcast: a process hears the wake-ups of the keys it waits on, and no
 // others.
@@ -28,9 +28,9 @@ import (
 // key) of it waits on that key: the first watcher of a channel subscribes,
 // the last one to leave unsubscribes. The subscriptions share one PubSub
 // connection per Redis server: one for a single node, one per master that
-// owns a watched slot on a Cluster (ClusterClient.MasterForKey, then that
+// owns a watched hash slot on a Cluster (ClusterClient.MasterForKey, then that
 // node's SSUBSCRIBE, one channel per command, since the channels of one
-// SSUBSCRIBE must share a slot). Each connection has two goroutines, one
+// SSUBSCRIBE must share a hash slot). Each connection has two goroutines, one
 // that reads it and one that sends the (un)subscriptions in the order the
 // watchers asked for them; nothing runs per watched key.
 //
@@ -38,7 +38,7 @@ import (
 // that finds the key held subscribes, waits (at most Options.Timeout) for
 // Redis to confirm the subscription, then looks at the key once more
 // before it waits. A wake-up lost anyway (the connection broke and
-// go-redis made it again, Redis dropped the subscription when the slot
+// go-redis made it again, Redis dropped the subscription when the hash slot
 // moved to another master, a confirmation that never came) costs the
 // waiter one poll (Options.PollInterval), as a wake-up lost always did.
 type Hub struct {
@@ -66,7 +66,7 @@ type wakeChan struct {
 	conn      *wakeConn
 	ws        []chan struct{} // the waiting Loads (a batch counts once)
 	sent      bool            // a SUBSCRIBE was sent after the last UNSUBSCRIBE
-	lost      bool            // Redis dropped it (its slot moved): not made again
+	lost      bool            // Redis dropped it (its hash slot moved): not made again
 	dirty     bool            // queued in conn.dirty
 	confirmed bool            // ready is closed
 	ready     chan struct{}   // closed when Redis confirmed the subscription, or it was given up
@@ -117,7 +117,7 @@ func (wk *Hub) Watch(w chan struct{}, bases ...string) (pending []chan struct{})
 	if wk.cluster != nil {
 		nodes = make([]*redis.Client, len(bases))
 		for i, base := range bases {
-			// The slot map the client has (it loads it once): no round trip.
+			// The hash slot map the client has (it loads it once): no round trip.
 			c, cancel := context.WithTimeout(wk.ctx, wk.timeout)
 			nodes[i], _ = wk.cluster.MasterForKey(c, Channel(base))
 			cancel()
@@ -136,7 +136,7 @@ func (wk *Hub) Watch(w chan struct{}, bases ...string) (pending []chan struct{})
 			var node *redis.Client
 			if wk.cluster != nil {
 				if node = nodes[i]; node == nil {
-					continue // no master known for the slot: the Load polls
+					continue // no master known for the hash slot: the Load polls
 				}
 				addr = node.Options().Addr
 			}
@@ -383,7 +383,7 @@ func (wk *Hub) notify(channel string) {
 }
 
 // confirm handles Redis's answer to a (un)subscription on c, or its own
-// unsubscription of a channel whose slot moved away.
+// unsubscription of a channel whose hash slot moved away.
 func (wk *Hub) confirm(c *wakeConn, m *redis.Subscription) {
 	wk.mu.Lock()
 	defer wk.mu.Unlock()
@@ -410,8 +410,8 @@ func (wk *Hub) confirm(c *wakeConn, m *redis.Subscription) {
 			}
 			return
 		}
-		// Redis's own: the slot moved to another master. Lost: the
-		// waiters poll; the channel is subscribed again, where its slot
+		// Redis's own: the hash slot moved to another master. Lost: the
+		// waiters poll; the channel is subscribed again, where its hash slot
 		// is, by the next Load that waits on the key once these are done.
 		e := wk.chans[m.Channel]
 		if e == nil || e.conn != c || !e.sent {
