@@ -4,9 +4,6 @@ import (
 	"context"
 	"errors"
 	"math/rand/v2"
-	"slices"
-	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/flightcache/flightcache"
@@ -145,7 +142,7 @@ func (t *Tier[K, V]) LoadMany(ctx context.Context, keys []K, load func(context.C
 	if len(items) == 0 {
 		return b.out
 	}
-	if t.closed.Load() || t.down() || !t.ready(ctx) {
+	if t.closed.Load() || t.link.down() || !t.ready(ctx) {
 		t.listening()
 		b.name(items)
 		b.loadAndStore(nil, items)
@@ -373,7 +370,7 @@ func (b *batchRun[K, V]) broken(failed []*item[K]) []*item[K] {
 		}
 		return nil
 	}
-	b.t.failed()
+	b.t.link.failed()
 	return failed
 }
 
@@ -387,9 +384,9 @@ func (b *batchRun[K, V]) acquire(open []*item[K]) (again []*item[K]) {
 	for i, s := range open {
 		s.tok = token(16)
 		calls[i] = evalCall{acquireScript, []string{s.ks.entry, s.ks.lease, s.ks.alive, s.ks.fail},
-			[]any{s.e.id, s.tok, t.attached().leaseMS, t.aliveMS, s.waited}}
+			[]any{s.e.id, s.tok, t.attached().leaseMS, t.link.aliveMS, s.waited}}
 	}
-	cmds := t.evalAll(b.ctx, calls, &t.stats.batchRoundTrips)
+	cmds := t.link.evalAll(b.ctx, calls, &t.stats.batchRoundTrips)
 	if t.gen.Load() != b.gen {
 		b.giveBack(open, cmds)
 		return open
@@ -422,7 +419,7 @@ func (b *batchRun[K, V]) giveBack(open []*item[K], cmds []*redis.Cmd) {
 			won = append(won, s)
 		}
 	}
-	b.t.releaseAll(context.WithoutCancel(b.ctx), won)
+	b.t.link.releaseAll(context.WithoutCancel(b.ctx), leasesOf(won))
 }
 
 // sort handles s's acquire reply res; false when s is to be acquired
@@ -517,12 +514,12 @@ func (b *batchRun[K, V]) loadAndStore(leased, local []*item[K]) {
 	t := b.t
 	keys := b.count(leased, local)
 	bg := context.WithoutCancel(b.ctx) // the leases must be released even if ctx ended
-	stop := t.beatMany(leased)
+	stop := t.link.beatMany(leasesOf(leased))
 	done := false
 	defer func() {
 		if !done {
 			stop()
-			t.releaseAll(bg, leased)
+			t.link.releaseAll(bg, leasesOf(leased))
 		}
 	}()
 	start := time.Now()
@@ -639,7 +636,7 @@ func (b *batchRun[K, V]) planFailure(s *item[K], err error, dead bool) settle {
 		fail = t.failure(b.ctx, s.tok, err)
 		want = t.mayCover(err) && !s.ahead // the entry may be older than a value served
 	}
-	return settle{t.releaseCall(s.ks, s.tok, fail, want), func(cmd *redis.Cmd) bool {
+	return settle{t.link.releaseCall(s.ks, s.tok, fail, want), func(cmd *redis.Cmd) bool {
 		res, rerr := cmd.Slice()
 		var e entry
 		if rerr == nil && !dead && want {
@@ -661,12 +658,12 @@ func (b *batchRun[K, V]) planValue(s *item[K], rv flightcache.RemoteValue[V], de
 		share = false
 	}
 	if !share {
-		return settle{t.releaseCall(s.ks, s.tok, "", false), func(cmd *redis.Cmd) bool {
+		return settle{t.link.releaseCall(s.ks, s.tok, "", false), func(cmd *redis.Cmd) bool {
 			b.answer(s, flightcache.RemoteResult[V]{RemoteValue: rv})
 			return cmd.Err() == nil
 		}}
 	}
-	id, args := t.writeArgs(s.ks, enc)
+	id, args := t.link.writeArgs(s.ks, enc)
 	t.filling(s.ks.entry)
 	return settle{evalCall{writeScript, writeKeys(s.ks), append([]any{s.tok}, args...)}, func(cmd *redis.Cmd) bool {
 		b.answer(s, flightcache.RemoteResult[V]{RemoteValue: rv})
@@ -701,12 +698,12 @@ func (b *batchRun[K, V]) planNotFound(s *item[K], err error, dead bool) settle {
 		marker = false
 	}
 	if !marker {
-		return settle{t.releaseCall(s.ks, s.tok, t.failure(b.ctx, s.tok, nf), false), func(cmd *redis.Cmd) bool {
+		return settle{t.link.releaseCall(s.ks, s.tok, t.failure(b.ctx, s.tok, nf), false), func(cmd *redis.Cmd) bool {
 			b.answer(s, flightcache.RemoteResult[V]{Err: nf})
 			return cmd.Err() == nil
 		}}
 	}
-	return settle{t.notFoundCall(s.ks, s.tok), func(cmd *redis.Cmd) bool {
+	return settle{t.link.notFoundCall(s.ks, s.tok, t.attached().rules.NotFoundTTL), func(cmd *redis.Cmd) bool {
 		b.answer(s, flightcache.RemoteResult[V]{Err: nf})
 		n, werr := cmd.Int()
 		if werr != nil {
@@ -732,14 +729,23 @@ func (b *batchRun[K, V]) caughtUp(s *item[K]) {
 // Redis failing any of them steps the tier aside.
 func (b *batchRun[K, V]) store(ctx context.Context, calls []evalCall, then []func(*redis.Cmd) bool) {
 	t := b.t
-	cmds := t.evalAll(ctx, calls, &t.stats.batchRoundTrips)
+	cmds := t.link.evalAll(ctx, calls, &t.stats.batchRoundTrips)
 	ok := true
 	for i := range calls {
 		ok = then[i](cmds[i]) && ok
 	}
 	if !ok {
-		t.failed()
+		t.link.failed()
 	}
+}
+
+// leasesOf are the leases of items.
+func leasesOf[K comparable](items []*item[K]) []lease {
+	ls := make([]lease, len(items))
+	for i, s := range items {
+		ls[i] = lease{s.ks, s.tok}
+	}
+	return ls
 }
 
 // errOf is key's error in err, what a batch's load returned for the keys
@@ -756,110 +762,9 @@ func errOf[K comparable](err error, key K) error {
 	return err
 }
 
-// releaseAll releases the leases of ss, sharing nothing, in one round trip.
-func (t *Tier[K, V]) releaseAll(ctx context.Context, ss []*item[K]) {
-	if len(ss) == 0 {
-		return
-	}
-	calls := make([]evalCall, len(ss))
-	for i, s := range ss {
-		calls[i] = t.releaseCall(s.ks, s.tok, "", false)
-	}
-	for _, cmd := range t.evalAll(ctx, calls, &t.stats.batchRoundTrips) {
-		if cmd.Err() != nil {
-			t.failed()
-			return
-		}
-	}
-}
-
-// beatMany extends the alive keys of the leases of ss every
-// HolderTimeout/3, in one round trip for all of them, until stop. A lease
-// found lost (Set, Invalidate, takeover) is not beaten any more.
-func (t *Tier[K, V]) beatMany(ss []*item[K]) (stop func()) {
-	if len(ss) == 0 {
-		return func() {}
-	}
-	live := slices.Clone(ss)
-	quit := make(chan struct{})
-	var wg sync.WaitGroup
-	wg.Go(func() {
-		tick := time.NewTicker(t.opts.HolderTimeout / 3)
-		defer tick.Stop()
-		for len(live) > 0 {
-			select {
-			case <-quit:
-				return
-			case <-t.ctx.Done():
-				return
-			case <-tick.C:
-			}
-			calls := make([]evalCall, len(live))
-			for i, s := range live {
-				calls[i] = evalCall{beatScript, []string{s.ks.lease, s.ks.alive}, []any{s.tok, t.aliveMS}}
-			}
-			cmds := t.evalAll(t.ctx, calls, nil)
-			kept := live[:0]
-			for i, s := range live {
-				if n, err := cmds[i].Int(); err != nil || n != 0 {
-					kept = append(kept, s)
-				}
-			}
-			live = kept
-		}
-	})
-	return func() { close(quit); wg.Wait() }
-}
-
 // evalCall is one script call of a pipelined round trip.
 type evalCall struct {
 	script *redis.Script
 	keys   []string
 	args   []any
-}
-
-// evalAll runs calls in one pipelined round trip with EVALSHA, then those
-// whose script the server did not have (NOSCRIPT: it has no effect) in a
-// second one with EVAL, which also loads the script for the next time.
-// (Script.Run cannot do this in a pipeline: it reads the reply of EVALSHA
-// before it decides.) Each Cmd holds its call's reply or error. trips, if
-// not nil, counts the round trips.
-func (t *Tier[K, V]) evalAll(ctx context.Context, calls []evalCall, trips *atomic.Uint64) []*redis.Cmd {
-	cmds := make([]*redis.Cmd, len(calls))
-	if len(calls) == 0 {
-		return cmds
-	}
-	t.pipelined(ctx, trips, func(c context.Context, p redis.Pipeliner) {
-		for i, call := range calls {
-			cmds[i] = call.script.EvalSha(c, p, call.keys, call.args...)
-		}
-	})
-	var missing []int
-	for i, cmd := range cmds {
-		if redis.HasErrorPrefix(cmd.Err(), "NOSCRIPT") {
-			missing = append(missing, i)
-		}
-	}
-	if len(missing) > 0 {
-		t.pipelined(ctx, trips, func(c context.Context, p redis.Pipeliner) {
-			for _, i := range missing {
-				cmds[i] = calls[i].script.Eval(c, p, calls[i].keys, calls[i].args...)
-			}
-		})
-	}
-	return cmds
-}
-
-// pipelined sends the commands fill queues in one round trip, bounded by
-// Options.Timeout; each command holds its own reply or error.
-func (t *Tier[K, V]) pipelined(ctx context.Context, trips *atomic.Uint64, fill func(context.Context, redis.Pipeliner)) {
-	if trips != nil {
-		trips.Add(1)
-	}
-	c, cancel := t.op(ctx)
-	defer cancel()
-	_, _ = t.rdb.Pipelined(c, func(p redis.Pipeliner) error {
-		fill(c, p)
-		return nil
-	})
 }

@@ -117,7 +117,7 @@ func (t *Tier[K, V]) InvalidateAll(ctx context.Context) {
 		t.stats.invalidateAllsLost.Add(1)
 		return
 	}
-	if t.down() {
+	if t.link.down() {
 		t.allRetry.Add(1) // first: see moveGen
 		t.allKept.Add(1)
 		t.stats.skipped.Add(1)
@@ -144,7 +144,7 @@ func (t *Tier[K, V]) moveGen(ctx context.Context, own bool) bool {
 	if kept == 0 {
 		return true // another call's move covered them
 	}
-	if t.allFailed.Load() != failures || t.down() || ctx.Err() != nil {
+	if t.allFailed.Load() != failures || t.link.down() || ctx.Err() != nil {
 		if own { // kept, as when the tier steps aside (InvalidateAll)
 			t.allRetry.Add(1)
 			t.stats.skipped.Add(1)
@@ -159,8 +159,8 @@ func (t *Tier[K, V]) moveGen(ctx context.Context, own bool) bool {
 		defer t.ownAll.Add(-1)
 	}
 	sent := t.gen.Load()
-	c, cancel := t.op(ctx)
-	g, err := invalidateAllScript.Run(c, t.scripts, []string{t.genKey}, t.invChannel, t.origin+"\n*", sent).Int64()
+	c, cancel := t.link.op(ctx)
+	g, err := invalidateAllScript.Run(c, t.link.scripts, []string{t.genKey}, t.invChannel, t.origin+"\n*", sent).Int64()
 	cancel()
 	if err != nil {
 		if own {
@@ -171,7 +171,7 @@ func (t *Tier[K, V]) moveGen(ctx context.Context, own bool) bool {
 			// move is tried again once per RetryAfter, not by every Load,
 			// nor by the calls that waited for this one.
 			t.allFailed.Add(1)
-			t.failed()
+			t.link.failed()
 		}
 		return false
 	}
@@ -236,8 +236,8 @@ func (t *Tier[K, V]) seen(ctx context.Context, g, sent int64) (cur int64, ok boo
 
 // restore sets the shared generation back to want if it is below it.
 func (t *Tier[K, V]) restore(ctx context.Context, want int64) bool {
-	c, cancel := t.op(ctx)
-	res, err := restoreScript.Run(c, t.scripts, []string{t.genKey}, want).Int64Slice()
+	c, cancel := t.link.op(ctx)
+	res, err := restoreScript.Run(c, t.link.scripts, []string{t.genKey}, want).Int64Slice()
 	cancel()
 	if err == nil && len(res) != 2 {
 		err = errors.New("flightredis: unexpected reply from the restore script")
@@ -258,7 +258,7 @@ func (t *Tier[K, V]) restore(ctx context.Context, want int64) bool {
 // failure is left to the next round trip, which reads it too.
 func (t *Tier[K, V]) refreshGen() {
 	sent := t.gen.Load()
-	c, cancel := t.op(t.ctx)
+	c, cancel := t.link.op(t.ctx)
 	g, err := genOf(t.rdb.Get(c, t.genKey))
 	cancel()
 	if err == nil {
@@ -302,7 +302,7 @@ func (t *Tier[K, V]) readEntry(ctx context.Context, ks keys) (vals []any, gen in
 // (two when Redis lacks the script: EVALSHA, then EVAL).
 func (t *Tier[K, V]) evalAtGen(ctx context.Context, call evalCall) (*redis.Cmd, int64, error) {
 	run := func(sha bool) (cmd *redis.Cmd, g *redis.StringCmd) {
-		t.pipelined(ctx, nil, func(c context.Context, p redis.Pipeliner) {
+		t.link.pipelined(ctx, nil, func(c context.Context, p redis.Pipeliner) {
 			if sha {
 				cmd = call.script.EvalSha(c, p, call.keys, call.args...)
 			} else {

@@ -313,10 +313,10 @@ func (t *Tier[K, V]) replay() {
 	go func() {
 		defer t.fleet.replays.Done()
 		defer t.fleet.replaying.Store(false)
-		if t.closed.Load() || t.down() || !t.ready(t.ctx) {
+		if t.closed.Load() || t.link.down() || !t.ready(t.ctx) {
 			return
 		}
-		for !t.closed.Load() && !t.down() {
+		for !t.closed.Load() && !t.link.down() {
 			name, key, ok := t.nextPending()
 			if !ok || !t.invalidate(t.ctx, name, key) {
 				return
@@ -364,7 +364,7 @@ func (t *Tier[K, V]) invalidate(ctx context.Context, name string, key K) bool {
 		entry = ks.entry
 		echo = t.writing(entry)
 		t.served.drop(ks.base)
-		args := []any{t.wakeCmd, ks.wake}
+		args := []any{t.link.wakeCmd, ks.wake}
 		if !quiet {
 			args = append(args, t.invChannel, t.invalidation(name, key))
 		}
@@ -407,6 +407,6 @@ func (t *Tier[K, V]) writeFailed(ctx context.Context, err error) {
 	case errors.As(err, &reply):
 		t.stats.redisErrors.Add(1)
 	default:
-		t.failed()
+		t.link.failed()
 	}
 }

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/flightcache/flightcache"
@@ -239,7 +238,7 @@ func (t *Tier[K, V]) Load(ctx context.Context, key K, load func(context.Context)
 		return flightcache.RemoteValue[V]{}, ErrNotAttached
 	}
 	t.used.Store(true)
-	if t.closed.Load() || t.down() || !t.ready(ctx) {
+	if t.closed.Load() || t.link.down() || !t.ready(ctx) {
 		t.listening()
 		name := t.key(key)
 		t.handed(name, key)
@@ -368,9 +367,9 @@ func (r *loadRun[K, V]) offer() (out loadResult[V], done bool) {
 func (r *loadRun[K, V]) acquire() (out loadResult[V], done bool) {
 	t := r.t
 	tok := token(16)
-	c, cancel := t.op(r.ctx)
-	res, err := acquireScript.Run(c, t.scripts, []string{r.ks.entry, r.ks.lease, r.ks.alive, r.ks.fail},
-		r.e.id, tok, t.attached().leaseMS, t.aliveMS, r.waited).Slice()
+	c, cancel := t.link.op(r.ctx)
+	res, err := acquireScript.Run(c, t.link.scripts, []string{r.ks.entry, r.ks.lease, r.ks.alive, r.ks.fail},
+		r.e.id, tok, t.attached().leaseMS, t.link.aliveMS, r.waited).Slice()
 	cancel()
 	if err != nil {
 		rv, err := t.fallback(r.ctx, r.name, r.load)
@@ -379,7 +378,7 @@ func (r *loadRun[K, V]) acquire() (out loadResult[V], done bool) {
 	kind, _ := res[0].(string)
 	if t.gen.Load() != r.gen {
 		if kind == "won" || kind == "stolen" {
-			t.release(context.WithoutCancel(r.ctx), r.ks, tok, "", false)
+			t.link.release(context.WithoutCancel(r.ctx), r.ks, tok, "", false)
 		}
 		return loadResult[V]{again: true}, true
 	}
@@ -529,13 +528,13 @@ func (t *Tier[K, V]) hand(ks keys, tk ticket, e entry, v V, waited bool) flightc
 func (r *loadRun[K, V]) hold(ctx context.Context, tok string, fleet *V, covers bool) (rv flightcache.RemoteValue[V], err error, stored bool) {
 	t := r.t
 	t.stats.leases.Add(1)
-	stop := t.beat(r.ks, tok)
+	stop := t.link.beat(r.ks, tok)
 	bg := context.WithoutCancel(ctx) // the lease must be released even if ctx ended
 	settled := false                 // the lease was written or released
 	defer func() {
 		stop()
 		if !settled {
-			t.release(bg, r.ks, tok, "", false)
+			t.link.release(bg, r.ks, tok, "", false)
 		}
 	}()
 	start := time.Now()
@@ -546,7 +545,7 @@ func (r *loadRun[K, V]) hold(ctx context.Context, tok string, fleet *V, covers b
 	case errors.Is(err, flightcache.ErrNotModified) && fleet == nil:
 		// Not a failure, but the Loader's own value, which the tier does
 		// not have.
-		t.release(bg, r.ks, tok, "", false)
+		t.link.release(bg, r.ks, tok, "", false)
 		settled = true
 		return flightcache.RemoteValue[V]{}, err, false
 	case errors.Is(err, flightcache.ErrNotModified):
@@ -574,7 +573,7 @@ func (r *loadRun[K, V]) failed(ctx context.Context, tok string, err error, cover
 	if fail != "" && t.sharesNotFound(err) {
 		return flightcache.RemoteValue[V]{}, err, r.writeNotFound(bg, tok)
 	}
-	e := t.release(bg, r.ks, tok, fail, covers && t.mayCover(err))
+	e := t.link.release(bg, r.ks, tok, fail, covers && t.mayCover(err))
 	if t.dead(r.ks) || !covers { // an InvalidateAll ended the entry's generation: it covers nothing
 		e = entry{}
 	}
@@ -606,18 +605,6 @@ func (t *Tier[K, V]) sharedNotFound(e entry) bool {
 	return e.ok && e.nf && t.attached().phase(e, now()) == flightcache.PhaseFresh
 }
 
-// notFoundCall is the notFoundScript call that stores a not-found marker as
-// the entry of ks, under the lease tok, for the Loader's NotFoundTTL.
-func (t *Tier[K, V]) notFoundCall(ks keys, tok string) evalCall {
-	at := now()
-	ttl := t.attached().rules.NotFoundTTL
-	// A not-found is fresh for NotFoundTTL and has no stale windows, as
-	// the Loader caches it.
-	b := flightcache.Windows{Fresh: ttl.Truncate(time.Microsecond)}.Bounds(at)
-	return evalCall{notFoundScript, writeKeys(ks), []any{tok, token(8), micros(at), micros(b.FreshUntil),
-		px(ttl), t.wakeCmd, ks.wake}}
-}
-
 // writeNotFound stores a not-found marker as the Load's entry if the lease
 // tok is still held, drops the lease and wakes its waiters, so every process (the
 // ones waiting on this lease included) gets the not-found from the tier.
@@ -625,16 +612,16 @@ func (r *loadRun[K, V]) writeNotFound(ctx context.Context, tok string) (stored b
 	t, ks := r.t, r.ks
 	if t.dead(ks) { // of a generation an InvalidateAll ended: not stored
 		t.stats.writesLost.Add(1)
-		t.release(ctx, ks, tok, "", false)
+		t.link.release(ctx, ks, tok, "", false)
 		return false
 	}
-	call := t.notFoundCall(ks, tok)
-	c, cancel := t.op(ctx)
-	n, err := call.script.Run(c, t.scripts, call.keys, call.args...).Int()
+	call := t.link.notFoundCall(ks, tok, t.attached().rules.NotFoundTTL)
+	c, cancel := t.link.op(ctx)
+	n, err := call.script.Run(c, t.link.scripts, call.keys, call.args...).Int()
 	cancel()
 	switch {
 	case err != nil:
-		t.failed()
+		t.link.failed()
 	case t.stored(n):
 		t.served.drop(ks.base)
 		return true
@@ -658,33 +645,6 @@ func (t *Tier[K, V]) stored(n int) bool {
 	return true
 }
 
-// beat extends the holder's alive key every HolderTimeout/3 until stop,
-// which may be called more than once.
-func (t *Tier[K, V]) beat(ks keys, tok string) (stop func()) {
-	quit := make(chan struct{})
-	var wg sync.WaitGroup
-	wg.Go(func() {
-		tick := time.NewTicker(t.opts.HolderTimeout / 3)
-		defer tick.Stop()
-		for {
-			select {
-			case <-quit:
-				return
-			case <-t.ctx.Done():
-				return
-			case <-tick.C:
-			}
-			c, cancel := t.op(t.ctx)
-			n, err := beatScript.Run(c, t.scripts, []string{ks.lease, ks.alive}, tok, t.aliveMS).Int()
-			cancel()
-			if err == nil && n == 0 {
-				return // lost the lease (Set, Invalidate, takeover): stop beating
-			}
-		}
-	})
-	return sync.OnceFunc(func() { close(quit); wg.Wait() })
-}
-
 // write stores rv as the Load's entry, with the windows the Loader's options
 // give this value (Rules.WindowsOf: per-value Freshness included), if the
 // lease tok is still held. A value not to share (see encode) is not
@@ -703,17 +663,17 @@ func (r *loadRun[K, V]) write(ctx context.Context, tok string, rv flightcache.Re
 		ok = false
 	}
 	if !ok {
-		t.release(ctx, ks, tok, "", false)
+		t.link.release(ctx, ks, tok, "", false)
 		return false
 	}
-	id, args := t.writeArgs(ks, enc)
+	id, args := t.link.writeArgs(ks, enc)
 	t.filling(ks.entry)
-	c, cancel := t.op(ctx)
-	n, held, err := writeAnswer(writeScript.Run(c, t.scripts, writeKeys(ks), append([]any{tok}, args...)...))
+	c, cancel := t.link.op(ctx)
+	n, held, err := writeAnswer(writeScript.Run(c, t.link.scripts, writeKeys(ks), append([]any{tok}, args...)...))
 	cancel()
 	switch {
 	case err != nil:
-		t.failed()
+		t.link.failed()
 	case t.stored(n):
 		t.handOver(ks, r.tk, id)
 		return true
@@ -763,14 +723,6 @@ func (t *Tier[K, V]) encode(key K, rv flightcache.RemoteValue[V], u float64) (en
 		fresh: micros(b.FreshUntil), stale: micros(b.StaleUntil), until: micros(b.UsableUntil), life: life, ver: ver}, true
 }
 
-// writeArgs are writeScript's arguments after the token, to write enc as
-// the entry of ks, and the entry's new version id.
-func (t *Tier[K, V]) writeArgs(ks keys, enc encoded) (id string, args []any) {
-	id = token(8)
-	return id, []any{id, enc.data, enc.at, enc.took, enc.fresh, enc.stale, px(enc.life),
-		t.wakeCmd, ks.wake, enc.until, enc.ver}
-}
-
 // prepare runs the user code of encode: the windows of v (Rules.WindowsOf,
 // which calls Options.Freshness), its version (Rules.Version, see
 // version.go) and its encoding. ok is false when v is not to be shared; a
@@ -813,36 +765,6 @@ func (t *Tier[K, V]) decode(data []byte) (v V, err error) {
 
 // writeKeys are writeScript's KEYS for ks.
 func writeKeys(ks keys) []string { return []string{ks.entry, ks.lease, ks.alive} }
-
-// release drops the lease tok and wakes the key's waiters, so they look again. A
-// non-empty fail is left for the waiters of this lease to share. With want,
-// it returns the key's entry as it is after the release (ok false if there
-// is none, or Redis failed): what may cover the failed load.
-func (t *Tier[K, V]) release(ctx context.Context, ks keys, tok, fail string, want bool) entry {
-	c, cancel := t.op(ctx)
-	call := t.releaseCall(ks, tok, fail, want)
-	res, err := call.script.Run(c, t.scripts, call.keys, call.args...).Slice()
-	cancel()
-	if err != nil {
-		t.failed()
-		return entry{}
-	}
-	e, _ := parseEntry(res) // an entry that does not parse covers nothing
-	return e
-}
-
-// releaseCall is the releaseScript call of release.
-func (t *Tier[K, V]) releaseCall(ks keys, tok, fail string, want bool) evalCall {
-	flag, drop := "", ""
-	if want {
-		flag = "1"
-	}
-	if strings.HasPrefix(fail, tok+"\nnf\n") { // a not-found (failure): the entry goes
-		drop = "1"
-	}
-	return evalCall{releaseScript, []string{ks.lease, ks.alive, ks.fail, ks.entry},
-		[]any{tok, fail, t.failMS, t.wakeCmd, ks.wake, flag, drop}}
-}
 
 // failure is what a failed load leaves for the processes that waited on it:
 // "" when the failure says nothing about the downstream (the load was
@@ -901,7 +823,7 @@ func (t *Tier[K, V]) fallback(ctx context.Context, name string, load func(contex
 		return flightcache.RemoteValue[V]{}, ctxError(ctx)
 	}
 	// The cause is in Redis; the caller gets load's result instead.
-	t.failed()
+	t.link.failed()
 	return t.local(ctx, name, load)
 }
 
@@ -958,7 +880,7 @@ func (t *Tier[K, V]) Set(ctx context.Context, key K, v flightcache.RemoteValue[V
 	name := t.key(key)
 	t.handed(name, key)
 	t.running.cut(keysAt(t.opts.Prefix, name, t.gen.Load()).base) // the Loader holds v now
-	if t.closed.Load() || t.down() || !t.ready(ctx) {
+	if t.closed.Load() || t.link.down() || !t.ready(ctx) {
 		t.skip(name, key)
 		return
 	}
@@ -977,7 +899,7 @@ func (t *Tier[K, V]) Set(ctx context.Context, key K, v flightcache.RemoteValue[V
 	cmd, ok := t.atGen(ctx, func(gen int64) evalCall {
 		ks = keysAt(t.opts.Prefix, name, gen)
 		var args []any
-		id, args = t.writeArgs(ks, enc)
+		id, args = t.link.writeArgs(ks, enc)
 		args = append([]any{""}, args...)
 		if !quiet {
 			args = append(args, t.invChannel, t.invalidation(name, key))
@@ -1010,7 +932,7 @@ func (t *Tier[K, V]) Invalidate(ctx context.Context, key K) {
 	t.used.Store(true)
 	name := t.key(key)
 	t.running.cut(keysAt(t.opts.Prefix, name, t.gen.Load()).base) // the Loader holds nothing now
-	if t.closed.Load() || t.down() || !t.ready(ctx) {
+	if t.closed.Load() || t.link.down() || !t.ready(ctx) {
 		t.skip(name, key)
 		return
 	}

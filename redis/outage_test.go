@@ -254,7 +254,7 @@ func loadsBehindAKeptInvalidateAll(t *testing.T, outage func(*testing.T, *ownRed
 	}
 	// Once RetryAfter is over, the next Loads make the move first; Redis
 	// still does not answer.
-	eventually(t, 10*time.Second, "the tier to stop stepping aside", func() bool { return !a.t.down() })
+	eventually(t, 10*time.Second, "the tier to stop stepping aside", func() bool { return !a.t.link.down() })
 
 	const n = 24
 	deadline := 6 * to.Timeout // wide: one move's Timeout is the promise

@@ -189,22 +189,20 @@ type Options[K comparable, V any] struct {
 // Close it after the Loader: Close stops its pub/sub subscriptions; the
 // Redis client stays the caller's to close.
 type Tier[K comparable, V any] struct {
-	rdb     redis.UniversalClient
-	scripts patient       // rdb, for the scripts: patient with a moving hash slot
-	opts    Options[K, V] // defaults applied, but LeaseTTL's (it needs the Loader's LoadTimeout: see attachment)
-	key     func(K) string
-	codec   Codec[V]
+	rdb   redis.UniversalClient
+	link  link          // the round trips to Redis, and the step aside after a failure
+	opts  Options[K, V] // defaults applied, but LeaseTTL's (it needs the Loader's LoadTimeout: see attachment)
+	key   func(K) string
+	codec Codec[V]
 
 	// What the tier knows of its Loader (attach.go): nil until the tier
 	// is attached, then set once and never changed.
 	att     atomic.Pointer[attachment[K, V]]
 	claimed atomic.Bool // a Loader has attached the tier: another may not
 
-	aliveMS, failMS int64  // PX arguments (a lease's is the attachment's)
-	wakeCmd         string // PUBLISH, or SPUBLISH on a Cluster: how the scripts publish a key's wake-up (wakeups.go)
-	invChannel      string // fleet-wide invalidation (invalidate.go)
-	origin          string // this tier's name in its invalidations
-	fleet           fleetState[K]
+	invChannel string // fleet-wide invalidation (invalidate.go)
+	origin     string // this tier's name in its invalidations
+	fleet      fleetState[K]
 
 	// The generation of the shared tier (generation.go).
 	genKey    string       // the counter in Redis
@@ -226,8 +224,6 @@ type Tier[K comparable, V any] struct {
 	running runningLoads        // the keys Loads read now (tracked.go)
 	checks  chan check[K]       // copies to check against their entries (tracked.go)
 	stats   counters
-
-	downUntil atomic.Int64 // UnixNano until which Redis is skipped; 0 = up
 
 	ctx    context.Context // parent of the tier's own work; cancelled by Close
 	cancel context.CancelFunc
@@ -279,13 +275,9 @@ func NewTier[K comparable, V any](client redis.UniversalClient, opts Options[K, 
 func newTier[K comparable, V any](client redis.UniversalClient, opts Options[K, V]) *Tier[K, V] {
 	t := &Tier[K, V]{
 		rdb:        client,
-		scripts:    patient{client},
 		opts:       opts,
 		key:        opts.Key,
 		codec:      opts.Codec,
-		aliveMS:    px(opts.HolderTimeout),
-		failMS:     px(max(timing.Mul(opts.PollInterval, 4), time.Second)),
-		wakeCmd:    wake.Command(client),
 		invChannel: opts.Prefix + "invalidated",
 		origin:     token(8),
 		genKey:     opts.Prefix + "generation",
@@ -299,6 +291,10 @@ func newTier[K comparable, V any](client redis.UniversalClient, opts Options[K, 
 	t.served.init()
 	t.fleet.jsonKeys = jsonSafe(reflect.TypeFor[K]())
 	t.ctx, t.cancel = context.WithCancel(context.Background())
+	t.link = link{rdb: client, scripts: patient{client}, timeout: opts.Timeout, retryAfter: opts.RetryAfter,
+		holderTimeout: opts.HolderTimeout, aliveMS: px(opts.HolderTimeout),
+		failMS: px(max(timing.Mul(opts.PollInterval, 4), time.Second)), wakeCmd: wake.Command(client),
+		ctx: t.ctx, stats: &t.stats}
 	t.wake.Init(t.ctx, client, opts.Timeout)
 	t.events.Start(t.ctx, client, events.Handlers{
 		Channel:   t.invChannel,
@@ -420,29 +416,6 @@ func (t *Tier[K, V]) Close() error {
 		t.dropPending()
 	})
 	return nil
-}
-
-// down reports whether the tier is stepping aside after a Redis failure.
-func (t *Tier[K, V]) down() bool {
-	u := t.downUntil.Load()
-	return u != 0 && time.Now().UnixNano() < u
-}
-
-// failed records a Redis failure and steps aside for RetryAfter.
-func (t *Tier[K, V]) failed() {
-	t.stats.redisErrors.Add(1)
-	t.downUntil.Store(unixNanoAfter(time.Now(), t.opts.RetryAfter))
-	if cc, ok := t.rdb.(*redis.ClusterClient); ok {
-		// A master that stopped answering may have been replaced: have
-		// go-redis read the hash slot map again (in the background, at most
-		// every 200ms), rather than wait for its periodic reload.
-		cc.ReloadState(t.ctx)
-	}
-}
-
-// op returns the context of one Redis round trip.
-func (t *Tier[K, V]) op(ctx context.Context) (context.Context, context.CancelFunc) {
-	return context.WithTimeout(ctx, t.opts.Timeout)
 }
 
 // jitter spreads d uniformly over [d/2, 3d/2), saturated at the largest

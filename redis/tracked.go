@@ -83,7 +83,7 @@ func (t *Tier[K, V]) untracked() {
 // are replayed, and values handed over untracked are distrusted once the
 // tier hears again.
 func (t *Tier[K, V]) onTick() {
-	if t.hearing() && !t.down() && t.fleet.missed.Swap(false) {
+	if t.hearing() && !t.link.down() && t.fleet.missed.Swap(false) {
 		t.distrust()
 	}
 	t.replay()
@@ -510,7 +510,7 @@ func (t *Tier[K, V]) readEntries(ctx context.Context, trips *atomic.Uint64, entr
 	wait := t.touch(ctx, entries)
 	cmds := make([]*redis.SliceCmd, len(entries))
 	var g *redis.StringCmd
-	t.pipelined(ctx, trips, func(c context.Context, p redis.Pipeliner) {
+	t.link.pipelined(ctx, trips, func(c context.Context, p redis.Pipeliner) {
 		for i, e := range entries {
 			cmds[i] = p.HMGet(c, e, entryFields...)
 		}

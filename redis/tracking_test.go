@@ -187,7 +187,7 @@ func checkRearmed(t *testing.T, writer, holder proc, losses uint64) {
 		}
 		t.Logf("round %d: a tier stepped aside (%d Redis failures); again", round, failures()-before)
 		eventually(t, 10*time.Second, "both tiers back, the untracked copy distrusted", func() bool {
-			return !writer.t.down() && !holder.t.down() && !holder.t.fleet.missed.Load()
+			return !writer.t.link.down() && !holder.t.link.down() && !holder.t.fleet.missed.Load()
 		})
 	}
 }
@@ -489,7 +489,7 @@ func TestTrackingStorm(t *testing.T) {
 			writer.t.fleet.mu.Lock()
 			kept := len(writer.t.fleet.pending)
 			writer.t.fleet.mu.Unlock()
-			return kept == 0 && !writer.t.fleet.replaying.Load() && !writer.t.down()
+			return kept == 0 && !writer.t.fleet.replaying.Load() && !writer.t.link.down()
 		})
 		missing = slices.DeleteFunc(missing, stored)
 		if len(missing) > 0 {
