@@ -39,7 +39,7 @@ import (
 //	         context; then acquire for all of them, with the tokens they
 //	         wait on, and so on until every key has its result. Before a
 //	         key's first wait the batch subscribes to its wake-up channel
-//	         (wakeups.go) and, once Redis has confirmed it, acquires again
+//	         (package wake) and, once Redis has confirmed it, acquires again
 //	         at once instead of waiting.
 //
 // Load and store always end before a wait starts, so a batch never waits
@@ -155,7 +155,7 @@ func (t *Tier[K, V]) LoadMany(ctx context.Context, keys []K, load func(context.C
 	b.name(items)
 	b.w = make(chan struct{}, 1)
 	defer func() { b.unwatch(items) }()
-	defer t.takeoffAll(items)()
+	defer t.copies.takeoffAll(items)()
 	b.run(items)
 	return b.out
 }
@@ -299,7 +299,7 @@ func (b *batchRun[K, V]) read(items []*item[K]) (open, local []*item[K]) {
 // round trip. It fails if the generation could not be read or, found
 // lost, set back (errNotRestored).
 func (b *batchRun[K, V]) readAt(items []*item[K]) ([]*redis.SliceCmd, error) {
-	cmds, gcmd := b.t.readMany(b.ctx, items)
+	cmds, gcmd := b.t.copies.readMany(b.ctx, items)
 	g, err := genOf(gcmd)
 	if err != nil {
 		return cmds, err
@@ -573,7 +573,7 @@ func (b *batchRun[K, V]) count(leased, local []*item[K]) []K {
 	}
 	t.stats.leases.Add(uint64(len(leased)))
 	t.stats.aheadLoads.Add(uint64(aside + ahead))
-	t.localLoads(len(local) - aside)
+	t.copies.localLoads(len(local) - aside)
 	return keys
 }
 
@@ -664,7 +664,7 @@ func (b *batchRun[K, V]) planValue(s *item[K], rv flightcache.RemoteValue[V], de
 		}}
 	}
 	id, args := t.link.writeArgs(s.ks, enc)
-	t.filling(s.ks.entry)
+	t.copies.filling(s.ks.entry)
 	return settle{evalCall{writeScript, writeKeys(s.ks), append([]any{s.tok}, args...)}, func(cmd *redis.Cmd) bool {
 		b.answer(s, flightcache.RemoteResult[V]{RemoteValue: rv})
 		n, held, werr := writeAnswer(cmd)
@@ -672,7 +672,7 @@ func (b *batchRun[K, V]) planValue(s *item[K], rv flightcache.RemoteValue[V], de
 			return false
 		}
 		if t.stored(n) {
-			t.handOver(s.ks, s.tk, id)
+			t.copies.handOver(s.ks, s.tk, id)
 			b.caughtUp(s)
 		} else if n == writeOutdated {
 			t.outdatedFill(s.ks, s.key, held)
@@ -710,7 +710,7 @@ func (b *batchRun[K, V]) planNotFound(s *item[K], err error, dead bool) settle {
 			return false
 		}
 		if t.stored(n) {
-			t.served.drop(s.ks.base)
+			t.copies.served.drop(s.ks.base)
 			b.caughtUp(s)
 		}
 		return true

@@ -42,7 +42,7 @@ func (JSON[V]) Unmarshal(data []byte) (V, error) {
 type keys struct {
 	gen   int64  // the generation they belong to
 	base  string // the hash-tagged name
-	wake  string // the key's wake-up channel (wakeups.go): base + ":w", of the key's hash slot
+	wake  string // the key's wake-up channel (package wake): base + ":w", of the key's hash slot
 	entry string // hash: the shared entry (fields below)
 	lease string // string: the token of the process loading the key
 	alive string // string: the same token while its holder proves it is alive

@@ -211,8 +211,8 @@ func (t *Tier[K, V]) advance(g int64, own bool) bool {
 	}
 	// The Loader drops every copy (DropAll, or its own InvalidateAll),
 	// which detaches the Loads running then, of this generation too.
-	t.running.cutAll()
-	t.served.reset() // the versions handed over were of older generations
+	t.copies.running.cutAll()
+	t.copies.served.reset() // the versions handed over were of older generations
 	if own || t.ownAll.Load() > 0 || !t.used.Load() {
 		return true
 	}
@@ -289,7 +289,7 @@ func (t *Tier[K, V]) dead(ks keys) bool { return ks.gen < t.gen.Load() }
 // readEntry reads the entry of ks, then the shared generation, in one
 // round trip.
 func (t *Tier[K, V]) readEntry(ctx context.Context, ks keys) (vals []any, gen int64, err error) {
-	cmds, g := t.readEntries(ctx, nil, ks.entry) // tracked too (tracked.go)
+	cmds, g := t.copies.readEntries(ctx, nil, ks.entry) // tracked too (copies.go)
 	hm := cmds[0]
 	if err := hm.Err(); err != nil {
 		return nil, 0, err

@@ -18,7 +18,7 @@ import (
 // This file is fleet-wide invalidation: a Set or Invalidate in one process
 // drops the key's local copy in the processes that hold it.
 //
-//   - Tracking (tracking.go, tracked.go): the tier reads a key's shared
+//   - Tracking (package track, tracked.go, copies.go): the tier reads a key's shared
 //     entry tracked (CLIENT CACHING yes, then HMGET of the entry alone, on
 //     its master's tracked connection, which redirects to the tier's
 //     invalidation connection there; alongside the usual read on the
@@ -48,7 +48,7 @@ import (
 //     before: by the invalidation Redis sends back when this process
 //     tracked the entry, else at once.
 //   - Where Redis refuses CLIENT TRACKING (an ACL, a proxy), the tier falls
-//     back to a fixed number of sharded invalidation channels (sharded.go):
+//     back to a fixed number of sharded invalidation channels (package shard):
 //     every process hears every Set and Invalidate, which the writer
 //     publishes right after its write. Before the tier knows which (its
 //     first Timeout), and with a client it cannot track per master (a
@@ -189,8 +189,8 @@ func (t *Tier[K, V]) onInvalidated(payload string) {
 		return
 	}
 	base := keysAt(t.opts.Prefix, parts[2], t.gen.Load()).base
-	t.running.cut(base)
-	t.served.drop(base)
+	t.copies.running.cut(base)
+	t.copies.served.drop(base)
 	t.fleet.each(func(l flightcache.LocalCache[K]) { l.Drop(key) })
 }
 
@@ -267,17 +267,17 @@ func (t *Tier[K, V]) listening() {
 // distrust has every copy the Loaders hold read again before it is served.
 func (t *Tier[K, V]) distrust() {
 	t.stats.distrusts.Add(1)
-	t.running.cutAll()     // a Get detaches its key's Load running now
-	t.track.Echoes.Reset() // an echo expected may never come
+	t.copies.running.cutAll() // a Get detaches its key's Load running now
+	t.track.Echoes.Reset()    // an echo expected may never come
 	t.fleet.each(func(l flightcache.LocalCache[K]) { l.Distrust() })
-	t.served.reset() // what was handed over is read again, not reloaded
+	t.copies.served.reset() // what was handed over is read again, not reloaded
 }
 
 // keep records a Set or Invalidate of key that did not reach Redis, to be
 // replayed as an invalidation.
 func (t *Tier[K, V]) keep(name string, key K) {
-	t.epoch.Add(1)     // the Loader holds a copy the tier did not hand over
-	t.ahead.mark(name) // and Redis holds an older one (ahead.go)
+	t.copies.epoch.Add(1) // the Loader holds a copy the tier did not hand over
+	t.ahead.mark(name)    // and Redis holds an older one (ahead.go)
 	t.fleet.mu.Lock()
 	defer t.fleet.mu.Unlock()
 	if t.fleet.pending == nil {
@@ -362,8 +362,8 @@ func (t *Tier[K, V]) invalidate(ctx context.Context, name string, key K) bool {
 	_, ok := t.atGen(ctx, func(gen int64) evalCall {
 		ks := keysAt(t.opts.Prefix, name, gen)
 		entry = ks.entry
-		echo = t.writing(entry)
-		t.served.drop(ks.base)
+		echo = t.copies.writing(entry)
+		t.copies.served.drop(ks.base)
 		args := []any{t.link.wakeCmd, ks.wake}
 		if !quiet {
 			args = append(args, t.invChannel, t.invalidation(name, key))
@@ -371,7 +371,7 @@ func (t *Tier[K, V]) invalidate(ctx context.Context, name string, key K) bool {
 		return evalCall{invalidateScript, []string{ks.entry, ks.lease, ks.alive}, args}
 	})
 	ok = ok && t.published(ctx, name, key)
-	t.wrote(key, entry, echo, ok)
+	t.copies.wrote(key, entry, echo, ok)
 	if !ok {
 		return false
 	}

@@ -30,7 +30,7 @@ import (
 //	         not-found, by the Loader's rule, when its NotFoundTTL > 0).
 //
 // "Wake" publishes an empty message on the key's own wake-up channel,
-// keys.wake (wakeups.go), with the command the caller passes beside it:
+// keys.wake (package wake), with the command the caller passes beside it:
 // SPUBLISH on a Cluster (the channel is of the script's own hash slot), PUBLISH
 // on a single node. Only the processes that wait on the key subscribe to
 // it. A wake-up Redis refuses does not fail its script, whose writes are
@@ -268,7 +268,7 @@ func (t *Tier[K, V]) loadAt(ctx context.Context, key K, name string, gen int64, 
 	r := &loadRun[K, V]{t: t, ctx: ctx, key: key, name: name, gen: gen, load: load, ks: keysAt(t.opts.Prefix, name, gen)}
 	defer r.unwatch()
 	var landed func()
-	r.tk, landed = t.takeoff(key, r.ks)
+	r.tk, landed = t.copies.takeoff(key, r.ks)
 	defer landed()
 	r.ahead, r.since = t.ahead.state(name)
 	out := r.run()
@@ -499,7 +499,7 @@ func (r *loadRun[K, V]) fleetValue() (context.Context, *V) {
 // hand returns a decoded entry to the Loader and remembers it was served,
 // to a Load with ticket tk (handOver).
 func (t *Tier[K, V]) hand(ks keys, tk ticket, e entry, v V, waited bool) flightcache.RemoteValue[V] {
-	t.handOver(ks, tk, e.id)
+	t.copies.handOver(ks, tk, e.id)
 	switch {
 	case waited:
 		t.stats.shared.Add(1)
@@ -623,7 +623,7 @@ func (r *loadRun[K, V]) writeNotFound(ctx context.Context, tok string) (stored b
 	case err != nil:
 		t.link.failed()
 	case t.stored(n):
-		t.served.drop(ks.base)
+		t.copies.served.drop(ks.base)
 		return true
 	}
 	return false
@@ -667,7 +667,7 @@ func (r *loadRun[K, V]) write(ctx context.Context, tok string, rv flightcache.Re
 		return false
 	}
 	id, args := t.link.writeArgs(ks, enc)
-	t.filling(ks.entry)
+	t.copies.filling(ks.entry)
 	c, cancel := t.link.op(ctx)
 	n, held, err := writeAnswer(writeScript.Run(c, t.link.scripts, writeKeys(ks), append([]any{tok}, args...)...))
 	cancel()
@@ -675,7 +675,7 @@ func (r *loadRun[K, V]) write(ctx context.Context, tok string, rv flightcache.Re
 	case err != nil:
 		t.link.failed()
 	case t.stored(n):
-		t.handOver(ks, r.tk, id)
+		t.copies.handOver(ks, r.tk, id)
 		return true
 	case n == writeOutdated:
 		t.outdatedFill(ks, key, held)
@@ -840,7 +840,7 @@ func (t *Tier[K, V]) localUnlessDone(ctx context.Context, name string, load func
 // returns may be newer than the key's shared entry (ahead.go).
 func (t *Tier[K, V]) local(ctx context.Context, name string, load func(context.Context) (V, error)) (flightcache.RemoteValue[V], error) {
 	t.stats.localLoads.Add(1)
-	t.untracked()
+	t.copies.untracked()
 	rv, err := aside(ctx, load)
 	if err == nil || t.notFound(err) {
 		t.ahead.mark(name)
@@ -879,7 +879,7 @@ func (t *Tier[K, V]) Set(ctx context.Context, key K, v flightcache.RemoteValue[V
 	t.used.Store(true)
 	name := t.key(key)
 	t.handed(name, key)
-	t.running.cut(keysAt(t.opts.Prefix, name, t.gen.Load()).base) // the Loader holds v now
+	t.copies.running.cut(keysAt(t.opts.Prefix, name, t.gen.Load()).base) // the Loader holds v now
 	if t.closed.Load() || t.link.down() || !t.ready(ctx) {
 		t.skip(name, key)
 		return
@@ -904,12 +904,12 @@ func (t *Tier[K, V]) Set(ctx context.Context, key K, v flightcache.RemoteValue[V
 		if !quiet {
 			args = append(args, t.invChannel, t.invalidation(name, key))
 		}
-		echo = t.writing(ks.entry)
+		echo = t.copies.writing(ks.entry)
 		return evalCall{writeScript, writeKeys(ks), args}
 	})
 	outdated := ok && writeOutdated == first(writeAnswer(cmd))
 	ok = ok && !outdated && t.published(ctx, name, key)
-	t.wrote(key, ks.entry, echo, ok)
+	t.copies.wrote(key, ks.entry, echo, ok)
 	switch {
 	case outdated:
 		t.outdatedSet(key)
@@ -918,8 +918,8 @@ func (t *Tier[K, V]) Set(ctx context.Context, key K, v flightcache.RemoteValue[V
 	default:
 		t.reached(name)
 		t.ahead.clear(name, since) // the fleet's later values are newer than this one
-		t.served.note(ks.base, id)
-		t.trackWritten(ctx, key, ks, id)
+		t.copies.served.note(ks.base, id)
+		t.copies.trackWritten(ctx, key, ks, id)
 	}
 }
 
@@ -931,7 +931,7 @@ func (t *Tier[K, V]) Set(ctx context.Context, key K, v flightcache.RemoteValue[V
 func (t *Tier[K, V]) Invalidate(ctx context.Context, key K) {
 	t.used.Store(true)
 	name := t.key(key)
-	t.running.cut(keysAt(t.opts.Prefix, name, t.gen.Load()).base) // the Loader holds nothing now
+	t.copies.running.cut(keysAt(t.opts.Prefix, name, t.gen.Load()).base) // the Loader holds nothing now
 	if t.closed.Load() || t.link.down() || !t.ready(ctx) {
 		t.skip(name, key)
 		return

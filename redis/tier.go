@@ -214,16 +214,13 @@ type Tier[K comparable, V any] struct {
 	ownAll    atomic.Int32 // this process's InvalidateAll moves in progress
 	used      atomic.Bool  // the Loader has called the tier: its cache may hold what a move drops
 
-	served  served
-	ahead   ahead               // keys this process may have served newer values of than Redis holds (ahead.go)
-	events  events.Subscription // the classic invalidation channel's subscription
-	wake    wake.Hub            // the wake-up channels of the keys this process waits on
-	track   track.Tracker       // how the tier hears the fleet's writes
-	shards  shard.Channels      // the fallback of tracking
-	epoch   atomic.Uint64       // of the dropped marks (droppedMark)
-	running runningLoads        // the keys Loads read now (tracked.go)
-	checks  chan check[K]       // copies to check against their entries (tracked.go)
-	stats   counters
+	ahead  ahead               // keys this process may have served newer values of than Redis holds (ahead.go)
+	events events.Subscription // the classic invalidation channel's subscription
+	wake   wake.Hub            // the wake-up channels of the keys this process waits on
+	track  track.Tracker       // how the tier hears the fleet's writes
+	shards shard.Channels      // the fallback of tracking
+	copies copies[K]           // the Loader's copies: what was handed over, the Loads running (copies.go)
+	stats  counters
 
 	ctx    context.Context // parent of the tier's own work; cancelled by Close
 	cancel context.CancelFunc
@@ -288,13 +285,15 @@ func newTier[K comparable, V any](client redis.UniversalClient, opts Options[K, 
 	if t.codec == nil {
 		t.codec = JSON[V]{}
 	}
-	t.served.init()
 	t.fleet.jsonKeys = jsonSafe(reflect.TypeFor[K]())
 	t.ctx, t.cancel = context.WithCancel(context.Background())
 	t.link = link{rdb: client, scripts: patient{client}, timeout: opts.Timeout, retryAfter: opts.RetryAfter,
 		holderTimeout: opts.HolderTimeout, aliveMS: px(opts.HolderTimeout),
 		failMS: px(max(timing.Mul(opts.PollInterval, 4), time.Second)), wakeCmd: wake.Command(client),
 		ctx: t.ctx, stats: &t.stats}
+	t.copies = copies[K]{fleet: &t.fleet, track: &t.track, link: &t.link, stats: &t.stats, genKey: t.genKey,
+		timeout: opts.Timeout, ctx: t.ctx}
+	t.copies.served.init()
 	t.wake.Init(t.ctx, client, opts.Timeout)
 	t.events.Start(t.ctx, client, events.Handlers{
 		Channel:   t.invChannel,

@@ -5,18 +5,15 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 
-	"github.com/flightcache/flightcache"
-	"github.com/flightcache/flightcache/internal/timing"
 	"github.com/flightcache/flightcache/redis/internal/track"
 	"github.com/redis/go-redis/v9"
 )
 
-// This file is the tier's side of tracking (tracking.go): tracked reads,
-// the tracking of what this process writes, and the invalidations Redis
-// sends for them.
+// This file is the tier's side of tracking (package track; copies.go keeps
+// the record of the Loader's copies): the listener's handlers, the
+// invalidations Redis sends, and the Loads running.
 
 // startTracking starts the listener that decides how the tier hears the
 // fleet's writes: tracking, or, where Redis refuses it, sharded channels.
@@ -28,13 +25,9 @@ func (t *Tier[K, V]) startTracking() {
 		OnRefused: func() { t.shards.Start(t.ctx) }, OnConnLost: t.onConnLost,
 		Timeout: t.opts.Timeout, Interval: interval,
 	})
-	t.checks = make(chan check[K], 4096)
-	t.track.Go(t.checker)
+	t.copies.checks = make(chan check[K], 4096)
+	t.track.Go(t.copies.checker)
 }
-
-// tracking reports whether the tier hears the fleet's writes through
-// tracking: a value it keeps must then have been read tracked.
-func (t *Tier[K, V]) tracking() bool { return t.track.Mode() == track.Tracking }
 
 // quiet reports whether this tier's Sets and Invalidates publish nothing
 // on the classic channel: tracking, or channels (which publish on their
@@ -67,16 +60,6 @@ func (t *Tier[K, V]) hearing() bool {
 func (t *Tier[K, V]) awaitStartup(ctx context.Context) {
 	t.events.AwaitStartup(ctx)
 	t.track.AwaitStartup(ctx)
-}
-
-// untracked notes that a value was handed over that Redis does not track
-// for this process (it was loaded without Redis, or read on a node the
-// tier had not armed): with tracking, the next health check distrusts it.
-func (t *Tier[K, V]) untracked() {
-	if t.tracking() {
-		t.epoch.Add(1)
-		t.fleet.missed.Store(true)
-	}
 }
 
 // onTick runs at every health check of the subscription: the writes kept
@@ -132,9 +115,9 @@ func (t *Tier[K, V]) onTracked(names []string) {
 			t.stats.undecodedInvalidations.Add(1)
 			lost = true
 		case own == track.EchoWrite: // this process's own Set or Invalidate: dropped, as everywhere
-			t.dropKey(key, keysAt(t.opts.Prefix, name, gen))
+			t.copies.dropKey(key, keysAt(t.opts.Prefix, name, gen))
 		default:
-			t.invalidated(key, keysAt(t.opts.Prefix, name, gen))
+			t.copies.invalidated(key, keysAt(t.opts.Prefix, name, gen))
 		}
 	}
 	if lost {
@@ -142,104 +125,10 @@ func (t *Tier[K, V]) onTracked(names []string) {
 	}
 }
 
-// invalidated handles the invalidation of key's entry ks: Redis tracks it
-// for this process no more. The Loader's copy is dropped unless it is
-// still the entry's current version, which a tracked read checks (and
-// tracks again) off the listener's goroutine: a process's own fill, a
-// value it waited for, come back this way once. While a Load of the key
-// runs here, the check waits for its end (its value is not known yet).
-func (t *Tier[K, V]) invalidated(key K, ks keys) {
-	if t.running.pushed(ks.base) {
-		return
-	}
-	t.verify(key, ks)
-}
-
-// verify queues the check of the Loader's copy of key, or drops it now when
-// the tier does not know which version it is, when it handed it over
-// longer ago than an echo takes (see echoSpan), or the queue is full. A key
-// dropped since the tier last handed it over is left alone: the Loader
-// has no copy of it (a check that dropped it tracked it again, and the
-// next write of the entry comes back).
-func (t *Tier[K, V]) verify(key K, ks keys) {
-	switch id, at := t.served.since(ks.base); {
-	case id == t.droppedMark():
-		return
-	case id != "" && id[0] != '-' && time.Since(at) < t.echoSpan():
-		select {
-		case t.checks <- check[K]{key, ks}:
-			return
-		default:
-		}
-	}
-	t.dropKey(key, ks)
-}
-
-// dropKey drops the Loader's copy of key, whose entry is ks, and marks it
-// dropped (see verify).
-func (t *Tier[K, V]) dropKey(key K, ks keys) {
-	t.running.cut(ks.base)
-	t.served.note(ks.base, t.droppedMark())
-	t.fleet.each(func(l flightcache.LocalCache[K]) { l.Drop(key) })
-}
-
-// droppedMark is what served holds for a key dropped by an invalidation:
-// no entry id (those are hex). Marks of an earlier epoch mean nothing:
-// the epoch moves whenever the Loader may have taken a copy the tier did
-// not hand over (a local load, a write kept for replay).
-func (t *Tier[K, V]) droppedMark() string {
-	return "-" + strconv.FormatUint(t.epoch.Load(), 10)
-}
-
-// echoSpan is how long after the tier hands a copy over an invalidation
-// of its entry may be the echo of the write it came from (this process's
-// fill, or the one it waited for, whose entry it had read missing, and so
-// tracked): such an invalidation is checked before the copy is dropped.
-// One that comes later drops the copy at once, without the check's round
-// trip: the drop of a key held for a while is as quick as the message.
-func (t *Tier[K, V]) echoSpan() time.Duration {
-	return max(timing.Mul(t.opts.Timeout, 4), time.Second)
-}
-
 // check is a copy to check against its entry (verify).
 type check[K comparable] struct {
 	key K
 	ks  keys
-}
-
-// checker runs the checks verify queues, a batch at a time: one tracked
-// read of the entries' ids per master, at once; a copy whose version is not
-// the entry's, or that could not be checked, is dropped. A key dropped
-// since its check was queued (a check queued before it, an invalidation
-// of this process's own write) is left alone: the Loader holds no copy,
-// and a second drop would count a write twice.
-func (t *Tier[K, V]) checker() {
-	for {
-		var batch []check[K]
-		select {
-		case <-t.ctx.Done():
-			return
-		case c := <-t.checks:
-			batch = append(batch, c)
-		}
-		for len(batch) < 256 && len(t.checks) > 0 {
-			batch = append(batch, <-t.checks)
-		}
-		entries := make([]string, len(batch))
-		for i, c := range batch {
-			entries[i] = c.ks.entry
-		}
-		cmds, ok := t.track.ReadMany(t.ctx, entries, idField)
-		for i, c := range batch {
-			id := t.served.get(c.ks.base)
-			if id == t.droppedMark() {
-				continue // dropped since it was queued: the Loader has no copy to check
-			}
-			if !ok || cmds[i].Err() != nil || len(cmds[i].Val()) != 1 || cmds[i].Val()[0] != id {
-				t.dropKey(c.key, c.ks)
-			}
-		}
-	}
 }
 
 // idField is the field a check reads.
@@ -345,43 +234,6 @@ func (f *runningLoads) pushed(base string) bool {
 	return false
 }
 
-// takeoff begins a Load of key, whose entry is ks, and returns its ticket
-// (for handOver) and what ends it (landed).
-func (t *Tier[K, V]) takeoff(key K, ks keys) (tk ticket, landed func()) {
-	before := t.served.get(ks.base)
-	tk = t.running.begin(ks.base)
-	return tk, func() { t.landed(key, ks, before) }
-}
-
-// handOver records that a Load with ticket tk hands the Loader the entry
-// of ks whose id is id (see runningLoads.record).
-func (t *Tier[K, V]) handOver(ks keys, tk ticket, id string) {
-	t.running.record(ks.base, tk, func() { t.served.note(ks.base, id) })
-}
-
-// localLoads counts n keys of a batch loaded without Redis (untracked).
-func (t *Tier[K, V]) localLoads(n int) {
-	t.stats.localLoads.Add(uint64(n))
-	if n > 0 {
-		t.untracked()
-	}
-}
-
-// landed ends a Load of key, whose entry is ks (before: what served held
-// for it when it began): the Loader may take a copy now (which the tier
-// may not know the version of: a write lost, a local load), so a dropped
-// mark from before the Load no longer holds (one made while it ran does:
-// the Loader does not cache a load its key was dropped during); and an
-// invalidation heard while it ran has that copy checked now.
-func (t *Tier[K, V]) landed(key K, ks keys, before string) {
-	if id := t.served.get(ks.base); id != "" && id[0] == '-' && id == before {
-		t.served.drop(ks.base) // first: an invalidation from now on waits for end
-	}
-	if t.running.end(ks.base) {
-		t.verify(key, ks)
-	}
-}
-
 // keyNamed returns the key named name: the name itself for string keys
 // named by default, else the key this tier handed over (or wrote) under
 // that name, if it remembers it.
@@ -439,131 +291,6 @@ func parseEntryName(prefix, s string) (name string, gen int64, ok bool) {
 	return name, gen, keysAt(prefix, name, gen).entry == s
 }
 
-// wrote notes, with tracking, that this process's Set or Invalidate of
-// key reached Redis as the write of entry: if Redis tracks entry for this
-// process, the write comes back as an invalidation, which drops the
-// Loader's copy; if not, the copy is dropped now. Either way the writer
-// drops its copy once, as every process does: a Get that raced the write
-// may have read the old entry back.
-//
-// writing runs before the write is sent (its echo may come before its
-// reply) and reports whether an echo is awaited; wrote runs after it, ok
-// when it changed the entry.
-func (t *Tier[K, V]) writing(entry string) (echo bool) {
-	return t.tracking() && t.track.Echoes.Wrote(entry, track.EchoWrite)
-}
-
-func (t *Tier[K, V]) wrote(key K, entry string, echo, ok bool) {
-	switch {
-	case !t.tracking():
-	case !ok:
-		t.track.Echoes.Unmark(entry)
-	case !echo:
-		t.running.cut(strings.TrimSuffix(entry, ":v"))
-		t.fleet.each(func(l flightcache.LocalCache[K]) { l.Drop(key) })
-	}
-}
-
-// filling notes, with tracking, that this process is about to write entry
-// under its lease: the invalidation that comes back is not counted as
-// heard (the copy is still checked, as any other).
-func (t *Tier[K, V]) filling(entry string) {
-	if t.tracking() {
-		_ = t.track.Echoes.Wrote(entry, track.EchoFill)
-	}
-}
-
-// trackWritten tracks the entry this process just wrote for key (a Set):
-// [CLIENT CACHING yes, HGET entry id] on its master's tracked client. If
-// it cannot be tracked, or the id read back is not the one written (a
-// later write went first), the Loader's copy is outdated already, or
-// would not be told when it is: it is dropped.
-func (t *Tier[K, V]) trackWritten(ctx context.Context, key K, ks keys, id string) {
-	if !t.tracking() {
-		return
-	}
-	if got, ok := t.track.ReadID(ctx, ks.entry); !ok || got != id {
-		t.running.cut(ks.base)
-		t.served.drop(ks.base)
-		t.fleet.each(func(l flightcache.LocalCache[K]) { l.Drop(key) })
-	}
-}
-
-// readMany reads the entries of a batch's items and the shared generation
-// (readEntries), in one round trip that batchRoundTrips counts.
-func (t *Tier[K, V]) readMany(ctx context.Context, items []*item[K]) ([]*redis.SliceCmd, *redis.StringCmd) {
-	entries := make([]string, len(items))
-	for i, s := range items {
-		entries[i] = s.ks.entry
-	}
-	return t.readEntries(ctx, &t.stats.batchRoundTrips, entries...)
-}
-
-// readEntries reads entries (HMGET) and the shared generation in one
-// pipelined round trip on the tier's client, as without tracking (its
-// hooks see it), and, at the same time, their ids tracked (touch). An
-// entry whose two reads agree is covered: any change after the tracked
-// read comes back as an invalidation, and none came between the two (ids
-// are random per write). One whose reads differ (a write raced them) is
-// read again, tracked; if that fails too, it is handed over untracked.
-func (t *Tier[K, V]) readEntries(ctx context.Context, trips *atomic.Uint64, entries ...string) ([]*redis.SliceCmd, *redis.StringCmd) {
-	wait := t.touch(ctx, entries)
-	cmds := make([]*redis.SliceCmd, len(entries))
-	var g *redis.StringCmd
-	t.link.pipelined(ctx, trips, func(c context.Context, p redis.Pipeliner) {
-		for i, e := range entries {
-			cmds[i] = p.HMGet(c, e, entryFields...)
-		}
-		g = p.Get(c, t.genKey)
-	})
-	ids, ok := wait()
-	if !ok {
-		t.untracked()
-		return cmds, g
-	}
-	var again []int
-	for i, cmd := range cmds {
-		if cmd.Err() == nil && !covered(ids[i], cmd.Val()) {
-			again = append(again, i)
-		}
-	}
-	if len(again) == 0 {
-		return cmds, g
-	}
-	raced := make([]string, len(again))
-	for j, i := range again {
-		raced[j] = entries[i]
-	}
-	more, ok := t.track.ReadMany(ctx, raced, entryFields)
-	if !ok {
-		t.untracked()
-		return cmds, g
-	}
-	for j, i := range again {
-		cmds[i] = more[j]
-	}
-	return cmds, g
-}
-
-// touch starts reading the ids of entries tracked, at once; wait returns
-// them (ok false without tracking, or when they could not be tracked).
-func (t *Tier[K, V]) touch(ctx context.Context, entries []string) (wait func() ([]*redis.SliceCmd, bool)) {
-	if !t.tracking() {
-		return func() ([]*redis.SliceCmd, bool) { return nil, false }
-	}
-	done := make(chan struct{})
-	var cmds []*redis.SliceCmd
-	var ok bool
-	go func() {
-		defer close(done)
-		cmds, ok = t.track.ReadMany(ctx, entries, idField)
-	}()
-	return func() ([]*redis.SliceCmd, bool) {
-		<-done
-		return cmds, ok
-	}
-}
-
 // covered reports whether an entry read untracked (vals: HMGET
 // entryFields, the id first) is the one its tracked id read (ids) saw.
 func covered(ids *redis.SliceCmd, vals []any) bool {
@@ -571,22 +298,6 @@ func covered(ids *redis.SliceCmd, vals []any) bool {
 		return false
 	}
 	return ids.Val()[0] == vals[0]
-}
-
-// takeoffAll begins the Loads of a LoadMany's items, and returns what ends
-// them (see landed), for the entries the items name now.
-func (t *Tier[K, V]) takeoffAll(items []*item[K]) (landed func()) {
-	kss := make([]keys, len(items))
-	before := make([]string, len(items))
-	for i, s := range items {
-		kss[i], before[i] = s.ks, t.served.get(s.ks.base)
-		s.tk = t.running.begin(s.ks.base)
-	}
-	return func() {
-		for i, s := range items {
-			t.landed(s.key, kss[i], before[i])
-		}
-	}
 }
 
 // first is the first of a writeAnswer.

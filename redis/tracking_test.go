@@ -109,15 +109,15 @@ func TestTrackingQueuedChecksDropOnce(t *testing.T) {
 		a.l.Set(k, "new") // b hears it, and its check drops b's copy
 		ks := keysAt(b.t.opts.Prefix, b.t.key(k), b.t.gen.Load())
 		for range 4 {
-			b.t.verify(k, ks)
+			b.t.copies.verify(k, ks)
 		}
 		// A check queued last, of a copy b is told is of another version:
 		// the checks run in order, so once it has dropped that copy, every
 		// check of k has run.
 		lks := keysAt(b.t.opts.Prefix, b.t.key(last), b.t.gen.Load())
-		b.t.served.note(lks.base, "0")
-		b.t.verify(last, lks)
-		eventually(t, 5*time.Second, "the last check", func() bool { return b.t.served.get(lks.base) == b.t.droppedMark() })
+		b.t.copies.served.note(lks.base, "0")
+		b.t.copies.verify(last, lks)
+		eventually(t, 5*time.Second, "the last check", func() bool { return b.t.copies.served.get(lks.base) == b.t.copies.droppedMark() })
 		eventually(t, 5*time.Second, "b's drops", func() bool { return b.l.Stats().RemoteDrops-drops >= 2 })
 		if n := b.l.Stats().RemoteDrops - drops; n != 2 {
 			t.Fatalf("round %d: %d drops of one outdated copy and the last one, want 2", round, n)
@@ -514,7 +514,7 @@ func TestTrackingStorm(t *testing.T) {
 						ks := entryOf(i)
 						cur, _ := rc.HGetAll(ctx, ks.entry).Result()
 						t.Logf("k%d: a reader serves %q; its tier's record %q; the entry %v; reader %+v %+v; writer %+v",
-							i, v, r.t.served.get(ks.base), cur, r.t.Stats(), r.l.Stats(), writer.t.Stats())
+							i, v, r.t.copies.served.get(ks.base), cur, r.t.Stats(), r.l.Stats(), writer.t.Stats())
 					}
 					return false
 				}
@@ -632,7 +632,7 @@ func TestTrackingDetachedLoadClaimsNoCopy(t *testing.T) {
 		first <- v
 	}()
 	within(t, hold.held, 5*time.Second, "hold of the first Load's read")
-	b.t.dropKey("k", ks) // the first Load is detached: the Loader keeps nothing of it
+	b.t.copies.dropKey("k", ks) // the first Load is detached: the Loader keeps nothing of it
 	if v, err := b.l.Get(ctx, "k"); err != nil || v != "x1" {
 		t.Fatalf("the second Load: %q, %v; want x1", v, err)
 	}

@@ -208,17 +208,17 @@ func TestTrackingFullBacklogDropsCopy(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	holder.t.verify("blocker", ksOf("blocker")) // the checker takes it, and waits for Redis
-	eventually(t, time.Second, "the checker to take its check", func() bool { return len(holder.t.checks) == 0 })
+	holder.t.copies.verify("blocker", ksOf("blocker")) // the checker takes it, and waits for Redis
+	eventually(t, time.Second, "the checker to take its check", func() bool { return len(holder.t.copies.checks) == 0 })
 	for i := 0; ; i++ {
 		select {
-		case holder.t.checks <- check[string]{fmt.Sprint("filler", i), ksOf(fmt.Sprint("filler", i))}:
+		case holder.t.copies.checks <- check[string]{fmt.Sprint("filler", i), ksOf(fmt.Sprint("filler", i))}:
 			continue
 		default:
 		}
 		break
 	}
-	if n, c := len(holder.t.checks), cap(holder.t.checks); n != c {
+	if n, c := len(holder.t.copies.checks), cap(holder.t.copies.checks); n != c {
 		t.Fatalf("backlog %d of %d: not full", n, c)
 	}
 	drops := holder.l.Stats().RemoteDrops
@@ -226,8 +226,8 @@ func TestTrackingFullBacklogDropsCopy(t *testing.T) {
 	if got := holder.l.Stats().RemoteDrops - drops; got != 1 {
 		t.Fatalf("RemoteDrops +%d with the backlog full, want +1: the invalidation was set aside", got)
 	}
-	if got := len(holder.t.checks); got != cap(holder.t.checks) {
-		t.Fatalf("backlog %d after the invalidation, want %d (full)", got, cap(holder.t.checks))
+	if got := len(holder.t.copies.checks); got != cap(holder.t.copies.checks) {
+		t.Fatalf("backlog %d after the invalidation, want %d (full)", got, cap(holder.t.copies.checks))
 	}
 	c, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
