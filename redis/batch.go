@@ -165,7 +165,7 @@ func (b *batchRun[K, V]) name(items []*item[K]) {
 	t := b.t
 	for _, s := range items {
 		s.name = t.key(s.key)
-		t.handed(s.name, s.key)
+		t.fleet.handed(s.name, s.key)
 		s.ks = keysAt(t.opts.Prefix, s.name, b.gen)
 		s.ahead, _ = t.ahead.state(s.name)
 	}
@@ -338,7 +338,7 @@ func (b *batchRun[K, V]) offer(s *item[K]) bool {
 		t.stats.decodeErrors.Add(1)
 		return false
 	}
-	if t.sharedNotFound(s.e) {
+	if t.attached().sharedNotFound(s.e) {
 		t.stats.notFoundHits.Add(1)
 		b.answer(s, flightcache.RemoteResult[V]{Err: ErrSharedNotFound})
 		return true
@@ -346,7 +346,7 @@ func (b *batchRun[K, V]) offer(s *item[K]) bool {
 	if !s.e.ok || !t.usable(b.ctx, s.ks, s.e) {
 		return false
 	}
-	v, err := t.decode(s.e.val)
+	v, err := decode(t.codec, s.e.val)
 	if err != nil {
 		t.stats.decodeErrors.Add(1)
 		return false
@@ -590,7 +590,7 @@ func (b *batchRun[K, V]) answerLocal(local []*item[K], got batchLoad[K, V]) {
 		default:
 			b.answer(s, flightcache.RemoteResult[V]{Err: flightcache.ErrNotFound})
 		}
-		if !s.aside && (err == nil || b.t.notFound(err)) { // loaded without Redis: maybe newer than its entry
+		if !s.aside && (err == nil || b.t.attached().notFound(err)) { // loaded without Redis: maybe newer than its entry
 			b.t.ahead.mark(s.name)
 		}
 	}
@@ -615,7 +615,7 @@ func (b *batchRun[K, V]) plan(leased []*item[K], got batchLoad[K, V]) ([]evalCal
 		err := errOf(got.err, s.key)
 		var st settle
 		switch v, ok := got.m[s.key]; {
-		case err != nil && !b.t.sharesNotFound(err):
+		case err != nil && !b.t.attached().sharesNotFound(err):
 			st = b.planFailure(s, err, dead)
 		case err == nil && ok:
 			st = b.planValue(s, got.value(v), dead)
@@ -634,7 +634,7 @@ func (b *batchRun[K, V]) planFailure(s *item[K], err error, dead bool) settle {
 	want, fail := false, ""
 	if !errors.Is(err, flightcache.ErrNotModified) { // a batch revalidates nothing: nothing to share
 		fail = t.failure(b.ctx, s.tok, err)
-		want = t.mayCover(err) && !s.ahead // the entry may be older than a value served
+		want = t.attached().mayCover(err) && !s.ahead // the entry may be older than a value served
 	}
 	return settle{t.link.releaseCall(s.ks, s.tok, fail, want), func(cmd *redis.Cmd) bool {
 		res, rerr := cmd.Slice()
@@ -692,7 +692,7 @@ func (b *batchRun[K, V]) planNotFound(s *item[K], err error, dead bool) settle {
 	if err != nil {
 		nf = err
 	}
-	marker := t.sharesNotFound(nf)
+	marker := t.attached().sharesNotFound(nf)
 	if marker && dead {
 		t.stats.writesLost.Add(1)
 		marker = false

@@ -103,10 +103,12 @@ type fleetState[K comparable] struct {
 	pending map[string]K                // names whose write did not reach Redis → key; guarded by mu
 	names   map[string]K                // name → key handed over, for key types JSON does not carry; guarded by mu
 
-	jsonKeys  bool        // K survives a JSON round trip
-	missed    atomic.Bool // a value was handed to the Loader while the subscription was not up
-	replaying atomic.Bool // a replay goroutine runs
-	replays   sync.WaitGroup
+	jsonKeys     bool           // K survives a JSON round trip
+	defaultNames bool           // K is a string named by default (Options.Key nil): its name is itself
+	track        *track.Tracker // the tier's: how it hears the fleet's writes
+	missed       atomic.Bool    // a value was handed to the Loader while the subscription was not up
+	replaying    atomic.Bool    // a replay goroutine runs
+	replays      sync.WaitGroup
 }
 
 // each calls fn for every watching Loader, outside the lock.
@@ -117,6 +119,53 @@ func (f *fleetState[K]) each(fn func(flightcache.LocalCache[K])) {
 	for _, l := range locals {
 		fn(l)
 	}
+}
+
+// keyNamed returns the key named name: the name itself for string keys
+// named by default, else the key this tier handed over (or wrote) under
+// that name, if it remembers it.
+func (f *fleetState[K]) keyNamed(name string) (key K, ok bool) {
+	if f.defaultNames {
+		return any(name).(K), true
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	key, ok = f.names[name]
+	return key, ok
+}
+
+// remembersNames reports whether handed must remember the key of a name:
+// the key type does not survive JSON (classic and channel messages carry
+// JSON), or tracking names only the Redis key and the key is not a string
+// named by default.
+func (f *fleetState[K]) remembersNames() bool {
+	if !f.jsonKeys {
+		return true
+	}
+	if f.track.Mode() == track.Channels || f.track.Mode() == track.Classic {
+		return false
+	}
+	return !f.defaultNames
+}
+
+// handed remembers, for a key type JSON does not carry, the key this tier
+// handed over (or wrote) under name, so an invalidation can name it.
+func (f *fleetState[K]) handed(name string, key K) {
+	if !f.remembersNames() {
+		return
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.names == nil {
+		f.names = make(map[string]K)
+	}
+	if _, ok := f.names[name]; !ok && len(f.names) >= maxServed {
+		for k := range f.names { // forget one: a message for it distrusts everything
+			delete(f.names, k)
+			break
+		}
+	}
+	f.names[name] = key
 }
 
 // jsonSafe reports whether every value of t comes back from JSON as the
@@ -137,26 +186,6 @@ func jsonSafe(t reflect.Type) bool {
 		}
 	}
 	return true
-}
-
-// handed remembers, for a key type JSON does not carry, the key this tier
-// handed over (or wrote) under name, so an invalidation can name it.
-func (t *Tier[K, V]) handed(name string, key K) {
-	if !t.remembersNames() {
-		return
-	}
-	t.fleet.mu.Lock()
-	defer t.fleet.mu.Unlock()
-	if t.fleet.names == nil {
-		t.fleet.names = make(map[string]K)
-	}
-	if _, ok := t.fleet.names[name]; !ok && len(t.fleet.names) >= maxServed {
-		for k := range t.fleet.names { // forget one: a message for it distrusts everything
-			delete(t.fleet.names, k)
-			break
-		}
-	}
-	t.fleet.names[name] = key
 }
 
 // invalidation is the message of a Set or Invalidate of key named name:

@@ -241,13 +241,13 @@ func (t *Tier[K, V]) Load(ctx context.Context, key K, load func(context.Context)
 	if t.closed.Load() || t.link.down() || !t.ready(ctx) {
 		t.listening()
 		name := t.key(key)
-		t.handed(name, key)
+		t.fleet.handed(name, key)
 		return t.local(ctx, name, load)
 	}
 	t.awaitStartup(ctx)
 	t.listening()
 	name := t.key(key)
-	t.handed(name, key)
+	t.fleet.handed(name, key)
 	for try := 1; ; try++ {
 		rv, err, again := t.loadAt(ctx, key, name, t.gen.Load(), load)
 		if !again {
@@ -347,11 +347,11 @@ func (r *loadRun[K, V]) offer() (out loadResult[V], done bool) {
 	t := r.t
 	switch {
 	case r.ahead: // the entry may be older than what this process served
-	case r.perr == nil && t.sharedNotFound(r.e):
+	case r.perr == nil && t.attached().sharedNotFound(r.e):
 		t.stats.notFoundHits.Add(1)
 		return loadResult[V]{err: ErrSharedNotFound}, true
 	case r.perr == nil && r.e.ok && t.usable(r.ctx, r.ks, r.e):
-		if v, err := t.decode(r.e.val); err == nil {
+		if v, err := decode(t.codec, r.e.val); err == nil {
 			return loadResult[V]{rv: t.hand(r.ks, r.tk, r.e, v, r.waited != "")}, true
 		}
 		t.stats.decodeErrors.Add(1)
@@ -489,7 +489,7 @@ func (r *loadRun[K, V]) fleetValue() (context.Context, *V) {
 	if !e.ok || e.nf || r.t.attached().phase(e, now()) == flightcache.PhaseExpired {
 		return r.ctx, nil
 	}
-	v, err := r.t.decode(e.val)
+	v, err := decode(r.t.codec, e.val)
 	if err != nil {
 		return r.ctx, nil
 	}
@@ -570,10 +570,10 @@ func (r *loadRun[K, V]) failed(ctx context.Context, tok string, err error, cover
 	t := r.t
 	bg := context.WithoutCancel(ctx)
 	fail := t.failure(ctx, tok, err)
-	if fail != "" && t.sharesNotFound(err) {
+	if fail != "" && t.attached().sharesNotFound(err) {
 		return flightcache.RemoteValue[V]{}, err, r.writeNotFound(bg, tok)
 	}
-	e := t.link.release(bg, r.ks, tok, fail, covers && t.mayCover(err))
+	e := t.link.release(bg, r.ks, tok, fail, covers && t.attached().mayCover(err))
 	if t.dead(r.ks) || !covers { // an InvalidateAll ended the entry's generation: it covers nothing
 		e = entry{}
 	}
@@ -584,25 +584,6 @@ func (r *loadRun[K, V]) failed(ctx context.Context, tok string, err error, cover
 // loaded is the value a load returned, loaded between start and end.
 func loaded[V any](v V, start, end time.Time) flightcache.RemoteValue[V] {
 	return flightcache.RemoteValue[V]{Value: v, LoadedAt: end, Took: end.Sub(start), Loaded: true}
-}
-
-// sharesNotFound reports whether a load's error err is a not-found to store
-// for the fleet: the Loader caches not-founds (NotFoundTTL > 0).
-func (t *Tier[K, V]) sharesNotFound(err error) bool {
-	return t.attached().rules.NotFoundTTL > 0 && t.notFound(err)
-}
-
-// notFound reports whether err is a not-found by the Loader's rule
-// (flightcache.Rules.NotFound: ErrNotFound, or the Loader's IsNotFound,
-// whose panic means no).
-func (t *Tier[K, V]) notFound(err error) bool { return t.attached().rules.NotFound(err) }
-
-// sharedNotFound reports whether e is a not-found marker still inside its
-// NotFoundTTL: a Load answers it with ErrSharedNotFound, without loading.
-// An older marker (the writer's clock, or a shorter NotFoundTTL here) is
-// replaced under the lease, as a stale entry is.
-func (t *Tier[K, V]) sharedNotFound(e entry) bool {
-	return e.ok && e.nf && t.attached().phase(e, now()) == flightcache.PhaseFresh
 }
 
 // writeNotFound stores a not-found marker as the Load's entry if the lease
@@ -748,19 +729,19 @@ func (t *Tier[K, V]) prepare(key K, v V) (w flightcache.Windows, data []byte, ve
 	return w, data, ver, true
 }
 
-// decode has the Codec decode an entry's value. A panic of Unmarshal is
+// decode has codec decode an entry's value. A panic of Unmarshal is
 // returned as an error: an entry the Codec panics on is one that does not
 // decode (counted in DecodeErrors where decode failures are, reloaded under
 // the lease and overwritten), and the panic cannot leave a lease taken
 // before it behind.
-func (t *Tier[K, V]) decode(data []byte) (v V, err error) {
+func decode[V any](codec Codec[V], data []byte) (v V, err error) {
 	defer func() {
 		if r := recover(); r != nil {
 			var zero V
 			v, err = zero, fmt.Errorf("flightredis: Codec.Unmarshal panicked: %v", r)
 		}
 	}()
-	return t.codec.Unmarshal(data)
+	return codec.Unmarshal(data)
 }
 
 // writeKeys are writeScript's KEYS for ks.
@@ -783,7 +764,7 @@ func (t *Tier[K, V]) failure(ctx context.Context, tok string, err error) string 
 		return ""
 	}
 	kind := "err"
-	if t.notFound(err) {
+	if t.attached().notFound(err) {
 		kind = "nf"
 	}
 	msg := err.Error()
@@ -842,7 +823,7 @@ func (t *Tier[K, V]) local(ctx context.Context, name string, load func(context.C
 	t.stats.localLoads.Add(1)
 	t.copies.untracked()
 	rv, err := aside(ctx, load)
-	if err == nil || t.notFound(err) {
+	if err == nil || t.attached().notFound(err) {
 		t.ahead.mark(name)
 	}
 	return rv, err
@@ -878,7 +859,7 @@ func aside[V any](ctx context.Context, load func(context.Context) (V, error)) (f
 func (t *Tier[K, V]) Set(ctx context.Context, key K, v flightcache.RemoteValue[V]) {
 	t.used.Store(true)
 	name := t.key(key)
-	t.handed(name, key)
+	t.fleet.handed(name, key)
 	t.copies.running.cut(keysAt(t.opts.Prefix, name, t.gen.Load()).base) // the Loader holds v now
 	if t.closed.Load() || t.link.down() || !t.ready(ctx) {
 		t.skip(name, key)

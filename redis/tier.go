@@ -286,6 +286,9 @@ func newTier[K comparable, V any](client redis.UniversalClient, opts Options[K, 
 		t.codec = JSON[V]{}
 	}
 	t.fleet.jsonKeys = jsonSafe(reflect.TypeFor[K]())
+	_, str := any(*new(K)).(string)
+	t.fleet.defaultNames = str && opts.Key == nil
+	t.fleet.track = &t.track
 	t.ctx, t.cancel = context.WithCancel(context.Background())
 	t.link = link{rdb: client, scripts: patient{client}, timeout: opts.Timeout, retryAfter: opts.RetryAfter,
 		holderTimeout: opts.HolderTimeout, aliveMS: px(opts.HolderTimeout),

@@ -109,7 +109,7 @@ func (t *Tier[K, V]) onTracked(names []string) {
 		if own == track.EchoNone {
 			t.stats.invalidationsHeard.Add(1)
 		}
-		key, ok := t.keyNamed(name)
+		key, ok := t.fleet.keyNamed(name)
 		switch {
 		case !ok:
 			t.stats.undecodedInvalidations.Add(1)
@@ -232,34 +232,6 @@ func (f *runningLoads) pushed(base string) bool {
 		return true
 	}
 	return false
-}
-
-// keyNamed returns the key named name: the name itself for string keys
-// named by default, else the key this tier handed over (or wrote) under
-// that name, if it remembers it.
-func (t *Tier[K, V]) keyNamed(name string) (key K, ok bool) {
-	if _, str := any(key).(string); str && t.opts.Key == nil {
-		return any(name).(K), true
-	}
-	t.fleet.mu.Lock()
-	defer t.fleet.mu.Unlock()
-	key, ok = t.fleet.names[name]
-	return key, ok
-}
-
-// remembersNames reports whether handed must remember the key of a name:
-// the key type does not survive JSON (classic and channel messages carry
-// JSON), or tracking names only the Redis key and the key is not a string
-// named by default.
-func (t *Tier[K, V]) remembersNames() bool {
-	if !t.fleet.jsonKeys {
-		return true
-	}
-	if t.track.Mode() == track.Channels || t.track.Mode() == track.Classic {
-		return false
-	}
-	_, str := any(*new(K)).(string)
-	return !str || t.opts.Key != nil
 }
 
 // parseEntryName reads the Redis name of an entry,

@@ -122,6 +122,34 @@ func funcs(t *testing.T) []funcDecl {
 	return out
 }
 
+// maxTierMethods bounds Tier's methods: the state of a concern (the
+// round trips to Redis, the record of the Loader's copies, the Loader's
+// rules, the fleet's names) has a type of its own, with its methods.
+const maxTierMethods = 60
+
+// TestWallsTierMethods fails if Tier has more than maxTierMethods methods.
+func TestWallsTierMethods(t *testing.T) {
+	n := 0
+	for _, fn := range funcs(t) {
+		if fn.decl.Recv == nil || len(fn.decl.Recv.List) != 1 {
+			continue
+		}
+		typ := fn.decl.Recv.List[0].Type
+		if star, ok := typ.(*ast.StarExpr); ok {
+			typ = star.X
+		}
+		if idx, ok := typ.(*ast.IndexListExpr); ok {
+			typ = idx.X
+		}
+		if id, ok := typ.(*ast.Ident); ok && id.Name == "Tier" {
+			n++
+		}
+	}
+	if n == 0 || n > maxTierMethods {
+		t.Errorf("Tier has %d methods, want 1 to %d: move a method onto the type whose state it works on", n, maxTierMethods)
+	}
+}
+
 // TestWallsNames fails if the package declares a type under a name that
 // means something else in the root package or in docs/design.md's
 // glossary: the root's in-flight map (flights, flight), a Limit slot
