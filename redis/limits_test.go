@@ -174,8 +174,8 @@ func TestBreakerSaturatesAtTheExtremes(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer b.Close()
-	if b.store.lockTTL != forever || b.store.probeTTL != forever {
-		t.Errorf("lock TTL %v, probe TTL %v; want the largest", b.store.lockTTL, b.store.probeTTL)
+	if b.store.LockTTL != forever || b.store.ProbeTTL != forever {
+		t.Errorf("lock TTL %v, probe TTL %v; want the largest", b.store.LockTTL, b.store.ProbeTTL)
 	}
 	b.failed()
 	if u := b.downUntil.Load(); u != math.MaxInt64 || !b.down() {
