@@ -8,6 +8,7 @@ import (
 
 	"github.com/flightcache/flightcache"
 	"github.com/flightcache/flightcache/internal/timing"
+	"github.com/flightcache/flightcache/redis/internal/handover"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -66,8 +67,8 @@ type item[K comparable] struct {
 	aside   bool   // loaded without the lease, another process holding it, as ahead
 	attempt int    // waits so far, for the poll backoff
 	delay   time.Duration
-	watched bool   // the batch is subscribed to the key's wake-ups
-	tk      ticket // the key's Load's (takeoffAll)
+	watched bool            // the batch is subscribed to the key's wake-ups
+	tk      handover.Ticket // the key's Load's (takeoffAll)
 }
 
 // batchRun is one LoadMany call.
@@ -151,7 +152,7 @@ func (t *Tier[K, V]) LoadMany(ctx context.Context, keys []K, load func(context.C
 	t.awaitStartup(ctx)
 	t.listening()
 	b.gen = t.gen.Load()
-	b.since = t.ahead.now()
+	b.since = t.ahead.Now()
 	b.name(items)
 	b.w = make(chan struct{}, 1)
 	defer func() { b.unwatch(items) }()
@@ -167,7 +168,7 @@ func (b *batchRun[K, V]) name(items []*item[K]) {
 		s.name = t.key(s.key)
 		t.fleet.handed(s.name, s.key)
 		s.ks = keysAt(t.opts.Prefix, s.name, b.gen)
-		s.ahead, _ = t.ahead.state(s.name)
+		s.ahead, _ = t.ahead.State(s.name)
 	}
 }
 
@@ -591,7 +592,7 @@ func (b *batchRun[K, V]) answerLocal(local []*item[K], got batchLoad[K, V]) {
 			b.answer(s, flightcache.RemoteResult[V]{Err: flightcache.ErrNotFound})
 		}
 		if !s.aside && (err == nil || b.t.attached().notFound(err)) { // loaded without Redis: maybe newer than its entry
-			b.t.ahead.mark(s.name)
+			b.t.ahead.Mark(s.name)
 		}
 	}
 }
@@ -710,7 +711,7 @@ func (b *batchRun[K, V]) planNotFound(s *item[K], err error, dead bool) settle {
 			return false
 		}
 		if t.stored(n) {
-			t.copies.served.drop(s.ks.base)
+			t.copies.served.Drop(s.ks.base)
 			b.caughtUp(s)
 		}
 		return true
@@ -721,7 +722,7 @@ func (b *batchRun[K, V]) planNotFound(s *item[K], err error, dead bool) settle {
 // no longer ahead of Redis on the key (ahead.go).
 func (b *batchRun[K, V]) caughtUp(s *item[K]) {
 	if s.ahead {
-		b.t.ahead.clear(s.name, b.since)
+		b.t.ahead.Clear(s.name, b.since)
 	}
 }
 

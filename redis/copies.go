@@ -9,6 +9,7 @@ import (
 
 	"github.com/flightcache/flightcache"
 	"github.com/flightcache/flightcache/internal/timing"
+	"github.com/flightcache/flightcache/redis/internal/handover"
 	"github.com/flightcache/flightcache/redis/internal/track"
 	"github.com/redis/go-redis/v9"
 )
@@ -19,11 +20,11 @@ import (
 // the entry changed (checks, run by checker). With tracking it reads
 // entries tracked, so that Redis tells it of their next change.
 type copies[K comparable] struct {
-	served  served
-	running runningLoads   // the keys Loads read now
-	checks  chan check[K]  // copies to check against their entries
-	epoch   atomic.Uint64  // of the dropped marks (droppedMark)
-	fleet   *fleetState[K] // the Loader's caches, and the keys' names
+	served  handover.Served
+	running handover.Running // the keys Loads read now
+	checks  chan check[K]    // copies to check against their entries
+	epoch   atomic.Uint64    // of the dropped marks (droppedMark)
+	fleet   *fleetState[K]   // the Loader's caches, and the keys' names
 	track   *track.Tracker
 	link    *link
 	stats   *counters
@@ -53,7 +54,7 @@ func (c *copies[K]) untracked() {
 // value it waited for, come back this way once. While a Load of the key
 // runs here, the check waits for its end (its value is not known yet).
 func (c *copies[K]) invalidated(key K, ks keys) {
-	if c.running.pushed(ks.base) {
+	if c.running.Pushed(ks.base) {
 		return
 	}
 	c.verify(key, ks)
@@ -66,7 +67,7 @@ func (c *copies[K]) invalidated(key K, ks keys) {
 // has no copy of it (a check that dropped it tracked it again, and the
 // next write of the entry comes back).
 func (c *copies[K]) verify(key K, ks keys) {
-	switch id, at := c.served.since(ks.base); {
+	switch id, at := c.served.Since(ks.base); {
 	case id == c.droppedMark():
 		return
 	case id != "" && id[0] != '-' && time.Since(at) < c.echoSpan():
@@ -82,8 +83,8 @@ func (c *copies[K]) verify(key K, ks keys) {
 // dropKey drops the Loader's copy of key, whose entry is ks, and marks it
 // dropped (see verify).
 func (c *copies[K]) dropKey(key K, ks keys) {
-	c.running.cut(ks.base)
-	c.served.note(ks.base, c.droppedMark())
+	c.running.Cut(ks.base)
+	c.served.Note(ks.base, c.droppedMark())
 	c.fleet.each(func(l flightcache.LocalCache[K]) { l.Drop(key) })
 }
 
@@ -129,7 +130,7 @@ func (c *copies[K]) checker() {
 		}
 		cmds, ok := c.track.ReadMany(c.ctx, entries, idField)
 		for i, ck := range batch {
-			id := c.served.get(ck.ks.base)
+			id := c.served.Get(ck.ks.base)
 			if id == c.droppedMark() {
 				continue // dropped since it was queued: the Loader has no copy to check
 			}
@@ -142,16 +143,16 @@ func (c *copies[K]) checker() {
 
 // takeoff begins a Load of key, whose entry is ks, and returns its ticket
 // (for handOver) and what ends it (landed).
-func (c *copies[K]) takeoff(key K, ks keys) (tk ticket, landed func()) {
-	before := c.served.get(ks.base)
-	tk = c.running.begin(ks.base)
+func (c *copies[K]) takeoff(key K, ks keys) (tk handover.Ticket, landed func()) {
+	before := c.served.Get(ks.base)
+	tk = c.running.Begin(ks.base)
 	return tk, func() { c.landed(key, ks, before) }
 }
 
 // handOver records that a Load with ticket tk hands the Loader the entry
 // of ks whose id is id (see runningLoads.record).
-func (c *copies[K]) handOver(ks keys, tk ticket, id string) {
-	c.running.record(ks.base, tk, func() { c.served.note(ks.base, id) })
+func (c *copies[K]) handOver(ks keys, tk handover.Ticket, id string) {
+	c.running.Record(ks.base, tk, func() { c.served.Note(ks.base, id) })
 }
 
 // localLoads counts n keys of a batch loaded without Redis (untracked).
@@ -169,10 +170,10 @@ func (c *copies[K]) localLoads(n int) {
 // the Loader does not cache a load its key was dropped during); and an
 // invalidation heard while it ran has that copy checked now.
 func (c *copies[K]) landed(key K, ks keys, before string) {
-	if id := c.served.get(ks.base); id != "" && id[0] == '-' && id == before {
-		c.served.drop(ks.base) // first: an invalidation from now on waits for end
+	if id := c.served.Get(ks.base); id != "" && id[0] == '-' && id == before {
+		c.served.Drop(ks.base) // first: an invalidation from now on waits for end
 	}
-	if c.running.end(ks.base) {
+	if c.running.End(ks.base) {
 		c.verify(key, ks)
 	}
 }
@@ -197,7 +198,7 @@ func (c *copies[K]) wrote(key K, entry string, echo, ok bool) {
 	case !ok:
 		c.track.Echoes.Unmark(entry)
 	case !echo:
-		c.running.cut(strings.TrimSuffix(entry, ":v"))
+		c.running.Cut(strings.TrimSuffix(entry, ":v"))
 		c.fleet.each(func(l flightcache.LocalCache[K]) { l.Drop(key) })
 	}
 }
@@ -221,8 +222,8 @@ func (c *copies[K]) trackWritten(ctx context.Context, key K, ks keys, id string)
 		return
 	}
 	if got, ok := c.track.ReadID(ctx, ks.entry); !ok || got != id {
-		c.running.cut(ks.base)
-		c.served.drop(ks.base)
+		c.running.Cut(ks.base)
+		c.served.Drop(ks.base)
 		c.fleet.each(func(l flightcache.LocalCache[K]) { l.Drop(key) })
 	}
 }
@@ -308,8 +309,8 @@ func (c *copies[K]) takeoffAll(items []*item[K]) (landed func()) {
 	kss := make([]keys, len(items))
 	before := make([]string, len(items))
 	for i, s := range items {
-		kss[i], before[i] = s.ks, c.served.get(s.ks.base)
-		s.tk = c.running.begin(s.ks.base)
+		kss[i], before[i] = s.ks, c.served.Get(s.ks.base)
+		s.tk = c.running.Begin(s.ks.base)
 	}
 	return func() {
 		for i, s := range items {

@@ -211,8 +211,8 @@ func (t *Tier[K, V]) advance(g int64, own bool) bool {
 	}
 	// The Loader drops every copy (DropAll, or its own InvalidateAll),
 	// which detaches the Loads running then, of this generation too.
-	t.copies.running.cutAll()
-	t.copies.served.reset() // the versions handed over were of older generations
+	t.copies.running.CutAll()
+	t.copies.served.Reset() // the versions handed over were of older generations
 	if own || t.ownAll.Load() > 0 || !t.used.Load() {
 		return true
 	}

@@ -96,6 +96,10 @@ func (t *Tier[K, V]) Watch(local flightcache.LocalCache[K]) {
 	t.fleet.locals = append(t.fleet.locals, local)
 }
 
+// maxNames bounds fleetState.names: when full, an arbitrary name is
+// forgotten, and a message for it distrusts every copy.
+const maxNames = 1 << 16
+
 // fleetState is the tier's side of fleet-wide invalidation.
 type fleetState[K comparable] struct {
 	mu      sync.Mutex
@@ -159,7 +163,7 @@ func (f *fleetState[K]) handed(name string, key K) {
 	if f.names == nil {
 		f.names = make(map[string]K)
 	}
-	if _, ok := f.names[name]; !ok && len(f.names) >= maxServed {
+	if _, ok := f.names[name]; !ok && len(f.names) >= maxNames {
 		for k := range f.names { // forget one: a message for it distrusts everything
 			delete(f.names, k)
 			break
@@ -218,8 +222,8 @@ func (t *Tier[K, V]) onInvalidated(payload string) {
 		return
 	}
 	base := keysAt(t.opts.Prefix, parts[2], t.gen.Load()).base
-	t.copies.running.cut(base)
-	t.copies.served.drop(base)
+	t.copies.running.Cut(base)
+	t.copies.served.Drop(base)
 	t.fleet.each(func(l flightcache.LocalCache[K]) { l.Drop(key) })
 }
 
@@ -296,17 +300,17 @@ func (t *Tier[K, V]) listening() {
 // distrust has every copy the Loaders hold read again before it is served.
 func (t *Tier[K, V]) distrust() {
 	t.stats.distrusts.Add(1)
-	t.copies.running.cutAll() // a Get detaches its key's Load running now
+	t.copies.running.CutAll() // a Get detaches its key's Load running now
 	t.track.Echoes.Reset()    // an echo expected may never come
 	t.fleet.each(func(l flightcache.LocalCache[K]) { l.Distrust() })
-	t.copies.served.reset() // what was handed over is read again, not reloaded
+	t.copies.served.Reset() // what was handed over is read again, not reloaded
 }
 
 // keep records a Set or Invalidate of key that did not reach Redis, to be
 // replayed as an invalidation.
 func (t *Tier[K, V]) keep(name string, key K) {
 	t.copies.epoch.Add(1) // the Loader holds a copy the tier did not hand over
-	t.ahead.mark(name)    // and Redis holds an older one (ahead.go)
+	t.ahead.Mark(name)    // and Redis holds an older one (ahead.go)
 	t.fleet.mu.Lock()
 	defer t.fleet.mu.Unlock()
 	if t.fleet.pending == nil {
@@ -384,7 +388,7 @@ func (t *Tier[K, V]) dropPending() {
 // generation, and publishes the invalidation, in one step. It reports
 // whether Redis did it.
 func (t *Tier[K, V]) invalidate(ctx context.Context, name string, key K) bool {
-	since := t.ahead.now()
+	since := t.ahead.Now()
 	quiet := t.quiet() // tracking or channels: no message on the classic channel
 	var entry string
 	echo := false
@@ -392,7 +396,7 @@ func (t *Tier[K, V]) invalidate(ctx context.Context, name string, key K) bool {
 		ks := keysAt(t.opts.Prefix, name, gen)
 		entry = ks.entry
 		echo = t.copies.writing(entry)
-		t.copies.served.drop(ks.base)
+		t.copies.served.Drop(ks.base)
 		args := []any{t.link.wakeCmd, ks.wake}
 		if !quiet {
 			args = append(args, t.invChannel, t.invalidation(name, key))
@@ -405,7 +409,7 @@ func (t *Tier[K, V]) invalidate(ctx context.Context, name string, key K) bool {
 		return false
 	}
 	t.reached(name)
-	t.ahead.clear(name, since) // whatever the fleet writes from now on was loaded after it
+	t.ahead.Clear(name, since) // whatever the fleet writes from now on was loaded after it
 	return true
 }
 

@@ -10,6 +10,7 @@ import (
 
 	"github.com/flightcache/flightcache"
 	"github.com/flightcache/flightcache/internal/timing"
+	"github.com/flightcache/flightcache/redis/internal/handover"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -270,7 +271,7 @@ func (t *Tier[K, V]) loadAt(ctx context.Context, key K, name string, gen int64, 
 	var landed func()
 	r.tk, landed = t.copies.takeoff(key, r.ks)
 	defer landed()
-	r.ahead, r.since = t.ahead.state(name)
+	r.ahead, r.since = t.ahead.State(name)
 	out := r.run()
 	return out.rv, out.err, out.again
 }
@@ -286,14 +287,14 @@ type loadRun[K comparable, V any] struct {
 	gen     int64
 	load    func(context.Context) (V, error)
 	ks      keys
-	tk      ticket        // the Load's (takeoff)
-	ahead   bool          // this process may be ahead of the entry (ahead.go): it takes nothing from Redis
-	since   uint64        // the mark of ahead when the Load began
-	e       entry         // the entry last seen
-	perr    error         // e did not parse
-	waited  string        // the token of the lease this Load waits on, "" if none yet
-	w       chan struct{} // the key's wake-ups, once the Load waits
-	attempt int           // waits so far, for the poll backoff
+	tk      handover.Ticket // the Load's (takeoff)
+	ahead   bool            // this process may be ahead of the entry (ahead.go): it takes nothing from Redis
+	since   uint64          // the mark of ahead when the Load began
+	e       entry           // the entry last seen
+	perr    error           // e did not parse
+	waited  string          // the token of the lease this Load waits on, "" if none yet
+	w       chan struct{}   // the key's wake-ups, once the Load waits
+	attempt int             // waits so far, for the poll backoff
 }
 
 // loadResult is how a Load ends: again when a newer generation came first.
@@ -408,7 +409,7 @@ func (r *loadRun[K, V]) leased(tok string) loadResult[V] {
 		r.t.stats.aheadLoads.Add(1)
 		rv, err, stored := r.hold(r.ctx, tok, nil, false)
 		if stored {
-			r.t.ahead.clear(r.name, r.since)
+			r.t.ahead.Clear(r.name, r.since)
 		}
 		return loadResult[V]{rv: rv, err: err}
 	}
@@ -498,7 +499,7 @@ func (r *loadRun[K, V]) fleetValue() (context.Context, *V) {
 
 // hand returns a decoded entry to the Loader and remembers it was served,
 // to a Load with ticket tk (handOver).
-func (t *Tier[K, V]) hand(ks keys, tk ticket, e entry, v V, waited bool) flightcache.RemoteValue[V] {
+func (t *Tier[K, V]) hand(ks keys, tk handover.Ticket, e entry, v V, waited bool) flightcache.RemoteValue[V] {
 	t.copies.handOver(ks, tk, e.id)
 	switch {
 	case waited:
@@ -604,7 +605,7 @@ func (r *loadRun[K, V]) writeNotFound(ctx context.Context, tok string) (stored b
 	case err != nil:
 		t.link.failed()
 	case t.stored(n):
-		t.copies.served.drop(ks.base)
+		t.copies.served.Drop(ks.base)
 		return true
 	}
 	return false
@@ -824,7 +825,7 @@ func (t *Tier[K, V]) local(ctx context.Context, name string, load func(context.C
 	t.copies.untracked()
 	rv, err := aside(ctx, load)
 	if err == nil || t.attached().notFound(err) {
-		t.ahead.mark(name)
+		t.ahead.Mark(name)
 	}
 	return rv, err
 }
@@ -860,12 +861,12 @@ func (t *Tier[K, V]) Set(ctx context.Context, key K, v flightcache.RemoteValue[V
 	t.used.Store(true)
 	name := t.key(key)
 	t.fleet.handed(name, key)
-	t.copies.running.cut(keysAt(t.opts.Prefix, name, t.gen.Load()).base) // the Loader holds v now
+	t.copies.running.Cut(keysAt(t.opts.Prefix, name, t.gen.Load()).base) // the Loader holds v now
 	if t.closed.Load() || t.link.down() || !t.ready(ctx) {
 		t.skip(name, key)
 		return
 	}
-	since := t.ahead.now()
+	since := t.ahead.Now()
 	enc, ok := t.encode(key, v, rand.Float64())
 	if !ok {
 		if !t.invalidate(ctx, name, key) {
@@ -898,8 +899,8 @@ func (t *Tier[K, V]) Set(ctx context.Context, key K, v flightcache.RemoteValue[V
 		t.keep(name, key)
 	default:
 		t.reached(name)
-		t.ahead.clear(name, since) // the fleet's later values are newer than this one
-		t.copies.served.note(ks.base, id)
+		t.ahead.Clear(name, since) // the fleet's later values are newer than this one
+		t.copies.served.Note(ks.base, id)
 		t.copies.trackWritten(ctx, key, ks, id)
 	}
 }
@@ -912,7 +913,7 @@ func (t *Tier[K, V]) Set(ctx context.Context, key K, v flightcache.RemoteValue[V
 func (t *Tier[K, V]) Invalidate(ctx context.Context, key K) {
 	t.used.Store(true)
 	name := t.key(key)
-	t.copies.running.cut(keysAt(t.opts.Prefix, name, t.gen.Load()).base) // the Loader holds nothing now
+	t.copies.running.Cut(keysAt(t.opts.Prefix, name, t.gen.Load()).base) // the Loader holds nothing now
 	if t.closed.Load() || t.link.down() || !t.ready(ctx) {
 		t.skip(name, key)
 		return

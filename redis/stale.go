@@ -46,7 +46,7 @@ func (t *Tier[K, V]) usable(ctx context.Context, ks keys, e entry) bool {
 		return false
 	}
 	a, now := t.attached(), now()
-	held := t.copies.served.get(ks.base) == e.id
+	held := t.copies.served.Get(ks.base) == e.id
 	switch b := a.bounds(e); b.PhaseAt(now) {
 	case flightcache.PhaseFresh:
 		// The Loader asks again for a fresh entry it already holds either

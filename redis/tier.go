@@ -103,6 +103,7 @@ import (
 	"github.com/flightcache/flightcache"
 	"github.com/flightcache/flightcache/internal/timing"
 	"github.com/flightcache/flightcache/redis/internal/events"
+	"github.com/flightcache/flightcache/redis/internal/handover"
 	"github.com/flightcache/flightcache/redis/internal/shard"
 	"github.com/flightcache/flightcache/redis/internal/track"
 	"github.com/flightcache/flightcache/redis/internal/wake"
@@ -214,7 +215,7 @@ type Tier[K comparable, V any] struct {
 	ownAll    atomic.Int32 // this process's InvalidateAll moves in progress
 	used      atomic.Bool  // the Loader has called the tier: its cache may hold what a move drops
 
-	ahead  ahead               // keys this process may have served newer values of than Redis holds (ahead.go)
+	ahead  handover.Ahead      // keys this process may have served newer values of than Redis holds (package handover)
 	events events.Subscription // the classic invalidation channel's subscription
 	wake   wake.Hub            // the wake-up channels of the keys this process waits on
 	track  track.Tracker       // how the tier hears the fleet's writes
@@ -296,7 +297,7 @@ func newTier[K comparable, V any](client redis.UniversalClient, opts Options[K, 
 		ctx: t.ctx, stats: &t.stats}
 	t.copies = copies[K]{fleet: &t.fleet, track: &t.track, link: &t.link, stats: &t.stats, genKey: t.genKey,
 		timeout: opts.Timeout, ctx: t.ctx}
-	t.copies.served.init()
+	t.copies.served.Init()
 	t.wake.Init(t.ctx, client, opts.Timeout)
 	t.events.Start(t.ctx, client, events.Handlers{
 		Channel:   t.invChannel,
@@ -424,65 +425,4 @@ func (t *Tier[K, V]) Close() error {
 // duration.
 func jitter(d time.Duration) time.Duration {
 	return timing.Scale(d, 0.5+rand.Float64())
-}
-
-// served remembers, per key, the version of the shared entry last handed
-// to this process's Loader. The Loader asks again for a key it holds only
-// to refresh it (stale-while-revalidate, early refresh) or after a local
-// eviction; so a stale entry this process already has is not handed back,
-// and the tier reloads it under the lease instead. Bounded: when full, an
-// arbitrary key is forgotten, which costs at most one Redis round trip.
-type served struct {
-	mu sync.Mutex
-	m  map[string]servedID // keys.base → entry id; guarded by mu
-}
-
-// servedID is the entry id handed over for a key, and when.
-type servedID struct {
-	id string
-	at time.Time
-}
-
-const maxServed = 1 << 16
-
-func (s *served) init() { s.m = make(map[string]servedID) }
-
-func (s *served) get(base string) string {
-	id, _ := s.since(base)
-	return id
-}
-
-// since returns the id handed over for base and when it was.
-func (s *served) since(base string) (string, time.Time) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	e := s.m[base]
-	return e.id, e.at
-}
-
-func (s *served) note(base, id string) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if _, ok := s.m[base]; !ok && len(s.m) >= maxServed {
-		for k := range s.m {
-			delete(s.m, k)
-			break
-		}
-	}
-	s.m[base] = servedID{id, time.Now()}
-}
-
-// reset forgets everything: after a Distrust, the Loader asks again for
-// what it holds to read it, not to refresh it; after a generation move,
-// nothing handed over is of the current generation.
-func (s *served) reset() {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	clear(s.m)
-}
-
-func (s *served) drop(base string) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	delete(s.m, base)
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/flightcache/flightcache/redis/internal/track"
@@ -133,106 +132,6 @@ type check[K comparable] struct {
 
 // idField is the field a check reads.
 var idField = []string{"id"}
-
-// runningLoads are the keys (keys.base) a Load or LoadMany of this tier reads
-// now, whether an invalidation of theirs came meanwhile, and whether the
-// Loader's copy of them was cut (see cut) since each Load began.
-type runningLoads struct {
-	mu   sync.Mutex
-	m    map[string]*keyLoads // guarded by mu
-	cuts uint64               // cuts of every key (cutAll); guarded by mu
-}
-
-// keyLoads are the Loads of one key running now.
-type keyLoads struct {
-	n      int    // Loads of the key running
-	pushed bool   // an invalidation came while they ran
-	cuts   uint64 // cuts of the key while they ran
-}
-
-// ticket is what the cuts of a Load's key stood at when it began.
-type ticket struct{ key, all uint64 }
-
-// begin notes that a Load of base starts, and returns its ticket.
-func (f *runningLoads) begin(base string) ticket {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	if f.m == nil {
-		f.m = make(map[string]*keyLoads)
-	}
-	fl := f.m[base]
-	if fl != nil {
-		fl.n++
-	} else {
-		fl = &keyLoads{n: 1}
-		f.m[base] = fl
-	}
-	return ticket{fl.cuts, f.cuts}
-}
-
-// cut notes that the Loader's copy of base is dropped or replaced by
-// other means than a Load of this tier (a drop, this process's Set or
-// Invalidate): the Loader detaches a Load of the key running then, and
-// keeps nothing of it. Call it before the drop and before recording what
-// the Loader holds instead.
-func (f *runningLoads) cut(base string) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	if fl := f.m[base]; fl != nil {
-		fl.cuts++
-	}
-}
-
-// cutAll is cut for every key (a distrust: a Get detaches the Loads of
-// its key running then; a move to a new generation).
-func (f *runningLoads) cutAll() {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	f.cuts++
-}
-
-// record runs note, the record of a copy a Load with ticket tk hands the
-// Loader, unless the Loader's copy of base was cut since that Load began:
-// the Loader keeps nothing of it then, and what it holds instead (the copy
-// of a Load that began after the cut, or of a Set) is what served must
-// name, else an invalidation of that copy is checked against the wrong
-// version and lost. Under mu: a cut comes before the record, or finds it
-// made and overrides it.
-func (f *runningLoads) record(base string, tk ticket, note func()) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	if fl := f.m[base]; fl != nil && fl.cuts == tk.key && f.cuts == tk.all {
-		note()
-	}
-}
-
-// end notes that a Load of base ends; it reports whether an invalidation
-// came while it ran (the last of them to end checks it).
-func (f *runningLoads) end(base string) (pushed bool) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	fl := f.m[base]
-	if fl == nil {
-		return false
-	}
-	if fl.n--; fl.n > 0 {
-		return false
-	}
-	delete(f.m, base)
-	return fl.pushed
-}
-
-// pushed notes an invalidation of base; it reports whether a Load of it
-// runs, which will have it checked when it ends.
-func (f *runningLoads) pushed(base string) bool {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	if fl := f.m[base]; fl != nil {
-		fl.pushed = true
-		return true
-	}
-	return false
-}
 
 // parseEntryName reads the Redis name of an entry,
 // "<prefix>{<tag>}[:g<gen>]:v" (keysAt): the key's name and the

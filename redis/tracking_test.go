@@ -115,9 +115,9 @@ func TestTrackingQueuedChecksDropOnce(t *testing.T) {
 		// the checks run in order, so once it has dropped that copy, every
 		// check of k has run.
 		lks := keysAt(b.t.opts.Prefix, b.t.key(last), b.t.gen.Load())
-		b.t.copies.served.note(lks.base, "0")
+		b.t.copies.served.Note(lks.base, "0")
 		b.t.copies.verify(last, lks)
-		eventually(t, 5*time.Second, "the last check", func() bool { return b.t.copies.served.get(lks.base) == b.t.copies.droppedMark() })
+		eventually(t, 5*time.Second, "the last check", func() bool { return b.t.copies.served.Get(lks.base) == b.t.copies.droppedMark() })
 		eventually(t, 5*time.Second, "b's drops", func() bool { return b.l.Stats().RemoteDrops-drops >= 2 })
 		if n := b.l.Stats().RemoteDrops - drops; n != 2 {
 			t.Fatalf("round %d: %d drops of one outdated copy and the last one, want 2", round, n)
@@ -514,7 +514,7 @@ func TestTrackingStorm(t *testing.T) {
 						ks := entryOf(i)
 						cur, _ := rc.HGetAll(ctx, ks.entry).Result()
 						t.Logf("k%d: a reader serves %q; its tier's record %q; the entry %v; reader %+v %+v; writer %+v",
-							i, v, r.t.copies.served.get(ks.base), cur, r.t.Stats(), r.l.Stats(), writer.t.Stats())
+							i, v, r.t.copies.served.Get(ks.base), cur, r.t.Stats(), r.l.Stats(), writer.t.Stats())
 					}
 					return false
 				}

@@ -96,7 +96,7 @@ func writeAnswer(cmd *redis.Cmd) (n int, held string, err error) {
 // against, it has the Loader drop key, so the older value the load read
 // reaches its callers but not the cache.
 func (t *Tier[K, V]) outdatedFill(ks keys, key K, held string) {
-	if held != "" && t.copies.served.get(ks.base) == held {
+	if held != "" && t.copies.served.Get(ks.base) == held {
 		return
 	}
 	t.copies.dropKey(key, ks)

@@ -82,4 +82,5 @@ type watchedSysConn struct {
 	sys syscall.Conn
 }
 
+// SyscallConn is the wrapped connection's, for go-redis's health check.
 func (c *watchedSysConn) SyscallConn() (syscall.RawConn, error) { return c.sys.SyscallConn() }
