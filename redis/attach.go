@@ -106,3 +106,36 @@ func stored(w flightcache.Windows) flightcache.Windows {
 	w.StaleIfError = w.StaleIfError.Truncate(time.Microsecond)
 	return w
 }
+
+// sharesNotFound reports whether a load's error err is a not-found to store
+// for the fleet: the Loader caches not-founds (NotFoundTTL > 0).
+func (a *attachment[K, V]) sharesNotFound(err error) bool {
+	return a.rules.NotFoundTTL > 0 && a.notFound(err)
+}
+
+// notFound reports whether err is a not-found by the Loader's rule
+// (flightcache.Rules.NotFound: ErrNotFound, or the Loader's IsNotFound,
+// whose panic means no).
+func (a *attachment[K, V]) notFound(err error) bool { return a.rules.NotFound(err) }
+
+// sharedNotFound reports whether e is a not-found marker still inside its
+// NotFoundTTL: a Load answers it with ErrSharedNotFound, without loading.
+// An older marker (the writer's clock, or a shorter NotFoundTTL here) is
+// replaced under the lease, as a stale entry is.
+func (a *attachment[K, V]) sharedNotFound(e entry) bool {
+	return e.ok && e.nf && a.phase(e, now()) == flightcache.PhaseFresh
+}
+
+// coverable reports whether a failed load's error may be covered with an
+// older value, by the Loader's rule (flightcache.StaleMayCover, with its
+// not-found rule).
+func (a *attachment[K, V]) coverable(err error) bool {
+	return flightcache.StaleMayCover(err, a.notFound(err))
+}
+
+// mayCover reports whether a failed load should ask Redis for the entry
+// that may cover it: the Loader has a StaleIfError window (its own, or
+// per-value ones) and err is one a stale value may cover.
+func (a *attachment[K, V]) mayCover(err error) bool {
+	return (a.rules.Windows.StaleIfError > 0 || a.perValue()) && a.coverable(err)
+}

@@ -225,7 +225,7 @@ func TestWriteThatMissedRedisIsReplayed(t *testing.T) {
 	listening(t, a, b)
 	v1, _ := b.l.Get(ctx, "k")
 
-	a.t.failed() // as after a failed round trip: a steps aside for RetryAfter
+	a.t.link.failed() // as after a failed round trip: a steps aside for RetryAfter
 	a.l.Set("k", "new")
 	if s := a.t.Stats(); s.Skipped != 1 {
 		t.Fatalf("Skipped = %d, want 1", s.Skipped)
@@ -577,7 +577,7 @@ func TestSubscriptionThatNeverComesUp(t *testing.T) {
 		t.Fatalf("a's tier: Listening %v, Distrusts %d; want false, > 0", s.Listening, s.Distrusts)
 	}
 	al.Set("k2", "x") // its publish is refused: kept, and the tier stays in use
-	if s := tier.Stats(); s.RedisErrors == 0 || tier.down() {
-		t.Fatalf("after a refused Set: RedisErrors %d, stepping aside %v; want > 0, false", s.RedisErrors, tier.down())
+	if s := tier.Stats(); s.RedisErrors == 0 || tier.link.down() {
+		t.Fatalf("after a refused Set: RedisErrors %d, stepping aside %v; want > 0, false", s.RedisErrors, tier.link.down())
 	}
 }

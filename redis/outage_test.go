@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/flightcache/flightcache"
+	"github.com/flightcache/flightcache/redis/internal/wake"
 )
 
 // ownRedis is a redis-server process owned by one test, so the test can
@@ -138,11 +139,11 @@ func TestRedisStoppedThenBack(t *testing.T) {
 	}
 	// The wake-up subscriptions work again: a publish wakes a waiter.
 	w := make(chan struct{}, 1)
-	b.t.wake.watch(w, "probe")
-	defer b.t.wake.unwatch(w, "probe")
+	b.t.wake.Watch(w, "probe")
+	defer b.t.wake.Unwatch(w, "probe")
 	pub := newClient(t, srv.addr)
 	eventually(t, 20*time.Second, "pub/sub to resume", func() bool {
-		pub.Publish(ctx, wakeChannel("probe"), "")
+		pub.Publish(ctx, wake.Channel("probe"), "")
 		select {
 		case <-w:
 			return true
@@ -254,7 +255,7 @@ func loadsBehindAKeptInvalidateAll(t *testing.T, outage func(*testing.T, *ownRed
 	}
 	// Once RetryAfter is over, the next Loads make the move first; Redis
 	// still does not answer.
-	eventually(t, 10*time.Second, "the tier to stop stepping aside", func() bool { return !a.t.down() })
+	eventually(t, 10*time.Second, "the tier to stop stepping aside", func() bool { return !a.t.link.down() })
 
 	const n = 24
 	deadline := 6 * to.Timeout // wide: one move's Timeout is the promise

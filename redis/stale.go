@@ -46,7 +46,7 @@ func (t *Tier[K, V]) usable(ctx context.Context, ks keys, e entry) bool {
 		return false
 	}
 	a, now := t.attached(), now()
-	held := t.served.get(ks.base) == e.id
+	held := t.copies.served.Get(ks.base) == e.id
 	switch b := a.bounds(e); b.PhaseAt(now) {
 	case flightcache.PhaseFresh:
 		// The Loader asks again for a fresh entry it already holds either
@@ -70,10 +70,10 @@ func (t *Tier[K, V]) usable(ctx context.Context, ks keys, e entry) bool {
 // its window and each caller's max-stale.
 func (t *Tier[K, V]) cover(e entry, err error) (flightcache.RemoteValue[V], error) {
 	switch {
-	case !t.coverable(err), !e.ok, e.nf, t.attached().phase(e, now()) == flightcache.PhaseExpired:
+	case !t.attached().coverable(err), !e.ok, e.nf, t.attached().phase(e, now()) == flightcache.PhaseExpired:
 		return flightcache.RemoteValue[V]{}, err
 	}
-	v, derr := t.decode(e.val)
+	v, derr := decode(t.codec, e.val)
 	if derr != nil {
 		t.stats.decodeErrors.Add(1)
 		return flightcache.RemoteValue[V]{}, err
@@ -84,19 +84,4 @@ func (t *Tier[K, V]) cover(e entry, err error) (flightcache.RemoteValue[V], erro
 		LoadedAt: fromMicros(e.at),
 		Took:     fromUS(e.took),
 	}, err
-}
-
-// coverable reports whether a failed load's error may be covered with an
-// older value, by the Loader's rule (flightcache.StaleMayCover, with its
-// not-found rule).
-func (t *Tier[K, V]) coverable(err error) bool {
-	return flightcache.StaleMayCover(err, t.notFound(err))
-}
-
-// mayCover reports whether a failed load should ask Redis for the entry
-// that may cover it: the Loader has a StaleIfError window (its own, or
-// per-value ones) and err is one a stale value may cover.
-func (t *Tier[K, V]) mayCover(err error) bool {
-	a := t.attached()
-	return (a.rules.Windows.StaleIfError > 0 || a.perValue()) && t.coverable(err)
 }

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/flightcache/flightcache"
+	"github.com/flightcache/flightcache/redis/internal/track"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -127,15 +128,15 @@ func TestTrackingQueuedChecksDropOnce(t *testing.T) {
 		a.l.Set(k, "new") // b hears it, and its check drops b's copy
 		ks := keysAt(b.t.opts.Prefix, b.t.key(k), b.t.gen.Load())
 		for range 4 {
-			b.t.verify(k, ks)
+			b.t.copies.verify(k, ks)
 		}
 		// A check queued last, of a copy b is told is of another version:
 		// the checks run in order, so once it has dropped that copy, every
 		// check of k has run.
 		lks := keysAt(b.t.opts.Prefix, b.t.key(last), b.t.gen.Load())
-		b.t.served.put(lks.base, "0")
-		b.t.verify(last, lks)
-		eventually(t, 5*time.Second, "the last check", func() bool { return b.t.served.get(lks.base) == b.t.droppedMark() })
+		b.t.copies.served.Note(lks.base, "0")
+		b.t.copies.verify(last, lks)
+		eventually(t, 5*time.Second, "the last check", func() bool { return b.t.copies.served.Get(lks.base) == b.t.copies.droppedMark() })
 		eventually(t, 5*time.Second, "b's drops", func() bool { return b.l.Stats().RemoteDrops-drops >= 2 })
 		if n := b.l.Stats().RemoteDrops - drops; n != 2 {
 			t.Fatalf("round %d: %d drops of one outdated copy and the last one, want 2", round, n)
@@ -148,22 +149,13 @@ func TestTrackingQueuedChecksDropOnce(t *testing.T) {
 
 // invNode is the only invalidation connection of a single-node tier, or
 // the one of the master of name on a Cluster.
-func invNode(t *testing.T, tier *Tier[string, string], name string) (*tnode, string) {
+func invNode(t *testing.T, tier *Tier[string, string], name string) (*track.Node, string) {
 	t.Helper()
 	ks := keysFor(tier.opts.Prefix, name)
-	addr := ""
-	if tier.track.single != nil {
-		addr = tier.track.single.Options().Addr
-	} else {
-		m, err := tier.track.cluster.MasterForKey(ctx, ks.entry)
-		if err != nil {
-			t.Fatal(err)
-		}
-		addr = m.Options().Addr
+	n, addr, err := tier.track.NodeOf(ctx, ks.entry)
+	if err != nil {
+		t.Fatal(err)
 	}
-	tier.track.mu.Lock()
-	defer tier.track.mu.Unlock()
-	n := tier.track.nodes[addr]
 	if n == nil {
 		t.Fatalf("no node for %s", addr)
 	}
@@ -214,7 +206,7 @@ func checkRearmed(t *testing.T, writer, holder proc, losses uint64) {
 		}
 		t.Logf("round %d: a tier stepped aside (%d Redis failures); again", round, failures()-before)
 		eventually(t, 10*time.Second, "both tiers back, the untracked copy distrusted", func() bool {
-			return !writer.t.down() && !holder.t.down() && !holder.t.fleet.missed.Load()
+			return !writer.t.link.down() && !holder.t.link.down() && !holder.t.fleet.missed.Load()
 		})
 	}
 }
@@ -239,7 +231,7 @@ func TestTrackingInvalidationConnectionKilled(t *testing.T) {
 	holder.l.Get(ctx, "k")
 	n, addr := invNode(t, holder.t, "k")
 	losses := holder.t.Stats().SubscriptionLosses
-	if err := nodeClient(t, addr).ClientKillByFilter(ctx, "ID", fmt.Sprint(n.id.Load())).Err(); err != nil {
+	if err := nodeClient(t, addr).ClientKillByFilter(ctx, "ID", fmt.Sprint(n.ID())).Err(); err != nil {
 		t.Fatal(err)
 	}
 	checkRearmed(t, writer, holder, losses)
@@ -260,7 +252,7 @@ func TestTrackingBrokenRedirect(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	reads := n.reads.Load()
+	reads := n.Reads()
 	if err := reads.Do(ctx, "CLIENT", "TRACKING", "off").Err(); err != nil {
 		t.Fatal(err)
 	}
@@ -520,7 +512,7 @@ func TestTrackingStorm(t *testing.T) {
 			writer.t.fleet.mu.Lock()
 			kept := len(writer.t.fleet.pending)
 			writer.t.fleet.mu.Unlock()
-			return kept == 0 && !writer.t.fleet.replaying.Load() && !writer.t.down()
+			return kept == 0 && !writer.t.fleet.replaying.Load() && !writer.t.link.down()
 		})
 		missing = slices.DeleteFunc(missing, stored)
 		if len(missing) > 0 {
@@ -545,7 +537,7 @@ func TestTrackingStorm(t *testing.T) {
 						ks := entryOf(i)
 						cur, _ := rc.HGetAll(ctx, ks.entry).Result()
 						t.Logf("k%d: a reader serves %q; its tier's record %q; the entry %v; reader %+v %+v; writer %+v",
-							i, v, r.t.served.get(ks.base), cur, r.t.Stats(), r.l.Stats(), writer.t.Stats())
+							i, v, r.t.copies.served.Get(ks.base), cur, r.t.Stats(), r.l.Stats(), writer.t.Stats())
 					}
 					return false
 				}
@@ -680,7 +672,7 @@ func TestTrackingDetachedLoadClaimsNoCopy(t *testing.T) {
 		first <- v
 	}()
 	within(t, hold.held, 5*time.Second, "hold of the first Load's read")
-	b.t.dropKey("k", ks) // the first Load is detached: the Loader keeps nothing of it
+	b.t.copies.dropKey("k", ks) // the first Load is detached: the Loader keeps nothing of it
 	if v, err := b.l.Get(ctx, "k"); err != nil || v != "x1" {
 		t.Fatalf("the second Load: %q, %v; want x1", v, err)
 	}

@@ -96,10 +96,10 @@ func writeAnswer(cmd *redis.Cmd) (n int, held string, err error) {
 // against, it has the Loader drop key, so the older value the load read
 // reaches its callers but not the cache.
 func (t *Tier[K, V]) outdatedFill(ks keys, key K, held string) {
-	if held != "" && t.served.get(ks.base) == held {
+	if held != "" && t.copies.served.Get(ks.base) == held {
 		return
 	}
-	t.dropKey(key, ks)
+	t.copies.dropKey(key, ks)
 }
 
 // outdatedSet is what a Set refused by writeScript does: it counts it, and
