@@ -5,7 +5,7 @@ import (
 	"time"
 
 	"github.com/flightcache/flightcache"
-	"github.com/flightcache/flightcache/internal/timing"
+	"github.com/flightcache/flightcache/remote"
 )
 
 // This file holds what the tier knows of the Loader it serves: the
@@ -70,7 +70,7 @@ func (o Options[K, V]) attachment(r flightcache.Rules[K, V]) (*attachment[K, V],
 	if r.NotFound == nil {
 		r.NotFound = flightcache.Options[K, V]{}.NotFound // ErrNotFound only
 	}
-	lease := o.leaseTTL(timing.Add(w.LoadTimeout, r.MaxWait))
+	lease := o.leaseTTL(remote.Add(w.LoadTimeout, r.MaxWait))
 	return &attachment[K, V]{rules: r, win: stored(w), leaseTTL: lease, leaseMS: px(lease)}, nil
 }
 

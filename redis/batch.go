@@ -10,7 +10,7 @@ import (
 	"time"
 
 	"github.com/flightcache/flightcache"
-	"github.com/flightcache/flightcache/internal/timing"
+	"github.com/flightcache/flightcache/remote"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -433,7 +433,7 @@ func (b *batchRun[K, V]) acquire(open, leased, local, waiting []*slot[K]) (again
 			s.attempt++
 			if len(res) > 2 {
 				if ttl, ok := res[2].(int64); ok && ttl >= 0 {
-					s.delay = min(s.delay, timing.Add(fromMS(ttl), time.Millisecond))
+					s.delay = min(s.delay, remote.Add(fromMS(ttl), time.Millisecond))
 				}
 			}
 			waiting = append(waiting, s)

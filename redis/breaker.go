@@ -10,7 +10,7 @@ import (
 	"time"
 
 	"github.com/flightcache/flightcache"
-	"github.com/flightcache/flightcache/internal/timing"
+	"github.com/flightcache/flightcache/remote"
 	"github.com/redis/go-redis/v9"
 	"github.com/sony/gobreaker/v2"
 )
@@ -154,8 +154,8 @@ func NewBreaker(client redis.UniversalClient, opts BreakerOptions) (*Breaker, er
 		mutexKey: "gobreaker:mutex:" + opts.Name,
 		timeout:  opts.Timeout,
 		lockWait: opts.LockWait,
-		lockTTL:  max(time.Second, timing.Mul(opts.Timeout, 5)),
-		probeTTL: timing.Add(opts.ProbeTimeout, max(time.Second, timing.Mul(opts.Timeout, 5))),
+		lockTTL:  max(time.Second, remote.Mul(opts.Timeout, 5)),
+		probeTTL: remote.Add(opts.ProbeTimeout, max(time.Second, remote.Mul(opts.Timeout, 5))),
 		base:     b.ctx,
 	}
 	return b, nil

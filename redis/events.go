@@ -8,7 +8,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/flightcache/flightcache/internal/timing"
+	"github.com/flightcache/flightcache/remote"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -51,7 +51,7 @@ func (ev *events) start(ctx context.Context, rdb redis.UniversalClient, h handle
 	ev.done = make(chan struct{})
 	ev.startup = make(chan struct{})
 	starting := time.AfterFunc(timeout, ev.started)
-	check := max(timing.Mul(timeout, 4), 500*time.Millisecond)
+	check := max(remote.Mul(timeout, 4), 500*time.Millisecond)
 	go func() {
 		defer starting.Stop()
 		defer close(ev.done)

@@ -10,7 +10,7 @@ import (
 	"time"
 
 	"github.com/flightcache/flightcache"
-	"github.com/flightcache/flightcache/internal/timing"
+	"github.com/flightcache/flightcache/remote"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -378,7 +378,7 @@ func (t *Tier[K, V]) loadAt(ctx context.Context, key K, name string, gen int64, 
 		}
 		d := min(t.opts.PollInterval, t.opts.PollInterval/8<<min(attempt, 3))
 		if ttl, ok := res[2].(int64); ok && ttl >= 0 {
-			d = min(d, timing.Add(fromMS(ttl), time.Millisecond))
+			d = min(d, remote.Add(fromMS(ttl), time.Millisecond))
 		}
 		timer := time.NewTimer(jitter(d))
 		select {

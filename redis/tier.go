@@ -101,7 +101,7 @@ import (
 	"time"
 
 	"github.com/flightcache/flightcache"
-	"github.com/flightcache/flightcache/internal/timing"
+	"github.com/flightcache/flightcache/remote"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -279,7 +279,7 @@ func newTier[K comparable, V any](client redis.UniversalClient, opts Options[K, 
 		key:        opts.Key,
 		codec:      opts.Codec,
 		aliveMS:    px(opts.HolderTimeout),
-		failMS:     px(max(timing.Mul(opts.PollInterval, 4), time.Second)),
+		failMS:     px(max(remote.Mul(opts.PollInterval, 4), time.Second)),
 		wakeCmd:    wakeCommand(client),
 		invChannel: opts.Prefix + "invalidated",
 		origin:     token(8),
@@ -331,7 +331,7 @@ func checkClient(c redis.UniversalClient) error {
 // and maxWait how long its loads may wait for a downstream slot, holding
 // their lease (Limit.MaxWait; 0 without a Limit).
 func (o *Options[K, V]) validate(loadTimeout, maxWait time.Duration) error {
-	hold := timing.Add(loadTimeout, maxWait)
+	hold := remote.Add(loadTimeout, maxWait)
 	switch {
 	case strings.ContainsAny(o.Prefix, "{}"):
 		return fmt.Errorf("flightredis: Options.Prefix must not contain '{' or '}', got %q", o.Prefix)
@@ -389,7 +389,7 @@ func (o Options[K, V]) withDefaults() Options[K, V] {
 // hold their lease for at most hold: LoadTimeout, plus Limit.MaxWait with
 // a Limit.
 func (o Options[K, V]) leaseTTL(hold time.Duration) time.Duration {
-	return cmp(o.LeaseTTL, timing.Add(hold, max(hold/2, time.Second)))
+	return cmp(o.LeaseTTL, remote.Add(hold, max(hold/2, time.Second)))
 }
 
 // Close stops the tier's pub/sub subscriptions and its background work.
@@ -441,7 +441,7 @@ func (t *Tier[K, V]) op(ctx context.Context) (context.Context, context.CancelFun
 // jitter spreads d uniformly over [d/2, 3d/2), saturated at the largest
 // duration.
 func jitter(d time.Duration) time.Duration {
-	return timing.Scale(d, 0.5+rand.Float64())
+	return remote.Scale(d, 0.5+rand.Float64())
 }
 
 // served remembers, per key, the version of the shared entry last handed

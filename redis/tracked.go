@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/flightcache/flightcache"
-	"github.com/flightcache/flightcache/internal/timing"
+	"github.com/flightcache/flightcache/remote"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -197,7 +197,7 @@ func (t *Tier[K, V]) droppedMark() string {
 // One that comes later drops the copy at once, without the check's round
 // trip: the drop of a key held for a while is as quick as the message.
 func (t *Tier[K, V]) echoWindow() time.Duration {
-	return max(timing.Mul(t.opts.Timeout, 4), time.Second)
+	return max(remote.Mul(t.opts.Timeout, 4), time.Second)
 }
 
 // check is a copy to check against its entry (verify).

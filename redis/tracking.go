@@ -10,7 +10,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/flightcache/flightcache/internal/timing"
+	"github.com/flightcache/flightcache/remote"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -411,7 +411,7 @@ func (tr *tracker) connLost() {
 // flight on it are done (a Timeout later).
 func (tr *tracker) retire(ctx context.Context, old *redis.Client) {
 	tr.wg.Go(func() {
-		t := time.NewTimer(timing.Mul(tr.h.timeout, 2))
+		t := time.NewTimer(remote.Mul(tr.h.timeout, 2))
 		defer t.Stop()
 		select {
 		case <-ctx.Done():
