@@ -79,13 +79,13 @@ type batchRun[K comparable, V any] struct {
 	ctx   context.Context
 	load  func(context.Context, []K) (map[K]V, error)
 	w     chan struct{} // the wake-ups of the keys that wait (watched)
-	out   map[K]flightcache.RemoteResult[V]
+	out   map[K]remote.Result[V]
 	gen   int64  // the generation the keys not answered yet are named in
 	moves int    // how many times they were named again in a newer one
 	since uint64 // the last mark of ahead when the batch began: a fill stored clears those up to it
 }
 
-// LoadMany implements [flightcache.RemoteMany]: it answers each of keys as
+// LoadMany implements [remote.Many]: it answers each of keys as
 // [Tier.Load] would ([ErrNotAttached] for each before the tier is
 // attached; otherwise a usable shared entry, the value of the process that
 // was loading it, or a load under the key's lease), with one Redis round
@@ -122,17 +122,17 @@ type batchRun[K comparable, V any] struct {
 // as with Load. If load panics, or it or that user code calls
 // runtime.Goexit, the leases are released on the way out and the panic
 // goes on.
-func (t *Tier[K, V]) LoadMany(ctx context.Context, keys []K, load func(context.Context, []K) (map[K]V, error)) map[K]flightcache.RemoteResult[V] {
+func (t *Tier[K, V]) LoadMany(ctx context.Context, keys []K, load func(context.Context, []K) (map[K]V, error)) map[K]remote.Result[V] {
 	if t.attached() == nil {
-		out := make(map[K]flightcache.RemoteResult[V], len(keys))
+		out := make(map[K]remote.Result[V], len(keys))
 		for _, k := range keys {
-			out[k] = flightcache.RemoteResult[V]{Err: ErrNotAttached}
+			out[k] = remote.Result[V]{Err: ErrNotAttached}
 		}
 		return out
 	}
 	t.stats.batches.Add(1)
 	t.used.Store(true)
-	b := &batchRun[K, V]{t: t, ctx: ctx, load: load, out: make(map[K]flightcache.RemoteResult[V], len(keys))}
+	b := &batchRun[K, V]{t: t, ctx: ctx, load: load, out: make(map[K]remote.Result[V], len(keys))}
 	slots := make([]*slot[K], len(keys))
 	for i, k := range keys {
 		slots[i] = &slot[K]{key: k}
@@ -187,7 +187,7 @@ func (t *Tier[K, V]) LoadMany(ctx context.Context, keys []K, load func(context.C
 		if !b.sleep(waiting) {
 			err := ctxError(ctx)
 			for _, s := range waiting {
-				b.answer(s, flightcache.RemoteResult[V]{Err: err})
+				b.answer(s, remote.Result[V]{Err: err})
 			}
 			return b.out
 		}
@@ -243,7 +243,7 @@ func (b *batchRun[K, V]) regen(slots []*slot[K], gen int64) {
 }
 
 // answer records s's result; s no longer needs wake-ups.
-func (b *batchRun[K, V]) answer(s *slot[K], r flightcache.RemoteResult[V]) {
+func (b *batchRun[K, V]) answer(s *slot[K], r remote.Result[V]) {
 	b.out[s.key] = r
 	if s.watched {
 		s.watched = false
@@ -323,7 +323,7 @@ func (b *batchRun[K, V]) offer(s *slot[K]) bool {
 	}
 	if t.sharedNotFound(s.e) {
 		t.stats.notFoundHits.Add(1)
-		b.answer(s, flightcache.RemoteResult[V]{Err: ErrSharedNotFound})
+		b.answer(s, remote.Result[V]{Err: ErrSharedNotFound})
 		return true
 	}
 	if !s.e.ok || !t.usable(b.ctx, s.ks, s.e) {
@@ -334,7 +334,7 @@ func (b *batchRun[K, V]) offer(s *slot[K]) bool {
 		t.stats.decodeErrors.Add(1)
 		return false
 	}
-	b.answer(s, flightcache.RemoteResult[V]{RemoteValue: t.hand(s.ks, s.tk, s.e, v, s.waited != "")})
+	b.answer(s, remote.Result[V]{RemoteValue: t.hand(s.ks, s.tk, s.e, v, s.waited != "")})
 	return true
 }
 
@@ -349,7 +349,7 @@ func (b *batchRun[K, V]) broken(failed []*slot[K]) []*slot[K] {
 	if b.ctx.Err() != nil {
 		err := ctxError(b.ctx)
 		for _, s := range failed {
-			b.answer(s, flightcache.RemoteResult[V]{Err: err})
+			b.answer(s, remote.Result[V]{Err: err})
 		}
 		return nil
 	}
@@ -413,7 +413,7 @@ func (b *batchRun[K, V]) acquire(open, leased, local, waiting []*slot[K]) (again
 				fail = res[1]
 			}
 			rv, perr := t.cover(s.e, peerError(fail))
-			b.answer(s, flightcache.RemoteResult[V]{RemoteValue: rv, Err: perr})
+			b.answer(s, remote.Result[V]{RemoteValue: rv, Err: perr})
 		case "won", "stolen":
 			s.stolen = kind == "stolen"
 			leased = append(leased, s)
@@ -509,19 +509,19 @@ func (b *batchRun[K, V]) loadAndStore(leased, local []*slot[K]) {
 	start := time.Now()
 	m, lerr := b.load(b.ctx, keys) // a *ManyError: each of its keys failed alone (errOf)
 	end := time.Now()
-	loaded := func(v V) flightcache.RemoteValue[V] {
-		return flightcache.RemoteValue[V]{Value: v, LoadedAt: end, Took: end.Sub(start), Loaded: true}
+	loaded := func(v V) remote.Value[V] {
+		return remote.Value[V]{Value: v, LoadedAt: end, Took: end.Sub(start), Loaded: true}
 	}
 	for _, s := range local {
 		err := errOf(lerr, s.key)
 		v, ok := m[s.key]
 		switch {
 		case err != nil:
-			b.answer(s, flightcache.RemoteResult[V]{Err: err})
+			b.answer(s, remote.Result[V]{Err: err})
 		case ok:
-			b.answer(s, flightcache.RemoteResult[V]{RemoteValue: loaded(v)})
+			b.answer(s, remote.Result[V]{RemoteValue: loaded(v)})
 		default:
-			b.answer(s, flightcache.RemoteResult[V]{Err: flightcache.ErrNotFound})
+			b.answer(s, remote.Result[V]{Err: flightcache.ErrNotFound})
 		}
 		if !s.aside && (err == nil || t.notFound(err)) { // loaded without Redis: maybe newer than its entry
 			t.ahead.mark(s.name)
@@ -560,7 +560,7 @@ func (b *batchRun[K, V]) loadAndStore(leased, local []*slot[K]) {
 					e, _ = parseEntry(res) // an entry that does not parse covers nothing
 				}
 				rv, cerr := t.cover(e, err)
-				b.answer(s, flightcache.RemoteResult[V]{RemoteValue: rv, Err: cerr})
+				b.answer(s, remote.Result[V]{RemoteValue: rv, Err: cerr})
 				return rerr == nil
 			}
 		case err == nil && ok:
@@ -580,7 +580,7 @@ func (b *batchRun[K, V]) loadAndStore(leased, local []*slot[K]) {
 				release("", false)
 			}
 			then[i] = func(cmd *redis.Cmd) bool {
-				b.answer(s, flightcache.RemoteResult[V]{RemoteValue: rv})
+				b.answer(s, remote.Result[V]{RemoteValue: rv})
 				if !share {
 					return cmd.Err() == nil
 				}
@@ -619,7 +619,7 @@ func (b *batchRun[K, V]) loadAndStore(leased, local []*slot[K]) {
 				release(t.failure(b.ctx, s.tok, nf), false)
 			}
 			then[i] = func(cmd *redis.Cmd) bool {
-				b.answer(s, flightcache.RemoteResult[V]{Err: nf})
+				b.answer(s, remote.Result[V]{Err: nf})
 				if !marker {
 					return cmd.Err() == nil
 				}

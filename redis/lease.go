@@ -190,10 +190,10 @@ var ErrSharedNotFound = fmt.Errorf("flightredis: not found (shared by the fleet)
 // a not-found there also matches [flightcache.ErrNotFound] here.
 var ErrPeerFailed = errors.New("flightredis: the load failed in another process")
 
-// Load implements [flightcache.Remote]: before the tier is attached to a
+// Load implements [remote.Remote]: before the tier is attached to a
 // Loader it returns [ErrNotAttached], without loading. Then it returns key's shared entry when
 // it is usable under the Loader's freshness rules and the caller's
-// [flightcache.MaxStale], waits for the process that is loading key, or
+// [remote.MaxStale], waits for the process that is loading key, or
 // takes the lease and calls load itself. When Redis fails or is slow, it
 // calls load (local-only service) and counts it in [Stats]; its error is
 // then always load's.
@@ -234,9 +234,9 @@ var ErrPeerFailed = errors.New("flightredis: the load failed in another process"
 // it load for themselves at once. The Loader then applies its own rule to
 // the value (a Freshness that panics: served, not cached). Whatever ends
 // Load's goroutine once it holds the lease, the lease is released.
-func (t *Tier[K, V]) Load(ctx context.Context, key K, load func(context.Context) (V, error)) (flightcache.RemoteValue[V], error) {
+func (t *Tier[K, V]) Load(ctx context.Context, key K, load func(context.Context) (V, error)) (remote.Value[V], error) {
 	if t.attached() == nil {
-		return flightcache.RemoteValue[V]{}, ErrNotAttached
+		return remote.Value[V]{}, ErrNotAttached
 	}
 	t.used.Store(true)
 	if t.closed.Load() || t.down() || !t.ready(ctx) {
@@ -265,7 +265,7 @@ func (t *Tier[K, V]) Load(ctx context.Context, key K, load func(context.Context)
 // lease: Load then starts again under that one. For a key this process may
 // be ahead of Redis on (ahead.go), it takes nothing from Redis: it loads
 // under the lease, or without it while another process holds it.
-func (t *Tier[K, V]) loadAt(ctx context.Context, key K, name string, gen int64, load func(context.Context) (V, error)) (rv flightcache.RemoteValue[V], err error, again bool) {
+func (t *Tier[K, V]) loadAt(ctx context.Context, key K, name string, gen int64, load func(context.Context) (V, error)) (rv remote.Value[V], err error, again bool) {
 	ks := keysAt(t.opts.Prefix, name, gen)
 	var w chan struct{} // the key's wake-ups, once the Load waits
 	defer func() {
@@ -397,31 +397,31 @@ func (t *Tier[K, V]) loadAt(ctx context.Context, key K, name string, gen int64, 
 // withFleetValue passes the shared entry e, if it is still of use (within
 // its StaleIfError window) and decodes, to the load about to run, so that
 // a Loader with Options.Reload revalidates the fleet's value rather than
-// its own (flightcache.WithReloadValue). It returns that value too, or nil.
+// its own (remote.WithReloadValue). It returns that value too, or nil.
 func (t *Tier[K, V]) withFleetValue(ctx context.Context, e entry) (context.Context, *V) {
-	if !e.ok || e.nf || t.attached().phase(e, now()) == flightcache.PhaseExpired {
+	if !e.ok || e.nf || t.attached().phase(e, now()) == remote.PhaseExpired {
 		return ctx, nil
 	}
 	v, err := t.decode(e.val)
 	if err != nil {
 		return ctx, nil
 	}
-	return flightcache.WithReloadValue(ctx, v), &v
+	return remote.WithReloadValue(ctx, v), &v
 }
 
 // hand returns a decoded entry to the Loader and remembers it was served,
 // to a Load with ticket tk (handOver).
-func (t *Tier[K, V]) hand(ks keys, tk ticket, e entry, v V, waited bool) flightcache.RemoteValue[V] {
+func (t *Tier[K, V]) hand(ks keys, tk ticket, e entry, v V, waited bool) remote.Value[V] {
 	t.handOver(ks, tk, e.id)
 	switch {
 	case waited:
 		t.stats.shared.Add(1)
-	case t.attached().phase(e, now()) == flightcache.PhaseFresh:
+	case t.attached().phase(e, now()) == remote.PhaseFresh:
 		t.stats.hits.Add(1)
 	default:
 		t.stats.staleHits.Add(1)
 	}
-	return flightcache.RemoteValue[V]{
+	return remote.Value[V]{
 		Value:    v,
 		LoadedAt: fromMicros(e.at),
 		Took:     fromUS(e.took),
@@ -438,7 +438,7 @@ func (t *Tier[K, V]) hand(ks keys, tk ticket, e entry, v V, waited bool) flightc
 // failed load is covered by the shared entry only if covers. stored
 // reports whether the value (or a not-found marker) became the shared
 // entry.
-func (t *Tier[K, V]) hold(ctx context.Context, ks keys, tk ticket, key K, tok string, load func(context.Context) (V, error), fleet *V, covers bool) (rv flightcache.RemoteValue[V], err error, stored bool) {
+func (t *Tier[K, V]) hold(ctx context.Context, ks keys, tk ticket, key K, tok string, load func(context.Context) (V, error), fleet *V, covers bool) (rv remote.Value[V], err error, stored bool) {
 	t.stats.leases.Add(1)
 	stop := t.beat(ks, tok)
 	bg := context.WithoutCancel(ctx) // the lease must be released even if ctx ended
@@ -458,9 +458,9 @@ func (t *Tier[K, V]) hold(ctx context.Context, ks keys, tk ticket, key K, tok st
 		if fleet == nil { // the Loader's own value, which the tier does not have
 			t.release(bg, ks, tok, "", false)
 			settled = true
-			return flightcache.RemoteValue[V]{}, err, false
+			return remote.Value[V]{}, err, false
 		}
-		rv := flightcache.RemoteValue[V]{Value: *fleet, LoadedAt: end, Took: end.Sub(start), Loaded: true}
+		rv := remote.Value[V]{Value: *fleet, LoadedAt: end, Took: end.Sub(start), Loaded: true}
 		stored := t.write(bg, ks, tk, key, tok, rv)
 		settled = true
 		return rv, err, stored
@@ -469,7 +469,7 @@ func (t *Tier[K, V]) hold(ctx context.Context, ks keys, tk ticket, key K, tok st
 		if fail := t.failure(ctx, tok, err); fail != "" && t.sharesNotFound(err) {
 			stored := t.writeNotFound(bg, ks, tok)
 			settled = true
-			return flightcache.RemoteValue[V]{}, err, stored
+			return remote.Value[V]{}, err, stored
 		}
 		e := t.release(bg, ks, tok, t.failure(ctx, tok, err), covers && t.mayCover(err))
 		settled = true
@@ -479,7 +479,7 @@ func (t *Tier[K, V]) hold(ctx context.Context, ks keys, tk ticket, key K, tok st
 		rv, err := t.cover(e, err)
 		return rv, err, false
 	}
-	rv = flightcache.RemoteValue[V]{Value: v, LoadedAt: end, Took: end.Sub(start), Loaded: true}
+	rv = remote.Value[V]{Value: v, LoadedAt: end, Took: end.Sub(start), Loaded: true}
 	stored = t.write(bg, ks, tk, key, tok, rv)
 	settled = true
 	return rv, nil, stored
@@ -492,7 +492,7 @@ func (t *Tier[K, V]) sharesNotFound(err error) bool {
 }
 
 // notFound reports whether err is a not-found by the Loader's rule
-// (flightcache.Rules.NotFound: ErrNotFound, or the Loader's IsNotFound,
+// (remote.Rules.NotFound: ErrNotFound, or the Loader's IsNotFound,
 // whose panic means no).
 func (t *Tier[K, V]) notFound(err error) bool { return t.attached().rules.NotFound(err) }
 
@@ -501,7 +501,7 @@ func (t *Tier[K, V]) notFound(err error) bool { return t.attached().rules.NotFou
 // An older marker (the writer's clock, or a shorter NotFoundTTL here) is
 // replaced under the lease, as a stale entry is.
 func (t *Tier[K, V]) sharedNotFound(e entry) bool {
-	return e.ok && e.nf && t.attached().phase(e, now()) == flightcache.PhaseFresh
+	return e.ok && e.nf && t.attached().phase(e, now()) == remote.PhaseFresh
 }
 
 // notFoundCall is the notFoundScript call that stores a not-found marker as
@@ -511,7 +511,7 @@ func (t *Tier[K, V]) notFoundCall(ks keys, tok string) evalCall {
 	ttl := t.attached().rules.NotFoundTTL
 	// A not-found is fresh for NotFoundTTL and has no stale windows, as
 	// the Loader caches it.
-	b := flightcache.Windows{Fresh: ttl.Truncate(time.Microsecond)}.Bounds(at)
+	b := remote.Windows{Fresh: ttl.Truncate(time.Microsecond)}.Bounds(at)
 	return evalCall{notFoundScript, writeKeys(ks), []any{tok, token(8), micros(at), micros(b.FreshUntil),
 		px(ttl), t.wakeCmd, ks.wake}}
 }
@@ -593,7 +593,7 @@ func (t *Tier[K, V]) beat(ks keys, tok string) (stop func()) {
 // waiters all the same, and it is counted in WritesOutdated. The entry
 // written is recorded as the Loader's copy for the Load with ticket tk
 // (handOver). It reports whether rv became the shared entry.
-func (t *Tier[K, V]) write(ctx context.Context, ks keys, tk ticket, key K, tok string, rv flightcache.RemoteValue[V]) (stored bool) {
+func (t *Tier[K, V]) write(ctx context.Context, ks keys, tk ticket, key K, tok string, rv remote.Value[V]) (stored bool) {
 	enc, ok := t.encode(key, rv, rand.Float64())
 	if ok && t.dead(ks) {
 		t.stats.writesLost.Add(1)
@@ -630,8 +630,8 @@ type encoded struct {
 }
 
 // encode prepares the write of rv as the entry of key, its windows'
-// bounds by the Loader's rule (flightcache.Windows.Bounds), its freshness
-// the one drawn at u (flightcache.Windows.Draw, u uniform in [0, 1)): the
+// bounds by the Loader's rule (remote.Windows.Bounds), its freshness
+// the one drawn at u (remote.Windows.Draw, u uniform in [0, 1)): the
 // entry is one cached value, and draws its freshness once, as the
 // Loader's entries do. ok is false
 // for a value not to share: one the Loader would not cache, any value
@@ -641,7 +641,7 @@ type encoded struct {
 // Codec) on the caller's goroutine, and recovers their panics: the value
 // still reaches the Loader, which asks Freshness again, recovers that
 // panic too and serves the value uncached, as it does without the tier.
-func (t *Tier[K, V]) encode(key K, rv flightcache.RemoteValue[V], u float64) (enc encoded, ok bool) {
+func (t *Tier[K, V]) encode(key K, rv remote.Value[V], u float64) (enc encoded, ok bool) {
 	if t.attached() == nil { // no rules to write it by: not shared
 		return encoded{}, false
 	}
@@ -673,11 +673,11 @@ func (t *Tier[K, V]) writeArgs(ks keys, enc encoded) (id string, args []any) {
 // version.go) and its encoding. ok is false when v is not to be shared; a
 // failure or a panic of any of them is counted in EncodeErrors, and a
 // panic does not go on.
-func (t *Tier[K, V]) prepare(key K, v V) (w flightcache.Windows, data []byte, ver string, ok bool) {
+func (t *Tier[K, V]) prepare(key K, v V) (w remote.Windows, data []byte, ver string, ok bool) {
 	defer func() {
 		if r := recover(); r != nil {
 			t.stats.encodeErrors.Add(1)
-			w, data, ver, ok = flightcache.Windows{}, nil, "", false
+			w, data, ver, ok = remote.Windows{}, nil, "", false
 		}
 	}()
 	w, keep := t.attached().windowsOf(key, v)
@@ -794,9 +794,9 @@ func ctxError(ctx context.Context) error {
 // fallback serves a Load locally after a Redis failure: unless the Load's
 // own context ended (then there is nothing to do), it counts the failure,
 // steps the tier aside and calls load.
-func (t *Tier[K, V]) fallback(ctx context.Context, name string, load func(context.Context) (V, error)) (flightcache.RemoteValue[V], error) {
+func (t *Tier[K, V]) fallback(ctx context.Context, name string, load func(context.Context) (V, error)) (remote.Value[V], error) {
 	if ctx.Err() != nil {
-		return flightcache.RemoteValue[V]{}, ctxError(ctx)
+		return remote.Value[V]{}, ctxError(ctx)
 	}
 	// The cause is in Redis; the caller gets load's result instead.
 	t.failed()
@@ -805,16 +805,16 @@ func (t *Tier[K, V]) fallback(ctx context.Context, name string, load func(contex
 
 // localUnlessDone serves a Load locally after a failure already recorded,
 // unless the Load's own context ended.
-func (t *Tier[K, V]) localUnlessDone(ctx context.Context, name string, load func(context.Context) (V, error)) (flightcache.RemoteValue[V], error) {
+func (t *Tier[K, V]) localUnlessDone(ctx context.Context, name string, load func(context.Context) (V, error)) (remote.Value[V], error) {
 	if ctx.Err() != nil {
-		return flightcache.RemoteValue[V]{}, ctxError(ctx)
+		return remote.Value[V]{}, ctxError(ctx)
 	}
 	return t.local(ctx, name, load)
 }
 
 // local calls load without the tier, for the key named name: what it
 // returns may be newer than the key's shared entry (ahead.go).
-func (t *Tier[K, V]) local(ctx context.Context, name string, load func(context.Context) (V, error)) (flightcache.RemoteValue[V], error) {
+func (t *Tier[K, V]) local(ctx context.Context, name string, load func(context.Context) (V, error)) (remote.Value[V], error) {
 	t.stats.localLoads.Add(1)
 	t.untracked()
 	rv, err := t.aside(ctx, load)
@@ -825,17 +825,17 @@ func (t *Tier[K, V]) local(ctx context.Context, name string, load func(context.C
 }
 
 // aside calls load, without the lease.
-func (t *Tier[K, V]) aside(ctx context.Context, load func(context.Context) (V, error)) (flightcache.RemoteValue[V], error) {
+func (t *Tier[K, V]) aside(ctx context.Context, load func(context.Context) (V, error)) (remote.Value[V], error) {
 	start := time.Now()
 	v, err := load(ctx)
 	end := time.Now()
 	if err != nil {
-		return flightcache.RemoteValue[V]{}, err
+		return remote.Value[V]{}, err
 	}
-	return flightcache.RemoteValue[V]{Value: v, LoadedAt: end, Took: end.Sub(start), Loaded: true}, nil
+	return remote.Value[V]{Value: v, LoadedAt: end, Took: end.Sub(start), Loaded: true}, nil
 }
 
-// Set implements [flightcache.Remote]: it stores v as key's shared entry
+// Set implements [remote.Remote]: it stores v as key's shared entry
 // (in the current generation, see [Tier.InvalidateAll]), drops any lease
 // on key, so a load in flight in another process does not overwrite it,
 // and has every other process of the fleet drop its local copy of key
@@ -851,7 +851,7 @@ func (t *Tier[K, V]) aside(ctx context.Context, load func(context.Context) (V, e
 // changes nothing in Redis and tells no process, counts in
 // Stats.WritesOutdated, and has this process's Loader drop its copy of
 // key, so that its next Get reads the fleet's newer value.
-func (t *Tier[K, V]) Set(ctx context.Context, key K, v flightcache.RemoteValue[V]) {
+func (t *Tier[K, V]) Set(ctx context.Context, key K, v remote.Value[V]) {
 	t.used.Store(true)
 	name := t.key(key)
 	t.handed(name, key)
@@ -899,7 +899,7 @@ func (t *Tier[K, V]) Set(ctx context.Context, key K, v flightcache.RemoteValue[V
 	}
 }
 
-// Invalidate implements [flightcache.Remote]: it deletes key's shared entry
+// Invalidate implements [remote.Remote]: it deletes key's shared entry
 // and drops any lease on key, so a load in flight elsewhere does not store
 // its result (the next miss anywhere loads afresh), and has every other
 // process of the fleet drop its local copy of key (invalidate.go). An

@@ -9,8 +9,8 @@ import (
 
 // Saturated conversions between the tier's durations and what Redis
 // stores. The windows of shared values are not added up here: their
-// bounds are the Loader's rule, flightcache.Windows.Bounds, and an entry's
-// age is placed with flightcache.Bounds.PhaseAt. A Timeout, RetryAfter or
+// bounds are the Loader's rule, remote.Windows.Bounds, and an entry's
+// age is placed with remote.Bounds.PhaseAt. A Timeout, RetryAfter or
 // PollInterval of math.MaxInt64 still means "never": the sums and
 // multiples the tier makes of them (a default LeaseTTL, a lock's
 // lifetime, a deadline) must stay at the largest value instead of

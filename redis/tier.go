@@ -5,7 +5,7 @@
 //
 // # Tier
 //
-// A [Tier] is a [flightcache.Remote]: make it with [NewTier], set it as
+// A [Tier] is a [remote.Remote]: make it with [NewTier], set it as
 // [flightcache.Options.Remote], and a Loader that misses locally asks it
 // before calling its LoadFunc. [flightcache.New] hands the tier the
 // Loader's rules ([Tier.Attach]): one Tier serves one Loader. The tier
@@ -13,9 +13,9 @@
 //
 //   - a shared entry: the value (encoded by a [Codec], JSON by default) with
 //     when it was loaded, how long the load took, and until when it is fresh
-//     and usable stale, by the Loader's own rules ([flightcache.Bounds]).
+//     and usable stale, by the Loader's own rules ([remote.Bounds]).
 //     Its freshness is drawn once, as the Loader draws each entry's
-//     ([flightcache.Windows.Draw]: with Jitter, anywhere from TTL·(1−Jitter)
+//     ([remote.Windows.Draw]: with Jitter, anywhere from TTL·(1−Jitter)
 //     to TTL), and Redis keeps it until it is past that freshness and its
 //     windows. With the Loader's [flightcache.Options.Version] it keeps the
 //     value's version too, and no write of the fleet (a lease holder's
@@ -47,7 +47,7 @@
 //
 // # Invalidation
 //
-// A Tier is also a [flightcache.RemoteWatcher]: a Loader.Set or
+// A Tier is also a [remote.Watcher]: a Loader.Set or
 // Loader.Invalidate in one process drops the key's local copy in the
 // other processes that hold it. The tier reads shared entries with Redis's
 // client-side caching (CLIENT TRACKING), so Redis tells each process of
@@ -58,7 +58,7 @@
 // and a write that could not reach Redis is replayed as an invalidation
 // once it can. [Stats] says whether the tier is listening.
 //
-// And a [flightcache.RemoteInvalidateAll]: a Loader.InvalidateAll moves
+// And a [remote.AllInvalidator]: a Loader.InvalidateAll moves
 // the shared tier on to a new generation in one Redis command
 // ([Tier.InvalidateAll]), which makes every older entry absent for every
 // process at once, and every other process drops its local copies when it
@@ -66,7 +66,7 @@
 //
 // # Batches
 //
-// A Tier is also a [flightcache.RemoteMany]: with
+// A Tier is also a [remote.Many]: with
 // [flightcache.Options.LoadMany] set, the misses of a
 // [flightcache.Loader.GetMany] go through [Tier.LoadMany] together. Every
 // key follows the same protocol as with [Tier.Load], but each step is one
@@ -100,7 +100,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/flightcache/flightcache"
 	"github.com/flightcache/flightcache/remote"
 	"github.com/redis/go-redis/v9"
 )
@@ -178,7 +177,7 @@ type Options[K comparable, V any] struct {
 	PollInterval time.Duration
 }
 
-// Tier is the Redis tier of a [flightcache.Loader]: a [flightcache.Remote]
+// Tier is the Redis tier of a [flightcache.Loader]: a [remote.Remote]
 // shared by every process that uses the same Redis and Prefix. Create it
 // with [NewTier] and set it as [flightcache.Options.Remote]; it
 // serves the one Loader it is attached to. It is safe for concurrent use.
@@ -231,9 +230,9 @@ type Tier[K comparable, V any] struct {
 }
 
 var (
-	_ flightcache.Remote[string, int]     = (*Tier[string, int])(nil)
-	_ flightcache.RemoteMany[string, int] = (*Tier[string, int])(nil)
-	_ flightcache.RemoteWatcher[string]   = (*Tier[string, int])(nil)
+	_ remote.Remote[string, int] = (*Tier[string, int])(nil)
+	_ remote.Many[string, int]   = (*Tier[string, int])(nil)
+	_ remote.Watcher[string]     = (*Tier[string, int])(nil)
 )
 
 // NewTier returns a Tier on client, to be set as the

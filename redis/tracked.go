@@ -8,7 +8,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/flightcache/flightcache"
 	"github.com/flightcache/flightcache/remote"
 	"github.com/redis/go-redis/v9"
 )
@@ -179,7 +178,7 @@ func (t *Tier[K, V]) verify(key K, ks keys) {
 func (t *Tier[K, V]) dropKey(key K, ks keys) {
 	t.flights.cut(ks.base)
 	t.served.put(ks.base, t.droppedMark())
-	t.fleet.each(func(l flightcache.LocalCache[K]) { l.Drop(key) })
+	t.fleet.each(func(l remote.LocalCache[K]) { l.Drop(key) })
 }
 
 // droppedMark is what served holds for a key dropped by an invalidation:
@@ -509,7 +508,7 @@ func (t *Tier[K, V]) wrote(key K, entry string, echo, ok bool) {
 		t.track.echoes.unmark(entry)
 	case !echo:
 		t.flights.cut(strings.TrimSuffix(entry, ":v"))
-		t.fleet.each(func(l flightcache.LocalCache[K]) { l.Drop(key) })
+		t.fleet.each(func(l remote.LocalCache[K]) { l.Drop(key) })
 	}
 }
 
@@ -621,7 +620,7 @@ func (t *Tier[K, V]) trackWritten(ctx context.Context, key K, ks keys, id string
 	if got == nil || caching.Err() != nil || got.Val() != id {
 		t.flights.cut(ks.base)
 		t.served.drop(ks.base)
-		t.fleet.each(func(l flightcache.LocalCache[K]) { l.Drop(key) })
+		t.fleet.each(func(l remote.LocalCache[K]) { l.Drop(key) })
 	}
 }
 
