@@ -151,7 +151,7 @@ func (l *Loader[K, V]) entryOut(e *entry[K, V], wall time.Time, now time.Duratio
 	out.Value = e.val
 	w := l.win
 	if e.extra != nil {
-		w = e.extra.win
+		w = e.extra.windows()
 	}
 	out.Freshness.StaleWhileRevalidate = windowOut(w.StaleWhileRevalidate)
 	out.Freshness.StaleIfError = windowOut(w.StaleIfError)
@@ -305,7 +305,7 @@ func (l *Loader[K, V]) restored(en *Entry[K, V]) (e *entry[K, V], cost int64, ok
 	case en.NotFound:
 		e.extra = &extra[K, V]{notFound: ErrNotFound}
 	case win != l.win || life.versioned:
-		e.val, e.extra = en.Value, &extra[K, V]{win: win, ver: life.ver, versioned: life.versioned}
+		e.val, e.extra = en.Value, &extra[K, V]{swr: win.StaleWhileRevalidate, sie: win.StaleIfError, ver: life.ver, versioned: life.versioned}
 	default:
 		e.val = en.Value
 	}
