@@ -11,6 +11,7 @@ import (
 	"github.com/cenkalti/backoff/v4"
 	"github.com/flightcache/flightcache/internal/limit"
 	"github.com/flightcache/flightcache/internal/loadctx"
+	"github.com/flightcache/flightcache/remote"
 
 	"github.com/flightcache/flightcache/internal/life"
 )
@@ -30,17 +31,17 @@ import (
 type loaded[V any] struct {
 	val      V
 	err      error
-	reload   bool            // Options.Reload was called with the value held
-	notMod   bool            // and said ErrNotModified
-	old      V               // the value it was given
-	down     tally           // what its downstream calls did
-	end      time.Duration   // when the LoadFunc path returned, if fetch read the clock then (0: complete reads it)
-	took     time.Duration   // how long the value took to load, wherever it was; here, from the Limit slot on
-	age      time.Duration   // how old the value already is (from a Remote)
-	remote   bool            // the value came from the Remote without a load here
-	fallback *RemoteValue[V] // with err: an older value the Remote offers to cover it
-	nf       bool            // err is a not-found (callee.notFound), once judged
-	judged   bool            // nf is set
+	reload   bool             // Options.Reload was called with the value held
+	notMod   bool             // and said ErrNotModified
+	old      V                // the value it was given
+	down     tally            // what its downstream calls did
+	end      time.Duration    // when the LoadFunc path returned, if fetch read the clock then (0: complete reads it)
+	took     time.Duration    // how long the value took to load, wherever it was; here, from the Limit slot on
+	age      time.Duration    // how old the value already is (from a Remote)
+	remote   bool             // the value came from the Remote without a load here
+	fallback *remote.Value[V] // with err: an older value the Remote offers to cover it
+	nf       bool             // err is a not-found (callee.notFound), once judged
+	judged   bool             // nf is set
 }
 
 // fetch gets key's value for one load, into r: through the Remote if there
@@ -63,14 +64,14 @@ func (l *Loader[K, V]) fetch(ctx context.Context, key K, old *entry[K, V], start
 		r.val, r.err, r.took = v, err, r.end-start-r.down.queued
 		return
 	}
-	var rv RemoteValue[V]
+	var rv remote.Value[V]
 	var err error
 	if perr := l.user.guard(func() {
 		rv, err = l.opts.Remote.Load(ctx, key, func(ctx context.Context) (V, error) {
 			o := old
-			if fleet, ok := ctx.Value(reloadValueKey{}).(*reloadValue[V]); ok && l.opts.Reload != nil {
-				o = &entry[K, V]{key: key, val: fleet.v} // the tier's value: revalidate that one
-				r.reload, r.old = true, fleet.v
+			if fleet, ok := remote.ReloadValue[V](ctx); ok && l.opts.Reload != nil {
+				o = &entry[K, V]{key: key, val: fleet} // the tier's value: revalidate that one
+				r.reload, r.old = true, fleet
 			}
 			return l.load(ctx, key, o, &r.down)
 		})
@@ -78,7 +79,7 @@ func (l *Loader[K, V]) fetch(ctx context.Context, key K, old *entry[K, V], start
 		*r = loaded[V]{err: perr, down: r.down}
 		return
 	}
-	r.fromRemote(RemoteResult[V]{RemoteValue: rv, Err: err}, l.now()-start-r.down.queued)
+	r.fromRemote(remote.Result[V]{RemoteValue: rv, Err: err}, l.now()-start-r.down.queued)
 }
 
 // fromRemote is the result of a load the Remote answered with rr (a
@@ -88,7 +89,7 @@ func (l *Loader[K, V]) fetch(ctx context.Context, key K, old *entry[K, V], start
 // own Took, or none; one it loaded took its own Took less that wait, which
 // the Remote's clock cannot tell from the load, or here if it does not say.
 // An error comes with an older value to cover it, if the Remote offers one.
-func (r *loaded[V]) fromRemote(rr RemoteResult[V], here time.Duration) {
+func (r *loaded[V]) fromRemote(rr remote.Result[V], here time.Duration) {
 	r.val, r.err = rr.Value, rr.Err
 	if rr.Err != nil {
 		if !rr.LoadedAt.IsZero() {

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/flightcache/flightcache/internal/timing"
+	"github.com/flightcache/flightcache/remote"
 )
 
 // entry is one cached value (or cached not-found error) with its timing.
@@ -77,10 +78,17 @@ func (e *entry[K, V]) failedRefresh() int {
 // own stale windows ([Options.Freshness]), or its version
 // ([Options.Version]).
 type extra[K comparable, V any] struct {
-	notFound  error   // a cached not-found error; nil for a value
-	win       windows // the entry's stale windows (none for a not-found)
-	ver       uint64  // the value's version, if versioned
-	versioned bool    // the value has a version: every value of a Loader with Version (version.go)
+	notFound  error         // a cached not-found error; nil for a value
+	swr, sie  time.Duration // the entry's stale windows (windows); none for a not-found
+	ver       uint64        // the value's version, if versioned
+	versioned bool          // the value has a version: every value of a Loader with Version (version.go)
+}
+
+// windows are the entry's stale windows, kept as two durations: a
+// remote.Windows would add 40 bytes to every entry of a Loader with
+// Version.
+func (x *extra[K, V]) windows() remote.Windows {
+	return remote.Windows{StaleWhileRevalidate: x.swr, StaleIfError: x.sie}
 }
 
 // error returns the cached not-found error, or nil for a value.
@@ -96,11 +104,13 @@ func (e *entry[K, V]) isNotFound() bool { return e.extra != nil && e.extra.notFo
 
 const refreshing = int64(^uint64(0) >> 1)
 
-func (l *Loader[K, V]) phase(e *entry[K, V], now time.Duration) phase {
+// phase places e at now by the phase rule (remote.Windows.PhaseAt), with
+// its own stale windows or the Loader's.
+func (l *Loader[K, V]) phase(e *entry[K, V], now time.Duration) remote.Phase {
 	if e.extra != nil {
-		return e.extra.win.phaseAt(now, e.freshUntil) // a cached not-found has no windows: never stale
+		return e.extra.windows().PhaseAt(now, e.freshUntil) // a cached not-found has no windows: never stale
 	}
-	return l.win.phaseAt(now, e.freshUntil)
+	return l.win.PhaseAt(now, e.freshUntil)
 }
 
 // born is when and how a value came to be: loaded (or Set) at, in the
@@ -120,7 +130,7 @@ func (l *Loader[K, V]) newEntry(key K, v V, life lifetime, b born) *entry[K, V] 
 	e := &entry[K, V]{key: key, val: v, loadedAt: now, freshUntil: until}
 	e.mark.Store(b.gen)
 	if life.own || life.versioned {
-		e.extra = &extra[K, V]{win: life.win, ver: life.ver, versioned: life.versioned}
+		e.extra = &extra[K, V]{swr: life.win.StaleWhileRevalidate, sie: life.win.StaleIfError, ver: life.ver, versioned: life.versioned}
 	}
 	if l.opts.EarlyRefresh > 0 {
 		// Rounded up to the microsecond: a lead of a fast load (under a
@@ -136,7 +146,7 @@ func (l *Loader[K, V]) newEntry(key K, v V, life lifetime, b born) *entry[K, V] 
 // is set, its version (version.go).
 type lifetime struct {
 	ttl       time.Duration
-	win       windows
+	win       remote.Windows
 	own       bool
 	ver       uint64
 	versioned bool
@@ -161,23 +171,12 @@ func (l *Loader[K, V]) lifeOf(key K, v V, onGoexit func()) (life lifetime, keep 
 	if f.TTL > 0 {
 		life.ttl = f.TTL
 	}
-	life.win = windows{
-		staleWhileRevalidate: pick(f.StaleWhileRevalidate, l.win.staleWhileRevalidate),
-		staleIfError:         pick(f.StaleIfError, l.win.staleIfError),
+	life.win = remote.Windows{
+		StaleWhileRevalidate: pick(f.StaleWhileRevalidate, l.win.StaleWhileRevalidate),
+		StaleIfError:         pick(f.StaleIfError, l.win.StaleIfError),
 	}
 	life.own = life.win != l.win
 	return life, true
-}
-
-// pick is d, the default for 0, and none (0) for a negative d.
-func pick(d, def time.Duration) time.Duration {
-	switch {
-	case d == 0:
-		return def
-	case d < 0:
-		return 0
-	}
-	return d
 }
 
 // costOf calls the user's Cost through the guard: a panic gives ok ==
@@ -201,39 +200,6 @@ func (l *Loader[K, V]) tooBig(cost int64) bool {
 		return true
 	}
 	return false
-}
-
-// phase is where an entry is in its life at a given moment.
-type phase uint8
-
-const (
-	phaseFresh        phase = iota // served as a hit
-	phaseStale                     // served at once, refreshed in the background
-	phaseStaleIfError              // a caller loads; the value covers a failure
-	phaseExpired                   // no use left: a miss
-)
-
-// windows are the stale windows that follow an entry's freshness.
-type windows struct {
-	staleWhileRevalidate time.Duration
-	staleIfError         time.Duration
-}
-
-// phaseAt places now (an offset from the epoch) against an entry that is
-// fresh until freshUntil. Negative entries (cached not-found errors) have no
-// stale windows: pass the zero windows for them.
-func (w windows) phaseAt(now, freshUntil time.Duration) phase {
-	staleUntil := timing.Add(freshUntil, w.staleWhileRevalidate)
-	switch {
-	case now < freshUntil:
-		return phaseFresh
-	case now < staleUntil:
-		return phaseStale
-	case now < timing.Add(staleUntil, w.staleIfError):
-		return phaseStaleIfError
-	default:
-		return phaseExpired
-	}
 }
 
 // distrusted reports whether e was loaded (or Set) before the last

@@ -86,6 +86,7 @@ import (
 	"github.com/flightcache/flightcache/internal/life"
 	"github.com/flightcache/flightcache/internal/limit"
 	"github.com/flightcache/flightcache/internal/loadctx"
+	"github.com/flightcache/flightcache/remote"
 )
 
 // LoadFunc loads the value of key from the downstream. It runs on a
@@ -155,7 +156,7 @@ type LoadManyFunc[K comparable, V any] func(ctx context.Context, keys []K) (map[
 type Loader[K comparable, V any] struct {
 	loadFn   LoadFunc[K, V]
 	opts     Options[K, V] // validated, defaults applied
-	win      windows
+	win      remote.Windows
 	cache    *ristretto.Cache[uint64, *entry[K, V]]
 	flights  flights[K, V]     // loads in flight and writes ristretto has not applied (flight.go)
 	writer   writer[K, V]      // the goroutine that writes ristretto (write.go)
@@ -214,7 +215,7 @@ func New[K comparable, V any](load LoadFunc[K, V], opts Options[K, V]) (*Loader[
 	l := &Loader[K, V]{
 		loadFn:    load,
 		opts:      opts,
-		win:       windows{staleWhileRevalidate: opts.StaleWhileRevalidate, staleIfError: opts.StaleIfError},
+		win:       remote.Windows{StaleWhileRevalidate: opts.StaleWhileRevalidate, StaleIfError: opts.StaleIfError},
 		seed:      maphash.MakeSeed(),
 		epoch:     time.Now(),
 		closeDone: make(chan struct{}),
@@ -444,11 +445,11 @@ func (l *Loader[K, V]) judge(cl *caller, e *entry[K, V], now time.Duration) Sour
 // answers at once (SourceStaleLimited, rule 22) rather than queue a load.
 func (l *Loader[K, V]) judgeStale(cl *caller, e *entry[K, V], now time.Duration) Source {
 	switch l.phase(e, now) {
-	case phaseStale:
+	case remote.PhaseStale:
 		if cl.full().acceptsStale(e.freshUntil, now) {
 			return SourceStale
 		}
-	case phaseStaleIfError:
+	case remote.PhaseStaleIfError:
 		if l.lim.Full() && cl.full().acceptsStale(e.freshUntil, now) {
 			return SourceStaleLimited
 		}
@@ -667,7 +668,7 @@ func (l *Loader[K, V]) staleOnError(r *request[K, V], c *call[K, V], now time.Du
 		return v, 0, false
 	}
 	cover := true
-	if l.user.guard(func() { cover = StaleMayCover(c.res.err, c.res.notFound) }, nil); !cover {
+	if l.user.guard(func() { cover = remote.StaleMayCover(c.res.err, c.res.notFound) }, nil); !cover {
 		return v, 0, false
 	}
 	e := l.flights.latest(r.key, r.h)
@@ -679,9 +680,9 @@ func (l *Loader[K, V]) staleOnError(r *request[K, V], c *call[K, V], now time.Du
 			continue
 		}
 		switch p := l.phase(e, now); {
-		case p == phaseExpired:
+		case p == remote.PhaseExpired:
 			continue
-		case p != phaseFresh && !r.cl.acceptsStale(e.freshUntil, now):
+		case p != remote.PhaseFresh && !r.cl.acceptsStale(e.freshUntil, now):
 			continue
 		}
 		return e.val, now - e.loadedAt, true
@@ -693,7 +694,7 @@ func (l *Loader[K, V]) staleOnError(r *request[K, V], c *call[K, V], now time.Du
 // (fresh, stale or within StaleIfError), which a Reload revalidates; nil
 // when there is no Reload.
 func (l *Loader[K, V]) held(cur *entry[K, V], now time.Duration) *entry[K, V] {
-	if l.opts.Reload == nil || cur == nil || cur.isNotFound() || l.phase(cur, now) == phaseExpired {
+	if l.opts.Reload == nil || cur == nil || cur.isNotFound() || l.phase(cur, now) == remote.PhaseExpired {
 		return nil
 	}
 	return cur

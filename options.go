@@ -4,6 +4,8 @@ import (
 	"errors"
 	"math"
 	"time"
+
+	"github.com/flightcache/flightcache/remote"
 )
 
 // Defaults for the zero values of [Options].
@@ -343,12 +345,12 @@ type Options[K comparable, V any] struct {
 	ValidateKey func(K) error
 
 	// Remote, if set, is a second tier shared between processes (see
-	// [Remote]): a local miss asks it before the downstream, so a fleet
-	// makes one downstream call per key instead of one per process. Set and
-	// Invalidate are passed on to it. A Remote that implements
-	// [RemoteAttacher] is handed the Loader's [Rules] by New, so it needs
-	// no copy of these Options. nil = local only.
-	Remote Remote[K, V]
+	// [remote.Remote]): a local miss asks it before the downstream, so a
+	// fleet makes one downstream call per key instead of one per process.
+	// Set and Invalidate are passed on to it. A Remote that implements
+	// [remote.Attacher] is handed the Loader's [remote.Rules] by New, so it
+	// needs no copy of these Options. nil = local only.
+	Remote remote.Remote[K, V]
 
 	// Hash, if set, replaces the default hash of keys (hash/maphash's
 	// Comparable with a per-Loader seed). Keys are always compared exactly,

@@ -1,5 +1,7 @@
 package flightcache
 
+import "github.com/flightcache/flightcache/remote"
+
 // Versioned writes (docs/design.md rule 30). With Options.Version every
 // value entry carries its value's version, asked of Version once, when the
 // entry is built, outside every lock (Version is user code: versionOf,
@@ -85,7 +87,7 @@ func (l *Loader[K, V]) outranks(held, next *entry[K, V]) bool {
 	if !ok || nv >= hv {
 		return false
 	}
-	return !l.cleared(held) && l.phase(held, l.now()) != phaseExpired
+	return !l.cleared(held) && l.phase(held, l.now()) != remote.PhaseExpired
 }
 
 // superseded reports whether next, a write of its key about to be put in

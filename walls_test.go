@@ -14,8 +14,9 @@ import (
 )
 
 // The walls of the package, read from its source: the mechanisms under
-// internal/ import only the standard library and each other, and only
-// flight.go locks a shard.
+// internal/ import only the standard library and each other, the second
+// tier's contract (remote/) only the standard library and internal/timing,
+// and only flight.go locks a shard.
 
 // internalPrefix is the import path of the packages under internal/.
 const internalPrefix = "github.com/flightcache/flightcache/internal/"
@@ -48,6 +49,38 @@ func TestWallsInternalImports(t *testing.T) {
 	}
 	if len(dirs) == 0 {
 		t.Fatal("no package found under internal/")
+	}
+}
+
+// TestWallsRemoteImports fails if a non-test file of remote/ imports
+// anything but the standard library and internal/timing: the contract a
+// second tier implements stands below the root (the root imports it, never
+// the other way) and holds no mechanism of its own.
+func TestWallsRemoteImports(t *testing.T) {
+	paths, err := filepath.Glob(filepath.Join("remote", "*.go"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	fset := token.NewFileSet()
+	files := 0
+	for _, path := range paths {
+		if strings.HasSuffix(path, "_test.go") {
+			continue
+		}
+		f, err := parser.ParseFile(fset, path, nil, parser.ImportsOnly)
+		if err != nil {
+			t.Fatal(err)
+		}
+		files++
+		for _, imp := range f.Imports {
+			p := strings.Trim(imp.Path.Value, `"`)
+			if strings.Contains(strings.SplitN(p, "/", 2)[0], ".") && p != internalPrefix+"timing" {
+				t.Errorf("%s imports %s: remote/ imports only the standard library and internal/timing", path, p)
+			}
+		}
+	}
+	if files == 0 {
+		t.Fatal("no package found in remote/")
 	}
 }
 

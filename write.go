@@ -6,6 +6,7 @@ import (
 
 	"github.com/dgraph-io/ristretto/v2"
 	"github.com/flightcache/flightcache/internal/queue"
+	"github.com/flightcache/flightcache/remote"
 )
 
 // The write path (docs/internals.md, "The write path"). Fills, Set and
@@ -104,7 +105,7 @@ func (wr *writer[K, V]) attach(l *Loader[K, V]) {
 	wr.cache, wr.flights, wr.obs, wr.stats = l.cache, &l.flights, l.obs, &l.stats
 	wr.costed = l.opts.Cost != nil
 	wr.invalidated = l.cleared
-	wr.expired = func(e *entry[K, V]) bool { return l.phase(e, l.now()) == phaseExpired }
+	wr.expired = func(e *entry[K, V]) bool { return l.phase(e, l.now()) == remote.PhaseExpired }
 }
 
 // takeFill takes a place of the fills' share, if one of cost is free; it

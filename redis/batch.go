@@ -7,8 +7,8 @@ import (
 	"time"
 
 	"github.com/flightcache/flightcache"
-	"github.com/flightcache/flightcache/internal/timing"
 	"github.com/flightcache/flightcache/redis/internal/handover"
+	"github.com/flightcache/flightcache/remote"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -77,7 +77,7 @@ type batchRun[K comparable, V any] struct {
 	ctx   context.Context
 	load  func(context.Context, []K) (map[K]V, error)
 	w     chan struct{} // the wake-ups of the keys that wait (watched)
-	out   map[K]flightcache.RemoteResult[V]
+	out   map[K]remote.Result[V]
 	gen   int64  // the generation the keys not answered yet are named in
 	moves int    // how many times they were named again in a newer one
 	since uint64 // the last mark of ahead when the batch began: a fill stored clears those up to it
@@ -88,7 +88,7 @@ type batchRun[K comparable, V any] struct {
 	leased, local, waiting []*item[K]
 }
 
-// LoadMany implements [flightcache.RemoteMany]: it answers each of keys as
+// LoadMany implements [remote.Many]: it answers each of keys as
 // [Tier.Load] would ([ErrNotAttached] for each before the tier is
 // attached; otherwise a usable shared entry, the value of the process that
 // was loading it, or a load under the key's lease), with one Redis round
@@ -125,17 +125,17 @@ type batchRun[K comparable, V any] struct {
 // as with Load. If load panics, or it or that user code calls
 // runtime.Goexit, the leases are released on the way out and the panic
 // goes on.
-func (t *Tier[K, V]) LoadMany(ctx context.Context, keys []K, load func(context.Context, []K) (map[K]V, error)) map[K]flightcache.RemoteResult[V] {
+func (t *Tier[K, V]) LoadMany(ctx context.Context, keys []K, load func(context.Context, []K) (map[K]V, error)) map[K]remote.Result[V] {
 	if t.attached() == nil {
-		out := make(map[K]flightcache.RemoteResult[V], len(keys))
+		out := make(map[K]remote.Result[V], len(keys))
 		for _, k := range keys {
-			out[k] = flightcache.RemoteResult[V]{Err: ErrNotAttached}
+			out[k] = remote.Result[V]{Err: ErrNotAttached}
 		}
 		return out
 	}
 	t.stats.batches.Add(1)
 	t.used.Store(true)
-	b := &batchRun[K, V]{t: t, ctx: ctx, load: load, out: make(map[K]flightcache.RemoteResult[V], len(keys))}
+	b := &batchRun[K, V]{t: t, ctx: ctx, load: load, out: make(map[K]remote.Result[V], len(keys))}
 	items := make([]*item[K], len(keys))
 	for i, k := range keys {
 		items[i] = &item[K]{key: k}
@@ -189,7 +189,7 @@ func (b *batchRun[K, V]) run(items []*item[K]) {
 		if !b.sleep(b.waiting) {
 			err := ctxError(b.ctx)
 			for _, s := range b.waiting {
-				b.answer(s, flightcache.RemoteResult[V]{Err: err})
+				b.answer(s, remote.Result[V]{Err: err})
 			}
 			return
 		}
@@ -261,7 +261,7 @@ func (b *batchRun[K, V]) regen(items []*item[K], gen int64) {
 }
 
 // answer records s's result; s no longer needs wake-ups.
-func (b *batchRun[K, V]) answer(s *item[K], r flightcache.RemoteResult[V]) {
+func (b *batchRun[K, V]) answer(s *item[K], r remote.Result[V]) {
 	b.out[s.key] = r
 	if s.watched {
 		s.watched = false
@@ -341,7 +341,7 @@ func (b *batchRun[K, V]) offer(s *item[K]) bool {
 	}
 	if t.attached().sharedNotFound(s.e) {
 		t.stats.notFoundHits.Add(1)
-		b.answer(s, flightcache.RemoteResult[V]{Err: ErrSharedNotFound})
+		b.answer(s, remote.Result[V]{Err: ErrSharedNotFound})
 		return true
 	}
 	if !s.e.ok || !t.usable(b.ctx, s.ks, s.e) {
@@ -352,7 +352,7 @@ func (b *batchRun[K, V]) offer(s *item[K]) bool {
 		t.stats.decodeErrors.Add(1)
 		return false
 	}
-	b.answer(s, flightcache.RemoteResult[V]{RemoteValue: t.hand(s.ks, s.tk, s.e, v, s.waited != "")})
+	b.answer(s, remote.Result[V]{RemoteValue: t.hand(s.ks, s.tk, s.e, v, s.waited != "")})
 	return true
 }
 
@@ -367,7 +367,7 @@ func (b *batchRun[K, V]) broken(failed []*item[K]) []*item[K] {
 	if b.ctx.Err() != nil {
 		err := ctxError(b.ctx)
 		for _, s := range failed {
-			b.answer(s, flightcache.RemoteResult[V]{Err: err})
+			b.answer(s, remote.Result[V]{Err: err})
 		}
 		return nil
 	}
@@ -444,7 +444,7 @@ func (b *batchRun[K, V]) sort(s *item[K], res []any) bool {
 			fail = res[1]
 		}
 		rv, perr := t.cover(s.e, peerError(fail))
-		b.answer(s, flightcache.RemoteResult[V]{RemoteValue: rv, Err: perr})
+		b.answer(s, remote.Result[V]{RemoteValue: rv, Err: perr})
 	case "won", "stolen":
 		s.stolen = kind == "stolen"
 		b.leased = append(b.leased, s)
@@ -474,7 +474,7 @@ func (b *batchRun[K, V]) held(s *item[K], res []any) {
 	s.attempt++
 	if len(res) > 2 {
 		if ttl, ok := res[2].(int64); ok && ttl >= 0 {
-			s.delay = min(s.delay, timing.Add(fromMS(ttl), time.Millisecond))
+			s.delay = min(s.delay, remote.Add(fromMS(ttl), time.Millisecond))
 		}
 	}
 	b.waiting = append(b.waiting, s)
@@ -548,7 +548,7 @@ type batchLoad[K comparable, V any] struct {
 }
 
 // value is v, loaded by this call.
-func (l batchLoad[K, V]) value(v V) flightcache.RemoteValue[V] { return loaded(v, l.start, l.end) }
+func (l batchLoad[K, V]) value(v V) remote.Value[V] { return loaded(v, l.start, l.end) }
 
 // count counts the leases, the takeovers and the loads ahead of Redis or
 // without it of a call of load for leased and local, and returns the keys
@@ -585,11 +585,11 @@ func (b *batchRun[K, V]) answerLocal(local []*item[K], got batchLoad[K, V]) {
 		v, ok := got.m[s.key]
 		switch {
 		case err != nil:
-			b.answer(s, flightcache.RemoteResult[V]{Err: err})
+			b.answer(s, remote.Result[V]{Err: err})
 		case ok:
-			b.answer(s, flightcache.RemoteResult[V]{RemoteValue: got.value(v)})
+			b.answer(s, remote.Result[V]{RemoteValue: got.value(v)})
 		default:
-			b.answer(s, flightcache.RemoteResult[V]{Err: flightcache.ErrNotFound})
+			b.answer(s, remote.Result[V]{Err: flightcache.ErrNotFound})
 		}
 		if !s.aside && (err == nil || b.t.attached().notFound(err)) { // loaded without Redis: maybe newer than its entry
 			b.t.ahead.Mark(s.name)
@@ -644,14 +644,14 @@ func (b *batchRun[K, V]) planFailure(s *item[K], err error, dead bool) settle {
 			e, _ = parseEntry(res) // an entry that does not parse covers nothing
 		}
 		rv, cerr := t.cover(e, err)
-		b.answer(s, flightcache.RemoteResult[V]{RemoteValue: rv, Err: cerr})
+		b.answer(s, remote.Result[V]{RemoteValue: rv, Err: cerr})
 		return rerr == nil
 	}}
 }
 
 // planValue writes rv as s's entry under its lease, or releases the lease
 // when rv is not to share.
-func (b *batchRun[K, V]) planValue(s *item[K], rv flightcache.RemoteValue[V], dead bool) settle {
+func (b *batchRun[K, V]) planValue(s *item[K], rv remote.Value[V], dead bool) settle {
 	t := b.t
 	enc, share := t.encode(s.key, rv, rand.Float64())
 	if share && dead {
@@ -660,14 +660,14 @@ func (b *batchRun[K, V]) planValue(s *item[K], rv flightcache.RemoteValue[V], de
 	}
 	if !share {
 		return settle{t.link.releaseCall(s.ks, s.tok, "", false), func(cmd *redis.Cmd) bool {
-			b.answer(s, flightcache.RemoteResult[V]{RemoteValue: rv})
+			b.answer(s, remote.Result[V]{RemoteValue: rv})
 			return cmd.Err() == nil
 		}}
 	}
 	id, args := t.link.writeArgs(s.ks, enc)
 	t.copies.filling(s.ks.entry)
 	return settle{evalCall{writeScript, writeKeys(s.ks), append([]any{s.tok}, args...)}, func(cmd *redis.Cmd) bool {
-		b.answer(s, flightcache.RemoteResult[V]{RemoteValue: rv})
+		b.answer(s, remote.Result[V]{RemoteValue: rv})
 		n, held, werr := writeAnswer(cmd)
 		if werr != nil {
 			return false
@@ -700,12 +700,12 @@ func (b *batchRun[K, V]) planNotFound(s *item[K], err error, dead bool) settle {
 	}
 	if !marker {
 		return settle{t.link.releaseCall(s.ks, s.tok, t.failure(b.ctx, s.tok, nf), false), func(cmd *redis.Cmd) bool {
-			b.answer(s, flightcache.RemoteResult[V]{Err: nf})
+			b.answer(s, remote.Result[V]{Err: nf})
 			return cmd.Err() == nil
 		}}
 	}
 	return settle{t.link.notFoundCall(s.ks, s.tok, t.attached().rules.NotFoundTTL), func(cmd *redis.Cmd) bool {
-		b.answer(s, flightcache.RemoteResult[V]{Err: nf})
+		b.answer(s, remote.Result[V]{Err: nf})
 		n, werr := cmd.Int()
 		if werr != nil {
 			return false

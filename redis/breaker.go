@@ -10,8 +10,8 @@ import (
 	"time"
 
 	"github.com/flightcache/flightcache"
-	"github.com/flightcache/flightcache/internal/timing"
 	"github.com/flightcache/flightcache/redis/internal/store"
+	"github.com/flightcache/flightcache/remote"
 	"github.com/redis/go-redis/v9"
 	"github.com/sony/gobreaker/v2"
 )
@@ -152,8 +152,8 @@ func NewBreaker(client redis.UniversalClient, opts BreakerOptions) (*Breaker, er
 		MutexKey: "gobreaker:mutex:" + opts.Name,
 		Timeout:  opts.Timeout,
 		LockWait: opts.LockWait,
-		LockTTL:  max(time.Second, timing.Mul(opts.Timeout, 5)),
-		ProbeTTL: timing.Add(opts.ProbeTimeout, max(time.Second, timing.Mul(opts.Timeout, 5))),
+		LockTTL:  max(time.Second, remote.Mul(opts.Timeout, 5)),
+		ProbeTTL: remote.Add(opts.ProbeTimeout, max(time.Second, remote.Mul(opts.Timeout, 5))),
 		Base:     b.ctx,
 	}
 	return b, nil

@@ -7,10 +7,9 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/flightcache/flightcache"
-	"github.com/flightcache/flightcache/internal/timing"
 	"github.com/flightcache/flightcache/redis/internal/handover"
 	"github.com/flightcache/flightcache/redis/internal/track"
+	"github.com/flightcache/flightcache/remote"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -85,7 +84,7 @@ func (c *copies[K]) verify(key K, ks keys) {
 func (c *copies[K]) dropKey(key K, ks keys) {
 	c.running.Cut(ks.base)
 	c.served.Note(ks.base, c.droppedMark())
-	c.fleet.each(func(l flightcache.LocalCache[K]) { l.Drop(key) })
+	c.fleet.each(func(l remote.LocalCache[K]) { l.Drop(key) })
 }
 
 // droppedMark is what served holds for a key dropped by an invalidation:
@@ -103,7 +102,7 @@ func (c *copies[K]) droppedMark() string {
 // One that comes later drops the copy at once, without the check's round
 // trip: the drop of a key held for a while is as quick as the message.
 func (c *copies[K]) echoSpan() time.Duration {
-	return max(timing.Mul(c.timeout, 4), time.Second)
+	return max(remote.Mul(c.timeout, 4), time.Second)
 }
 
 // checker runs the checks verify queues, a batch at a time: one tracked
@@ -199,7 +198,7 @@ func (c *copies[K]) wrote(key K, entry string, echo, ok bool) {
 		c.track.Echoes.Unmark(entry)
 	case !echo:
 		c.running.Cut(strings.TrimSuffix(entry, ":v"))
-		c.fleet.each(func(l flightcache.LocalCache[K]) { l.Drop(key) })
+		c.fleet.each(func(l remote.LocalCache[K]) { l.Drop(key) })
 	}
 }
 
@@ -224,7 +223,7 @@ func (c *copies[K]) trackWritten(ctx context.Context, key K, ks keys, id string)
 	if got, ok := c.track.ReadID(ctx, ks.entry); !ok || got != id {
 		c.running.Cut(ks.base)
 		c.served.Drop(ks.base)
-		c.fleet.each(func(l flightcache.LocalCache[K]) { l.Drop(key) })
+		c.fleet.each(func(l remote.LocalCache[K]) { l.Drop(key) })
 	}
 }
 

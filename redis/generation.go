@@ -6,7 +6,7 @@ import (
 	"fmt"
 	"strconv"
 
-	"github.com/flightcache/flightcache"
+	"github.com/flightcache/flightcache/remote"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -35,7 +35,7 @@ import (
 //     waits starts again under it, and a load that ran under an older
 //     generation's lease writes nothing (Stats.WritesLost).
 //   - A tier has its Loader drop every local copy
-//     (flightcache.LocalCache.DropAll) when it first learns of a newer
+//     (remote.LocalCache.DropAll) when it first learns of a newer
 //     generation that it did not make: from the message, from the counter
 //     read with a round trip, or from the counter read each time the
 //     subscription is confirmed (a message sent while it was down was not
@@ -82,9 +82,9 @@ end
 return {g, 0}
 `)
 
-var _ flightcache.RemoteInvalidateAll = (*Tier[string, int])(nil)
+var _ remote.AllInvalidator = (*Tier[string, int])(nil)
 
-// InvalidateAll implements [flightcache.RemoteInvalidateAll], for
+// InvalidateAll implements [remote.AllInvalidator], for
 // [flightcache.Loader.InvalidateAll]: it moves the shared tier on to a new
 // generation, in one Redis command whatever the tier holds, and publishes
 // it to the fleet. Every entry, lease and not-found marker written before
@@ -217,7 +217,7 @@ func (t *Tier[K, V]) advance(g int64, own bool) bool {
 		return true
 	}
 	t.stats.invalidateAllsHeard.Add(1)
-	t.fleet.each(func(l flightcache.LocalCache[K]) { l.DropAll() })
+	t.fleet.each(func(l remote.LocalCache[K]) { l.DropAll() })
 	return true
 }
 

@@ -10,8 +10,8 @@ import (
 	"sync"
 	"sync/atomic"
 
-	"github.com/flightcache/flightcache"
 	"github.com/flightcache/flightcache/redis/internal/track"
+	"github.com/flightcache/flightcache/remote"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -65,7 +65,7 @@ import (
 //     subscription, a master's invalidation connection (or its tracked
 //     connection's redirect, checked with CLIENT TRACKINGINFO at every
 //     health check), or an invalidation channel is found lost, the tier
-//     distrusts every copy its Loader holds (flightcache.LocalCache.Distrust:
+//     distrusts every copy its Loader holds (remote.LocalCache.Distrust:
 //     each is read again before it is served) and makes it again (tracking
 //     re-armed on the new connection). Until it is confirmed again, it
 //     distrusts again, at each failed attempt (about once a second),
@@ -86,11 +86,11 @@ import (
 // maxPending bounds the writes kept for replay.
 const maxPending = 1 << 16
 
-// Watch implements [flightcache.RemoteWatcher]: [flightcache.New] calls it
+// Watch implements [remote.Watcher]: [flightcache.New] calls it
 // with the Loader's local cache, which the tier then keeps in step with the
 // fleet's Sets and Invalidates. A Tier serves one Loader; the Loader must
 // be closed before the Tier.
-func (t *Tier[K, V]) Watch(local flightcache.LocalCache[K]) {
+func (t *Tier[K, V]) Watch(local remote.LocalCache[K]) {
 	t.fleet.mu.Lock()
 	defer t.fleet.mu.Unlock()
 	t.fleet.locals = append(t.fleet.locals, local)
@@ -103,9 +103,9 @@ const maxNames = 1 << 16
 // fleetState is the tier's side of fleet-wide invalidation.
 type fleetState[K comparable] struct {
 	mu      sync.Mutex
-	locals  []flightcache.LocalCache[K] // the Loaders watching; guarded by mu
-	pending map[string]K                // names whose write did not reach Redis → key; guarded by mu
-	names   map[string]K                // name → key handed over, for key types JSON does not carry; guarded by mu
+	locals  []remote.LocalCache[K] // the Loaders watching; guarded by mu
+	pending map[string]K           // names whose write did not reach Redis → key; guarded by mu
+	names   map[string]K           // name → key handed over, for key types JSON does not carry; guarded by mu
 
 	jsonKeys     bool           // K survives a JSON round trip
 	defaultNames bool           // K is a string named by default (Options.Key nil): its name is itself
@@ -116,7 +116,7 @@ type fleetState[K comparable] struct {
 }
 
 // each calls fn for every watching Loader, outside the lock.
-func (f *fleetState[K]) each(fn func(flightcache.LocalCache[K])) {
+func (f *fleetState[K]) each(fn func(remote.LocalCache[K])) {
 	f.mu.Lock()
 	locals := f.locals
 	f.mu.Unlock()
@@ -224,7 +224,7 @@ func (t *Tier[K, V]) onInvalidated(payload string) {
 	base := keysAt(t.opts.Prefix, parts[2], t.gen.Load()).base
 	t.copies.running.Cut(base)
 	t.copies.served.Drop(base)
-	t.fleet.each(func(l flightcache.LocalCache[K]) { l.Drop(key) })
+	t.fleet.each(func(l remote.LocalCache[K]) { l.Drop(key) })
 }
 
 // onInvalidatedAll handles the message of an InvalidateAll that moved the
@@ -302,7 +302,7 @@ func (t *Tier[K, V]) distrust() {
 	t.stats.distrusts.Add(1)
 	t.copies.running.CutAll() // a Get detaches its key's Load running now
 	t.track.Echoes.Reset()    // an echo expected may never come
-	t.fleet.each(func(l flightcache.LocalCache[K]) { l.Distrust() })
+	t.fleet.each(func(l remote.LocalCache[K]) { l.Distrust() })
 	t.copies.served.Reset() // what was handed over is read again, not reloaded
 }
 

@@ -9,8 +9,8 @@ import (
 	"time"
 
 	"github.com/flightcache/flightcache"
-	"github.com/flightcache/flightcache/internal/timing"
 	"github.com/flightcache/flightcache/redis/internal/handover"
+	"github.com/flightcache/flightcache/remote"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -190,10 +190,10 @@ var ErrSharedNotFound = fmt.Errorf("flightredis: not found (shared by the fleet)
 // a not-found there also matches [flightcache.ErrNotFound] here.
 var ErrPeerFailed = errors.New("flightredis: the load failed in another process")
 
-// Load implements [flightcache.Remote]: before the tier is attached to a
+// Load implements [remote.Remote]: before the tier is attached to a
 // Loader it returns [ErrNotAttached], without loading. Then it returns key's shared entry when
 // it is usable under the Loader's freshness rules and the caller's
-// [flightcache.MaxStale], waits for the process that is loading key, or
+// [remote.MaxStale], waits for the process that is loading key, or
 // takes the lease and calls load itself. When Redis fails or is slow, it
 // calls load (local-only service) and counts it in [Stats]; its error is
 // then always load's.
@@ -234,9 +234,9 @@ var ErrPeerFailed = errors.New("flightredis: the load failed in another process"
 // it load for themselves at once. The Loader then applies its own rule to
 // the value (a Freshness that panics: served, not cached). Whatever ends
 // Load's goroutine once it holds the lease, the lease is released.
-func (t *Tier[K, V]) Load(ctx context.Context, key K, load func(context.Context) (V, error)) (flightcache.RemoteValue[V], error) {
+func (t *Tier[K, V]) Load(ctx context.Context, key K, load func(context.Context) (V, error)) (remote.Value[V], error) {
 	if t.attached() == nil {
-		return flightcache.RemoteValue[V]{}, ErrNotAttached
+		return remote.Value[V]{}, ErrNotAttached
 	}
 	t.used.Store(true)
 	if t.closed.Load() || t.link.down() || !t.ready(ctx) {
@@ -265,7 +265,7 @@ func (t *Tier[K, V]) Load(ctx context.Context, key K, load func(context.Context)
 // lease: Load then starts again under that one. For a key this process may
 // be ahead of Redis on (ahead.go), it takes nothing from Redis: it loads
 // under the lease, or without it while another process holds it.
-func (t *Tier[K, V]) loadAt(ctx context.Context, key K, name string, gen int64, load func(context.Context) (V, error)) (flightcache.RemoteValue[V], error, bool) {
+func (t *Tier[K, V]) loadAt(ctx context.Context, key K, name string, gen int64, load func(context.Context) (V, error)) (remote.Value[V], error, bool) {
 	r := &loadRun[K, V]{t: t, ctx: ctx, key: key, name: name, gen: gen, load: load, ks: keysAt(t.opts.Prefix, name, gen)}
 	defer r.unwatch()
 	var landed func()
@@ -299,7 +299,7 @@ type loadRun[K comparable, V any] struct {
 
 // loadResult is how a Load ends: again when a newer generation came first.
 type loadResult[V any] struct {
-	rv    flightcache.RemoteValue[V]
+	rv    remote.Value[V]
 	err   error
 	again bool
 }
@@ -449,7 +449,7 @@ func (r *loadRun[K, V]) held(res []any) (out loadResult[V], done bool) {
 	}
 	d := min(t.opts.PollInterval, t.opts.PollInterval/8<<min(r.attempt, 3))
 	if ttl, ok := res[2].(int64); ok && ttl >= 0 {
-		d = min(d, timing.Add(fromMS(ttl), time.Millisecond))
+		d = min(d, remote.Add(fromMS(ttl), time.Millisecond))
 	}
 	if !r.sleep(d) {
 		return loadResult[V]{err: ctxError(r.ctx)}, true
@@ -483,33 +483,33 @@ func (r *loadRun[K, V]) unwatch() {
 // fleetValue passes the shared entry last seen, if it is still of use
 // (within its StaleIfError window) and decodes, to the load about to run,
 // so that a Loader with Options.Reload revalidates the fleet's value
-// rather than its own (flightcache.WithReloadValue). It returns that value
+// rather than its own (remote.WithReloadValue). It returns that value
 // too, or nil.
 func (r *loadRun[K, V]) fleetValue() (context.Context, *V) {
 	e := r.e
-	if !e.ok || e.nf || r.t.attached().phase(e, now()) == flightcache.PhaseExpired {
+	if !e.ok || e.nf || r.t.attached().phase(e, now()) == remote.PhaseExpired {
 		return r.ctx, nil
 	}
 	v, err := decode(r.t.codec, e.val)
 	if err != nil {
 		return r.ctx, nil
 	}
-	return flightcache.WithReloadValue(r.ctx, v), &v
+	return remote.WithReloadValue(r.ctx, v), &v
 }
 
 // hand returns a decoded entry to the Loader and remembers it was served,
 // to a Load with ticket tk (handOver).
-func (t *Tier[K, V]) hand(ks keys, tk handover.Ticket, e entry, v V, waited bool) flightcache.RemoteValue[V] {
+func (t *Tier[K, V]) hand(ks keys, tk handover.Ticket, e entry, v V, waited bool) remote.Value[V] {
 	t.copies.handOver(ks, tk, e.id)
 	switch {
 	case waited:
 		t.stats.shared.Add(1)
-	case t.attached().phase(e, now()) == flightcache.PhaseFresh:
+	case t.attached().phase(e, now()) == remote.PhaseFresh:
 		t.stats.hits.Add(1)
 	default:
 		t.stats.staleHits.Add(1)
 	}
-	return flightcache.RemoteValue[V]{
+	return remote.Value[V]{
 		Value:    v,
 		LoadedAt: fromMicros(e.at),
 		Took:     fromUS(e.took),
@@ -526,7 +526,7 @@ func (t *Tier[K, V]) hand(ks keys, tk handover.Ticket, e entry, v V, waited bool
 // failed load is covered by the shared entry only if covers. stored
 // reports whether the value (or a not-found marker) became the shared
 // entry.
-func (r *loadRun[K, V]) hold(ctx context.Context, tok string, fleet *V, covers bool) (rv flightcache.RemoteValue[V], err error, stored bool) {
+func (r *loadRun[K, V]) hold(ctx context.Context, tok string, fleet *V, covers bool) (rv remote.Value[V], err error, stored bool) {
 	t := r.t
 	t.stats.leases.Add(1)
 	stop := t.link.beat(r.ks, tok)
@@ -548,7 +548,7 @@ func (r *loadRun[K, V]) hold(ctx context.Context, tok string, fleet *V, covers b
 		// not have.
 		t.link.release(bg, r.ks, tok, "", false)
 		settled = true
-		return flightcache.RemoteValue[V]{}, err, false
+		return remote.Value[V]{}, err, false
 	case errors.Is(err, flightcache.ErrNotModified):
 		// Not a failure: the fleet's value revalidated is still current.
 		rv = loaded(*fleet, start, end)
@@ -567,12 +567,12 @@ func (r *loadRun[K, V]) hold(ctx context.Context, tok string, fleet *V, covers b
 // failed settles the lease tok after the load failed with err: a
 // not-found shared as a marker, else a release that leaves the failure
 // for the waiters and returns the entry that may cover it (if covers).
-func (r *loadRun[K, V]) failed(ctx context.Context, tok string, err error, covers bool) (flightcache.RemoteValue[V], error, bool) {
+func (r *loadRun[K, V]) failed(ctx context.Context, tok string, err error, covers bool) (remote.Value[V], error, bool) {
 	t := r.t
 	bg := context.WithoutCancel(ctx)
 	fail := t.failure(ctx, tok, err)
 	if fail != "" && t.attached().sharesNotFound(err) {
-		return flightcache.RemoteValue[V]{}, err, r.writeNotFound(bg, tok)
+		return remote.Value[V]{}, err, r.writeNotFound(bg, tok)
 	}
 	e := t.link.release(bg, r.ks, tok, fail, covers && t.attached().mayCover(err))
 	if t.dead(r.ks) || !covers { // an InvalidateAll ended the entry's generation: it covers nothing
@@ -583,8 +583,8 @@ func (r *loadRun[K, V]) failed(ctx context.Context, tok string, err error, cover
 }
 
 // loaded is the value a load returned, loaded between start and end.
-func loaded[V any](v V, start, end time.Time) flightcache.RemoteValue[V] {
-	return flightcache.RemoteValue[V]{Value: v, LoadedAt: end, Took: end.Sub(start), Loaded: true}
+func loaded[V any](v V, start, end time.Time) remote.Value[V] {
+	return remote.Value[V]{Value: v, LoadedAt: end, Took: end.Sub(start), Loaded: true}
 }
 
 // writeNotFound stores a not-found marker as the Load's entry if the lease
@@ -637,7 +637,7 @@ func (t *Tier[K, V]) stored(n int) bool {
 // than the entry's (version.go): the script drops the lease and wakes the
 // waiters all the same, and it is counted in WritesOutdated. The entry
 // written is recorded as the Loader's copy for the Load (handOver). It reports whether rv became the shared entry.
-func (r *loadRun[K, V]) write(ctx context.Context, tok string, rv flightcache.RemoteValue[V]) (stored bool) {
+func (r *loadRun[K, V]) write(ctx context.Context, tok string, rv remote.Value[V]) (stored bool) {
 	t, ks, key := r.t, r.ks, r.key
 	enc, ok := t.encode(key, rv, rand.Float64())
 	if ok && t.dead(ks) {
@@ -675,8 +675,8 @@ type encoded struct {
 }
 
 // encode prepares the write of rv as the entry of key, its windows'
-// bounds by the Loader's rule (flightcache.Windows.Bounds), its freshness
-// the one drawn at u (flightcache.Windows.Draw, u uniform in [0, 1)): the
+// bounds by the Loader's rule (remote.Windows.Bounds), its freshness
+// the one drawn at u (remote.Windows.Draw, u uniform in [0, 1)): the
 // entry is one cached value, and draws its freshness once, as the
 // Loader's entries do. ok is false
 // for a value not to share: one the Loader would not cache, any value
@@ -686,7 +686,7 @@ type encoded struct {
 // Codec) on the caller's goroutine, and recovers their panics: the value
 // still reaches the Loader, which asks Freshness again, recovers that
 // panic too and serves the value uncached, as it does without the tier.
-func (t *Tier[K, V]) encode(key K, rv flightcache.RemoteValue[V], u float64) (enc encoded, ok bool) {
+func (t *Tier[K, V]) encode(key K, rv remote.Value[V], u float64) (enc encoded, ok bool) {
 	if t.attached() == nil { // no rules to write it by: not shared
 		return encoded{}, false
 	}
@@ -710,11 +710,11 @@ func (t *Tier[K, V]) encode(key K, rv flightcache.RemoteValue[V], u float64) (en
 // version.go) and its encoding. ok is false when v is not to be shared; a
 // failure or a panic of any of them is counted in EncodeErrors, and a
 // panic does not go on.
-func (t *Tier[K, V]) prepare(key K, v V) (w flightcache.Windows, data []byte, ver string, ok bool) {
+func (t *Tier[K, V]) prepare(key K, v V) (w remote.Windows, data []byte, ver string, ok bool) {
 	defer func() {
 		if r := recover(); r != nil {
 			t.stats.encodeErrors.Add(1)
-			w, data, ver, ok = flightcache.Windows{}, nil, "", false
+			w, data, ver, ok = remote.Windows{}, nil, "", false
 		}
 	}()
 	w, keep := t.attached().windowsOf(key, v)
@@ -800,9 +800,9 @@ func ctxError(ctx context.Context) error {
 // fallback serves a Load locally after a Redis failure: unless the Load's
 // own context ended (then there is nothing to do), it counts the failure,
 // steps the tier aside and calls load.
-func (t *Tier[K, V]) fallback(ctx context.Context, name string, load func(context.Context) (V, error)) (flightcache.RemoteValue[V], error) {
+func (t *Tier[K, V]) fallback(ctx context.Context, name string, load func(context.Context) (V, error)) (remote.Value[V], error) {
 	if ctx.Err() != nil {
-		return flightcache.RemoteValue[V]{}, ctxError(ctx)
+		return remote.Value[V]{}, ctxError(ctx)
 	}
 	// The cause is in Redis; the caller gets load's result instead.
 	t.link.failed()
@@ -811,16 +811,16 @@ func (t *Tier[K, V]) fallback(ctx context.Context, name string, load func(contex
 
 // localUnlessDone serves a Load locally after a failure already recorded,
 // unless the Load's own context ended.
-func (t *Tier[K, V]) localUnlessDone(ctx context.Context, name string, load func(context.Context) (V, error)) (flightcache.RemoteValue[V], error) {
+func (t *Tier[K, V]) localUnlessDone(ctx context.Context, name string, load func(context.Context) (V, error)) (remote.Value[V], error) {
 	if ctx.Err() != nil {
-		return flightcache.RemoteValue[V]{}, ctxError(ctx)
+		return remote.Value[V]{}, ctxError(ctx)
 	}
 	return t.local(ctx, name, load)
 }
 
 // local calls load without the tier, for the key named name: what it
 // returns may be newer than the key's shared entry (ahead.go).
-func (t *Tier[K, V]) local(ctx context.Context, name string, load func(context.Context) (V, error)) (flightcache.RemoteValue[V], error) {
+func (t *Tier[K, V]) local(ctx context.Context, name string, load func(context.Context) (V, error)) (remote.Value[V], error) {
 	t.stats.localLoads.Add(1)
 	t.copies.untracked()
 	rv, err := aside(ctx, load)
@@ -831,17 +831,17 @@ func (t *Tier[K, V]) local(ctx context.Context, name string, load func(context.C
 }
 
 // aside calls load, without the lease.
-func aside[V any](ctx context.Context, load func(context.Context) (V, error)) (flightcache.RemoteValue[V], error) {
+func aside[V any](ctx context.Context, load func(context.Context) (V, error)) (remote.Value[V], error) {
 	start := time.Now()
 	v, err := load(ctx)
 	end := time.Now()
 	if err != nil {
-		return flightcache.RemoteValue[V]{}, err
+		return remote.Value[V]{}, err
 	}
 	return loaded(v, start, end), nil
 }
 
-// Set implements [flightcache.Remote]: it stores v as key's shared entry
+// Set implements [remote.Remote]: it stores v as key's shared entry
 // (in the current generation, see [Tier.InvalidateAll]), drops any lease
 // on key, so a load in flight in another process does not overwrite it,
 // and has every other process of the fleet drop its local copy of key
@@ -857,7 +857,7 @@ func aside[V any](ctx context.Context, load func(context.Context) (V, error)) (f
 // changes nothing in Redis and tells no process, counts in
 // Stats.WritesOutdated, and has this process's Loader drop its copy of
 // key, so that its next Get reads the fleet's newer value.
-func (t *Tier[K, V]) Set(ctx context.Context, key K, v flightcache.RemoteValue[V]) {
+func (t *Tier[K, V]) Set(ctx context.Context, key K, v remote.Value[V]) {
 	t.used.Store(true)
 	name := t.key(key)
 	t.fleet.handed(name, key)
@@ -905,7 +905,7 @@ func (t *Tier[K, V]) Set(ctx context.Context, key K, v flightcache.RemoteValue[V
 	}
 }
 
-// Invalidate implements [flightcache.Remote]: it deletes key's shared entry
+// Invalidate implements [remote.Remote]: it deletes key's shared entry
 // and drops any lease on key, so a load in flight elsewhere does not store
 // its result (the next miss anywhere loads afresh), and has every other
 // process of the fleet drop its local copy of key (invalidate.go). An

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/flightcache/flightcache"
+	"github.com/flightcache/flightcache/remote"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -131,7 +132,7 @@ func TestTierSaturatesAtTheExtremes(t *testing.T) {
 	}
 	ks := keysFor("p:", "k")
 	now := time.Now()
-	enc, ok := tier.encode("k", flightcache.RemoteValue[int]{Value: 1, LoadedAt: now}, 0.5)
+	enc, ok := tier.encode("k", remote.Value[int]{Value: 1, LoadedAt: now}, 0.5)
 	if !ok {
 		t.Fatal("encode refused the value")
 	}

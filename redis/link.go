@@ -8,7 +8,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/flightcache/flightcache"
+	"github.com/flightcache/flightcache/remote"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -230,7 +230,7 @@ func (l *link) notFoundCall(ks keys, tok string, ttl time.Duration) evalCall {
 	at := now()
 	// A not-found is fresh for NotFoundTTL and has no stale windows, as
 	// the Loader caches it.
-	b := flightcache.Windows{Fresh: ttl.Truncate(time.Microsecond)}.Bounds(at)
+	b := remote.Windows{Fresh: ttl.Truncate(time.Microsecond)}.Bounds(at)
 	return evalCall{notFoundScript, writeKeys(ks), []any{tok, token(8), micros(at), micros(b.FreshUntil),
 		px(ttl), l.wakeCmd, ks.wake}}
 }

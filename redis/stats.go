@@ -165,7 +165,7 @@ type Stats struct {
 	// its pool, at the latest at the next health check.
 	TrackedConnsLost uint64
 	// Distrusts counts the times the tier had its Loader distrust every
-	// local copy (flightcache.LocalCache.Distrust): at each subscription
+	// local copy (remote.LocalCache.Distrust): at each subscription
 	// loss; while the subscription is down, after each failed attempt to
 	// make it again, and once more when it is back, if the tier handed
 	// values over since the last one; for each undecoded invalidation; and
@@ -190,7 +190,7 @@ type Stats struct {
 	// once, one per replay however many calls it covered.
 	InvalidateAllsSent uint64
 	// InvalidateAllsHeard counts the times the tier had its Loader drop
-	// every local copy (flightcache.LocalCache.DropAll, counted in the
+	// every local copy (remote.LocalCache.DropAll, counted in the
 	// Loader's InvalidateAlls) because another process moved the
 	// generation: heard on the subscription, or read from Redis first.
 	// Moves learned together count once.

@@ -5,7 +5,7 @@
 //
 // # Tier
 //
-// A [Tier] is a [flightcache.Remote]: make it with [NewTier], set it as
+// A [Tier] is a [remote.Remote]: make it with [NewTier], set it as
 // [flightcache.Options.Remote], and a Loader that misses locally asks it
 // before calling its LoadFunc. [flightcache.New] hands the tier the
 // Loader's rules ([Tier.Attach]): one Tier serves one Loader. The tier
@@ -13,9 +13,9 @@
 //
 //   - a shared entry: the value (encoded by a [Codec], JSON by default) with
 //     when it was loaded, how long the load took, and until when it is fresh
-//     and usable stale, by the Loader's own rules ([flightcache.Bounds]).
+//     and usable stale, by the Loader's own rules ([remote.Bounds]).
 //     Its freshness is drawn once, as the Loader draws each entry's
-//     ([flightcache.Windows.Draw]: with Jitter, anywhere from TTL·(1−Jitter)
+//     ([remote.Windows.Draw]: with Jitter, anywhere from TTL·(1−Jitter)
 //     to TTL), and Redis keeps it until it is past that freshness and its
 //     windows. With the Loader's [flightcache.Options.Version] it keeps the
 //     value's version too, and no write of the fleet (a lease holder's
@@ -47,7 +47,7 @@
 //
 // # Invalidation
 //
-// A Tier is also a [flightcache.RemoteWatcher]: a Loader.Set or
+// A Tier is also a [remote.Watcher]: a Loader.Set or
 // Loader.Invalidate in one process drops the key's local copy in the
 // other processes that hold it. The tier reads shared entries with Redis's
 // client-side caching (CLIENT TRACKING), so Redis tells each process of
@@ -58,7 +58,7 @@
 // and a write that could not reach Redis is replayed as an invalidation
 // once it can. [Stats] says whether the tier is listening.
 //
-// And a [flightcache.RemoteInvalidateAll]: a Loader.InvalidateAll moves
+// And a [remote.AllInvalidator]: a Loader.InvalidateAll moves
 // the shared tier on to a new generation in one Redis command
 // ([Tier.InvalidateAll]), which makes every older entry absent for every
 // process at once, and every other process drops its local copies when it
@@ -66,7 +66,7 @@
 //
 // # Batches
 //
-// A Tier is also a [flightcache.RemoteMany]: with
+// A Tier is also a [remote.Many]: with
 // [flightcache.Options.LoadMany] set, the misses of a
 // [flightcache.Loader.GetMany] go through [Tier.LoadMany] together. Every
 // key follows the same protocol as with [Tier.Load], but each step is one
@@ -100,13 +100,12 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/flightcache/flightcache"
-	"github.com/flightcache/flightcache/internal/timing"
 	"github.com/flightcache/flightcache/redis/internal/events"
 	"github.com/flightcache/flightcache/redis/internal/handover"
 	"github.com/flightcache/flightcache/redis/internal/shard"
 	"github.com/flightcache/flightcache/redis/internal/track"
 	"github.com/flightcache/flightcache/redis/internal/wake"
+	"github.com/flightcache/flightcache/remote"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -183,7 +182,7 @@ type Options[K comparable, V any] struct {
 	PollInterval time.Duration
 }
 
-// Tier is the Redis tier of a [flightcache.Loader]: a [flightcache.Remote]
+// Tier is the Redis tier of a [flightcache.Loader]: a [remote.Remote]
 // shared by every process that uses the same Redis and Prefix. Create it
 // with [NewTier] and set it as [flightcache.Options.Remote]; it
 // serves the one Loader it is attached to. It is safe for concurrent use.
@@ -230,9 +229,9 @@ type Tier[K comparable, V any] struct {
 }
 
 var (
-	_ flightcache.Remote[string, int]     = (*Tier[string, int])(nil)
-	_ flightcache.RemoteMany[string, int] = (*Tier[string, int])(nil)
-	_ flightcache.RemoteWatcher[string]   = (*Tier[string, int])(nil)
+	_ remote.Remote[string, int] = (*Tier[string, int])(nil)
+	_ remote.Many[string, int]   = (*Tier[string, int])(nil)
+	_ remote.Watcher[string]     = (*Tier[string, int])(nil)
 )
 
 // NewTier returns a Tier on client, to be set as the
@@ -293,7 +292,7 @@ func newTier[K comparable, V any](client redis.UniversalClient, opts Options[K, 
 	t.ctx, t.cancel = context.WithCancel(context.Background())
 	t.link = link{rdb: client, scripts: patient{client}, timeout: opts.Timeout, retryAfter: opts.RetryAfter,
 		holderTimeout: opts.HolderTimeout, aliveMS: px(opts.HolderTimeout),
-		failMS: px(max(timing.Mul(opts.PollInterval, 4), time.Second)), wakeCmd: wake.Command(client),
+		failMS: px(max(remote.Mul(opts.PollInterval, 4), time.Second)), wakeCmd: wake.Command(client),
 		ctx: t.ctx, stats: &t.stats}
 	t.copies = copies[K]{fleet: &t.fleet, track: &t.track, link: &t.link, stats: &t.stats, genKey: t.genKey,
 		timeout: opts.Timeout, ctx: t.ctx}
@@ -337,7 +336,7 @@ func checkClient(c redis.UniversalClient) error {
 // and maxWait how long its loads may wait for a Limit slot, holding
 // their lease (Limit.MaxWait; 0 without a Limit).
 func (o *Options[K, V]) validate(loadTimeout, maxWait time.Duration) error {
-	hold := timing.Add(loadTimeout, maxWait)
+	hold := remote.Add(loadTimeout, maxWait)
 	switch {
 	case strings.ContainsAny(o.Prefix, "{}"):
 		return fmt.Errorf("flightredis: Options.Prefix must not contain '{' or '}', got %q", o.Prefix)
@@ -395,7 +394,7 @@ func (o Options[K, V]) withDefaults() Options[K, V] {
 // hold their lease for at most hold: LoadTimeout, plus Limit.MaxWait with
 // a Limit.
 func (o Options[K, V]) leaseTTL(hold time.Duration) time.Duration {
-	return cmp(o.LeaseTTL, timing.Add(hold, max(hold/2, time.Second)))
+	return cmp(o.LeaseTTL, remote.Add(hold, max(hold/2, time.Second)))
 }
 
 // Close stops the tier's pub/sub subscriptions and its background work.
@@ -424,5 +423,5 @@ func (t *Tier[K, V]) Close() error {
 // jitter spreads d uniformly over [d/2, 3d/2), saturated at the largest
 // duration.
 func jitter(d time.Duration) time.Duration {
-	return timing.Scale(d, 0.5+rand.Float64())
+	return remote.Scale(d, 0.5+rand.Float64())
 }
