@@ -52,12 +52,12 @@ type batch[K comparable, V any] struct {
 	leader *call[K, V] // calls[0]: its context is the batch's
 	wanted atomic.Int32
 	stripe *life.Stripe // the stripe the goroutine is counted on (lifecycle)
-	wait   *windowWait  // a window single-key loads join (batchwindow.go); nil for a GetMany's
+	gather *gatherWait  // a gather single-key loads join (gather.go); nil for a GetMany's
 
 	abandoned atomic.Bool
 	joined    atomic.Bool                     // a caller other than the one that started it joined one of its calls (flights.join): a failed call is split (bisect)
-	slotted   bool                            // a background batch holds a MaxRefreshes slot, taken by its first call (flights.start)
-	limSlot   limit.Slot                      // and its Limit slot, taken with it (a window's: as its call goes out, batchWindows.slot)
+	permitted bool                            // a background batch holds a MaxRefreshes slot, taken by its first call (flights.start)
+	limSlot   limit.Slot                      // and its Limit slot, taken with it (a window's: as its call goes out, gathers.takeSlot)
 	octx      atomic.Pointer[context.Context] // the LoadMany call's context as the Observer made it (call.octx)
 	// distinct is how many keys its LoadMany call is for (fewer than its
 	// calls when a window holds two for one key): what its events and
@@ -92,7 +92,7 @@ func (b *batch[K, V]) add(c *call[K, V]) {
 	c.batch = b
 	b.calls = append(b.calls, c)
 	if c.background {
-		b.slotted = true
+		b.permitted = true
 	} else {
 		b.wanted.Add(1)
 	}
@@ -118,9 +118,9 @@ func (b *batch[K, V]) alsoFrom() []*loadMarker { return b.from }
 
 // abandon records that c, one of b's calls, has no caller left
 // (CancelAtZero), and cancels b when none of them has. A window still
-// open drops c instead (batchWindows.drop).
+// open drops c instead (gathers.drop).
 func (b *batch[K, V]) abandon(c *call[K, V]) {
-	if b.wait != nil && b.l.bwin.drop(b, c) {
+	if b.gather != nil && b.l.gathers.drop(b, c) {
 		return
 	}
 	if b.wanted.Add(-1) == 0 {
@@ -151,7 +151,7 @@ func (l *Loader[K, V]) runBatch(b *batch[K, V]) {
 	out := batchResult[K, V]{err: ErrGoexit, down: tally{lctx: &b.leader.lctx, background: b.background && !b.queues()}} // err stays if LoadMany (or the Remote) ends the goroutine
 	defer func() {
 		out.took = l.now() - start - out.down.queued
-		if b.wait != nil && b.wait.leaderGone { // dropped from its window: no delivery ends its context
+		if b.gather != nil && b.gather.leaderGone { // dropped from its window: no delivery ends its context
 			b.leader.endContext()
 		}
 		l.completeBatch(b, &out)

@@ -53,7 +53,7 @@ func (l *Loader[K, V]) loadMany(ctx context.Context, b *batch[K, V], keys []K, t
 // part as it answered the whole: a not-found, the breaker's refusal,
 // ErrLimited, or a *ManyError (its keys failed one by one already).
 func (l *Loader[K, V]) splits(ctx context.Context, b *batch[K, V], keys []K, err error) bool {
-	if len(keys) < 2 || ctx.Err() != nil || (b.wait == nil && !b.joined.Load()) {
+	if len(keys) < 2 || ctx.Err() != nil || (b.gather == nil && !b.joined.Load()) {
 		return false
 	}
 	if _, many := err.(*ManyError[K]); many {

@@ -7,6 +7,7 @@ import (
 	"go/token"
 	"go/types"
 	"io/fs"
+	"maps"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -143,4 +144,75 @@ func isShard(pkg *types.Package, t types.Type) bool {
 	}
 	n, ok := t.(*types.Named)
 	return ok && pkg != nil && n.Origin().Obj().Pkg() == pkg && n.Origin().Obj().Name() == "shard"
+}
+
+// TestWallsFlightPort fails if flight.go, the in-flight map, reaches more
+// than a few members of the Loader: it is handed its port (docs/design.md,
+// "The in-flight map's port"), and a new rule about keys goes there, not
+// into start, put or finish.
+func TestWallsFlightPort(t *testing.T) {
+	const most = 8
+	members := loaderMembersUsedIn(t, "flight.go")
+	if len(members) > most {
+		t.Errorf("flight.go reaches %d members of the Loader, want at most %d: %v", len(members), most, members)
+	}
+}
+
+// loaderMembersUsedIn returns the distinct fields and methods of the
+// Loader that file selects (a member of a type the Loader embeds counts
+// as that embedded field).
+func loaderMembersUsedIn(t *testing.T, file string) []string {
+	t.Helper()
+	fset := token.NewFileSet()
+	paths, err := filepath.Glob("*.go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var files []*ast.File
+	var target *ast.File
+	for _, p := range paths {
+		if strings.HasSuffix(p, "_test.go") {
+			continue
+		}
+		f, err := parser.ParseFile(fset, p, nil, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		files = append(files, f)
+		if p == file {
+			target = f
+		}
+	}
+	if target == nil {
+		t.Fatalf("%s not found", file)
+	}
+	info := &types.Info{Selections: map[*ast.SelectorExpr]*types.Selection{}}
+	conf := types.Config{Importer: importer.Default(), Error: func(error) {}}
+	pkg, _ := conf.Check("github.com/flightcache/flightcache", fset, files, info)
+	seen := map[string]bool{}
+	ast.Inspect(target, func(n ast.Node) bool {
+		sel, ok := n.(*ast.SelectorExpr)
+		if !ok {
+			return true
+		}
+		s := info.Selections[sel]
+		if s == nil {
+			return true
+		}
+		r := s.Recv()
+		if p, ok := r.(*types.Pointer); ok {
+			r = p.Elem()
+		}
+		nt, ok := r.(*types.Named)
+		if !ok || pkg == nil || nt.Origin().Obj().Pkg() != pkg || nt.Origin().Obj().Name() != "Loader" {
+			return true
+		}
+		name := sel.Sel.Name
+		if st, ok := nt.Underlying().(*types.Struct); ok && len(s.Index()) > 1 {
+			name = st.Field(s.Index()[0]).Name() // through an embedded field: that field is what it reaches
+		}
+		seen[name] = true
+		return true
+	})
+	return slices.Sorted(maps.Keys(seen))
 }
