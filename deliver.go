@@ -129,7 +129,7 @@ func (l *Loader[K, V]) deliver(c *call[K, V], r *loaded[V], res *delivery[K, V],
 		b.callers += callers
 		b.stored = b.stored || stored
 		if dep.any() {
-			b.departed = append(b.departed, dep)
+			b.departures = append(b.departures, dep)
 		}
 		close(c.done)
 		return

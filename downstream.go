@@ -116,7 +116,7 @@ type tally struct {
 	lctx       *loadctx.Context // the load's own context: its LoadTimeout starts again when a queued load gets its slot
 	queued     time.Duration    // how long the load waited for a slot of Options.Limit; not part of its took
 	calls      int32            // LoadFunc (or Reload, or LoadMany) calls made, saturating at MaxInt32
-	background bool             // a refresh, which holds its Limit slot since it was published (flights.start), or since its window went out (gathers.takeSlot)
+	background bool             // a refresh, which holds its Limit slot since it was published (route), or since its gather went out (gathers.takeSlot)
 	held       bool             // a LoadMany call that holds its Limit slot already, for its split too (loadMany)
 }
 
@@ -390,13 +390,13 @@ func (l *Loader[K, V]) takeLabels(ctx context.Context) {
 func (b *batch[K, V]) Run() {
 	defer b.l.gate.ExitChild(b.stripe)
 	if b.gather != nil && !b.l.gathers.hold(b) {
-		return // every caller of the window left: no call
+		return // every caller of the gather left: no call
 	}
 	b.l.runBatch(b)
 }
 
 // refreshPermits is the MaxRefreshes bound on background loads: a
-// background load takes a slot when it is published (flights.start: a
+// background load takes a permit when it is published (route: a
 // background batch takes one for all its calls) and gives it back when it
 // ends (loadEnded), and nowhere else.
 type refreshPermits struct {
@@ -404,7 +404,7 @@ type refreshPermits struct {
 	used atomic.Int64
 }
 
-// take takes a slot, or counts the load in dropped when all are used.
+// take takes a permit, or counts the load in dropped when all are used.
 func (s *refreshPermits) take(dropped *atomic.Uint64) bool {
 	if s.used.Add(1) > s.max {
 		s.used.Add(-1)
@@ -414,11 +414,11 @@ func (s *refreshPermits) take(dropped *atomic.Uint64) bool {
 	return true
 }
 
-// give gives a slot back.
+// give gives a permit back.
 func (s *refreshPermits) give() { s.used.Add(-1) }
 
 // takeBackground takes what a background load holds while it runs, when
-// it is published (flights.start): a MaxRefreshes slot and, with a Limit,
+// it is published (route): a MaxRefreshes permit and, with a Limit,
 // a downstream slot, which a refresh never queues for (TryBackground). ok
 // false drops the refresh (counted in RefreshesDropped or
 // RefreshesLimited); the stale value keeps serving.

@@ -403,9 +403,10 @@ func (f *flights[K, V]) leave(c *call[K, V]) bool {
 	return true
 }
 
-// left reports whether every caller of c has left it under CancelAtZero
-// (leave): nobody reads its result. A split batch asks (batch.wants).
-func (f *flights[K, V]) left(c *call[K, V]) bool {
+// abandoned reports whether every caller of c has left it under
+// CancelAtZero (leave): nobody reads its result. A split batch asks
+// (batch.wants).
+func (f *flights[K, V]) abandoned(c *call[K, V]) bool {
 	sh := f.shard(c.h)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()

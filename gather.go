@@ -207,10 +207,10 @@ func (g *gathers[K, V]) add(r *request[K, V], n newLoad[K, V], after afterStart[
 	return c, after
 }
 
-// hold keeps b, a window, on its goroutine until it goes out: BatchWindow
+// hold keeps b, a gather, on its goroutine until it goes out: BatchWindow
 // after it opened, at once when it is full or the Loader closes. It then
 // seals b (nothing joins or leaves it any more) and reports whether b has
-// calls left to load; a window every caller left ends here, no load.
+// calls left to load; a gather every caller left ends here, no load.
 func (g *gathers[K, V]) hold(b *batch[K, V]) bool {
 	l := g.l
 	if left := g.d - (l.now() - b.gather.opened); left > 0 {
@@ -245,21 +245,21 @@ func (g *gathers[K, V]) hold(b *batch[K, V]) bool {
 		if !g.takeSlot(b) {
 			return false
 		}
-		l.stats.refreshes.Add(1) // one per window, as a GetMany's refreshes
+		l.stats.refreshes.Add(1) // one per gather, as a GetMany's refreshes
 	}
 	return true
 }
 
-// slot takes the Limit slot of b, a sealed window of refreshes, as its
-// call goes out: never while it waits, so that an idle window never holds
+// takeSlot takes the Limit slot of b, a sealed gather of refreshes, as its
+// call goes out: never while it waits, so that an idle gather never holds
 // up a miss (rule 31). It takes a background slot if one is free
 // (TryBackground), and reports true. Refused (Stats.RefreshesLimited), the
 // refresh is dropped, as one refused at its start is: each call leaves its
 // key's map under its shard lock, so no Get joins it from then on, and
 // ends with ErrLimited (ErrClosed at Close), delivered to nobody and
-// written nowhere; nothing is loaded, and slot reports false. But a call
+// written nowhere; nothing is loaded, and takeSlot reports false. But a call
 // a Get already waits on (a Get that could not use the stale value, and
-// joined the refresh) is that Get's load: then the window goes out for
+// joined the refresh) is that Get's load: then the gather goes out for
 // all its keys, waiting its turn for a slot as that Get's own load would
 // have (queued; a key whose call had already left its map is loaded but
 // not written).
@@ -276,7 +276,7 @@ func (g *gathers[K, V]) takeSlot(b *batch[K, V]) bool {
 	l.stats.inFlight.Add(-1) // counted in when launched (spawn), ended without a load
 	l.refreshPermits.give()
 	err := ErrLimited
-	if l.gate.Closed() { // the window went out at Close: the Limit refuses everyone
+	if l.gate.Closed() { // the gather went out at Close: the Limit refuses everyone
 		err = ErrClosed
 	}
 	for _, c := range b.calls {
@@ -286,7 +286,7 @@ func (g *gathers[K, V]) takeSlot(b *batch[K, V]) bool {
 }
 
 // drop takes c, one of b's calls whose callers all left (CancelAtZero), out
-// of b if b is a window still open, and reports whether it did: c's key
+// of b if b is a gather still open, and reports whether it did: c's key
 // is then not in the call.
 func (g *gathers[K, V]) drop(b *batch[K, V], c *call[K, V]) bool {
 	g.mu.Lock()
@@ -302,7 +302,7 @@ func (g *gathers[K, V]) drop(b *batch[K, V], c *call[K, V]) bool {
 	return true
 }
 
-// keys returns the keys of b's calls, for its LoadMany call. A window's
+// keys returns the keys of b's calls, for its LoadMany call. A gather's
 // calls may share a key (a call a Set detached, and the one a later Get
 // started), which LoadMany is never asked for twice.
 func (b *batch[K, V]) keys() []K {

@@ -278,7 +278,7 @@ func (l *Loader[K, V]) newCache() error {
 			if !clearing {
 				l.stats.evicted.Add(1)
 			}
-			l.writer.leftCache(item.Value, item.Cost, clearing)
+			l.writer.noteEvicted(item.Value, item.Cost, clearing)
 		},
 		OnReject: func(item *ristretto.Item[*entry[K, V]]) {
 			l.stats.setsRejected.Add(1)
