@@ -216,3 +216,55 @@ func loaderMembersUsedIn(t *testing.T, file string) []string {
 	})
 	return slices.Sorted(maps.Keys(seen))
 }
+
+// retiredNames are names the package no longer declares, each for a word
+// that means something else here (docs/design.md, "Glossary"): a window
+// is a stale window (a batch window is a gather inside the code), a slot
+// a Limit slot, outdated a version's, an entry that leaves the cache a
+// departure.
+var retiredNames = []string{
+	"batchWindows", "windowWait", "windowAct", "bwin", // gathers, gatherWait, afterStart
+	"refreshSlots", "slotted", // refreshPermits, permitted
+	"olderThanFloor",                                                  // belowFloor
+	"left", "leftMu", "noteLeft", "reportLeft", "leftCache", "leftBy", // departures; flights.abandoned
+	"departed",
+}
+
+// TestNamesOneConcept fails if a non-test file of the package declares a
+// retired name (a type, a function or method, or a field).
+func TestNamesOneConcept(t *testing.T) {
+	fset := token.NewFileSet()
+	paths, err := filepath.Glob("*.go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range paths {
+		if strings.HasSuffix(p, "_test.go") {
+			continue
+		}
+		f, err := parser.ParseFile(fset, p, nil, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ast.Inspect(f, func(n ast.Node) bool {
+			var names []*ast.Ident
+			switch d := n.(type) {
+			case *ast.TypeSpec:
+				names = []*ast.Ident{d.Name}
+			case *ast.FuncDecl:
+				names = []*ast.Ident{d.Name}
+				if d.Name.Name == "outdated" { // a version's word: a write's field may hold it, no function
+					t.Errorf("%s declares func outdated: the generation check is detachDistrusted", fset.Position(d.Pos()))
+				}
+			case *ast.Field:
+				names = d.Names
+			}
+			for _, id := range names {
+				if slices.Contains(retiredNames, id.Name) {
+					t.Errorf("%s declares %s: a retired name (docs/design.md, Glossary)", fset.Position(id.Pos()), id.Name)
+				}
+			}
+			return true
+		})
+	}
+}
