@@ -171,8 +171,8 @@ type Loader[K comparable, V any] struct {
 	// callee holds the breaker, and says what a downstream call's error
 	// means (callee.go).
 	callee callee
-	// gathers holds the open windows single-key loads wait in
-	// (Options.BatchWindow, batchwindow.go).
+	// gathers decides where a new load goes (route) and holds the open gathers single-key loads wait in
+	// (Options.BatchWindow, gather.go).
 	gathers gathers[K, V]
 	// refreshPermits bounds the background loads (MaxRefreshes, downstream.go).
 	refreshPermits refreshPermits
