@@ -272,7 +272,7 @@ func runTrapCases(t *testing.T, cases []trapCase) {
 // keys and of 256 other keys, cold, each with a deadline, all return their
 // values (no shard lock held, no load left unlaunched); the Stats balance
 // (Gets = Hits + StaleHits + Misses + Closed, nobody Waiting); a background
-// refresh can still start (none left holding the one MaxRefreshes place,
+// refresh can still start (none left holding the one MaxRefreshes permit,
 // nor an entry marked as refreshing); Close returns.
 func (r *trapRig) checkWhole(t *testing.T, keys []string) {
 	t.Helper()
@@ -319,7 +319,7 @@ func (r *trapRig) checkWhole(t *testing.T, keys []string) {
 		t.Errorf("Stats = %+v; want Gets = Hits + StaleHits + Misses + Closed, Canceled <= Misses, nobody Waiting", s)
 	}
 	if len(keys) > 0 && s.Refreshes == refreshes {
-		t.Errorf("no background refresh started (Refreshes %d, RefreshesDropped %d): the MaxRefreshes place, or an entry, is left reserved",
+		t.Errorf("no background refresh started (Refreshes %d, RefreshesDropped %d): the MaxRefreshes permit, or an entry, is left reserved",
 			s.Refreshes, s.RefreshesDropped)
 	}
 	closeWithin(t, l)

@@ -68,7 +68,7 @@ func (l *Loader[K, V]) entryOf(c *call[K, V], r *loaded[V], res *delivery[K, V],
 		onGoexit := func() { l.deliver(c, r, res, nil, 0) }
 		life, keep := l.lifeOf(c.key, r.val, onGoexit)
 		keep = keep && l.versionOf(&life, r.val, onGoexit)
-		e = l.newEntry(c.key, r.val, life, born{at: res.loadedAt, took: r.took, gen: c.gen})
+		e = l.newEntry(c.key, r.val, life, born{at: res.loadedAt, took: r.took, gen: c.at.gen})
 		cost = 1
 		if l.opts.Cost != nil {
 			var ok bool
@@ -84,7 +84,7 @@ func (l *Loader[K, V]) entryOf(c *call[K, V], r *loaded[V], res *delivery[K, V],
 		}
 		return e, cost
 	case r.nf && l.opts.NotFoundTTL > 0:
-		e = l.newEntry(c.key, r.val, lifetime{ttl: l.opts.NotFoundTTL}, born{at: now, gen: c.gen})
+		e = l.newEntry(c.key, r.val, lifetime{ttl: l.opts.NotFoundTTL}, born{at: now, gen: c.at.gen})
 		e.extra = &extra[K, V]{notFound: r.err}
 		return e, 1
 	case r.nf:
@@ -129,7 +129,7 @@ func (l *Loader[K, V]) deliver(c *call[K, V], r *loaded[V], res *delivery[K, V],
 		b.callers += callers
 		b.stored = b.stored || stored
 		if dep.any() {
-			b.departed = append(b.departed, dep)
+			b.departures = append(b.departures, dep)
 		}
 		close(c.done)
 		return

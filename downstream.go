@@ -117,7 +117,7 @@ type tally struct {
 	lctx       *loadctx.Context // the load's own context: its LoadTimeout starts again when a queued load gets its slot
 	queued     time.Duration    // how long the load waited for a slot of Options.Limit; not part of its took
 	calls      int32            // LoadFunc (or Reload, or LoadMany) calls made, saturating at MaxInt32
-	background bool             // a refresh, which holds its Limit slot since it was published (flights.start), or since its window went out (batchWindows.slot)
+	background bool             // a refresh, which holds its Limit slot since it was published (route), or since its gather went out (gathers.takeSlot)
 	held       bool             // a LoadMany call that holds its Limit slot already, for its split too (loadMany)
 }
 
@@ -390,23 +390,23 @@ func (l *Loader[K, V]) takeLabels(ctx context.Context) {
 // Run runs b's load, on a goroutine of the pool.
 func (b *batch[K, V]) Run() {
 	defer b.l.gate.ExitChild(b.stripe)
-	if b.wait != nil && !b.l.bwin.hold(b) {
-		return // every caller of the window left: no call
+	if b.gather != nil && !b.l.gathers.hold(b) {
+		return // every caller of the gather left: no call
 	}
 	b.l.runBatch(b)
 }
 
-// refreshSlots is the MaxRefreshes bound on background loads: a
-// background load takes a slot when it is published (flights.start: a
+// refreshPermits is the MaxRefreshes bound on background loads: a
+// background load takes a permit when it is published (route: a
 // background batch takes one for all its calls) and gives it back when it
 // ends (loadEnded), and nowhere else.
-type refreshSlots struct {
+type refreshPermits struct {
 	max  int64
 	used atomic.Int64
 }
 
-// take takes a slot, or counts the load in dropped when all are used.
-func (s *refreshSlots) take(dropped *atomic.Uint64) bool {
+// take takes a permit, or counts the load in dropped when all are used.
+func (s *refreshPermits) take(dropped *atomic.Uint64) bool {
 	if s.used.Add(1) > s.max {
 		s.used.Add(-1)
 		dropped.Add(1)
@@ -415,20 +415,20 @@ func (s *refreshSlots) take(dropped *atomic.Uint64) bool {
 	return true
 }
 
-// give gives a slot back.
-func (s *refreshSlots) give() { s.used.Add(-1) }
+// give gives a permit back.
+func (s *refreshPermits) give() { s.used.Add(-1) }
 
 // takeBackground takes what a background load holds while it runs, when
-// it is published (flights.start): a MaxRefreshes slot and, with a Limit,
+// it is published (route): a MaxRefreshes permit and, with a Limit,
 // a downstream slot, which a refresh never queues for (TryBackground). ok
 // false drops the refresh (counted in RefreshesDropped or
 // RefreshesLimited); the stale value keeps serving.
 func (l *Loader[K, V]) takeBackground() (s limit.Slot, ok bool) {
-	if !l.refreshSlots.take(&l.stats.refreshesDropped) {
+	if !l.refreshPermits.take(&l.stats.refreshesDropped) {
 		return limit.Slot{}, false
 	}
 	if s, ok = l.lim.TryBackground(); !ok {
-		l.refreshSlots.give()
+		l.refreshPermits.give()
 	}
 	return s, ok
 }
@@ -445,7 +445,7 @@ func (l *Loader[K, V]) loadEnded(err error, background bool, s limit.Slot) {
 		l.stats.loadErrors.Add(1)
 	}
 	if background {
-		l.refreshSlots.give()
+		l.refreshPermits.give()
 		s.Release()
 	}
 }

@@ -6,6 +6,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/flightcache/flightcache/internal/life"
+	"github.com/flightcache/flightcache/internal/limit"
 	"github.com/flightcache/flightcache/internal/timing"
 	"github.com/flightcache/flightcache/remote"
 )
@@ -106,11 +108,11 @@ const refreshing = int64(^uint64(0) >> 1)
 
 // phase places e at now by the phase rule (remote.Windows.PhaseAt), with
 // its own stale windows or the Loader's.
-func (l *Loader[K, V]) phase(e *entry[K, V], now time.Duration) remote.Phase {
+func (kr *keyRules[K, V]) phase(e *entry[K, V], now time.Duration) remote.Phase {
 	if e.extra != nil {
 		return e.extra.windows().PhaseAt(now, e.freshUntil) // a cached not-found has no windows: never stale
 	}
-	return l.win.PhaseAt(now, e.freshUntil)
+	return kr.win.PhaseAt(now, e.freshUntil)
 }
 
 // born is when and how a value came to be: loaded (or Set) at, in the
@@ -202,29 +204,78 @@ func (l *Loader[K, V]) tooBig(cost int64) bool {
 	return false
 }
 
+// keyRules are how a key's entries and loads are judged: what a Get is
+// answered with (judge), what is absent (live, below the floor), what a
+// Reload is handed (held), whether a load may still fill (mayFill), and
+// whether a write is outdated (outranks). The Loader embeds them, and the
+// in-flight map is handed them in its port (docs/design.md, "The
+// in-flight map's port"): a new rule about keys is a field and a method
+// here, not an edit of the map. Set in New, read-only after but for the
+// generation and the floor (remote.go).
+type keyRules[K comparable, V any] struct {
+	win        remote.Windows
+	epoch      time.Time      // every time offset in entries is measured from here
+	generation atomic.Uint32  // the fleet generation, in steps of genUnit (remote.go)
+	floor      atomic.Uint32  // the generation of the last InvalidateAll: older entries are absent (remote.go)
+	lim        *limit.Limiter // Options.Limit's slots for downstream calls; nil: no limit (set after init)
+	shut       *life.Gate     // the Loader's gate: nothing fills once it is closed
+	reloads    bool           // Options.Reload is set: a load of a value held revalidates it (held)
+	versioned  bool           // Options.Version is set: writes are compared (outranks)
+	policy     Policy         // Options.Policy: what the last waiter leaving does (flights.leave)
+}
+
+func (kr *keyRules[K, V]) init(opts *Options[K, V], shut *life.Gate) {
+	kr.win = remote.Windows{StaleWhileRevalidate: opts.StaleWhileRevalidate, StaleIfError: opts.StaleIfError}
+	kr.epoch = time.Now()
+	kr.shut = shut
+	kr.reloads, kr.versioned, kr.policy = opts.Reload != nil, opts.Version != nil, opts.Policy
+}
+
+// stamp is what a load records of the rules when it starts: the
+// generation then, which its entry carries and its finish is judged by
+// (mayFill).
+type stamp struct {
+	gen uint32
+}
+
+// stampNow is the stamp of a load that starts now.
+func (kr *keyRules[K, V]) stampNow() stamp { return stamp{gen: kr.generation.Load()} }
+
+// mayFill reports whether a load that started at s may still leave e
+// (nil: a drop of the value held) as its key's value, once it owns its
+// key: not after Close, not from before an InvalidateAll (rule 20).
+func (kr *keyRules[K, V]) mayFill(s stamp, e *entry[K, V]) bool {
+	return !kr.shut.Closed() && !kr.belowFloor(s.gen)
+}
+
+// distrustedLoad reports whether a load that started at s started before
+// the last Distrust or InvalidateAll (rules 18 and 27): a caller that
+// starts now does not take its result.
+func (kr *keyRules[K, V]) distrustedLoad(s stamp) bool { return s.gen != kr.generation.Load() }
+
 // distrusted reports whether e was loaded (or Set) before the last
 // Distrust: a Get must not serve it as it stands.
-func (l *Loader[K, V]) distrusted(e *entry[K, V]) bool {
-	return e.mark.Load()&^(goneBit|failsMask) != l.generation.Load()
+func (kr *keyRules[K, V]) distrusted(e *entry[K, V]) bool {
+	return e.mark.Load()&^(goneBit|failsMask) != kr.generation.Load()
 }
 
 // cleared reports whether e was loaded (or Set) before the last
 // InvalidateAll: it is absent, not even a stale fallback or a value for a
 // Reload. The generations compare by their difference, so the order holds
 // across the counter's wrap for entries less than 2^26 moves old.
-func (l *Loader[K, V]) cleared(e *entry[K, V]) bool {
-	return l.olderThanFloor(e.mark.Load() &^ (goneBit | failsMask))
+func (kr *keyRules[K, V]) cleared(e *entry[K, V]) bool {
+	return kr.belowFloor(e.mark.Load() &^ (goneBit | failsMask))
 }
 
-// olderThanFloor reports whether generation gen is older than the last
-// InvalidateAll's.
-func (l *Loader[K, V]) olderThanFloor(gen uint32) bool {
-	return int32(l.floor.Load()-gen) > 0
+// belowFloor reports whether generation gen is older than the last
+// InvalidateAll's (the floor).
+func (kr *keyRules[K, V]) belowFloor(gen uint32) bool {
+	return int32(kr.floor.Load()-gen) > 0
 }
 
 // live returns e, or nil if e is cleared (or nil).
-func (l *Loader[K, V]) live(e *entry[K, V]) *entry[K, V] {
-	if e == nil || l.cleared(e) {
+func (kr *keyRules[K, V]) live(e *entry[K, V]) *entry[K, V] {
+	if e == nil || kr.cleared(e) {
 		return nil
 	}
 	return e

@@ -221,7 +221,7 @@ type Options[K comparable, V any] struct {
 	// [Options.Limit] slot, [Options.LoadTimeout] (counted from when the
 	// call goes out) and one [LoadEvent] (its Keys) are per call. Misses
 	// and background refreshes wait in windows of their own: a window of
-	// refreshes takes one MaxRefreshes place, as a GetMany's refreshes do.
+	// refreshes takes one MaxRefreshes permit, as a GetMany's refreshes do.
 	// A window holds no Limit slot while it waits, so it never holds up a
 	// miss: its call takes one as it goes out (a window of refreshes only
 	// if a background slot is free, else it is dropped, as a refresh
