@@ -52,15 +52,15 @@ type batch[K comparable, V any] struct {
 	leader *call[K, V] // calls[0]: its context is the batch's
 	wanted atomic.Int32
 	stripe *life.Stripe // the stripe the goroutine is counted on (lifecycle)
-	wait   *windowWait  // a window single-key loads join (batchwindow.go); nil for a GetMany's
+	gather *gatherWait  // a gather single-key loads join (gather.go); nil for a GetMany's
 
 	abandoned atomic.Bool
 	joined    atomic.Bool                     // a caller other than the one that started it joined one of its calls (flights.join): a failed call is split (bisect)
-	slotted   bool                            // a background batch holds a MaxRefreshes slot, taken by its first call (flights.start)
-	limSlot   limit.Slot                      // and its Limit slot, taken with it (a window's: as its call goes out, batchWindows.slot)
+	permitted bool                            // a background batch holds a MaxRefreshes permit, taken by its first call (route)
+	limSlot   limit.Slot                      // and its Limit slot, taken with it (a gather's: as its call goes out, gathers.takeSlot)
 	octx      atomic.Pointer[context.Context] // the LoadMany call's context as the Observer made it (call.octx)
 	// distinct is how many keys its LoadMany call is for (fewer than its
-	// calls when a window holds two for one key): what its events and
+	// calls when a gather holds two for one key): what its events and
 	// Stats.BatchKeys count. Written by its goroutine before the call.
 	distinct int
 	// from are the loads its calls were started from besides its
@@ -68,10 +68,10 @@ type batch[K comparable, V any] struct {
 	// read-only after.
 	from []*loadMarker
 	// Written by the batch's goroutine as it delivers each call.
-	callers  int
-	stored   bool
-	writes   []*write[K, V]    // the writes its calls opened: handed to the writer together (completeBatch)
-	departed []departure[K, V] // what its calls made leave the cache, reported with the batch (EvictionObserver)
+	callers    int
+	stored     bool
+	writes     []*write[K, V]    // the writes its calls opened: handed to the writer together (completeBatch)
+	departures []departure[K, V] // what its calls made leave the cache, reported with the batch (EvictionObserver)
 }
 
 func (l *Loader[K, V]) newBatch(background bool) *batch[K, V] {
@@ -83,7 +83,7 @@ func (b *batch[K, V]) full() bool { return b != nil && len(b.calls) >= b.l.opts.
 
 // add makes c, just started and not yet visible to anyone (its shard lock
 // is held), one of b's calls; b is not full (flights.start checks). A
-// background call has taken the MaxRefreshes slot of the batch.
+// background call has taken the MaxRefreshes permit of the batch.
 func (b *batch[K, V]) add(c *call[K, V]) {
 	if b.leader == nil {
 		b.leader = c
@@ -92,7 +92,7 @@ func (b *batch[K, V]) add(c *call[K, V]) {
 	c.batch = b
 	b.calls = append(b.calls, c)
 	if c.background {
-		b.slotted = true
+		b.permitted = true
 	} else {
 		b.wanted.Add(1)
 	}
@@ -100,11 +100,11 @@ func (b *batch[K, V]) add(c *call[K, V]) {
 
 // markCalls makes the batch's context, its leader's, recognised as
 // coming from every load one of its calls was started from, not only the
-// leader's: a call that joined a window another load's Get opened keeps
+// leader's: a call that joined a gather another load's Get opened keeps
 // its own starter's chain, so a Get from inside LoadMany that closes a
 // cycle through it fails with ErrRecursiveLoad instead of waiting
 // LoadTimeout. Run by the batch's goroutine before its call, once its
-// calls are settled (a window is sealed); a batch whose calls share the
+// calls are settled (a gather is sealed); a batch whose calls share the
 // leader's starter, as a GetMany's do, adds nothing.
 func (b *batch[K, V]) markCalls() {
 	for _, c := range b.calls[1:] {
@@ -117,10 +117,10 @@ func (b *batch[K, V]) markCalls() {
 func (b *batch[K, V]) alsoFrom() []*loadMarker { return b.from }
 
 // abandon records that c, one of b's calls, has no caller left
-// (CancelAtZero), and cancels b when none of them has. A window still
-// open drops c instead (batchWindows.drop).
+// (CancelAtZero), and cancels b when none of them has. A gather still
+// open drops c instead (gathers.drop).
 func (b *batch[K, V]) abandon(c *call[K, V]) {
-	if b.wait != nil && b.l.bwin.drop(b, c) {
+	if b.gather != nil && b.l.gathers.drop(b, c) {
 		return
 	}
 	if b.wanted.Add(-1) == 0 {
@@ -151,7 +151,7 @@ func (l *Loader[K, V]) runBatch(b *batch[K, V]) {
 	out := batchResult[K, V]{err: ErrGoexit, down: tally{lctx: &b.leader.lctx, background: b.background && !b.queues()}} // err stays if LoadMany (or the Remote) ends the goroutine
 	defer func() {
 		out.took = l.now() - start - out.down.queued
-		if b.wait != nil && b.wait.leaderGone { // dropped from its window: no delivery ends its context
+		if b.gather != nil && b.gather.leaderGone { // dropped from its gather: no delivery ends its context
 			b.leader.endContext()
 		}
 		l.completeBatch(b, &out)
@@ -275,9 +275,9 @@ func (l *Loader[K, V]) reportBatch(b *batch[K, V], out *batchResult[K, V]) {
 		Key: b.calls[0].key, Duration: out.took, Err: out.failure(), NotFound: out.nf, Attempts: int(out.down.calls), Background: b.background,
 		Callers: b.callers, Abandoned: b.abandoned.Load(), Stored: b.stored, Keys: b.distinct, Queued: out.down.queued,
 	})
-	departed := b.departed
-	b.departed = nil
-	for _, d := range departed {
+	deps := b.departures
+	b.departures = nil
+	for _, d := range deps {
 		l.depart(d)
 	}
 }

@@ -128,7 +128,7 @@ func TestBatchWindowCoalescesPerKey(t *testing.T) {
 }
 
 // Rule 31: the background refreshes of 20 stale keys wait in one window
-// and go out as one LoadMany call, which holds one MaxRefreshes place
+// and go out as one LoadMany call, which holds one MaxRefreshes permit
 // (MaxRefreshes 1 here) and counts as one refresh.
 func TestBatchWindowStaleRefreshes(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {

@@ -8,7 +8,7 @@ import (
 
 // Splitting a failed batch (docs/design.md rule 31). A LoadMany call that
 // fails as a whole fails every key in it; when the Loader chose those keys
-// together (a window of unrelated Gets, or a GetMany's batch another
+// together (a gather of unrelated Gets, or a GetMany's batch another
 // caller joined), one bad key would fail callers that never asked for it.
 // So such a call is split in halves and each half tried again, down to
 // single keys, as AWS Lambda's BisectBatchOnFunctionError does: a key that
@@ -48,12 +48,12 @@ func (l *Loader[K, V]) loadMany(ctx context.Context, b *batch[K, V], keys []K, t
 
 // splits reports whether b's call of keys, which failed as a whole with
 // err, is split: it has more than one key, its keys came from more than
-// one caller (b is a window, or another caller joined one of its keys),
+// one caller (b is a gather, or another caller joined one of its keys),
 // its context has not ended, and err is not one that would answer every
 // part as it answered the whole: a not-found, the breaker's refusal,
 // ErrLimited, or a *ManyError (its keys failed one by one already).
 func (l *Loader[K, V]) splits(ctx context.Context, b *batch[K, V], keys []K, err error) bool {
-	if len(keys) < 2 || ctx.Err() != nil || (b.wait == nil && !b.joined.Load()) {
+	if len(keys) < 2 || ctx.Err() != nil || (b.gather == nil && !b.joined.Load()) {
 		return false
 	}
 	if _, many := err.(*ManyError[K]); many {
@@ -158,7 +158,7 @@ func (b *batch[K, V]) wants(keys []K) bool {
 		in[k] = struct{}{}
 	}
 	for _, c := range b.calls {
-		if _, ok := in[c.key]; ok && !b.l.flights.left(c) {
+		if _, ok := in[c.key]; ok && !b.l.flights.abandoned(c) {
 			return true
 		}
 	}

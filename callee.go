@@ -15,7 +15,7 @@ import (
 // says whether one may run (breakerIsOpen, allow), and what a call's error
 // says, for the breaker, for the retries and for the cache (classify,
 // classifyLoad, stopped, invalidKey). It knows nothing of keys, values, the cache or
-// the loads in flight. Every question it puts to user code (a custom
+// the loads in flight. Every question it asks of user code (a custom
 // breaker, IsNotFound, Retryable, IsFailure, the methods of an error) goes
 // through the guard. A Loader holds one, made in New and never changed; it
 // is safe for concurrent use.

@@ -23,6 +23,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/flightcache/flightcache/remote"
 )
 
 // trapped is what a trapCtx panics with.
@@ -38,6 +40,27 @@ type trapCtx struct {
 	err   bool  // Err panics
 	pass  int32 // trapped calls that get through first
 	calls atomic.Int32
+}
+
+// keyRead returns the first key read asks a context for: the key of a
+// context value that another package keeps unexported.
+func keyRead(read func(context.Context)) any {
+	rec := &keyRecorder{Context: context.Background()}
+	read(rec)
+	return rec.key
+}
+
+// keyRecorder records the first key a reader asks it for.
+type keyRecorder struct {
+	context.Context
+	key any
+}
+
+func (c *keyRecorder) Value(key any) any {
+	if c.key == nil {
+		c.key = key
+	}
+	return c.Context.Value(key)
 }
 
 func (c *trapCtx) trip() {
@@ -249,7 +272,7 @@ func runTrapCases(t *testing.T, cases []trapCase) {
 // keys and of 256 other keys, cold, each with a deadline, all return their
 // values (no shard lock held, no load left unlaunched); the Stats balance
 // (Gets = Hits + StaleHits + Misses + Closed, nobody Waiting); a background
-// refresh can still start (none left holding the one MaxRefreshes place,
+// refresh can still start (none left holding the one MaxRefreshes permit,
 // nor an entry marked as refreshing); Close returns.
 func (r *trapRig) checkWhole(t *testing.T, keys []string) {
 	t.Helper()
@@ -296,7 +319,7 @@ func (r *trapRig) checkWhole(t *testing.T, keys []string) {
 		t.Errorf("Stats = %+v; want Gets = Hits + StaleHits + Misses + Closed, Canceled <= Misses, nobody Waiting", s)
 	}
 	if len(keys) > 0 && s.Refreshes == refreshes {
-		t.Errorf("no background refresh started (Refreshes %d, RefreshesDropped %d): the MaxRefreshes place, or an entry, is left reserved",
+		t.Errorf("no background refresh started (Refreshes %d, RefreshesDropped %d): the MaxRefreshes permit, or an entry, is left reserved",
 			s.Refreshes, s.RefreshesDropped)
 	}
 	closeWithin(t, l)
@@ -314,15 +337,16 @@ func TestContextValuePanicCountsGetOut(t *testing.T) {
 	trap := func(ctx context.Context, key any, pass int32) *trapCtx {
 		return &trapCtx{Context: ctx, key: key, pass: pass}
 	}
+	maxStaleKey := keyRead(func(ctx context.Context) { remote.MaxStale(ctx) }) // the key WithMaxStale sets
 	loadHit := func(t *testing.T, r *trapRig) { r.load(t, "hit") }
 	loadStale := func(t *testing.T, r *trapRig) { r.load(t, "stale1", "stale2") }
 	runTrapCases(t, []trapCase{
 		{name: "Get/hit", setup: loadHit, ctx: trap(bg, revalidateKey{}, 0), call: get("hit"), keys: []string{"hit"}},
 		{name: "Get/revalidating", setup: loadHit, ctx: trap(WithRevalidate(bg), loadKey{}, 0), call: get("hit"), keys: []string{"hit"}},
-		{name: "Get/max-stale", setup: loadStale, ctx: trap(bg, maxStaleKey{}, 0), call: get("stale1"), keys: []string{"stale1"}},
+		{name: "Get/max-stale", setup: loadStale, ctx: trap(bg, maxStaleKey, 0), call: get("stale1"), keys: []string{"stale1"}},
 		{name: "Get/miss", ctx: trap(bg, loadKey{}, 0), call: get("cold"), keys: []string{"cold"}},
 		{name: "GetMany/revalidating", setup: loadHit, ctx: trap(bg, revalidateKey{}, 0), call: getMany("hit", "a"), keys: []string{"hit", "a"}},
-		{name: "GetMany/max-stale", setup: loadStale, ctx: trap(bg, maxStaleKey{}, 0), call: getMany("stale1", "stale2", "a"), keys: []string{"stale1", "stale2", "a"}},
+		{name: "GetMany/max-stale", setup: loadStale, ctx: trap(bg, maxStaleKey, 0), call: getMany("stale1", "stale2", "a"), keys: []string{"stale1", "stale2", "a"}},
 		{name: "GetMany/miss", ctx: trap(bg, loadKey{}, 0), call: getMany("a", "b", "c"), keys: []string{"a", "b", "c"}},
 		{name: "GetMany/LoadMany/miss", rig: rigOptions{batched: true}, ctx: trap(bg, loadKey{}, 0), call: getMany("a", "b", "c"), keys: []string{"a", "b", "c"}},
 		// The first key's load is published in the batch before the
@@ -330,7 +354,7 @@ func TestContextValuePanicCountsGetOut(t *testing.T) {
 		// marker is read once, before anything is published, and the
 		// call returns.
 		{name: "GetMany/LoadMany/published", rig: rigOptions{batched: true}, ctx: trap(bg, loadKey{}, 1), call: getMany("a", "b", "c"), keys: []string{"a", "b", "c"}, mayReturn: true},
-		{name: "GetMany/LoadMany/max-stale", rig: rigOptions{batched: true}, setup: loadStale, ctx: trap(bg, maxStaleKey{}, 0), call: getMany("a", "stale1", "stale2"), keys: []string{"a", "stale1", "stale2"}},
+		{name: "GetMany/LoadMany/max-stale", rig: rigOptions{batched: true}, setup: loadStale, ctx: trap(bg, maxStaleKey, 0), call: getMany("a", "stale1", "stale2"), keys: []string{"a", "stale1", "stale2"}},
 	})
 }
 

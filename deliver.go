@@ -68,9 +68,9 @@ func (l *Loader[K, V]) entryOf(c *call[K, V], r *loaded[V], res *delivery[K, V],
 		onGoexit := func() { l.deliver(c, r, res, nil, 0) }
 		life, keep := l.lifeOf(c.key, r.val, onGoexit)
 		keep = keep && l.versionOf(&life, r.val, onGoexit)
-		keep = l.tagsOf(&life, c.key, r.val, c.tagAt, onGoexit) && keep
+		keep = l.tagsOf(&life, c.key, r.val, c.at.tag, onGoexit) && keep
 		res.tags = life.tags
-		e = l.newEntry(c.key, r.val, life, born{at: res.loadedAt, took: r.took, gen: c.gen})
+		e = l.newEntry(c.key, r.val, life, born{at: res.loadedAt, took: r.took, gen: c.at.gen})
 		cost = 1
 		if l.opts.Cost != nil {
 			var ok bool
@@ -88,11 +88,11 @@ func (l *Loader[K, V]) entryOf(c *call[K, V], r *loaded[V], res *delivery[K, V],
 	case r.nf && l.opts.NotFoundTTL > 0:
 		var zero V
 		life := lifetime{ttl: l.opts.NotFoundTTL}
-		if !l.tagsOf(&life, c.key, zero, c.tagAt, func() { l.deliver(c, r, res, nil, 0) }) { // rule 36
+		if !l.tagsOf(&life, c.key, zero, c.at.tag, func() { l.deliver(c, r, res, nil, 0) }) { // rule 38
 			res.drop = true
 			return nil, 1
 		}
-		e = l.newEntry(c.key, r.val, life, born{at: now, gen: c.gen})
+		e = l.newEntry(c.key, r.val, life, born{at: now, gen: c.at.gen})
 		e.extra = &extra[K, V]{notFound: r.err, tags: life.tags}
 		return e, 1
 	case r.nf:
@@ -137,7 +137,7 @@ func (l *Loader[K, V]) deliver(c *call[K, V], r *loaded[V], res *delivery[K, V],
 		b.callers += callers
 		b.stored = b.stored || stored
 		if dep.any() {
-			b.departed = append(b.departed, dep)
+			b.departures = append(b.departures, dep)
 		}
 		close(c.done)
 		return

@@ -9,24 +9,24 @@ import (
 // writer's goroutine (docs/internals.md, "The write path"). Whoever marks an
 // entry gone reports it, once. ristretto's callbacks, the Clear and issue
 // run in the writer's rounds, which call no user code and which the
-// writer waits for: they only keep the event (noteLeft), and the writer
-// reports it after the round (reportLeft), holding no lock and no place.
+// writer waits for: they only keep the event (noteDeparture), and the writer
+// reports it after the round (reportDepartures), holding no lock and no place.
 // A Set or Invalidate that Evicted makes there cannot wait for its own
 // goroutine: it does the writer's rounds until its turn comes (takeWrite,
 // workOff).
 
-// reportLeft reports, on the writer's goroutine, the events the last
-// round kept (noteLeft), and those of the rounds that Evicted's writes do
+// reportDepartures reports, on the writer's goroutine, the events the last
+// round kept (noteDeparture), and those of the rounds that Evicted's writes do
 // meanwhile (workOff).
-func (wr *writer[K, V]) reportLeft() {
+func (wr *writer[K, V]) reportDepartures() {
 	if !wr.obs.observesEvictions() {
-		return // nothing is kept (noteLeft)
+		return // nothing is kept (noteDeparture)
 	}
 	for {
-		wr.leftMu.Lock()
-		evs := wr.left
-		wr.left = nil // a Clear's are a cache's worth: not kept for the next round
-		wr.leftMu.Unlock()
+		wr.departuresMu.Lock()
+		evs := wr.departures
+		wr.departures = nil // a Clear's are a cache's worth: not kept for the next round
+		wr.departuresMu.Unlock()
 		if len(evs) == 0 {
 			return
 		}
@@ -38,10 +38,10 @@ func (wr *writer[K, V]) reportLeft() {
 
 // replaced reports e (nil: none), an entry put marked gone, as having
 // left by cause: EvictionReplaced or EvictionInvalidated, refined by
-// leftBy. The caller holds nothing: Evicted is user code.
+// departureCause. The caller holds nothing: Evicted is user code.
 func (wr *writer[K, V]) replaced(e *entry[K, V], cause EvictionCause) {
 	if e != nil && wr.obs.observesEvictions() {
-		wr.obs.evicted(EvictionEvent[K]{Key: e.key, Cause: wr.leftBy(e, cause), Cost: wr.unknownCost()})
+		wr.obs.evicted(EvictionEvent[K]{Key: e.key, Cause: wr.departureCause(e, cause), Cost: wr.unknownCost()})
 	}
 }
 
@@ -55,10 +55,10 @@ func (wr *writer[K, V]) unknownCost() int64 {
 	return 0
 }
 
-// leftBy refines cause for an entry that leaves now: one from before an
+// departureCause refines cause for an entry that leaves now: one from before an
 // InvalidateAll left by it; one a newer value replaced or the policy
 // evicted past its windows had expired.
-func (wr *writer[K, V]) leftBy(e *entry[K, V], cause EvictionCause) EvictionCause {
+func (wr *writer[K, V]) departureCause(e *entry[K, V], cause EvictionCause) EvictionCause {
 	switch {
 	case wr.invalidated(e):
 		return EvictionInvalidated
@@ -68,41 +68,41 @@ func (wr *writer[K, V]) leftBy(e *entry[K, V], cause EvictionCause) EvictionCaus
 	return cause
 }
 
-// leftCache takes note of an entry ristretto's OnEvict hands over, with
+// noteEvicted takes note of an entry ristretto's OnEvict hands over, with
 // its cost. While the writer clears the cache for an InvalidateAll
 // (clearing, in a round, under ristretto's locks), the entries from before
 // it are invalidated, and the others have not left: they are issued again.
-func (wr *writer[K, V]) leftCache(e *entry[K, V], cost int64, clearing bool) {
+func (wr *writer[K, V]) noteEvicted(e *entry[K, V], cost int64, clearing bool) {
 	switch {
 	case e == nil || !wr.obs.observesEvictions():
 	case clearing:
 		if wr.invalidated(e) {
-			wr.noteLeft(e, EvictionInvalidated, wr.unknownCost())
+			wr.noteDeparture(e, EvictionInvalidated, wr.unknownCost())
 		}
 	default:
-		wr.noteLeft(e, EvictionPolicy, cost)
+		wr.noteDeparture(e, EvictionPolicy, cost)
 	}
 }
 
 // refused takes note of an entry ristretto's admission policy refused.
 func (wr *writer[K, V]) refused(e *entry[K, V], cost int64) {
 	if e != nil {
-		wr.noteLeft(e, EvictionRejected, cost)
+		wr.noteDeparture(e, EvictionRejected, cost)
 	}
 }
 
-// noteLeft marks e gone and, if an EvictionObserver is set and e was not
-// reported already, keeps its event, as having left by cause (leftBy),
-// for reportLeft. It calls no user code: it runs in the writer's rounds,
+// noteDeparture marks e gone and, if an EvictionObserver is set and e was not
+// reported already, keeps its event, as having left by cause (departureCause),
+// for reportDepartures. It calls no user code: it runs in the writer's rounds,
 // on ristretto's goroutine too.
-func (wr *writer[K, V]) noteLeft(e *entry[K, V], cause EvictionCause, cost int64) {
+func (wr *writer[K, V]) noteDeparture(e *entry[K, V], cause EvictionCause, cost int64) {
 	if !wr.obs.observesEvictions() || e.markGone() == nil {
 		return
 	}
-	ev := EvictionEvent[K]{Key: e.key, Cause: wr.leftBy(e, cause), Cost: cost}
-	wr.leftMu.Lock()
-	wr.left = append(wr.left, ev)
-	wr.leftMu.Unlock()
+	ev := EvictionEvent[K]{Key: e.key, Cause: wr.departureCause(e, cause), Cost: cost}
+	wr.departuresMu.Lock()
+	wr.departures = append(wr.departures, ev)
+	wr.departuresMu.Unlock()
 }
 
 // takeWrite takes a place of the writes' share for a write of cost,

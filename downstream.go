@@ -11,6 +11,7 @@ import (
 	"github.com/cenkalti/backoff/v4"
 	"github.com/flightcache/flightcache/internal/limit"
 	"github.com/flightcache/flightcache/internal/loadctx"
+	"github.com/flightcache/flightcache/remote"
 
 	"github.com/flightcache/flightcache/internal/life"
 )
@@ -30,17 +31,17 @@ import (
 type loaded[V any] struct {
 	val      V
 	err      error
-	reload   bool            // Options.Reload was called with the value held
-	notMod   bool            // and said ErrNotModified
-	old      V               // the value it was given
-	down     tally           // what its downstream calls did
-	end      time.Duration   // when the LoadFunc path returned, if fetch read the clock then (0: complete reads it)
-	took     time.Duration   // how long the value took to load, wherever it was; here, from the Limit slot on
-	age      time.Duration   // how old the value already is (from a Remote)
-	remote   bool            // the value came from the Remote without a load here
-	fallback *RemoteValue[V] // with err: an older value the Remote offers to cover it
-	nf       bool            // err is a not-found (callee.notFound), once judged
-	judged   bool            // nf is set
+	reload   bool             // Options.Reload was called with the value held
+	notMod   bool             // and said ErrNotModified
+	old      V                // the value it was given
+	down     tally            // what its downstream calls did
+	end      time.Duration    // when the LoadFunc path returned, if fetch read the clock then (0: complete reads it)
+	took     time.Duration    // how long the value took to load, wherever it was; here, from the Limit slot on
+	age      time.Duration    // how old the value already is (from a Remote)
+	remote   bool             // the value came from the Remote without a load here
+	fallback *remote.Value[V] // with err: an older value the Remote offers to cover it
+	nf       bool             // err is a not-found (callee.notFound), once judged
+	judged   bool             // nf is set
 }
 
 // fetch gets key's value for one load, into r: through the Remote if there
@@ -63,14 +64,14 @@ func (l *Loader[K, V]) fetch(ctx context.Context, key K, old *entry[K, V], start
 		r.val, r.err, r.took = v, err, r.end-start-r.down.queued
 		return
 	}
-	var rv RemoteValue[V]
+	var rv remote.Value[V]
 	var err error
 	if perr := l.user.guard(func() {
 		rv, err = l.opts.Remote.Load(ctx, key, func(ctx context.Context) (V, error) {
 			o := old
-			if fleet, ok := ctx.Value(reloadValueKey{}).(*reloadValue[V]); ok && l.opts.Reload != nil {
-				o = &entry[K, V]{key: key, val: fleet.v} // the tier's value: revalidate that one
-				r.reload, r.old = true, fleet.v
+			if fleet, ok := remote.ReloadValue[V](ctx); ok && l.opts.Reload != nil {
+				o = &entry[K, V]{key: key, val: fleet} // the tier's value: revalidate that one
+				r.reload, r.old = true, fleet
 			}
 			return l.load(ctx, key, o, &r.down)
 		})
@@ -78,7 +79,7 @@ func (l *Loader[K, V]) fetch(ctx context.Context, key K, old *entry[K, V], start
 		*r = loaded[V]{err: perr, down: r.down}
 		return
 	}
-	r.fromRemote(RemoteResult[V]{RemoteValue: rv, Err: err}, l.now()-start-r.down.queued)
+	r.fromRemote(remote.Result[V]{RemoteValue: rv, Err: err}, l.now()-start-r.down.queued)
 }
 
 // fromRemote is the result of a load the Remote answered with rr (a
@@ -88,7 +89,7 @@ func (l *Loader[K, V]) fetch(ctx context.Context, key K, old *entry[K, V], start
 // own Took, or none; one it loaded took its own Took less that wait, which
 // the Remote's clock cannot tell from the load, or here if it does not say.
 // An error comes with an older value to cover it, if the Remote offers one.
-func (r *loaded[V]) fromRemote(rr RemoteResult[V], here time.Duration) {
+func (r *loaded[V]) fromRemote(rr remote.Result[V], here time.Duration) {
 	r.val, r.err = rr.Value, rr.Err
 	if rr.Err != nil {
 		if !rr.LoadedAt.IsZero() {
@@ -116,7 +117,7 @@ type tally struct {
 	lctx       *loadctx.Context // the load's own context: its LoadTimeout starts again when a queued load gets its slot
 	queued     time.Duration    // how long the load waited for a slot of Options.Limit; not part of its took
 	calls      int32            // LoadFunc (or Reload, or LoadMany) calls made, saturating at MaxInt32
-	background bool             // a refresh, which holds its Limit slot since it was published (flights.start), or since its window went out (batchWindows.slot)
+	background bool             // a refresh, which holds its Limit slot since it was published (route), or since its gather went out (gathers.takeSlot)
 	held       bool             // a LoadMany call that holds its Limit slot already, for its split too (loadMany)
 }
 
@@ -389,23 +390,23 @@ func (l *Loader[K, V]) takeLabels(ctx context.Context) {
 // Run runs b's load, on a goroutine of the pool.
 func (b *batch[K, V]) Run() {
 	defer b.l.gate.ExitChild(b.stripe)
-	if b.wait != nil && !b.l.bwin.hold(b) {
-		return // every caller of the window left: no call
+	if b.gather != nil && !b.l.gathers.hold(b) {
+		return // every caller of the gather left: no call
 	}
 	b.l.runBatch(b)
 }
 
-// refreshSlots is the MaxRefreshes bound on background loads: a
-// background load takes a slot when it is published (flights.start: a
+// refreshPermits is the MaxRefreshes bound on background loads: a
+// background load takes a permit when it is published (route: a
 // background batch takes one for all its calls) and gives it back when it
 // ends (loadEnded), and nowhere else.
-type refreshSlots struct {
+type refreshPermits struct {
 	max  int64
 	used atomic.Int64
 }
 
-// take takes a slot, or counts the load in dropped when all are used.
-func (s *refreshSlots) take(dropped *atomic.Uint64) bool {
+// take takes a permit, or counts the load in dropped when all are used.
+func (s *refreshPermits) take(dropped *atomic.Uint64) bool {
 	if s.used.Add(1) > s.max {
 		s.used.Add(-1)
 		dropped.Add(1)
@@ -414,20 +415,20 @@ func (s *refreshSlots) take(dropped *atomic.Uint64) bool {
 	return true
 }
 
-// give gives a slot back.
-func (s *refreshSlots) give() { s.used.Add(-1) }
+// give gives a permit back.
+func (s *refreshPermits) give() { s.used.Add(-1) }
 
 // takeBackground takes what a background load holds while it runs, when
-// it is published (flights.start): a MaxRefreshes slot and, with a Limit,
+// it is published (route): a MaxRefreshes permit and, with a Limit,
 // a downstream slot, which a refresh never queues for (TryBackground). ok
 // false drops the refresh (counted in RefreshesDropped or
 // RefreshesLimited); the stale value keeps serving.
 func (l *Loader[K, V]) takeBackground() (s limit.Slot, ok bool) {
-	if !l.refreshSlots.take(&l.stats.refreshesDropped) {
+	if !l.refreshPermits.take(&l.stats.refreshesDropped) {
 		return limit.Slot{}, false
 	}
 	if s, ok = l.lim.TryBackground(); !ok {
-		l.refreshSlots.give()
+		l.refreshPermits.give()
 	}
 	return s, ok
 }
@@ -444,7 +445,7 @@ func (l *Loader[K, V]) loadEnded(err error, background bool, s limit.Slot) {
 		l.stats.loadErrors.Add(1)
 	}
 	if background {
-		l.refreshSlots.give()
+		l.refreshPermits.give()
 		s.Release()
 	}
 }

@@ -6,7 +6,10 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/flightcache/flightcache/internal/life"
+	"github.com/flightcache/flightcache/internal/limit"
 	"github.com/flightcache/flightcache/internal/timing"
+	"github.com/flightcache/flightcache/remote"
 )
 
 // entry is one cached value (or cached not-found error) with its timing.
@@ -77,12 +80,19 @@ func (e *entry[K, V]) failedRefresh() int {
 // own stale windows ([Options.Freshness]), or its version
 // ([Options.Version]).
 type extra[K comparable, V any] struct {
-	notFound  error   // a cached not-found error; nil for a value
-	win       windows // the entry's stale windows (none for a not-found)
-	ver       uint64  // the value's version, if versioned
-	versioned bool    // the value has a version: every value of a Loader with Version (version.go)
+	notFound  error         // a cached not-found error; nil for a value
+	swr, sie  time.Duration // the entry's stale windows (windows); none for a not-found
+	ver       uint64        // the value's version, if versioned
+	versioned bool          // the value has a version: every value of a Loader with Version (version.go)
 
 	tags *tagList // the value's tags (Options.Tags, tags.go); nil: none
+}
+
+// windows are the entry's stale windows, kept as two durations: a
+// remote.Windows would add 40 bytes to every entry of a Loader with
+// Version.
+func (x *extra[K, V]) windows() remote.Windows {
+	return remote.Windows{StaleWhileRevalidate: x.swr, StaleIfError: x.sie}
 }
 
 // error returns the cached not-found error, or nil for a value.
@@ -98,11 +108,13 @@ func (e *entry[K, V]) isNotFound() bool { return e.extra != nil && e.extra.notFo
 
 const refreshing = int64(^uint64(0) >> 1)
 
-func (l *Loader[K, V]) phase(e *entry[K, V], now time.Duration) phase {
+// phase places e at now by the phase rule (remote.Windows.PhaseAt), with
+// its own stale windows or the Loader's.
+func (kr *keyRules[K, V]) phase(e *entry[K, V], now time.Duration) remote.Phase {
 	if e.extra != nil {
-		return e.extra.win.phaseAt(now, e.freshUntil) // a cached not-found has no windows: never stale
+		return e.extra.windows().PhaseAt(now, e.freshUntil) // a cached not-found has no windows: never stale
 	}
-	return l.win.phaseAt(now, e.freshUntil)
+	return kr.win.PhaseAt(now, e.freshUntil)
 }
 
 // born is when and how a value came to be: loaded (or Set) at, in the
@@ -122,7 +134,7 @@ func (l *Loader[K, V]) newEntry(key K, v V, life lifetime, b born) *entry[K, V] 
 	e := &entry[K, V]{key: key, val: v, loadedAt: now, freshUntil: until}
 	e.mark.Store(b.gen)
 	if life.own || life.versioned || life.tags != nil {
-		e.extra = &extra[K, V]{win: life.win, ver: life.ver, versioned: life.versioned, tags: life.tags}
+		e.extra = &extra[K, V]{swr: life.win.StaleWhileRevalidate, sie: life.win.StaleIfError, ver: life.ver, versioned: life.versioned, tags: life.tags}
 	}
 	if l.opts.EarlyRefresh > 0 {
 		// Rounded up to the microsecond: a lead of a fast load (under a
@@ -138,7 +150,7 @@ func (l *Loader[K, V]) newEntry(key K, v V, life lifetime, b born) *entry[K, V] 
 // is set, its version (version.go).
 type lifetime struct {
 	ttl       time.Duration
-	win       windows
+	win       remote.Windows
 	own       bool
 	ver       uint64
 	versioned bool
@@ -164,23 +176,12 @@ func (l *Loader[K, V]) lifeOf(key K, v V, onGoexit func()) (life lifetime, keep 
 	if f.TTL > 0 {
 		life.ttl = f.TTL
 	}
-	life.win = windows{
-		staleWhileRevalidate: pick(f.StaleWhileRevalidate, l.win.staleWhileRevalidate),
-		staleIfError:         pick(f.StaleIfError, l.win.staleIfError),
+	life.win = remote.Windows{
+		StaleWhileRevalidate: pick(f.StaleWhileRevalidate, l.win.StaleWhileRevalidate),
+		StaleIfError:         pick(f.StaleIfError, l.win.StaleIfError),
 	}
 	life.own = life.win != l.win
 	return life, true
-}
-
-// pick is d, the default for 0, and none (0) for a negative d.
-func pick(d, def time.Duration) time.Duration {
-	switch {
-	case d == 0:
-		return def
-	case d < 0:
-		return 0
-	}
-	return d
 }
 
 // costOf calls the user's Cost through the guard: a panic gives ok ==
@@ -206,43 +207,66 @@ func (l *Loader[K, V]) tooBig(cost int64) bool {
 	return false
 }
 
-// phase is where an entry is in its life at a given moment.
-type phase uint8
-
-const (
-	phaseFresh        phase = iota // served as a hit
-	phaseStale                     // served at once, refreshed in the background
-	phaseStaleIfError              // a caller loads; the value covers a failure
-	phaseExpired                   // no use left: a miss
-)
-
-// windows are the stale windows that follow an entry's freshness.
-type windows struct {
-	staleWhileRevalidate time.Duration
-	staleIfError         time.Duration
+// keyRules are how a key's entries and loads are judged: what a Get is
+// answered with (judge), what is absent (live, below the floor), what a
+// Reload is handed (held), whether a load may still fill (mayFill), and
+// whether a write is outdated (outranks). The Loader embeds them, and the
+// in-flight map is handed them in its port (docs/design.md, "The
+// in-flight map's port"): a new rule about keys is a field and a method
+// here, not an edit of the map. Set in New, read-only after but for the
+// generation and the floor (remote.go).
+type keyRules[K comparable, V any] struct {
+	win        remote.Windows
+	epoch      time.Time      // every time offset in entries is measured from here
+	generation atomic.Uint32  // the fleet generation, in steps of genUnit (remote.go)
+	floor      atomic.Uint32  // the generation of the last InvalidateAll: older entries are absent (remote.go)
+	lim        *limit.Limiter // Options.Limit's slots for downstream calls; nil: no limit (set after init)
+	shut       *life.Gate     // the Loader's gate: nothing fills once it is closed
+	reloads    bool           // Options.Reload is set: a load of a value held revalidates it (held)
+	versioned  bool           // Options.Version is set: writes are compared (outranks)
+	policy     Policy         // Options.Policy: what the last waiter leaving does (flights.leave)
+	tags       *tagTable      // Options.Tags' states (tags.go); nil without
 }
 
-// phaseAt places now (an offset from the epoch) against an entry that is
-// fresh until freshUntil. Negative entries (cached not-found errors) have no
-// stale windows: pass the zero windows for them.
-func (w windows) phaseAt(now, freshUntil time.Duration) phase {
-	staleUntil := timing.Add(freshUntil, w.staleWhileRevalidate)
-	switch {
-	case now < freshUntil:
-		return phaseFresh
-	case now < staleUntil:
-		return phaseStale
-	case now < timing.Add(staleUntil, w.staleIfError):
-		return phaseStaleIfError
-	default:
-		return phaseExpired
-	}
+func (kr *keyRules[K, V]) init(opts *Options[K, V], shut *life.Gate) {
+	kr.win = remote.Windows{StaleWhileRevalidate: opts.StaleWhileRevalidate, StaleIfError: opts.StaleIfError}
+	kr.epoch = time.Now()
+	kr.shut = shut
+	kr.reloads, kr.versioned, kr.policy = opts.Reload != nil, opts.Version != nil, opts.Policy
+	kr.tags = newTagTable(opts.Tags != nil)
 }
+
+// stamp is what a load records of the rules when it starts: the
+// generation then, which its entry carries and its finish is judged by
+// (mayFill), and the tag clock then, its value's tag stamp (tags.go).
+type stamp struct {
+	gen uint32
+	tag uint64
+}
+
+// stampNow is the stamp of a load that starts now.
+func (kr *keyRules[K, V]) stampNow() stamp {
+	return stamp{gen: kr.generation.Load(), tag: kr.tags.now()}
+}
+
+// mayFill reports whether a load that started at s may still leave e
+// (nil: a drop of the value held) as its key's value, once it owns its
+// key: not after Close, not from before an InvalidateAll (rule 20), not a
+// value with a tag invalidated since s (rule 37: checked again here, under
+// the key's lock, for an InvalidateTag after entryOf's check).
+func (kr *keyRules[K, V]) mayFill(s stamp, e *entry[K, V]) bool {
+	return !kr.shut.Closed() && !kr.belowFloor(s.gen) && (e == nil || !e.tagDropped())
+}
+
+// distrustedLoad reports whether a load that started at s started before
+// the last Distrust or InvalidateAll (rules 18 and 27): a caller that
+// starts now does not take its result.
+func (kr *keyRules[K, V]) distrustedLoad(s stamp) bool { return s.gen != kr.generation.Load() }
 
 // distrusted reports whether e was loaded (or Set) before the last
 // Distrust: a Get must not serve it as it stands.
-func (l *Loader[K, V]) distrusted(e *entry[K, V]) bool {
-	return e.mark.Load()&^(goneBit|failsMask) != l.generation.Load()
+func (kr *keyRules[K, V]) distrusted(e *entry[K, V]) bool {
+	return e.mark.Load()&^(goneBit|failsMask) != kr.generation.Load()
 }
 
 // cleared reports whether e was loaded (or Set) before the last
@@ -250,19 +274,19 @@ func (l *Loader[K, V]) distrusted(e *entry[K, V]) bool {
 // absent, not even a stale fallback or a value for a Reload. The
 // generations compare by their difference, so the order holds across the
 // counter's wrap for entries less than 2^26 moves old.
-func (l *Loader[K, V]) cleared(e *entry[K, V]) bool {
-	return l.olderThanFloor(e.mark.Load()&^(goneBit|failsMask)) || e.tagDropped()
+func (kr *keyRules[K, V]) cleared(e *entry[K, V]) bool {
+	return kr.belowFloor(e.mark.Load()&^(goneBit|failsMask)) || e.tagDropped()
 }
 
-// olderThanFloor reports whether generation gen is older than the last
-// InvalidateAll's.
-func (l *Loader[K, V]) olderThanFloor(gen uint32) bool {
-	return int32(l.floor.Load()-gen) > 0
+// belowFloor reports whether generation gen is older than the last
+// InvalidateAll's (the floor).
+func (kr *keyRules[K, V]) belowFloor(gen uint32) bool {
+	return int32(kr.floor.Load()-gen) > 0
 }
 
 // live returns e, or nil if e is cleared (or nil).
-func (l *Loader[K, V]) live(e *entry[K, V]) *entry[K, V] {
-	if e == nil || l.cleared(e) {
+func (kr *keyRules[K, V]) live(e *entry[K, V]) *entry[K, V] {
+	if e == nil || kr.cleared(e) {
 		return nil
 	}
 	return e

@@ -5,59 +5,13 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"math/big"
 	"testing"
 	"testing/synctest"
 	"time"
 
 	"github.com/flightcache/flightcache/internal/timing"
+	"github.com/flightcache/flightcache/remote"
 )
-
-func TestPhaseAt(t *testing.T) {
-	w := windows{staleWhileRevalidate: 10, staleIfError: 5}
-	for now, want := range map[time.Duration]phase{
-		99: phaseFresh, 100: phaseStale, 109: phaseStale, 110: phaseStaleIfError,
-		114: phaseStaleIfError, 115: phaseExpired, 1000: phaseExpired,
-	} {
-		if got := w.phaseAt(now, 100); got != want {
-			t.Errorf("phaseAt(%d, 100) = %d; want %d", now, got, want)
-		}
-	}
-	if got := (windows{}).phaseAt(100, 100); got != phaseExpired {
-		t.Errorf("no windows: phaseAt(expiry) = %d; want expired", got)
-	}
-}
-
-// FuzzPhaseAt: an entry's phase at any moment follows the exact sums of its
-// freshness and windows (non-negative, as validated), saturated at the end
-// of time: a window that runs past math.MaxInt64 lasts to the last moment.
-func FuzzPhaseAt(f *testing.F) {
-	f.Add(int64(61*time.Second), int64(60*time.Second), int64(math.MaxInt64), int64(0))
-	f.Add(int64(math.MaxInt64-1), int64(math.MaxInt64-2), int64(math.MaxInt64), int64(math.MaxInt64))
-	f.Add(int64(math.MinInt64), int64(math.MinInt64), int64(1), int64(1))
-	f.Add(int64(0), int64(-1), int64(0), int64(math.MaxInt64))
-	f.Fuzz(func(t *testing.T, now, freshUntil, swr, sie int64) {
-		if swr < 0 || sie < 0 || now == math.MaxInt64 {
-			return // windows are >= 0; now never reaches the end of time
-		}
-		w := windows{staleWhileRevalidate: time.Duration(swr), staleIfError: time.Duration(sie)}
-		n, fu := big.NewInt(now), big.NewInt(freshUntil)
-		staleUntil := new(big.Int).Add(fu, big.NewInt(swr))
-		errUntil := new(big.Int).Add(staleUntil, big.NewInt(sie))
-		want := phaseExpired
-		switch {
-		case n.Cmp(fu) < 0:
-			want = phaseFresh
-		case n.Cmp(staleUntil) < 0:
-			want = phaseStale
-		case n.Cmp(errUntil) < 0:
-			want = phaseStaleIfError
-		}
-		if got := w.phaseAt(time.Duration(now), time.Duration(freshUntil)); got != want {
-			t.Fatalf("phaseAt(%d, %d) with windows %d, %d = %d; want %d", now, freshUntil, swr, sie, got, want)
-		}
-	})
-}
 
 // An entry keeps its early refresh to the microsecond, rounded up: the lead
 // of a load faster than a millisecond does not vanish, and is never
@@ -110,9 +64,9 @@ func TestHugeTTLDoesNotOverflow(t *testing.T) {
 }
 
 func TestHugeStaleWindowDoesNotOverflow(t *testing.T) {
-	w := windows{staleWhileRevalidate: time.Duration(math.MaxInt64)}
-	if p := w.phaseAt(61*time.Second, 60*time.Second); p != phaseStale {
-		t.Errorf("SWR=MaxInt64: phase %d one second after expiry, want phaseStale (%d)", p, phaseStale)
+	w := remote.Windows{StaleWhileRevalidate: time.Duration(math.MaxInt64)}
+	if p := w.PhaseAt(61*time.Second, 60*time.Second); p != remote.PhaseStale {
+		t.Errorf("SWR=MaxInt64: phase %d one second after expiry, want phaseStale (%d)", p, remote.PhaseStale)
 	}
 }
 

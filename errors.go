@@ -5,13 +5,14 @@ import (
 	"fmt"
 	"reflect"
 
+	"github.com/flightcache/flightcache/remote"
 	"github.com/sony/gobreaker/v2"
 )
 
 // ErrClosed is returned by [Loader.Get] and [Loader.GetInfo] after
 // [Loader.Close] has been called, and to callers whose load was stopped by
 // Close.
-var ErrClosed = errors.New("flightcache: loader closed")
+var ErrClosed = remote.ErrClosed
 
 // ErrNotFound is the error a [LoadFunc] returns, wrapped or not, for a key
 // that does not exist downstream. It is never counted as a breaker failure
@@ -36,7 +37,7 @@ var ErrClosed = errors.New("flightcache: loader closed")
 // ErrNotFound alone: no Go error value crosses processes, at most its
 // text. [Loader.GetMany] reports no not-found: such a key is absent from
 // its map, not failed.
-var ErrNotFound = errors.New("flightcache: not found")
+var ErrNotFound = remote.ErrNotFound
 
 // notFoundError is a load's own not-found error, one only
 // [Options.IsNotFound] recognised, as its callers receive it: it matches
@@ -58,7 +59,7 @@ func (e *notFoundError) Unwrap() []error { return []error{ErrNotFound, e.err} }
 // value, renews its freshness from now ([Options.Freshness] is asked again
 // for it), and gives it to the reload's callers. It never reaches a caller.
 // Returned by a plain LoadFunc it is an error like any other.
-var ErrNotModified = errors.New("flightcache: not modified")
+var ErrNotModified = remote.ErrNotModified
 
 // ErrBreakerOpen matches (with [errors.Is]) the error a caller receives when
 // the circuit breaker refused the downstream call, because it is open or
@@ -80,7 +81,7 @@ var ErrNotModified = errors.New("flightcache: not modified")
 // errors is kept in the text, after a colon: it says which breaker, or
 // why. The Loader adds no failure of its own to a custom breaker's refusal:
 // a breaker shared by processes may be open for another's.
-var ErrBreakerOpen = errors.New("flightcache: circuit breaker open")
+var ErrBreakerOpen = remote.ErrBreakerOpen
 
 // breakerOpenError is the error of a call the breaker refused: it matches
 // ErrBreakerOpen and the breaker's refusal, and says ErrBreakerOpen's text
@@ -123,7 +124,7 @@ func (e *breakerOpenError) Unwrap() []error { return []error{ErrBreakerOpen, e.r
 // [ErrBreakerOpen] it says nothing about the key: it is never cached, never
 // retried, never counted as a breaker failure, and a stale value within
 // [Options.StaleIfError] covers it like any failure.
-var ErrLimited = errors.New("flightcache: downstream load limit reached")
+var ErrLimited = remote.ErrLimited
 
 // ErrLoadTimeout matches (with [errors.Is]) the error of a load that ran
 // past [Options.LoadTimeout], retries included. The load's own error (usually
@@ -132,7 +133,7 @@ var ErrLimited = errors.New("flightcache: downstream load limit reached")
 // that comes once the LoadTimeout has passed, before the load's context
 // has ended (a driver's dial deadline, taken from that context, firing
 // first: "flightcache: load timed out: dial tcp ...: i/o timeout").
-var ErrLoadTimeout = errors.New("flightcache: load timed out")
+var ErrLoadTimeout = remote.ErrLoadTimeout
 
 // ErrInvalidKey matches (with [errors.Is]) the error of a key that is the
 // caller's fault, not the downstream's: one [Options.ValidateKey]
@@ -149,7 +150,7 @@ var ErrLoadTimeout = errors.New("flightcache: load timed out")
 // callers' error matches ErrInvalidKey and the error it wraps. So one
 // request with a malformed id (a collation error, a 400 from the service
 // behind) cannot open the breaker for everyone.
-var ErrInvalidKey = errors.New("flightcache: invalid key")
+var ErrInvalidKey = remote.ErrInvalidKey
 
 // invalidKeyError is the error of a key [Options.ValidateKey] rejected:
 // it matches ErrInvalidKey and ValidateKey's own error (or the

@@ -271,9 +271,9 @@ func TestEvictedWritesToAnotherLoader(t *testing.T) {
 		// What a round done by the other Loader's writer saw leave is
 		// reported by this Loader's own writer, which that round woke.
 		waitFor(t, fmt.Sprintf("Loader %d to report every departure", i), 10*time.Second, func() bool {
-			l.writer.leftMu.Lock()
-			defer l.writer.leftMu.Unlock()
-			return len(l.writer.left) == 0
+			l.writer.departuresMu.Lock()
+			defer l.writer.departuresMu.Unlock()
+			return len(l.writer.departures) == 0
 		})
 	}
 	for _, l := range ls {

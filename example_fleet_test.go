@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/flightcache/flightcache"
+	"github.com/flightcache/flightcache/remote"
 )
 
 // bus is a fleet in one program: each member is one process's Remote, and
@@ -19,17 +20,17 @@ type bus struct {
 
 type member struct {
 	bus   *bus
-	local flightcache.LocalCache[string]
+	local remote.LocalCache[string]
 }
 
-func (m *member) Watch(local flightcache.LocalCache[string]) { m.local = local }
+func (m *member) Watch(local remote.LocalCache[string]) { m.local = local }
 
-func (m *member) Load(ctx context.Context, _ string, load func(context.Context) (string, error)) (flightcache.RemoteValue[string], error) {
+func (m *member) Load(ctx context.Context, _ string, load func(context.Context) (string, error)) (remote.Value[string], error) {
 	v, err := load(ctx) // no shared values in this sketch: each process loads
-	return flightcache.RemoteValue[string]{Value: v, LoadedAt: time.Now(), Loaded: true}, err
+	return remote.Value[string]{Value: v, LoadedAt: time.Now(), Loaded: true}, err
 }
 
-func (m *member) Set(_ context.Context, key string, _ flightcache.RemoteValue[string]) {
+func (m *member) Set(_ context.Context, key string, _ remote.Value[string]) {
 	m.publish(key)
 }
 

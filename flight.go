@@ -1,19 +1,19 @@
 package flightcache
 
 import (
-	"github.com/flightcache/flightcache/internal/life"
-	"github.com/flightcache/flightcache/internal/limit"
-
 	"context"
 	"sync"
 	"sync/atomic"
 	"time"
 
+	"github.com/dgraph-io/ristretto/v2"
+
+	"github.com/flightcache/flightcache/internal/life"
 	"github.com/flightcache/flightcache/internal/loadctx"
 )
 
 // flightShards is the number of independent in-flight maps. A key's shard
-// is chosen by its hash, so keys that share a cache slot (a hash collision)
+// is chosen by its hash, so keys that share a cache bucket (a hash collision)
 // also share a shard.
 const flightShards = 64
 
@@ -30,8 +30,22 @@ const flightShards = 64
 // writer): the caller's context is user code too, read before any lock
 // (request.who).
 type flights[K comparable, V any] struct {
-	l      *Loader[K, V] // the Loader they belong to: its clock, phases, cache lookups and goroutines
+	port[K, V]
 	shards [flightShards]shard[K, V]
+}
+
+// port is all the in-flight map is handed of its Loader, in New, and all
+// it reaches of it (docs/design.md, "The in-flight map's port"): how a
+// key's entries and loads are judged, the cache it looks keys up in, the
+// one decision where a new load goes, a fill's place among the pending
+// writes, and the counters. What comes back is the call a Get waits on
+// and the writes it opens, for the writer.
+type port[K comparable, V any] struct {
+	rules    *keyRules[K, V]
+	cache    *ristretto.Cache[uint64, *entry[K, V]]
+	router   *gathers[K, V]        // where a new load goes (route, gather.go)
+	takeFill func(cost int64) bool // a fill's place among the pending writes (write.go)
+	stats    *counters
 }
 
 // shard is one in-flight map, singleflight-style.
@@ -104,8 +118,7 @@ type call[K comparable, V any] struct {
 	lctx       loadctx.Context
 	vals       loadValues   // what lctx's Value answers
 	background bool         // a refresh nobody waited on when it started
-	gen        uint32       // the fleet generation when it started: its entry's (remote.go)
-	tagAt      uint64       // the tag clock when it started: its value's stamp (tags.go)
+	at         stamp        // the rules when it started (keyRules.stampNow): its entry's generation, its right to fill
 	from       *entry[K, V] // the value held for the key when the load started (a refresh's, a Reload's old value), or nil
 	stripe     *life.Stripe // the stripe the load goroutine is counted on (lifecycle)
 
@@ -134,8 +147,8 @@ type call[K comparable, V any] struct {
 	seen glance[K, V] // the key's cached entry when the call started: finish's locked starts from it
 }
 
-func (f *flights[K, V]) init(l *Loader[K, V]) {
-	f.l = l
+func (f *flights[K, V]) init(p port[K, V]) {
+	f.port = p
 	for i := range f.shards {
 		f.shards[i].loads = make(map[K]*call[K, V])
 		f.shards[i].writes = make(map[K]*write[K, V])
@@ -171,7 +184,7 @@ type glance[K comparable, V any] struct {
 // glance looks key up in the cache for a later locked.
 func (f *flights[K, V]) glance(h uint64, key K) glance[K, V] {
 	n := f.shard(h).settles.Load()
-	return glance[K, V]{e: f.l.cached(h, key), at: n + 1}
+	return glance[K, V]{e: f.cached(h, key), at: n + 1}
 }
 
 // lockTries is how many looks at the cache locked makes before it looks
@@ -205,7 +218,7 @@ func (f *flights[K, V]) locked(h uint64, key K, g glance[K, V], commit func(sh *
 		sh.mu.Lock()
 		n := sh.settles.Load()
 		if try == lockTries {
-			g.e = f.l.cached(h, key)
+			g.e = f.cached(h, key)
 		} else if n+1 != g.at {
 			sh.mu.Unlock()
 			g.at = 0
@@ -226,7 +239,7 @@ func (f *flights[K, V]) current(sh *shard[K, V], key K, seen glance[K, V]) (cur 
 	if w := sh.writes[key]; w != nil {
 		cur = w.entry
 	}
-	return f.l.live(cur), sh.loads[key]
+	return f.rules.live(cur), sh.loads[key]
 }
 
 // join is what a Get the cache did not answer does under its key's lock:
@@ -237,109 +250,94 @@ func (f *flights[K, V]) current(sh *shard[K, V], key K, seen glance[K, V]) (cur 
 // except a Reload of a value held, which needs that value and goes alone.
 // What it found goes in *j.
 func (f *flights[K, V]) join(r *request[K, V], j *joined[K, V]) {
-	var launch bool
-	var act windowAct[K, V]
+	var after afterStart[K, V]
 	f.locked(r.h, r.key, r.g, func(sh *shard[K, V], seen glance[K, V]) {
-		launch, act = f.joinLocked(sh, seen, r, j)
+		after = f.joinLocked(sh, seen, r, j)
 	})
-	if launch {
-		f.l.launch(j.c, r.s)
-	}
-	act.do(f.l, r.s)
+	after.do()
 }
 
 // joinLocked is join's decision, under the key's shard lock, into *j;
-// launch reports a load started alone, which join launches after
-// unlocking, and act what a load started in a batch window leaves to do.
-func (f *flights[K, V]) joinLocked(sh *shard[K, V], seen glance[K, V], r *request[K, V], j *joined[K, V]) (launch bool, act windowAct[K, V]) {
-	l := f.l
+// after is what a load it started leaves to do once unlocked (route).
+func (f *flights[K, V]) joinLocked(sh *shard[K, V], seen glance[K, V], r *request[K, V], j *joined[K, V]) (after afterStart[K, V]) {
 	cur, c := f.current(sh, r.key, seen)
-	if src := l.judge(&r.cl, cur, r.start); src != SourceNone {
+	if src := f.rules.judge(&r.cl, cur, r.start); src != SourceNone {
 		*j = joined[K, V]{e: cur, src: src}
-		return false, act
+		return after
 	}
-	reread := cur != nil && !r.cl.revalidate && l.distrusted(cur) // rule 18
+	reread := cur != nil && !r.cl.revalidate && f.rules.distrusted(cur) // rule 18
 	if c != nil {
 		if r.cl.marker.waitsOn(c) || (c.batch != nil && r.cl.marker.waitsOn(c.batch)) {
 			*j = joined[K, V]{err: ErrRecursiveLoad}
-			return false, act
+			return after
 		}
-		if !f.outdated(sh, c) {
+		if !f.detachDistrusted(sh, c) {
 			c.waiters++
-			if c.batch != nil && c.batch.wait == nil && !c.batch.joined.Load() {
+			if c.batch != nil && c.batch.gather == nil && !c.batch.joined.Load() {
 				c.batch.joined.Store(true) // a GetMany's batch now answers another caller too (bisect)
 			}
 			*j = joined[K, V]{c: c, reread: reread}
-			return false, act
+			return after
 		}
 		reread = true
 	}
-	n := newLoad[K, V]{seen: seen, from: l.held(cur, r.start)}
+	n := newLoad[K, V]{seen: seen, from: f.rules.held(cur, r.start)}
 	if r.many != nil && n.from == nil { // a Reload goes alone
 		n.into = r.many.fg // open (batches.open)
 	}
-	c, batched, act := f.start(sh, r, n)
-	if c == nil {
+	if c, after = f.start(sh, r, n); c == nil {
 		*j = joined[K, V]{err: ErrClosed}
-		return false, act
+		return after
 	}
 	*j = joined[K, V]{c: c, started: true, reread: reread}
-	return !batched, act
+	return after
 }
 
 // startRefresh starts a background load of r's key to replace from, unless
 // from is no longer the key's entry, a load of the key is in flight, or
 // MaxRefreshes are running. It reports whether it started one, and
 // whether in a batch: with into not nil, the load is one of into's calls,
-// launched with it by the GetMany; else it may wait in a batch window.
+// launched with it by the GetMany; else it may wait in a gather.
 func (f *flights[K, V]) startRefresh(r *request[K, V], from *entry[K, V], into *batch[K, V]) (started, batched bool) {
 	var c *call[K, V]
-	var act windowAct[K, V]
+	var after afterStart[K, V]
 	f.locked(r.h, r.key, glance[K, V]{}, func(sh *shard[K, V], seen glance[K, V]) {
 		if cur, running := f.current(sh, r.key, seen); cur == from && running == nil {
-			c, batched, act = f.start(sh, r, newLoad[K, V]{seen: seen, from: from, background: true, into: into})
+			c, after = f.start(sh, r, newLoad[K, V]{seen: seen, from: from, background: true, into: into})
 		}
 	})
-	if c != nil && !batched {
-		f.l.launch(c, r.s)
-	}
-	act.do(f.l, r.s)
-	return c != nil, batched
+	after.do()
+	return c != nil, after.alone == nil
 }
 
 // refreshNow is what Refresh does: start a background load of r's key,
 // revalidating the value held if any, unless one of the current generation
 // is in flight (it then joins it, doing nothing) or MaxRefreshes are
 // running (it is dropped). One from before a Distrust or an InvalidateAll
-// is detached (outdated), and a new load starts. It reports whether it
-// started one alone: one that waits in a batch window is counted with its
-// window.
+// is detached (detachDistrusted), and a new load starts; r.start is when
+// Refresh was called. It reports
+// whether it started one alone: one that waits in a gather is counted
+// with its gather.
 func (f *flights[K, V]) refreshNow(r *request[K, V]) bool {
-	now := f.l.now()
-	var c *call[K, V]
-	var batched bool
-	var act windowAct[K, V]
+	var after afterStart[K, V]
 	f.locked(r.h, r.key, glance[K, V]{}, func(sh *shard[K, V], seen glance[K, V]) {
-		if cur, running := f.current(sh, r.key, seen); running == nil || f.outdated(sh, running) {
-			c, batched, act = f.start(sh, r, newLoad[K, V]{seen: seen, from: f.l.held(cur, now), background: true})
+		if cur, running := f.current(sh, r.key, seen); running == nil || f.detachDistrusted(sh, running) {
+			_, after = f.start(sh, r, newLoad[K, V]{seen: seen, from: f.rules.held(cur, r.start), background: true})
 		}
 	})
-	if c != nil && !batched {
-		f.l.launch(c, r.s)
-	}
-	act.do(f.l, r.s)
-	return c != nil && !batched
+	after.do()
+	return after.alone != nil
 }
 
-// outdated reports whether c, the load in flight for its key, started
-// before the last Distrust or InvalidateAll (rules 18 and 20), and if so
-// detaches it: it may carry what the fleet has overwritten since, or a
-// value from before the InvalidateAll, so no Get, revalidating Get,
-// GetMany or Refresh that starts now may take its result. It keeps its
-// waiters, but not the key: the caller starts a load of its own. The
-// caller holds sh.mu.
-func (f *flights[K, V]) outdated(sh *shard[K, V], c *call[K, V]) bool {
-	if c.gen == f.l.generation.Load() {
+// detachDistrusted reports whether c, the load in flight for its key,
+// started before the last Distrust or InvalidateAll (rules 18 and 20),
+// and if so detaches it: it may carry what the fleet has overwritten
+// since, or a value from before the InvalidateAll, so no Get,
+// revalidating Get, GetMany or Refresh that starts now may take its
+// result. It keeps its waiters, but not the key: the caller starts a load
+// of its own. The caller holds sh.mu.
+func (f *flights[K, V]) detachDistrusted(sh *shard[K, V], c *call[K, V]) bool {
+	if !f.rules.distrustedLoad(c.at) {
 		return false
 	}
 	sh.detach(c.key)
@@ -350,76 +348,25 @@ func (f *flights[K, V]) outdated(sh *shard[K, V], c *call[K, V]) bool {
 type newLoad[K comparable, V any] struct {
 	seen       glance[K, V] // the key's cached entry under the lock: finish starts from it
 	from       *entry[K, V] // the value held for the key (a refresh's, a Reload's old value), or nil
-	background bool         // nobody waits on it: a refresh, which takes a MaxRefreshes slot
+	background bool         // nobody waits on it: a refresh, which takes a MaxRefreshes permit
 	into       *batch[K, V] // the batch whose LoadMany call loads it, or nil: alone
 }
 
-// start publishes a new load of r's key in sh, under sh.mu, for r's caller,
-// whose context was read before locking (request.who: its methods are
-// user code). It reports whether the load is one of n.into's calls (the
-// caller launches it with the batch), or of a batch window's (act says
-// what the caller does for the window after unlocking), rather than alone
-// (the caller launches it). It returns nil after Close, and for a
-// background load that finds every MaxRefreshes slot taken (a batch takes
-// one for all its calls). Close sets its flag before it sweeps the shards
-// (cancelAll), so a load is either swept or never started.
-func (f *flights[K, V]) start(sh *shard[K, V], r *request[K, V], n newLoad[K, V]) (c *call[K, V], batched bool, act windowAct[K, V]) {
-	l := f.l
-	switch {
-	case l.gate.Closed():
-		return nil, false, act
-	case l.bwin.takes(r.key, &n): // it waits in a batch window
-		return l.bwin.start(f, sh, r, n)
+// start publishes a new load of r's key in sh, under sh.mu, for r's
+// caller, whose context was read before locking (request.who: its methods
+// are user code): route decides where it goes and builds it, and start
+// publishes it. after is what the caller does once it has unlocked
+// (launch it alone, launch or wake its gather; nothing for a GetMany's
+// batch, which the GetMany launches). It returns nil after Close, and for
+// a background load that finds every MaxRefreshes permit taken. Close
+// sets its flag before it sweeps the shards (cancelAll), so a load is
+// either swept or never started.
+func (f *flights[K, V]) start(sh *shard[K, V], r *request[K, V], n newLoad[K, V]) (c *call[K, V], after afterStart[K, V]) {
+	if c, after = f.router.route(r, n); c != nil {
+		sh.loads[r.key] = c
+		grew(&sh.peakLoads, len(sh.loads))
 	}
-	batched = n.into != nil && !n.into.full()
-	var held limit.Slot // a background load's Limit slot, if not batched (its end gives back l.lim.Background())
-	if n.background && !(batched && n.into.slotted) {
-		var ok bool
-		if batched && n.into.wait != nil {
-			// A window of refreshes takes its Limit slot as its call goes
-			// out, not now (batchWindows.slot): idle, it holds none.
-			ok = l.refreshSlots.take(&l.stats.refreshesDropped)
-		} else {
-			held, ok = l.takeBackground()
-		}
-		if !ok {
-			return nil, false, act
-		}
-	}
-	gen := l.generation.Load()
-	if n.from != nil && l.cleared(n.from) {
-		// An InvalidateAll raised the floor since the value held was
-		// judged live: a load of its generation (or a newer one) must not
-		// carry it (raiseFloor). The floor is read after the generation.
-		n.from = nil
-	}
-	c = &call[K, V]{l: l, key: r.key, h: r.h, done: make(chan struct{}), background: n.background, from: n.from, gen: gen, seen: n.seen}
-	c.tagAt = l.tags.now()
-	ctx, marker := r.cl.ctx, r.cl.marker
-	if n.background {
-		marker = nil // nothing waits on it: a Get it makes of the key that started it is no cycle
-	} else {
-		c.waiters = 1
-	}
-	if r.cl.done != nil {
-		// Keep ctx's values, never its cancellation, nor its cause: the
-		// load's context.Cause must not find the caller's cancel context.
-		// (A context without Done has no cancel context to find.)
-		// WithoutCancel calls no method of ctx: it only wraps it.
-		ctx = context.WithoutCancel(ctx)
-	}
-	c.vals = loadValues{caller: ctx, marker: loadMarker{id: c, parent: marker}}
-	c.lctx.Init(&c.vals)
-	sh.loads[r.key] = c
-	grew(&sh.peakLoads, len(sh.loads))
-	if !batched {
-		return c, false, act
-	}
-	if n.background && !n.into.slotted {
-		n.into.limSlot = held
-	}
-	n.into.add(c)
-	return c, true, act
+	return c, after
 }
 
 // leave withdraws a waiter whose context ended. It returns false if the
@@ -428,7 +375,6 @@ func (f *flights[K, V]) start(sh *shard[K, V], r *request[K, V], n newLoad[K, V]
 // last waiter out takes the load out of the map under the same lock, so no
 // later caller can join the cancelled load, and cancels it after unlocking.
 func (f *flights[K, V]) leave(c *call[K, V]) bool {
-	l := f.l
 	sh := f.shard(c.h)
 	sh.mu.Lock()
 	if c.finished {
@@ -438,7 +384,7 @@ func (f *flights[K, V]) leave(c *call[K, V]) bool {
 	c.waiters--
 	var cancel func(error)
 	var unwanted *batch[K, V]
-	if c.waiters == 0 && !c.background && l.opts.Policy == CancelAtZero {
+	if c.waiters == 0 && !c.background && f.rules.policy == CancelAtZero {
 		sh.forget(c)
 		c.abandoned = true
 		if c.batch == nil {
@@ -457,9 +403,10 @@ func (f *flights[K, V]) leave(c *call[K, V]) bool {
 	return true
 }
 
-// left reports whether every caller of c has left it under CancelAtZero
-// (leave): nobody reads its result. A split batch asks (batch.wants).
-func (f *flights[K, V]) left(c *call[K, V]) bool {
+// abandoned reports whether every caller of c has left it under
+// CancelAtZero (leave): nobody reads its result. A split batch asks
+// (batch.wants).
+func (f *flights[K, V]) abandoned(c *call[K, V]) bool {
 	sh := f.shard(c.h)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
@@ -469,7 +416,7 @@ func (f *flights[K, V]) left(c *call[K, V]) bool {
 // waitedOn reports whether a Get waits on any of calls, each read under
 // its shard lock; with forget, each call nobody waits on leaves its key's
 // map (forget) under that lock, so that no Get joins it from then on (a
-// window of refreshes dropped as it goes out: batchWindows.slot).
+// gather of refreshes dropped as it goes out: gathers.takeSlot).
 func (f *flights[K, V]) waitedOn(calls []*call[K, V], forget bool) bool {
 	found := false
 	for _, c := range calls {
@@ -514,25 +461,23 @@ func (sh *shard[K, V]) detach(key K) {
 }
 
 // startAlone starts a load of r's key, a key not equal to itself (a NaN in
-// it), for the one Get that waits on it. No map lookup finds such a key and
-// no delete removes it, so it must not be published in loads, where it
-// would stay for good: start publishes it in a map dropped at once, and it
-// is kept in detached instead, where Close finds it and finish takes it
-// out. Owning no key, it stores nothing. It returns nil after Close.
+// it), for the one Get that waits on it, and launches it. No map lookup
+// finds such a key and no delete removes it, so it must not be published
+// in loads, where it would stay for good: it is kept in detached instead,
+// where Close finds it and finish takes it out. Owning no key, it stores
+// nothing. It returns nil after Close.
 func (f *flights[K, V]) startAlone(r *request[K, V]) *call[K, V] {
 	sh := f.shard(r.h)
 	sh.mu.Lock()
-	defer sh.mu.Unlock()
-	loads := sh.loads
-	sh.loads = make(map[K]*call[K, V], 1)
-	c, _, _ := f.start(sh, r, newLoad[K, V]{})
-	sh.loads = loads
+	c, after := f.router.route(r, newLoad[K, V]{})
 	if c != nil {
 		if sh.detached == nil {
 			sh.detached = make(map[*call[K, V]]struct{})
 		}
 		sh.detached[c] = struct{}{}
 	}
+	sh.mu.Unlock()
+	after.do()
 	return c
 }
 
@@ -560,12 +505,11 @@ type delivery[K comparable, V any] struct {
 // writer, if a new one was opened, a place to give back, and the entry
 // it replaced, if it marked one gone (put). The caller then closes c.done.
 func (f *flights[K, V]) finish(c *call[K, V], r *delivery[K, V], e *entry[K, V], cost int64) (callers int, stored bool, opened *write[K, V], back place, gone *entry[K, V]) {
-	l := f.l
 	f.locked(c.h, c.key, c.seen, func(sh *shard[K, V], seen glance[K, V]) {
 		owned := sh.loads[c.key] == c
 		sh.forget(c)
 		switch {
-		case !owned || l.gate.Closed() || l.olderThanFloor(c.gen): // detached, closed, or from before an InvalidateAll
+		case !owned || !f.rules.mayFill(c.at, e): // detached, or it lost its right to fill (Close, an InvalidateAll)
 		case e != nil || r.drop: // the load's write: its value, or (drop) none
 			if e == nil {
 				cost = 0
@@ -699,9 +643,8 @@ func (f *flights[K, V]) cancelLoad(c *call[K, V], cause error) {
 
 // pending reports whether key has a load in flight or a write not yet
 // applied (for tests).
-func (f *flights[K, V]) pending(key K) bool {
-	l := f.l
-	sh := f.shard(l.mustHash(key))
+func (f *flights[K, V]) pending(key K, h uint64) bool {
+	sh := f.shard(h)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	return sh.loads[key] != nil || sh.writes[key] != nil
@@ -741,9 +684,9 @@ func (f *flights[K, V]) put(sh *shard[K, V], cur *entry[K, V], next *write[K, V]
 		}
 		return nil, next.place, !next.outdated, nil
 	}
-	ok = next.place.kind != fillPlace || f.l.writer.takeFill(next.place.cost)
+	ok = next.place.kind != fillPlace || f.takeFill(next.place.cost)
 	if !ok {
-		f.l.stats.fillsDropped.Add(1)
+		f.stats.fillsDropped.Add(1)
 		next.entry, next.cost = nil, 0
 		if w == nil {
 			if cur != nil {
@@ -787,7 +730,7 @@ func (f *flights[K, V]) settle(w *write[K, V], keepLive bool) (p place, closed b
 	sh := f.shard(w.h)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
-	if w.entry != w.issued || (keepLive && w.issued != nil && !f.l.cleared(w.issued)) {
+	if w.entry != w.issued || (keepLive && f.rules.live(w.issued) != nil) {
 		return place{}, false
 	}
 	if sh.writes[w.key] == w {
@@ -823,8 +766,8 @@ func (f *flights[K, V]) unmarkIssued(w *write[K, V], e *entry[K, V]) {
 
 // cached returns key's entry in the cache, or nil if there is none (or only
 // a gone one, or another key's).
-func (l *Loader[K, V]) cached(h uint64, key K) *entry[K, V] {
-	if e, ok := l.cache.Get(h); ok && e.key == key && !e.isGone() {
+func (f *flights[K, V]) cached(h uint64, key K) *entry[K, V] {
+	if e, ok := f.cache.Get(h); ok && e.key == key && !e.isGone() {
 		return e
 	}
 	return nil

@@ -7,7 +7,7 @@ import (
 	"time"
 )
 
-// docs/design.md rule 37: Flush sends an open window's keys at once. Five
+// docs/design.md rule 39: Flush sends an open window's keys at once. Five
 // cold Gets wait in an hour's window; Flush sends them in one LoadMany
 // call, and no virtual time passes: no Get waits out the window.
 func TestFlushSendsOpenWindow(t *testing.T) {

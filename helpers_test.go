@@ -223,3 +223,7 @@ func (g *eventLog) all() []LoadEvent[string] {
 	defer g.mu.Unlock()
 	return append([]LoadEvent[string](nil), g.evs...)
 }
+
+// pending reports whether key has a load in flight or a write not yet
+// applied.
+func (l *Loader[K, V]) pending(key K) bool { return l.flights.pending(key, l.mustHash(key)) }

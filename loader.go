@@ -86,6 +86,7 @@ import (
 	"github.com/flightcache/flightcache/internal/life"
 	"github.com/flightcache/flightcache/internal/limit"
 	"github.com/flightcache/flightcache/internal/loadctx"
+	"github.com/flightcache/flightcache/remote"
 )
 
 // LoadFunc loads the value of key from the downstream. It runs on a
@@ -153,9 +154,12 @@ type LoadManyFunc[K comparable, V any] func(ctx context.Context, keys []K) (map[
 // use by any number of goroutines. Call [Loader.Close] when done with it, to
 // stop its loads and free its goroutines.
 type Loader[K comparable, V any] struct {
+	// keyRules judge a key's entries and loads (entry.go): the windows,
+	// the clock, the generation and the floor, the Limit's fullness. The
+	// in-flight map is handed them as part of its port (flight.go).
+	keyRules[K, V]
 	loadFn   LoadFunc[K, V]
 	opts     Options[K, V] // validated, defaults applied
-	win      windows
 	cache    *ristretto.Cache[uint64, *entry[K, V]]
 	flights  flights[K, V]     // loads in flight and writes ristretto has not applied (flight.go)
 	writer   writer[K, V]      // the goroutine that writes ristretto (write.go)
@@ -168,22 +172,17 @@ type Loader[K comparable, V any] struct {
 	// callee holds the breaker, and says what a downstream call's error
 	// means (callee.go).
 	callee callee
-	// bwin holds the open windows single-key loads wait in
-	// (Options.BatchWindow, batchwindow.go).
-	bwin batchWindows[K, V]
-	// refreshSlots bounds the background loads (MaxRefreshes, downstream.go).
-	refreshSlots refreshSlots
-	lim          *limit.Limiter // Options.Limit's slots for downstream calls; nil: no limit
-	seed         maphash.Seed
+	// gathers decides where a new load goes (route) and holds the open gathers single-key loads wait in
+	// (Options.BatchWindow, gather.go).
+	gathers gathers[K, V]
+	// refreshPermits bounds the background loads (MaxRefreshes, downstream.go).
+	refreshPermits refreshPermits
+	seed           maphash.Seed
 	// hashMayPanic: a custom Hash, or keys whose dynamic type may not be
 	// comparable (an interface inside K): hashing goes through the guard.
 	hashMayPanic bool
-	checkKeys    bool          // a custom Hash with such keys: check them as a map would
-	nanKeys      bool          // K can hold a float: a key may not equal itself (selfUnequal)
-	epoch        time.Time     // every time offset in entries is measured from here
-	generation   atomic.Uint32 // the fleet generation, in steps of genUnit (remote.go)
-	floor        atomic.Uint32 // the generation of the last InvalidateAll: older entries are absent (remote.go)
-	tags         *tagTable     // Options.Tags' states (tags.go); nil without
+	checkKeys    bool // a custom Hash with such keys: check them as a map would
+	nanKeys      bool // K can hold a float: a key may not equal itself (selfUnequal)
 
 	// Shutdown (lifecycle.go).
 	ctx         context.Context         // the Loader's own work (Remote.Set, Remote.Invalidate); ends at Close
@@ -215,28 +214,26 @@ func New[K comparable, V any](load LoadFunc[K, V], opts Options[K, V]) (*Loader[
 	l := &Loader[K, V]{
 		loadFn:    load,
 		opts:      opts,
-		win:       windows{staleWhileRevalidate: opts.StaleWhileRevalidate, staleIfError: opts.StaleIfError},
 		seed:      maphash.MakeSeed(),
-		epoch:     time.Now(),
 		closeDone: make(chan struct{}),
 	}
+	l.keyRules.init(&opts, &l.gate)
 	if load == nil {
 		l.loadFn = l.loadOne
 	}
 	l.user = userCode{panics: &l.stats.panics}
 	l.callee = newCallee(l.user, opts.Breaker, opts.Retry, opts.IsNotFound)
 	l.checkKeys, l.hashMayPanic, l.nanKeys = keyChecks[K](opts.Hash != nil)
-	l.refreshSlots.max = int64(opts.MaxRefreshes)
+	l.refreshPermits.max = int64(opts.MaxRefreshes)
 	l.lim = limit.New(opts.Limit.config(opts.LoadTimeout), l.now)
-	l.flights.init(l)
-	l.bwin.init(l)
-	l.tags = newTagTable(opts.Tags != nil)
+	l.gathers.init(l)
 	l.writer.init(opts.MaxPendingWrites, opts.MaxCost)
 	l.gate.Init()
 	l.timeouts = newTimeouts(opts.LoadTimeout, l.epoch)
 	if err := l.newCache(); err != nil {
 		return nil, err
 	}
+	l.flights.init(port[K, V]{rules: &l.keyRules, cache: l.cache, router: &l.gathers, takeFill: l.writer.takeFill, stats: &l.stats})
 	l.ctx, l.stop = context.WithCancelCause(context.Background())
 	l.pool.Init(l.ctx.Done()) // made here, not by a load goroutine: it may run in a synctest bubble
 	// Last, once Stats reads everything it reports; before anything can
@@ -282,7 +279,7 @@ func (l *Loader[K, V]) newCache() error {
 			if !clearing {
 				l.stats.evicted.Add(1)
 			}
-			l.writer.leftCache(item.Value, item.Cost, clearing)
+			l.writer.noteEvicted(item.Value, item.Cost, clearing)
 		},
 		OnReject: func(item *ristretto.Item[*entry[K, V]]) {
 			l.stats.setsRejected.Add(1)
@@ -323,7 +320,7 @@ func (l *Loader[K, V]) loadOne(ctx context.Context, key K) (V, error) {
 
 // now is the current time as an offset from the epoch. time.Since reads
 // only the monotonic clock, which is cheaper than time.Now.
-func (l *Loader[K, V]) now() time.Duration { return time.Since(l.epoch) }
+func (kr *keyRules[K, V]) now() time.Duration { return time.Since(kr.epoch) }
 
 // hash returns key's hash. Hash (user code), or a key whose dynamic type is
 // not comparable, may panic: that comes back as a *PanicError, before
@@ -432,27 +429,27 @@ func (r *request[K, V]) who() *caller { return r.cl.full() }
 // the key since (rule 18), or the value is past what cl accepts. It reads
 // nothing but e, the clock value now and cl, so it may run under a shard
 // lock (join), where cl is read already.
-func (l *Loader[K, V]) judge(cl *caller, e *entry[K, V], now time.Duration) Source {
+func (kr *keyRules[K, V]) judge(cl *caller, e *entry[K, V], now time.Duration) Source {
 	switch {
-	case e == nil || cl.revalidate || l.distrusted(e) || e.tagDropped():
+	case e == nil || cl.revalidate || kr.distrusted(e) || e.tagDropped():
 		return SourceNone
 	case now < e.freshUntil: // every window starts where freshness ends
 		return SourceHit
 	}
-	return l.judgeStale(cl, e, now)
+	return kr.judgeStale(cl, e, now)
 }
 
 // judgeStale is judge for a value past its freshness.
 // Within StaleIfError, while Options.Limit has no slot free, the value
 // answers at once (SourceStaleLimited, rule 22) rather than queue a load.
-func (l *Loader[K, V]) judgeStale(cl *caller, e *entry[K, V], now time.Duration) Source {
-	switch l.phase(e, now) {
-	case phaseStale:
+func (kr *keyRules[K, V]) judgeStale(cl *caller, e *entry[K, V], now time.Duration) Source {
+	switch kr.phase(e, now) {
+	case remote.PhaseStale:
 		if cl.full().acceptsStale(e.freshUntil, now) {
 			return SourceStale
 		}
-	case phaseStaleIfError:
-		if l.lim.Full() && cl.full().acceptsStale(e.freshUntil, now) {
+	case remote.PhaseStaleIfError:
+		if kr.lim.Full() && cl.full().acceptsStale(e.freshUntil, now) {
 			return SourceStaleLimited
 		}
 	}
@@ -543,9 +540,12 @@ func (l *Loader[K, V]) join(r *request[K, V], j *joined[K, V]) {
 		*j = joined[K, V]{err: ErrClosed}
 		return
 	}
-	l.launch(c, r.s)
 	*j = joined[K, V]{c: c, started: true}
 }
+
+// cached returns key's entry in the cache, or nil if there is none (or
+// only a gone one, or another key's).
+func (l *Loader[K, V]) cached(h uint64, key K) *entry[K, V] { return l.flights.cached(h, key) }
 
 // selfUnequal reports whether key is not equal to itself (a float NaN in
 // it): no map lookup finds such a key, nor any comparison with a cached
@@ -644,7 +644,7 @@ func (l *Loader[K, V]) await(r *request[K, V], j *joined[K, V], again bool) (a a
 		}
 	case !again && end >= c.res.freshUntil && !r.cl.acceptsStale(c.res.freshUntil, end):
 		return a, true
-	case !again && c.res.tags.droppedFor(r.tagAt): // rule 35
+	case !again && c.res.tags.droppedFor(r.tagAt): // rule 37
 		return a, true
 	default:
 		a.info.Age = end - c.res.loadedAt
@@ -672,7 +672,7 @@ func (l *Loader[K, V]) staleOnError(r *request[K, V], c *call[K, V], now time.Du
 		return v, 0, false
 	}
 	cover := true
-	if l.user.guard(func() { cover = StaleMayCover(c.res.err, c.res.notFound) }, nil); !cover {
+	if l.user.guard(func() { cover = remote.StaleMayCover(c.res.err, c.res.notFound) }, nil); !cover {
 		return v, 0, false
 	}
 	e := l.flights.latest(r.key, r.h)
@@ -684,9 +684,9 @@ func (l *Loader[K, V]) staleOnError(r *request[K, V], c *call[K, V], now time.Du
 			continue
 		}
 		switch p := l.phase(e, now); {
-		case p == phaseExpired:
+		case p == remote.PhaseExpired:
 			continue
-		case p != phaseFresh && !r.cl.acceptsStale(e.freshUntil, now):
+		case p != remote.PhaseFresh && !r.cl.acceptsStale(e.freshUntil, now):
 			continue
 		}
 		return e.val, now - e.loadedAt, true
@@ -696,9 +696,10 @@ func (l *Loader[K, V]) staleOnError(r *request[K, V], c *call[K, V], now time.Du
 
 // held returns cur if it is a value the Loader still holds for its key
 // (fresh, stale or within StaleIfError), which a Reload revalidates; nil
-// when there is no Reload.
-func (l *Loader[K, V]) held(cur *entry[K, V], now time.Duration) *entry[K, V] {
-	if l.opts.Reload == nil || cur == nil || cur.isNotFound() || l.phase(cur, now) == phaseExpired {
+// when there is no Reload, or a tag of cur was invalidated since it was
+// stored (rule 36).
+func (kr *keyRules[K, V]) held(cur *entry[K, V], now time.Duration) *entry[K, V] {
+	if !kr.reloads || cur == nil || cur.isNotFound() || cur.tagDropped() || kr.phase(cur, now) == remote.PhaseExpired {
 		return nil
 	}
 	return cur
@@ -726,7 +727,7 @@ func (l *Loader[K, V]) refresh(r *request[K, V], e *entry[K, V]) {
 		e.refreshAfter.Store(after)
 		return
 	}
-	if !batched { // a batch counts as one refresh (batches.launch, batchWindows.hold)
+	if !batched { // a batch counts as one refresh (batches.launch, gathers.hold)
 		l.stats.refreshes.Add(1)
 	}
 }
@@ -754,6 +755,7 @@ func (l *Loader[K, V]) Refresh(ctx context.Context, key K) {
 	}
 	r := request[K, V]{key: key, h: h, cl: caller{ctx: ctx}}
 	r.who() // user code: before counting in (rule 23)
+	r.start = l.now()
 	s, open := l.gate.EnterOp()
 	if !open {
 		return

@@ -11,6 +11,8 @@ import (
 	"testing"
 	"testing/synctest"
 	"time"
+
+	"github.com/flightcache/flightcache/remote"
 )
 
 // The model-based fuzz test: a byte string is read as a sequence of
@@ -85,7 +87,7 @@ func (e *modelEntry) covers(now time.Duration) bool {
 		return false
 	}
 	p := e.phase(now)
-	return p == phaseStaleIfError || (e.distrusted && p != phaseExpired)
+	return p == remote.PhaseStaleIfError || (e.distrusted && p != remote.PhaseExpired)
 }
 
 // modelFreshness is the model's Options.Freshness, read from the value: the
@@ -106,16 +108,16 @@ func modelFreshness(_ string, v string) Freshness {
 	return Freshness{}
 }
 
-func (e *modelEntry) phase(now time.Duration) phase {
-	w := windows{modelSWR, modelSIE}
+func (e *modelEntry) phase(now time.Duration) remote.Phase {
+	w := remote.Windows{StaleWhileRevalidate: modelSWR, StaleIfError: modelSIE}
 	fresh := e.loadedAt + modelTTL
 	if f := modelFreshness("", e.val); f.TTL > 0 {
-		w.staleWhileRevalidate, fresh = 0, e.loadedAt+f.TTL
+		w.StaleWhileRevalidate, fresh = 0, e.loadedAt+f.TTL
 	}
 	if e.notFound {
-		w, fresh = windows{}, e.loadedAt+modelNotFound
+		w, fresh = remote.Windows{}, e.loadedAt+modelNotFound
 	}
-	return w.phaseAt(now, fresh)
+	return w.PhaseAt(now, fresh)
 }
 
 // modelLimits are the Options.Limit a fuzz input may select: none, a fixed
@@ -189,7 +191,7 @@ func (m *model) revalidate(key string, o outcome) (string, Source, time.Duration
 	} else {
 		v, err = m.load(key, o)
 	}
-	if err != nil && !errors.Is(err, ErrNotFound) && prev != nil && !prev.notFound && prev.phase(m.now) != phaseExpired {
+	if err != nil && !errors.Is(err, ErrNotFound) && prev != nil && !prev.notFound && prev.phase(m.now) != remote.PhaseExpired {
 		m.stats.StaleOnError++
 		return prev.val, SourceStaleOnError, m.now - prev.loadedAt, nil
 	}
@@ -212,14 +214,14 @@ func (m *model) refresh(key string, o outcome) {
 
 // lookup returns key's entry and its phase now for a Get (expired if there
 // is none, or if it is distrusted: the Get reads it again, rule 18).
-func (m *model) lookup(key string) (*modelEntry, phase) {
+func (m *model) lookup(key string) (*modelEntry, remote.Phase) {
 	e := m.entries[key]
 	switch {
 	case e == nil:
-		return nil, phaseExpired
+		return nil, remote.PhaseExpired
 	case e.distrusted:
 		m.stats.Rereads++
-		return e, phaseExpired
+		return e, remote.PhaseExpired
 	}
 	return e, e.phase(m.now)
 }
@@ -229,13 +231,13 @@ func (m *model) get(key string, o outcome) (string, Source, time.Duration, error
 	e, p := m.lookup(key)
 	m.stats.Gets++
 	switch p {
-	case phaseFresh:
+	case remote.PhaseFresh:
 		m.stats.Hits++
 		if e.notFound {
 			return "", SourceHit, m.now - e.loadedAt, ErrNotFound
 		}
 		return e.val, SourceHit, m.now - e.loadedAt, nil
-	case phaseStale:
+	case remote.PhaseStale:
 		m.stats.StaleHits++
 		v, age := e.val, m.now-e.loadedAt
 		switch {
@@ -249,7 +251,7 @@ func (m *model) get(key string, o outcome) (string, Source, time.Duration, error
 			}
 		}
 		return v, SourceStale, age, nil
-	case phaseStaleIfError:
+	case remote.PhaseStaleIfError:
 		if m.full() { // rule 22: the held value instead of a load
 			m.stats.StaleHits++
 			m.stats.StaleLimited++
@@ -303,12 +305,12 @@ func (m *model) getMany(keys []string, o outcome, seen []batchCall) (vals map[st
 		e, p := m.lookup(key)
 		m.stats.Gets++
 		switch {
-		case p == phaseFresh:
+		case p == remote.PhaseFresh:
 			m.stats.Hits++
 			if !e.notFound {
 				vals[key] = e.val
 			}
-		case p == phaseStale:
+		case p == remote.PhaseStale:
 			m.stats.StaleHits++
 			vals[key] = e.val
 			switch {
@@ -319,7 +321,7 @@ func (m *model) getMany(keys []string, o outcome, seen []batchCall) (vals map[st
 				stale = append(stale, key)
 				full = full || m.bound == 1 // the batch holds the one slot
 			}
-		case p == phaseStaleIfError && full:
+		case p == remote.PhaseStaleIfError && full:
 			m.stats.StaleHits++
 			m.stats.StaleLimited++
 			vals[key] = e.val
@@ -412,9 +414,9 @@ func (m *model) peek(key string) (string, Source, time.Duration, bool) {
 		return "", SourceNone, 0, false
 	}
 	switch e.phase(m.now) {
-	case phaseFresh:
+	case remote.PhaseFresh:
 		return e.val, SourceHit, m.now - e.loadedAt, true
-	case phaseStale:
+	case remote.PhaseStale:
 		return e.val, SourceStale, m.now - e.loadedAt, true
 	}
 	return "", SourceNone, 0, false

@@ -4,6 +4,8 @@ import (
 	"errors"
 	"math"
 	"time"
+
+	"github.com/flightcache/flightcache/remote"
 )
 
 // Defaults for the zero values of [Options].
@@ -191,7 +193,7 @@ type Options[K comparable, V any] struct {
 	// ([ErrTooManyTags]) is not cached and the value held is dropped, as
 	// when Freshness panics (counted in Stats.TagErrors); a load's
 	// callers still get it. nil (the default) costs nothing (docs/design.md
-	// rules 34 to 36).
+	// rules 36 to 38).
 	Tags func(key K, v V) []string
 
 	// Reload, if set, is used instead of the LoadFunc for every load of a
@@ -232,7 +234,7 @@ type Options[K comparable, V any] struct {
 	// [Options.Limit] slot, [Options.LoadTimeout] (counted from when the
 	// call goes out) and one [LoadEvent] (its Keys) are per call. Misses
 	// and background refreshes wait in windows of their own: a window of
-	// refreshes takes one MaxRefreshes place, as a GetMany's refreshes do.
+	// refreshes takes one MaxRefreshes permit, as a GetMany's refreshes do.
 	// A window holds no Limit slot while it waits, so it never holds up a
 	// miss: its call takes one as it goes out (a window of refreshes only
 	// if a background slot is free, else it is dropped, as a refresh
@@ -356,12 +358,12 @@ type Options[K comparable, V any] struct {
 	ValidateKey func(K) error
 
 	// Remote, if set, is a second tier shared between processes (see
-	// [Remote]): a local miss asks it before the downstream, so a fleet
-	// makes one downstream call per key instead of one per process. Set and
-	// Invalidate are passed on to it. A Remote that implements
-	// [RemoteAttacher] is handed the Loader's [Rules] by New, so it needs
-	// no copy of these Options. nil = local only.
-	Remote Remote[K, V]
+	// [remote.Remote]): a local miss asks it before the downstream, so a
+	// fleet makes one downstream call per key instead of one per process.
+	// Set and Invalidate are passed on to it. A Remote that implements
+	// [remote.Attacher] is handed the Loader's [remote.Rules] by New, so it
+	// needs no copy of these Options. nil = local only.
+	Remote remote.Remote[K, V]
 
 	// Hash, if set, replaces the default hash of keys (hash/maphash's
 	// Comparable with a per-Loader seed). Keys are always compared exactly,

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/flightcache/flightcache/internal/timing"
+	"github.com/flightcache/flightcache/remote"
 )
 
 // A warm restart (docs/design.md rule 29): Entries yields what a Loader
@@ -139,7 +140,7 @@ func (l *Loader[K, V]) visit(fn func(*entry[K, V])) bool {
 // served as it stands at now: not replaced or invalidated, not from
 // before an InvalidateAll or a Distrust, and within its windows.
 func (l *Loader[K, V]) usable(e *entry[K, V], now time.Duration) bool {
-	return !e.isGone() && !l.cleared(e) && !l.distrusted(e) && l.phase(e, now) != phaseExpired
+	return !e.isGone() && !l.cleared(e) && !l.distrusted(e) && l.phase(e, now) != remote.PhaseExpired
 }
 
 // entryOut is e as an Entry, its times on the wall clock: wall and now
@@ -155,10 +156,10 @@ func (l *Loader[K, V]) entryOut(e *entry[K, V], wall time.Time, now time.Duratio
 	out.Value = e.val
 	w := l.win
 	if e.extra != nil {
-		w = e.extra.win
+		w = e.extra.windows()
 	}
-	out.Freshness.StaleWhileRevalidate = windowOut(w.staleWhileRevalidate)
-	out.Freshness.StaleIfError = windowOut(w.staleIfError)
+	out.Freshness.StaleWhileRevalidate = windowOut(w.StaleWhileRevalidate)
+	out.Freshness.StaleIfError = windowOut(w.StaleIfError)
 	return out
 }
 
@@ -294,9 +295,9 @@ func (l *Loader[K, V]) restored(en *Entry[K, V]) (e *entry[K, V], cost int64, ok
 		if cost, ok = l.costOf(en.Value, nil); !ok || l.tooBig(cost) || !l.versionOf(&life, en.Value, nil) {
 			return nil, 0, false
 		}
-		win = windows{
-			staleWhileRevalidate: pick(f.StaleWhileRevalidate, l.win.staleWhileRevalidate),
-			staleIfError:         pick(f.StaleIfError, l.win.staleIfError),
+		win = remote.Windows{
+			StaleWhileRevalidate: pick(f.StaleWhileRevalidate, l.win.StaleWhileRevalidate),
+			StaleIfError:         pick(f.StaleIfError, l.win.StaleIfError),
 		}
 	}
 	// Its age on the wall clock (the only one two processes share), never
@@ -310,9 +311,9 @@ func (l *Loader[K, V]) restored(en *Entry[K, V]) (e *entry[K, V], cost int64, ok
 	case en.NotFound:
 		e.extra = &extra[K, V]{notFound: ErrNotFound, tags: tags}
 	case win != l.win || life.versioned || tags != nil:
-		e.val, e.extra = en.Value, &extra[K, V]{win: win, ver: life.ver, versioned: life.versioned, tags: tags}
+		e.val, e.extra = en.Value, &extra[K, V]{swr: win.StaleWhileRevalidate, sie: win.StaleIfError, ver: life.ver, versioned: life.versioned, tags: tags}
 	default:
 		e.val = en.Value
 	}
-	return e, cost, l.phase(e, now) != phaseExpired
+	return e, cost, l.phase(e, now) != remote.PhaseExpired
 }

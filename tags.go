@@ -10,8 +10,8 @@ import (
 	"weak"
 )
 
-// Tags (Options.Tags, Loader.InvalidateTag; docs/design.md rules 34 to
-// 36). A tag is a name some values share (a category, a tenant, a role):
+// Tags (Options.Tags, Loader.InvalidateTag; docs/design.md rules 36 to
+// 38). A tag is a name some values share (a category, a tenant, a role):
 // InvalidateTag drops every value that carries it, in constant time, as
 // InvalidateAll's floor does for all of them, but per tag.
 //
@@ -82,7 +82,7 @@ type tagList struct {
 }
 
 // dropped reports whether any of t's tags was invalidated after t's stamp:
-// the value is absent (rules 34 and 35).
+// the value is absent (rules 36 and 37).
 func (t *tagList) dropped() bool {
 	for _, s := range t.states {
 		if s.dropped.Load() > t.stamp {
@@ -95,7 +95,7 @@ func (t *tagList) dropped() bool {
 // droppedFor reports whether t (nil: no tags) was dropped since it was
 // stamped and the clock moved before the Get stamped at was asked: a
 // Get that started after such an invalidation does not take the value
-// of a load that started before it (rule 35); it loads again.
+// of a load that started before it (rule 37); it loads again.
 func (t *tagList) droppedFor(at uint64) bool {
 	return t != nil && at > t.stamp && t.dropped()
 }
@@ -222,7 +222,7 @@ func (t *tagTable) list(tags []string, stamp uint64) (*tagList, error) {
 // key's value v, stamped at stamp, and puts them in life. keep is false
 // for a value not to be cached: Tags panicked or gave more than MaxTags
 // (counted in Stats.TagErrors), or one of its tags was invalidated since
-// stamp (rule 35). A cached not-found asks with v the zero V (rule 36).
+// stamp (rule 37). A cached not-found asks with v the zero V (rule 38).
 func (l *Loader[K, V]) tagsOf(life *lifetime, key K, v V, stamp uint64, onGoexit func()) (keep bool) {
 	if l.tags == nil {
 		return true
@@ -242,7 +242,7 @@ func (l *Loader[K, V]) tagsOf(life *lifetime, key K, v V, stamp uint64, onGoexit
 }
 
 // tagDropped reports whether e carries a tag invalidated since it was
-// stored: it is absent (rule 34). One nil check for an untagged value.
+// stored: it is absent (rule 36). One nil check for an untagged value.
 func (e *entry[K, V]) tagDropped() bool {
 	return e.extra != nil && e.extra.tags != nil && e.extra.tags.dropped()
 }
@@ -258,7 +258,7 @@ func (e *entry[K, V]) tagNames() []string {
 // InvalidateTag drops every value that carries tag ([Options.Tags]), in
 // constant time whatever the cache holds: no scan of the cache, no lock
 // held across keys, no allocation. The rules are [Loader.Invalidate]'s
-// (docs/design.md rules 34 to 36): a value with the tag stored before the
+// (docs/design.md rules 36 to 38): a value with the tag stored before the
 // call is absent to every Get, GetMany, Peek and Refresh that starts
 // after it returns (not a hit, a stale value, a stale-on-error fallback,
 // nor the old value of a Reload); a load in flight whose value carries the

@@ -18,7 +18,7 @@ import (
 // byFirst tags a value with its key's first letter: "cat:a" for a1, a2...
 func byFirst(key, _ string) []string { return []string{"cat:" + key[:1]} }
 
-// docs/design.md rule 34: a value with the tag stored before InvalidateTag
+// docs/design.md rule 36: a value with the tag stored before InvalidateTag
 // is absent to every Get, GetMany, Peek and Refresh after it: not a hit,
 // not a stale value, not a stale-on-error fallback, not a Reload's old
 // value. A value of another tag stays.
@@ -80,7 +80,7 @@ func TestInvalidateTagDropsItsValues(t *testing.T) {
 	})
 }
 
-// docs/design.md rule 35: a load in flight whose value carries the tag
+// docs/design.md rule 37: a load in flight whose value carries the tag
 // answers its own callers and fills nothing; a Get that starts after
 // InvalidateTag and finds that load does not take its value: it loads
 // again.
@@ -140,6 +140,45 @@ func TestInvalidateTagFillRefused(t *testing.T) {
 		d.gate <- struct{}{}
 		if r := <-second; r.v != "k1#2" || r.info.Source != SourceLoaded {
 			t.Fatalf("Get = %q, %v; want a new load, k1#2", r.v, r.info.Source)
+		}
+	})
+}
+
+// docs/design.md rule 37: an InvalidateTag after entryOf asked Tags and
+// before the fill (here from Options.Cost, asked between them) is caught
+// under the key's lock (keyRules.mayFill): nothing is stored.
+func TestInvalidateTagBeforeFill(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		d := &downstream{}
+		var events eventLog
+		var l *Loader[string, string]
+		var armed atomic.Bool
+		cost := func(string) int64 {
+			if armed.Load() {
+				l.InvalidateTag("cat:k")
+			}
+			return 1
+		}
+		l = newLoader(t, d, Options[string, string]{Tags: byFirst, Cost: cost, MaxCost: 1 << 20, OnLoad: events.add})
+		ctx := deadline(t)
+		armed.Store(true)
+		if v, err := l.Get(ctx, "k1"); v != "k1#1" || err != nil {
+			t.Fatalf("Get = %q, %v; want k1#1", v, err)
+		}
+		synctest.Wait()
+		if ev := events.all(); len(ev) != 1 || ev[0].Stored {
+			t.Fatalf("load events %+v; want one, not stored", ev)
+		}
+		if v, _, ok := l.Peek("k1"); ok {
+			t.Fatalf("Peek = %q; want nothing", v)
+		}
+		armed.Store(false)
+		if v, info, err := l.GetInfo(ctx, "k1"); v != "k1#2" || info.Source != SourceLoaded || err != nil {
+			t.Fatalf("Get = %q, %v, %v; want a new load, k1#2", v, info.Source, err)
+		}
+		synctest.Wait()
+		if v, info, err := l.GetInfo(ctx, "k1"); v != "k1#2" || info.Source != SourceHit || err != nil {
+			t.Fatalf("Get = %q, %v, %v; want the hit k1#2", v, info.Source, err)
 		}
 	})
 }
@@ -210,7 +249,7 @@ func TestTagsTooMany(t *testing.T) {
 	})
 }
 
-// docs/design.md rule 36: a cached not-found has the tags Tags gives for
+// docs/design.md rule 38: a cached not-found has the tags Tags gives for
 // the zero V, and only those.
 func TestTagsNotFound(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {

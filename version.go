@@ -1,5 +1,7 @@
 package flightcache
 
+import "github.com/flightcache/flightcache/remote"
+
 // Versioned writes (docs/design.md rule 30). With Options.Version every
 // value entry carries its value's version, asked of Version once, when the
 // entry is built, outside every lock (Version is user code: versionOf,
@@ -73,7 +75,7 @@ func (e *entry[K, V]) version() (uint64, bool) {
 // higher, and held is one a Get could still be served (live, within its
 // windows). An equal version does not: the write wins, as every write
 // does without Version. The caller holds the key's shard lock (put).
-func (l *Loader[K, V]) outranks(held, next *entry[K, V]) bool {
+func (kr *keyRules[K, V]) outranks(held, next *entry[K, V]) bool {
 	if held == nil || next == nil {
 		return false
 	}
@@ -85,7 +87,7 @@ func (l *Loader[K, V]) outranks(held, next *entry[K, V]) bool {
 	if !ok || nv >= hv {
 		return false
 	}
-	return !l.cleared(held) && l.phase(held, l.now()) != phaseExpired
+	return !kr.cleared(held) && kr.phase(held, kr.now()) != remote.PhaseExpired
 }
 
 // superseded reports whether next, a write of its key about to be put in
@@ -93,16 +95,16 @@ func (l *Loader[K, V]) outranks(held, next *entry[K, V]) bool {
 // value held, and if so counts it in Stats.WritesOutdated. The caller
 // holds sh.mu.
 func (f *flights[K, V]) superseded(sh *shard[K, V], seen *entry[K, V], next *write[K, V]) bool {
-	if f.l.opts.Version == nil || next.entry == nil {
+	if !f.rules.versioned || next.entry == nil {
 		return false
 	}
 	held := seen
 	if w := sh.writes[next.key]; w != nil {
 		held = w.entry
 	}
-	if !f.l.outranks(held, next.entry) {
+	if !f.rules.outranks(held, next.entry) {
 		return false
 	}
-	f.l.stats.writesOutdated.Add(1)
+	f.stats.writesOutdated.Add(1)
 	return true
 }

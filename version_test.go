@@ -108,7 +108,7 @@ func TestVersionSet(t *testing.T) {
 				for _, r := range tc.sets {
 					l.Set("k", r)
 					if applied {
-						waitFor(t, "the writer to apply it", 10*time.Second, func() bool { return !l.flights.pending("k") })
+						waitFor(t, "the writer to apply it", 10*time.Second, func() bool { return !l.pending("k") })
 					}
 				}
 				if got, ok := peekRow(l, "k"); !ok || got != tc.want {

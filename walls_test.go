@@ -7,6 +7,7 @@ import (
 	"go/token"
 	"go/types"
 	"io/fs"
+	"maps"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -14,8 +15,9 @@ import (
 )
 
 // The walls of the package, read from its source: the mechanisms under
-// internal/ import only the standard library and each other, and only
-// flight.go locks a shard.
+// internal/ import only the standard library and each other, the second
+// tier's contract (remote/) only the standard library and internal/timing,
+// and only flight.go locks a shard.
 
 // internalPrefix is the import path of the packages under internal/.
 const internalPrefix = "github.com/flightcache/flightcache/internal/"
@@ -48,6 +50,38 @@ func TestWallsInternalImports(t *testing.T) {
 	}
 	if len(dirs) == 0 {
 		t.Fatal("no package found under internal/")
+	}
+}
+
+// TestWallsRemoteImports fails if a non-test file of remote/ imports
+// anything but the standard library and internal/timing: the contract a
+// second tier implements stands below the root (the root imports it, never
+// the other way) and holds no mechanism of its own.
+func TestWallsRemoteImports(t *testing.T) {
+	paths, err := filepath.Glob(filepath.Join("remote", "*.go"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	fset := token.NewFileSet()
+	files := 0
+	for _, path := range paths {
+		if strings.HasSuffix(path, "_test.go") {
+			continue
+		}
+		f, err := parser.ParseFile(fset, path, nil, parser.ImportsOnly)
+		if err != nil {
+			t.Fatal(err)
+		}
+		files++
+		for _, imp := range f.Imports {
+			p := strings.Trim(imp.Path.Value, `"`)
+			if strings.Contains(strings.SplitN(p, "/", 2)[0], ".") && p != internalPrefix+"timing" {
+				t.Errorf("%s imports %s: remote/ imports only the standard library and internal/timing", path, p)
+			}
+		}
+	}
+	if files == 0 {
+		t.Fatal("no package found in remote/")
 	}
 }
 
@@ -143,4 +177,127 @@ func isShard(pkg *types.Package, t types.Type) bool {
 	}
 	n, ok := t.(*types.Named)
 	return ok && pkg != nil && n.Origin().Obj().Pkg() == pkg && n.Origin().Obj().Name() == "shard"
+}
+
+// TestWallsFlightPort fails if flight.go, the in-flight map, reaches more
+// than a few members of the Loader: it is handed its port (docs/design.md,
+// "The in-flight map's port"), and a new rule about keys goes there, not
+// into start, put or finish.
+func TestWallsFlightPort(t *testing.T) {
+	const most = 8
+	members := loaderMembersUsedIn(t, "flight.go")
+	if len(members) > most {
+		t.Errorf("flight.go reaches %d members of the Loader, want at most %d: %v", len(members), most, members)
+	}
+}
+
+// loaderMembersUsedIn returns the distinct fields and methods of the
+// Loader that file selects (a member of a type the Loader embeds counts
+// as that embedded field).
+func loaderMembersUsedIn(t *testing.T, file string) []string {
+	t.Helper()
+	fset := token.NewFileSet()
+	paths, err := filepath.Glob("*.go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var files []*ast.File
+	var target *ast.File
+	for _, p := range paths {
+		if strings.HasSuffix(p, "_test.go") {
+			continue
+		}
+		f, err := parser.ParseFile(fset, p, nil, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		files = append(files, f)
+		if p == file {
+			target = f
+		}
+	}
+	if target == nil {
+		t.Fatalf("%s not found", file)
+	}
+	info := &types.Info{Selections: map[*ast.SelectorExpr]*types.Selection{}}
+	conf := types.Config{Importer: importer.Default(), Error: func(error) {}}
+	pkg, _ := conf.Check("github.com/flightcache/flightcache", fset, files, info)
+	seen := map[string]bool{}
+	ast.Inspect(target, func(n ast.Node) bool {
+		sel, ok := n.(*ast.SelectorExpr)
+		if !ok {
+			return true
+		}
+		s := info.Selections[sel]
+		if s == nil {
+			return true
+		}
+		r := s.Recv()
+		if p, ok := r.(*types.Pointer); ok {
+			r = p.Elem()
+		}
+		nt, ok := r.(*types.Named)
+		if !ok || pkg == nil || nt.Origin().Obj().Pkg() != pkg || nt.Origin().Obj().Name() != "Loader" {
+			return true
+		}
+		name := sel.Sel.Name
+		if st, ok := nt.Underlying().(*types.Struct); ok && len(s.Index()) > 1 {
+			name = st.Field(s.Index()[0]).Name() // through an embedded field: that field is what it reaches
+		}
+		seen[name] = true
+		return true
+	})
+	return slices.Sorted(maps.Keys(seen))
+}
+
+// retiredNames are names the package no longer declares, each for a word
+// that means something else here (docs/design.md, "Glossary"): a window
+// is a stale window (a batch window is a gather inside the code), a slot
+// a Limit slot, outdated a version's, an entry that leaves the cache a
+// departure.
+var retiredNames = []string{
+	"batchWindows", "windowWait", "windowAct", "bwin", // gathers, gatherWait, afterStart
+	"refreshSlots", "slotted", // refreshPermits, permitted
+	"olderThanFloor",                                                  // belowFloor
+	"left", "leftMu", "noteLeft", "reportLeft", "leftCache", "leftBy", // departures; flights.abandoned
+	"departed",
+}
+
+// TestNamesOneConcept fails if a non-test file of the package declares a
+// retired name (a type, a function or method, or a field).
+func TestNamesOneConcept(t *testing.T) {
+	fset := token.NewFileSet()
+	paths, err := filepath.Glob("*.go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range paths {
+		if strings.HasSuffix(p, "_test.go") {
+			continue
+		}
+		f, err := parser.ParseFile(fset, p, nil, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ast.Inspect(f, func(n ast.Node) bool {
+			var names []*ast.Ident
+			switch d := n.(type) {
+			case *ast.TypeSpec:
+				names = []*ast.Ident{d.Name}
+			case *ast.FuncDecl:
+				names = []*ast.Ident{d.Name}
+				if d.Name.Name == "outdated" { // a version's word: a write's field may hold it, no function
+					t.Errorf("%s declares func outdated: the generation check is detachDistrusted", fset.Position(d.Pos()))
+				}
+			case *ast.Field:
+				names = d.Names
+			}
+			for _, id := range names {
+				if slices.Contains(retiredNames, id.Name) {
+					t.Errorf("%s declares %s: a retired name (docs/design.md, Glossary)", fset.Position(id.Pos()), id.Name)
+				}
+			}
+			return true
+		})
+	}
 }

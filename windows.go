@@ -2,43 +2,23 @@ package flightcache
 
 import (
 	"context"
-	"errors"
 	"sync/atomic"
 	"time"
 
 	"github.com/flightcache/flightcache/internal/timing"
+	"github.com/flightcache/flightcache/remote"
 )
 
-// Windows is how a Loader judges a value's age, in a form a [Remote] can
-// use to judge a value it shares with other processes exactly as the
-// Loader will: the same freshness, the same stale windows, the same load
-// timeout. [New] gives them to a [RemoteAttacher], in [Rules].
-type Windows struct {
-	// Fresh is the shortest time any value stays fresh: TTL·(1−Jitter),
-	// never 0. Each cached value draws its own freshness from [Fresh, TTL]
-	// ([Windows.Draw]); a value judged by Fresh is never served fresh past
-	// any process's draw.
-	Fresh time.Duration
-	// TTL is the longest time a value stays fresh, the TTL its freshness
-	// is drawn from: the Options' TTL, or the one [Options.Freshness] gives
-	// the value. 0 in Windows made by hand: every draw is then Fresh.
-	TTL time.Duration
-	// Jitter is the Options' Jitter: how far below TTL a draw may go.
-	Jitter float64
-	// StaleWhileRevalidate and StaleIfError are the Options' windows.
-	StaleWhileRevalidate time.Duration
-	StaleIfError         time.Duration
-	// EarlyRefresh is true when fresh values are refreshed before they
-	// expire ([Options.EarlyRefresh] > 0).
-	EarlyRefresh bool
-	// LoadTimeout bounds one load, its default applied.
-	LoadTimeout time.Duration
-}
+// Windows is [remote.Windows]: how a Loader judges a value's age, as a
+// tier needs it.
+//
+// Deprecated: use remote.Windows.
+type Windows = remote.Windows
 
 // windows returns the windows a Loader made with o (validated, defaults
 // applied) applies to a value when it has no Freshness: what [Rules]
 // gives as Windows.
-func (o Options[K, V]) windows() Windows {
+func (o Options[K, V]) windows() remote.Windows {
 	o.Freshness = nil
 	w, _ := o.windowsOf(*new(K), *new(V))
 	return w
@@ -50,9 +30,9 @@ func (o Options[K, V]) windows() Windows {
 // what [Rules] gives as WindowsOf, for a Remote to store each shared
 // value with its own lifetime, so every process applies the same one.
 // Freshness is called on the caller's goroutine.
-func (o Options[K, V]) windowsOf(key K, v V) (w Windows, cache bool) {
+func (o Options[K, V]) windowsOf(key K, v V) (w remote.Windows, cache bool) {
 	o = o.withDefaults()
-	w = Windows{
+	w = remote.Windows{
 		Fresh:                timing.Jitter(o.TTL, o.Jitter, 1),
 		TTL:                  o.TTL,
 		Jitter:               o.Jitter,
@@ -76,156 +56,69 @@ func (o Options[K, V]) windowsOf(key K, v V) (w Windows, cache bool) {
 	return w, true
 }
 
-// Draw returns the freshness of one value, drawn as the Loader draws the
-// freshness of each value it caches: TTL·(1−Jitter·u), for u drawn
-// uniformly from [0, 1) by the caller, so within [Fresh, TTL] (u = 0
-// gives TTL), never 0. A Remote that stores a value for several
-// processes draws it once for the value, as one cache entry would: its
-// bounds are then those of w with Fresh the draw ([Windows.Bounds]).
-// Without a TTL (Windows made by hand) it returns Fresh.
-func (w Windows) Draw(u float64) time.Duration {
-	if w.TTL <= 0 {
-		return w.Fresh
+// pick is a window of [Freshness]: d, the default for 0, and none (0) for
+// a negative d.
+func pick(d, def time.Duration) time.Duration {
+	switch {
+	case d == 0:
+		return def
+	case d < 0:
+		return 0
 	}
-	return timing.Jitter(w.TTL, w.Jitter, u)
+	return d
 }
 
-// AcceptsStale reports whether a Get made under ctx accepts a value that
-// went stale d ago, by the bound [WithMaxStale] put on ctx (no bound: any
-// stale value the windows allow; a bound of 0: none). A [Remote] uses it
-// to judge a shared value by the caller's bound, as the Loader does.
-func AcceptsStale(ctx context.Context, d time.Duration) bool {
-	max, ok := MaxStale(ctx)
-	return withinMaxStale(max, ok, d)
-}
+// AcceptsStale is [remote.AcceptsStale].
+//
+// Deprecated: use remote.AcceptsStale.
+func AcceptsStale(ctx context.Context, d time.Duration) bool { return remote.AcceptsStale(ctx, d) }
 
-// withinMaxStale is AcceptsStale's rule, for a max-stale read beforehand
-// (MaxStale): no bound accepts any staleness, a bound of 0 none.
+// withinMaxStale is [remote.AcceptsStale]'s rule, for a max-stale read
+// beforehand (remote.MaxStale, callerOf): no bound accepts any staleness,
+// a bound of 0 none. TestWithinMaxStaleIsAcceptsStale holds the two alike.
 func withinMaxStale(max time.Duration, bounded bool, d time.Duration) bool {
 	return !bounded || (max > 0 && d <= max)
 }
 
-// Phase is where a value is in its life at a given moment, by the
-// Loader's rule: fresh, then stale (served at once while a background
-// refresh runs), then stale-if-error (a caller loads; the value covers a
-// failure), then expired. [Bounds.PhaseAt] gives it.
-type Phase uint8
+// Phase is [remote.Phase]: where a value is in its life at a given moment.
+//
+// Deprecated: use remote.Phase.
+type Phase = remote.Phase
 
-// The phases of a value, in the order it goes through them. They are the
-// phases the Loader serves its own entries by, value for value: its rule,
-// placed on times, is [Bounds.PhaseAt].
+// The phases of a value, in the order it goes through them.
+//
+// Deprecated: use remote.PhaseFresh and the others.
 const (
-	// PhaseFresh: before FreshUntil, served as a hit.
-	PhaseFresh Phase = iota
-	// PhaseStale: in [Windows.StaleWhileRevalidate], served at once, and
-	// refreshed in the background.
-	PhaseStale
-	// PhaseStaleIfError: in [Windows.StaleIfError]: a caller waits for a
-	// load, and the value is served only if that load fails with an error
-	// it may cover ([StaleMayCover]).
-	PhaseStaleIfError
-	// PhaseExpired: of no use left; a miss.
-	PhaseExpired
+	PhaseFresh        = remote.PhaseFresh
+	PhaseStale        = remote.PhaseStale
+	PhaseStaleIfError = remote.PhaseStaleIfError
+	PhaseExpired      = remote.PhaseExpired
 )
 
-// String returns "fresh", "stale", "stale-if-error" or "expired".
-func (p Phase) String() string {
-	switch p {
-	case PhaseFresh:
-		return "fresh"
-	case PhaseStale:
-		return "stale"
-	case PhaseStaleIfError:
-		return "stale-if-error"
-	default:
-		return "expired"
-	}
-}
+// Bounds is [remote.Bounds]: the ends of one value's windows, as times.
+//
+// Deprecated: use remote.Bounds.
+type Bounds = remote.Bounds
 
-// Bounds are the ends of one value's windows, as times: what a [Remote]
-// stores with a value it shares, so that every process places it in the
-// same [Phase] at the same moment. Get them from [Windows.Bounds]; a
-// Remote that reads them back (from another process, say) judges the
-// value with [Bounds.PhaseAt]. The zero Bounds are of a value expired
-// long ago.
-type Bounds struct {
-	// RefreshFrom is the earliest moment at which a Loader may refresh the
-	// value early ([Options.EarlyRefresh]), before FreshUntil: halfway
-	// through its freshness. It is FreshUntil without EarlyRefresh.
-	RefreshFrom time.Time
-	// FreshUntil ends [PhaseFresh], StaleUntil [PhaseStale] and UsableUntil
-	// [PhaseStaleIfError]; from UsableUntil on the value is expired.
-	FreshUntil, StaleUntil, UsableUntil time.Time
-}
-
-// Bounds returns the ends of the windows of a value loaded at loadedAt:
-// fresh for w.Fresh, then stale for w.StaleWhileRevalidate, then usable
-// to cover an error for w.StaleIfError (a negative window counts as
-// none). The sums saturate at the latest time a time.Time holds, so a
-// window of math.MaxInt64 ("never") gives a bound far in the future,
-// never one that wrapped into the past; short of that limit, which no
-// clock comes near, they are exact. A cached not-found has no stale
-// windows: its bounds are those of Windows{Fresh: its time to live}.
-func (w Windows) Bounds(loadedAt time.Time) Bounds {
-	fresh := timing.Later(loadedAt, w.Fresh)
-	stale := timing.Later(fresh, w.StaleWhileRevalidate)
-	b := Bounds{RefreshFrom: fresh, FreshUntil: fresh, StaleUntil: stale, UsableUntil: timing.Later(stale, w.StaleIfError)}
-	if w.EarlyRefresh {
-		// The earliest early refresh of a value fresh for w.Fresh: the
-		// Loader's own rule, with the longest lead it allows.
-		b.RefreshFrom = timing.Later(loadedAt, timing.EarlyRefreshAt(0, w.Fresh, 1, 1, 0))
-	}
-	return b
-}
-
-// PhaseAt returns the phase at now of the value whose windows end at b:
-// fresh before FreshUntil, stale before StaleUntil, stale-if-error before
-// UsableUntil, expired from then on. It is the Loader's own rule (the one
-// it applies to the values it holds), placed on times: a value of windows
-// w loaded at t is, at t.Add(age), in w.Bounds(t).PhaseAt(t.Add(age)), the
-// phase the Loader gives it at that age (for every age short of the
-// largest Duration, where the Loader's sums of windows saturate).
-func (b Bounds) PhaseAt(now time.Time) Phase {
-	// The Loader's rule works on offsets from an epoch: now is the epoch
-	// here. Each bound's offset is clamped to ±2⁶¹ns (about 73 years),
-	// which keeps its sign and the order of the three, so the rule's sums
-	// of them are exact whatever the bounds (even centuries apart).
-	fresh, stale, usable := timing.Offset(b.FreshUntil, now), timing.Offset(b.StaleUntil, now), timing.Offset(b.UsableUntil, now)
-	w := windows{staleWhileRevalidate: stale - fresh, staleIfError: usable - stale}
-	return Phase(w.phaseAt(0, fresh))
-}
-
-// StaleMayCover reports whether a stale value may be served in place of
-// the error err of a failed load, within its [Options.StaleIfError]
-// window: for any error but a not-found (the key is gone, not the
-// downstream: notFound is err judged by the Loader's rule,
-// [Options.NotFound], which the caller has already applied), an error
-// matching [ErrInvalidKey] (the caller's key, not the downstream, is at
-// fault) and [ErrClosed] (the Loader is shutting down). A nil err has nothing to
-// cover. It is the rule the Loader applies, for a [Remote] to decide what
-// to offer with an error as the Loader would serve it.
-func StaleMayCover(err error, notFound bool) bool {
-	return err != nil && !notFound && !errors.Is(err, ErrClosed) && !invalidKey(err)
-}
-
-// maxStaleKey is the context key of WithMaxStale.
-type maxStaleKey struct{}
+// StaleMayCover is [remote.StaleMayCover].
+//
+// Deprecated: use remote.StaleMayCover.
+func StaleMayCover(err error, notFound bool) bool { return remote.StaleMayCover(err, notFound) }
 
 // WithMaxStale returns a context that makes a Get accept a stale value only
 // if it went stale at most d ago, like HTTP's Cache-Control max-stale.
 // WithMaxStale(ctx, 0) demands a fresh value, like no-cache: the Get waits
 // for a load (which still coalesces with other callers). A negative d is 0.
+// It is [remote.WithMaxStale]: a tier reads the bound with remote.MaxStale.
 func WithMaxStale(ctx context.Context, d time.Duration) context.Context {
-	return context.WithValue(ctx, maxStaleKey{}, max(d, 0))
+	return remote.WithMaxStale(ctx, d)
 }
 
-// MaxStale returns the bound [WithMaxStale] put on ctx, if any. A load's
-// context keeps the values of the Get that started it, so a [Remote] can
-// honour the caller's bound too.
-func MaxStale(ctx context.Context) (d time.Duration, ok bool) {
-	d, ok = ctx.Value(maxStaleKey{}).(time.Duration)
-	return d, ok
-}
+// MaxStale is [remote.MaxStale]: the bound [WithMaxStale] put on ctx, if
+// any.
+//
+// Deprecated: use remote.MaxStale.
+func MaxStale(ctx context.Context) (d time.Duration, ok bool) { return remote.MaxStale(ctx) }
 
 // caller is what a Get takes from its caller's context. The context is the
 // caller's code: any of its methods may panic (or end the goroutine), and
@@ -249,7 +142,7 @@ type caller struct {
 // caller has read already.
 func callerOf(ctx context.Context, revalidate bool) caller {
 	c := caller{ctx: ctx, revalidate: revalidate, marker: markerOf(ctx), read: true}
-	c.maxStale, c.bounded = MaxStale(ctx)
+	c.maxStale, c.bounded = remote.MaxStale(ctx)
 	c.done = ctx.Done()
 	return c
 }
@@ -305,19 +198,12 @@ func revalidating(ctx context.Context) bool {
 	return r
 }
 
-// reloadValueKey is the context key of WithReloadValue.
-type reloadValueKey struct{}
-
-// reloadValue boxes the value WithReloadValue carries.
-type reloadValue[V any] struct{ v V }
-
-// WithReloadValue returns a context that, passed by a [Remote] to the load
-// function it was given, makes that load an [Options.Reload] of v: the
-// value the shared tier holds for the key, which may be newer than the
-// Loader's own (or the Loader may hold none). An [ErrNotModified] then
-// keeps v. Without Options.Reload it changes nothing.
+// WithReloadValue is [remote.WithReloadValue]: passed by a tier to the load
+// function it was given, it makes that load a Reload of v.
+//
+// Deprecated: use remote.WithReloadValue.
 func WithReloadValue[V any](ctx context.Context, v V) context.Context {
-	return context.WithValue(ctx, reloadValueKey{}, &reloadValue[V]{v: v})
+	return remote.WithReloadValue(ctx, v)
 }
 
 // loadKey is the context key under which a load's context carries its

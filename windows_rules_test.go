@@ -9,23 +9,24 @@ import (
 	"time"
 
 	"github.com/flightcache/flightcache/internal/timing"
+	"github.com/flightcache/flightcache/remote"
 )
 
 // forever is the largest duration: "never", for the Loader's options.
 const forever = time.Duration(math.MaxInt64)
 
-// Phase mirrors the Loader's own phase, value for value: Bounds.PhaseAt
-// converts one into the other.
+// The root's Phase names are the phases the Loader serves its entries by
+// (remote's), value for value.
 func TestPhaseMirrorsTheLoadersPhase(t *testing.T) {
 	for _, tc := range []struct {
-		p    phase
+		p    remote.Phase
 		want Phase
 		name string
 	}{
-		{phaseFresh, PhaseFresh, "fresh"},
-		{phaseStale, PhaseStale, "stale"},
-		{phaseStaleIfError, PhaseStaleIfError, "stale-if-error"},
-		{phaseExpired, PhaseExpired, "expired"},
+		{remote.PhaseFresh, PhaseFresh, "fresh"},
+		{remote.PhaseStale, PhaseStale, "stale"},
+		{remote.PhaseStaleIfError, PhaseStaleIfError, "stale-if-error"},
+		{remote.PhaseExpired, PhaseExpired, "expired"},
 	} {
 		if got := Phase(tc.p); got != tc.want || got.String() != tc.name {
 			t.Errorf("Phase(%d) = %v (%q); want %v (%q)", tc.p, got, got.String(), tc.want, tc.name)
@@ -33,7 +34,7 @@ func TestPhaseMirrorsTheLoadersPhase(t *testing.T) {
 	}
 }
 
-// Bounds.PhaseAt is the Loader's rule (windows.phaseAt) placed on times: a
+// Bounds.PhaseAt is the Loader's rule (Windows.PhaseAt) placed on times: a
 // value loaded at t0 is, age later, in the phase phaseAt gives it at that
 // age, at every boundary, for windows of every size up to "never".
 func TestBoundsPhaseAtIsTheLoadersRule(t *testing.T) {
@@ -65,7 +66,7 @@ func TestBoundsPhaseAtIsTheLoadersRule(t *testing.T) {
 			if age == math.MaxInt64 {
 				continue // where the Loader's sums saturate (see PhaseAt)
 			}
-			want := Phase(windows{staleWhileRevalidate: w.StaleWhileRevalidate, staleIfError: w.StaleIfError}.phaseAt(age, w.Fresh))
+			want := Windows{StaleWhileRevalidate: w.StaleWhileRevalidate, StaleIfError: w.StaleIfError}.PhaseAt(age, w.Fresh)
 			if got := b.PhaseAt(t0.Add(age)); got != want {
 				t.Errorf("%+v: Bounds(t0).PhaseAt(t0+%v) = %v; want %v (phaseAt)", w, age, got, want)
 			}

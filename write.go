@@ -6,6 +6,7 @@ import (
 
 	"github.com/dgraph-io/ristretto/v2"
 	"github.com/flightcache/flightcache/internal/queue"
+	"github.com/flightcache/flightcache/remote"
 )
 
 // The write path (docs/internals.md, "The write path"). Fills, Set and
@@ -19,7 +20,7 @@ import (
 // by MaxPendingWrites and MaxCost (rule 19): a fill never waits for one;
 // Set, Invalidate and Drop wait their turn (takeWrite). The writer runs no
 // user code in a round: what left the cache is reported after it
-// (reportLeft).
+// (reportDepartures).
 
 // maxWriterBatch bounds the writes the writer hands ristretto before it
 // waits for them. Only the writer feeds ristretto's set buffer, and every
@@ -78,9 +79,9 @@ type writer[K comparable, V any] struct {
 
 	// rounds is held for each round, on the writer's goroutine or in a
 	// write made there (workOff): one round at a time.
-	rounds sync.Mutex
-	leftMu sync.Mutex
-	left   []EvictionEvent[K] // guarded by leftMu: what left the cache in the rounds, to report after them
+	rounds       sync.Mutex
+	departuresMu sync.Mutex
+	departures   []EvictionEvent[K] // guarded by departuresMu: what departed the cache in the rounds, to report after them
 
 	// What the writer uses of its Loader (attach).
 	cache       *ristretto.Cache[uint64, *entry[K, V]]
@@ -104,7 +105,7 @@ func (wr *writer[K, V]) attach(l *Loader[K, V]) {
 	wr.cache, wr.flights, wr.obs, wr.stats = l.cache, &l.flights, l.obs, &l.stats
 	wr.costed = l.opts.Cost != nil
 	wr.invalidated = l.cleared
-	wr.expired = func(e *entry[K, V]) bool { return l.phase(e, l.now()) == phaseExpired }
+	wr.expired = func(e *entry[K, V]) bool { return l.phase(e, l.now()) == remote.PhaseExpired }
 }
 
 // takeFill takes a place of the fills' share, if one of cost is free; it
@@ -197,7 +198,7 @@ func (wr *writer[K, V]) run(idle <-chan struct{}, teardown func()) {
 			return
 		}
 		ws, again = wr.round(ws, again)
-		wr.reportLeft()
+		wr.reportDepartures()
 	}
 }
 
@@ -309,7 +310,7 @@ var testHookWriter atomic.Pointer[func()]
 func (wr *writer[K, V]) issue(w *write[K, V]) {
 	e, cost := wr.flights.markIssued(w)
 	if e != nil && wr.invalidated(e) {
-		wr.noteLeft(e, EvictionInvalidated, cost)
+		wr.noteDeparture(e, EvictionInvalidated, cost)
 		e = nil // written before an InvalidateAll: dead, only to be removed
 	}
 	if e == nil || wr.costed {

@@ -79,10 +79,10 @@ func TestNoWriteWaitsForRistretto(t *testing.T) {
 	// Once the writer runs, the values reach ristretto and the pending
 	// writes close.
 	deadline := time.Now().Add(10 * time.Second)
-	for l.flights.pending(0) && time.Now().Before(deadline) {
+	for l.pending(0) && time.Now().Before(deadline) {
 		time.Sleep(time.Millisecond)
 	}
-	if l.flights.pending(0) {
+	if l.pending(0) {
 		t.Fatal("the write of key 0 is still pending 10s after the writer was released")
 	}
 	if e := l.cached(l.mustHash(0), 0); e == nil || e.val != "set" {
@@ -114,7 +114,7 @@ func TestSetOverPendingFill(t *testing.T) {
 	}
 	release()
 	deadline := time.Now().Add(10 * time.Second)
-	for l.flights.pending("k") && time.Now().Before(deadline) {
+	for l.pending("k") && time.Now().Before(deadline) {
 		time.Sleep(time.Millisecond)
 	}
 	if e := l.cached(l.mustHash("k"), "k"); e == nil || e.val != "v2" {
@@ -541,7 +541,7 @@ func flood(t testing.TB, l *Loader[string, string]) (stop func()) {
 // inFlightMap reports whether k has a load running or a write the writer
 // has not applied yet in l's in-flight map.
 func inFlightMap(l *Loader[string, string], k string) bool {
-	return l.flights.pending(k)
+	return l.pending(k)
 }
 
 // writesApplied waits until k has nothing in l's in-flight map: every write

@@ -49,12 +49,12 @@ func TestReaderNeverGoesBackAfterALocalLoad(t *testing.T) {
 	}
 
 	db.Store(1)
-	writer.t.failed() // the writer's Invalidate does not reach Redis: kept for replay
+	writer.t.link.failed() // the writer's Invalidate does not reach Redis: kept for replay
 	writer.l.Invalidate("k")
 	if s := writer.t.Stats(); s.Skipped != 1 {
 		t.Fatalf("writer: Skipped = %d, want 1", s.Skipped)
 	}
-	reader.t.failed() // a round trip of the reader timed out: it steps aside
+	reader.t.link.failed() // a round trip of the reader timed out: it steps aside
 	reader.t.distrust()
 	if v := get(t, reader, "k"); v != "1" {
 		t.Fatalf("reader without Redis = %q, want 1", v)
@@ -63,8 +63,8 @@ func TestReaderNeverGoesBackAfterALocalLoad(t *testing.T) {
 		t.Fatalf("reader: LocalLoads = %d, want 1", s.LocalLoads)
 	}
 
-	reader.t.downUntil.Store(0) // Redis answers the reader again
-	reader.t.distrust()         // as its health check does after a copy loaded untracked
+	reader.t.link.downUntil.Store(0) // Redis answers the reader again
+	reader.t.distrust()              // as its health check does after a copy loaded untracked
 	if v := get(t, reader, "k"); v != "1" {
 		t.Fatalf("reader went back to %q after serving 1", v)
 	}
@@ -96,7 +96,7 @@ func TestWriterNeverGoesBackBeforeItsReplay(t *testing.T) {
 	}
 
 	db.Store(2)
-	p.t.failed()
+	p.t.link.failed()
 	p.l.Set("k", "2")
 	if v := get(t, p, "k"); v != "2" {
 		t.Fatalf("Get after Set = %q, want 2", v)
@@ -106,7 +106,7 @@ func TestWriterNeverGoesBackBeforeItsReplay(t *testing.T) {
 	if !p.t.fleet.replaying.CompareAndSwap(false, true) {
 		t.Fatal("a replay runs already")
 	}
-	p.t.downUntil.Store(0)
+	p.t.link.downUntil.Store(0)
 	p.t.distrust()
 	if v := get(t, p, "k"); v != "2" {
 		t.Fatalf("Get went back to %q after serving 2", v)
@@ -145,11 +145,11 @@ func TestReaderNeverTakesAnOlderLeaseHoldersValue(t *testing.T) {
 		t.Fatal("the holder did not load")
 	}
 	db.Store(1)
-	reader.t.failed()
+	reader.t.link.failed()
 	if v := get(t, reader, "k"); v != "1" {
 		t.Fatalf("reader without Redis = %q, want 1", v)
 	}
-	reader.t.downUntil.Store(0)
+	reader.t.link.downUntil.Store(0)
 	reader.t.distrust()
 
 	got := make(chan string, 1)
@@ -259,12 +259,12 @@ func TestBatchNeverGoesBackAfterALocalLoad(t *testing.T) {
 	}
 
 	db.Store(1)
-	reader.t.failed()
+	reader.t.link.failed()
 	reader.t.distrust()
 	if m := getMany("k1", "k2"); m["k1"] != "1" || m["k2"] != "1" {
 		t.Fatalf("GetMany without Redis = %v, want 1 each", m)
 	}
-	reader.t.downUntil.Store(0)
+	reader.t.link.downUntil.Store(0)
 	reader.t.distrust()
 	before := reader.t.Stats()
 	if m := getMany("k1", "k2"); m["k1"] != "1" || m["k2"] != "1" {
@@ -294,11 +294,11 @@ func TestAheadReloadAfterASetReadsTheRow(t *testing.T) {
 	writer := versionedProc(t, addr, prefix, flightcache.Options[string, string]{TTL: time.Hour}, to, d.load)
 	reader := versionedProc(t, addr, prefix, flightcache.Options[string, string]{TTL: time.Hour}, to, d.load)
 	listening(t, writer, reader)
-	reader.t.failed() // a round trip of the reader timed out: it steps aside
+	reader.t.link.failed() // a round trip of the reader timed out: it steps aside
 	if v := get(t, reader, "k"); v != "k-v1" {
 		t.Fatalf("reader without Redis = %q, want k-v1", v)
 	}
-	reader.t.downUntil.Store(0) // Redis answers the reader again
+	reader.t.link.downUntil.Store(0) // Redis answers the reader again
 
 	d.commit("k", "final")
 	writer.l.Set("k", "final")

@@ -5,14 +5,14 @@ import (
 	"time"
 
 	"github.com/flightcache/flightcache"
-	"github.com/flightcache/flightcache/internal/timing"
+	"github.com/flightcache/flightcache/remote"
 )
 
 // This file holds what the tier knows of the Loader it serves: the
 // Loader's rules, given by flightcache.New through Attach, and what the
 // tier derives from them.
 
-var _ flightcache.RemoteAttacher[string, int] = (*Tier[string, int])(nil)
+var _ remote.Attacher[string, int] = (*Tier[string, int])(nil)
 
 // ErrNotAttached is the error of a Load (and of every key of a LoadMany)
 // made before the tier was attached to a Loader: a Tier made by [NewTier]
@@ -26,14 +26,14 @@ var ErrNotAttached = errors.New("flightredis: the tier is not attached to a Load
 // for the second). Make a Tier per Loader.
 var ErrAttached = errors.New("flightredis: the tier is attached to another Loader already: a Tier serves one Loader")
 
-// Attach implements [flightcache.RemoteAttacher]: [flightcache.New] calls
+// Attach implements [remote.Attacher]: [flightcache.New] calls
 // it with the rules of the Loader the tier is the Remote of, which the
 // tier then applies to every shared entry, and returns its error. The
 // first Attach claims the tier; any later one returns [ErrAttached]. An
 // Attach whose rules the tier cannot honour (Options.LeaseTTL not longer
 // than their LoadTimeout) returns an error naming the option, and leaves
 // the tier unclaimed.
-func (t *Tier[K, V]) Attach(rules flightcache.Rules[K, V]) error {
+func (t *Tier[K, V]) Attach(rules remote.Rules[K, V]) error {
 	if !t.claimed.CompareAndSwap(false, true) {
 		return ErrAttached
 	}
@@ -49,17 +49,17 @@ func (t *Tier[K, V]) Attach(rules flightcache.Rules[K, V]) error {
 // attachment is what a tier knows of its Loader. It is made once, before
 // it is stored in Tier.att, and never changes.
 type attachment[K comparable, V any] struct {
-	rules flightcache.Rules[K, V] // the Loader's; NotFound never nil
+	rules remote.Rules[K, V] // the Loader's; NotFound never nil
 	// win is rules.Windows as the tier stores an entry's windows: in
 	// whole microseconds, as entries hold times (see stored).
-	win      flightcache.Windows
+	win      remote.Windows
 	leaseTTL time.Duration // Options.LeaseTTL, its default applied
 	leaseMS  int64         // its PX
 }
 
 // attachment validates o (defaults applied, but LeaseTTL's) against the
 // Loader's rules r and returns what the tier derives from them.
-func (o Options[K, V]) attachment(r flightcache.Rules[K, V]) (*attachment[K, V], error) {
+func (o Options[K, V]) attachment(r remote.Rules[K, V]) (*attachment[K, V], error) {
 	w := r.Windows
 	if w.Fresh <= 0 || w.LoadTimeout <= 0 {
 		return nil, errors.New("flightredis: Attach: the rules have no windows; use those of a Loader (flightcache.New attaches the tier)")
@@ -70,7 +70,7 @@ func (o Options[K, V]) attachment(r flightcache.Rules[K, V]) (*attachment[K, V],
 	if r.NotFound == nil {
 		r.NotFound = flightcache.Options[K, V]{}.NotFound // ErrNotFound only
 	}
-	lease := o.leaseTTL(timing.Add(w.LoadTimeout, r.MaxWait))
+	lease := o.leaseTTL(remote.Add(w.LoadTimeout, r.MaxWait))
 	return &attachment[K, V]{rules: r, win: stored(w), leaseTTL: lease, leaseMS: px(lease)}, nil
 }
 
@@ -83,7 +83,7 @@ func (t *Tier[K, V]) attached() *attachment[K, V] { return t.att.Load() }
 // Rules.WindowsOf: Freshness included), or the Loader's windows when it
 // has no per-value Freshness; cache is false for a value the Loader would
 // not cache. It may call user code (Freshness), which may panic.
-func (a *attachment[K, V]) windowsOf(key K, v V) (w flightcache.Windows, cache bool) {
+func (a *attachment[K, V]) windowsOf(key K, v V) (w remote.Windows, cache bool) {
 	if a.rules.WindowsOf == nil {
 		return a.rules.Windows, true
 	}
@@ -99,10 +99,43 @@ func (a *attachment[K, V]) perValue() bool { return a.rules.WindowsOf != nil }
 // microseconds, so that the bounds the Loader's rule gives from an
 // entry's loading time, itself in whole microseconds, are what the entry
 // stores.
-func stored(w flightcache.Windows) flightcache.Windows {
+func stored(w remote.Windows) remote.Windows {
 	w.Fresh = max(w.Fresh, time.Millisecond)
 	w.Fresh = w.Fresh.Truncate(time.Microsecond)
 	w.StaleWhileRevalidate = w.StaleWhileRevalidate.Truncate(time.Microsecond)
 	w.StaleIfError = w.StaleIfError.Truncate(time.Microsecond)
 	return w
+}
+
+// sharesNotFound reports whether a load's error err is a not-found to store
+// for the fleet: the Loader caches not-founds (NotFoundTTL > 0).
+func (a *attachment[K, V]) sharesNotFound(err error) bool {
+	return a.rules.NotFoundTTL > 0 && a.notFound(err)
+}
+
+// notFound reports whether err is a not-found by the Loader's rule
+// (remote.Rules.NotFound: ErrNotFound, or the Loader's IsNotFound,
+// whose panic means no).
+func (a *attachment[K, V]) notFound(err error) bool { return a.rules.NotFound(err) }
+
+// sharedNotFound reports whether e is a not-found marker still inside its
+// NotFoundTTL: a Load answers it with ErrSharedNotFound, without loading.
+// An older marker (the writer's clock, or a shorter NotFoundTTL here) is
+// replaced under the lease, as a stale entry is.
+func (a *attachment[K, V]) sharedNotFound(e entry) bool {
+	return e.ok && e.nf && a.phase(e, now()) == remote.PhaseFresh
+}
+
+// coverable reports whether a failed load's error may be covered with an
+// older value, by the Loader's rule (remote.StaleMayCover, with its
+// not-found rule).
+func (a *attachment[K, V]) coverable(err error) bool {
+	return remote.StaleMayCover(err, a.notFound(err))
+}
+
+// mayCover reports whether a failed load should ask Redis for the entry
+// that may cover it: the Loader has a StaleIfError window (its own, or
+// per-value ones) and err is one a stale value may cover.
+func (a *attachment[K, V]) mayCover(err error) bool {
+	return (a.rules.Windows.StaleIfError > 0 || a.perValue()) && a.coverable(err)
 }

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/flightcache/flightcache"
+	"github.com/flightcache/flightcache/remote"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -116,7 +117,7 @@ func TestTierBeforeAttach(t *testing.T) {
 	if len(res) != 2 || !errors.Is(res["k"].Err, ErrNotAttached) || !errors.Is(res["j"].Err, ErrNotAttached) || called {
 		t.Errorf("LoadMany before Attach = %+v (load called: %v); want ErrNotAttached for each key, no load", res, called)
 	}
-	tier.Set(ctx, "k", flightcache.RemoteValue[string]{Value: "set", LoadedAt: time.Now()})
+	tier.Set(ctx, "k", remote.Value[string]{Value: "set", LoadedAt: time.Now()})
 	if n, err := c.Exists(ctx, keysFor(p, "k").entry).Result(); err != nil || n != 0 {
 		t.Errorf("after a Set before Attach: the shared entry exists (%d, %v); want it dropped", n, err)
 	}
@@ -147,7 +148,7 @@ func TestTierAttachedToTwoLoaders(t *testing.T) {
 		if l, err := flightcache.New(d.load, lo); !errors.Is(err, ErrAttached) || l != nil {
 			t.Errorf("%s: a second Loader on the tier = %v, %v; want ErrAttached", name, l, err)
 		}
-		if err := tier.Attach(flightcache.Rules[string, string]{}); !errors.Is(err, ErrAttached) {
+		if err := tier.Attach(remote.Rules[string, string]{}); !errors.Is(err, ErrAttached) {
 			t.Errorf("%s: Attach after the Loader's = %v; want ErrAttached", name, err)
 		}
 	}
@@ -170,7 +171,7 @@ func TestAttachChecksTheLease(t *testing.T) {
 	if l, err := flightcache.New(d.load, lo); err == nil || !strings.Contains(err.Error(), "Options.LeaseTTL") || l != nil {
 		t.Errorf("flightcache.New with LoadTimeout 2s, LeaseTTL 2s = %v, %v; want an error naming Options.LeaseTTL", l, err)
 	}
-	if err := tier.Attach(flightcache.Rules[string, string]{}); err == nil || errors.Is(err, ErrAttached) {
+	if err := tier.Attach(remote.Rules[string, string]{}); err == nil || errors.Is(err, ErrAttached) {
 		t.Errorf("Attach of zero Rules = %v; want them refused", err)
 	}
 	lo.LoadTimeout = time.Second

@@ -4,13 +4,11 @@ import (
 	"context"
 	"errors"
 	"math/rand/v2"
-	"slices"
-	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/flightcache/flightcache"
-	"github.com/flightcache/flightcache/internal/timing"
+	"github.com/flightcache/flightcache/redis/internal/handover"
+	"github.com/flightcache/flightcache/remote"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -42,7 +40,7 @@ import (
 //	         context; then acquire for all of them, with the tokens they
 //	         wait on, and so on until every key has its result. Before a
 //	         key's first wait the batch subscribes to its wake-up channel
-//	         (wakeups.go) and, once Redis has confirmed it, acquires again
+//	         (package wake) and, once Redis has confirmed it, acquires again
 //	         at once instead of waiting.
 //
 // Load and store always end before a wait starts, so a batch never waits
@@ -55,8 +53,8 @@ import (
 // holder died and its lease was taken over, or it gave up without a result
 // to share), which is when Load too would load after waiting.
 
-// slot is the state of one key of a batch.
-type slot[K comparable] struct {
+// item is the state of one key of a batch.
+type item[K comparable] struct {
 	key     K
 	name    string // Options.Key(key)
 	ks      keys
@@ -69,8 +67,8 @@ type slot[K comparable] struct {
 	aside   bool   // loaded without the lease, another process holding it, as ahead
 	attempt int    // waits so far, for the poll backoff
 	delay   time.Duration
-	watched bool   // the batch is subscribed to the key's wake-ups
-	tk      ticket // the key's Load's (takeoffAll)
+	watched bool            // the batch is subscribed to the key's wake-ups
+	tk      handover.Ticket // the key's Load's (takeoffAll)
 }
 
 // batchRun is one LoadMany call.
@@ -79,13 +77,18 @@ type batchRun[K comparable, V any] struct {
 	ctx   context.Context
 	load  func(context.Context, []K) (map[K]V, error)
 	w     chan struct{} // the wake-ups of the keys that wait (watched)
-	out   map[K]flightcache.RemoteResult[V]
+	out   map[K]remote.Result[V]
 	gen   int64  // the generation the keys not answered yet are named in
 	moves int    // how many times they were named again in a newer one
 	since uint64 // the last mark of ahead when the batch began: a fill stored clears those up to it
+
+	// The keys between two steps: leased by acquire, to load without
+	// Redis (a round trip failed, or ahead of Redis while another process
+	// holds the lease), and waiting on another process.
+	leased, local, waiting []*item[K]
 }
 
-// LoadMany implements [flightcache.RemoteMany]: it answers each of keys as
+// LoadMany implements [remote.Many]: it answers each of keys as
 // [Tier.Load] would ([ErrNotAttached] for each before the tier is
 // attached; otherwise a usable shared entry, the value of the process that
 // was loading it, or a load under the key's lease), with one Redis round
@@ -122,91 +125,106 @@ type batchRun[K comparable, V any] struct {
 // as with Load. If load panics, or it or that user code calls
 // runtime.Goexit, the leases are released on the way out and the panic
 // goes on.
-func (t *Tier[K, V]) LoadMany(ctx context.Context, keys []K, load func(context.Context, []K) (map[K]V, error)) map[K]flightcache.RemoteResult[V] {
+func (t *Tier[K, V]) LoadMany(ctx context.Context, keys []K, load func(context.Context, []K) (map[K]V, error)) map[K]remote.Result[V] {
 	if t.attached() == nil {
-		out := make(map[K]flightcache.RemoteResult[V], len(keys))
+		out := make(map[K]remote.Result[V], len(keys))
 		for _, k := range keys {
-			out[k] = flightcache.RemoteResult[V]{Err: ErrNotAttached}
+			out[k] = remote.Result[V]{Err: ErrNotAttached}
 		}
 		return out
 	}
 	t.stats.batches.Add(1)
 	t.used.Store(true)
-	b := &batchRun[K, V]{t: t, ctx: ctx, load: load, out: make(map[K]flightcache.RemoteResult[V], len(keys))}
-	slots := make([]*slot[K], len(keys))
+	b := &batchRun[K, V]{t: t, ctx: ctx, load: load, out: make(map[K]remote.Result[V], len(keys))}
+	items := make([]*item[K], len(keys))
 	for i, k := range keys {
-		slots[i] = &slot[K]{key: k}
+		items[i] = &item[K]{key: k}
 	}
-	if len(slots) == 0 {
+	if len(items) == 0 {
 		return b.out
 	}
-	if t.closed.Load() || t.down() || !t.ready(ctx) {
+	if t.closed.Load() || t.link.down() || !t.ready(ctx) {
 		t.listening()
-		for _, s := range slots {
-			s.name = t.key(s.key)
-			t.handed(s.name, s.key)
-		}
-		b.loadAndStore(nil, slots)
+		b.name(items)
+		b.loadAndStore(nil, items)
 		return b.out
 	}
 	t.awaitStartup(ctx)
 	t.listening()
 	b.gen = t.gen.Load()
-	b.since = t.ahead.now()
-	for _, s := range slots {
-		s.name = t.key(s.key)
-		t.handed(s.name, s.key)
-		s.ks = keysAt(t.opts.Prefix, s.name, b.gen)
-		s.ahead, _ = t.ahead.state(s.name)
-	}
+	b.since = t.ahead.Now()
+	b.name(items)
 	b.w = make(chan struct{}, 1)
-	defer func() { b.unwatch(slots) }()
-	defer t.takeoffAll(slots)()
+	defer func() { b.unwatch(items) }()
+	defer t.copies.takeoffAll(items)()
+	b.run(items)
+	return b.out
+}
 
-	open, local := b.read(slots)
-	var leased, waiting []*slot[K]
+// name names the keys of items (Options.Key) in the batch's generation.
+func (b *batchRun[K, V]) name(items []*item[K]) {
+	t := b.t
+	for _, s := range items {
+		s.name = t.key(s.key)
+		t.fleet.handed(s.name, s.key)
+		s.ks = keysAt(t.opts.Prefix, s.name, b.gen)
+		s.ahead, _ = t.ahead.State(s.name)
+	}
+}
+
+// run takes the keys of items through the steps until each has its
+// result: read, acquire, load and store, wait, and acquire again.
+func (b *batchRun[K, V]) run(items []*item[K]) {
+	open, local := b.read(items)
+	b.local = local
 	for {
-		for len(open) > 0 {
-			if t.gen.Load() != b.gen {
-				// A newer generation: every key not answered yet (nor
-				// leased) is read again under it.
-				var more []*slot[K]
-				open, more = b.read(append(open, waiting...))
-				local, waiting = append(local, more...), nil
-				continue
+		b.acquireAll(open)
+		if len(b.leased)+len(b.local) > 0 {
+			b.loadAndStore(b.leased, b.local)
+			b.leased, b.local = nil, nil
+		}
+		if len(b.waiting) == 0 {
+			return
+		}
+		if !b.sleep(b.waiting) {
+			err := ctxError(b.ctx)
+			for _, s := range b.waiting {
+				b.answer(s, remote.Result[V]{Err: err})
 			}
-			open, leased, local, waiting = b.acquire(open, leased, local, waiting)
+			return
 		}
-		if len(leased)+len(local) > 0 {
-			b.loadAndStore(leased, local)
-			leased, local = nil, nil
+		open, b.waiting = b.waiting, nil
+	}
+}
+
+// acquireAll runs the acquire step until no key of open is left to
+// acquire again.
+func (b *batchRun[K, V]) acquireAll(open []*item[K]) {
+	for len(open) > 0 {
+		if b.t.gen.Load() != b.gen {
+			// A newer generation: every key not answered yet (nor
+			// leased) is read again under it.
+			var more []*item[K]
+			open, more = b.read(append(open, b.waiting...))
+			b.local, b.waiting = append(b.local, more...), nil
+			continue
 		}
-		if len(waiting) == 0 {
-			return b.out
-		}
-		if !b.sleep(waiting) {
-			err := ctxError(ctx)
-			for _, s := range waiting {
-				b.answer(s, flightcache.RemoteResult[V]{Err: err})
-			}
-			return b.out
-		}
-		open, waiting = waiting, nil
+		open = b.acquire(open)
 	}
 }
 
 // unwatch drops the batch's subscriptions to the wake-ups of the keys of
-// slots.
-func (b *batchRun[K, V]) unwatch(slots []*slot[K]) {
+// items.
+func (b *batchRun[K, V]) unwatch(items []*item[K]) {
 	var bases []string
-	for _, s := range slots {
+	for _, s := range items {
 		if s.watched {
 			s.watched = false
 			bases = append(bases, s.ks.base)
 		}
 	}
 	if len(bases) > 0 {
-		b.t.wake.unwatch(b.w, bases...)
+		b.t.wake.Unwatch(b.w, bases...)
 	}
 }
 
@@ -215,7 +233,7 @@ func (b *batchRun[K, V]) unwatch(slots []*slot[K]) {
 // it. It reports whether there were any: those must be looked at once
 // more before the batch waits, as a wake-up published before the
 // subscription is not heard.
-func (b *batchRun[K, V]) watch(waiting []*slot[K]) bool {
+func (b *batchRun[K, V]) watch(waiting []*item[K]) bool {
 	var bases []string
 	for _, s := range waiting {
 		if !s.watched {
@@ -227,27 +245,27 @@ func (b *batchRun[K, V]) watch(waiting []*slot[K]) bool {
 	if len(bases) == 0 {
 		return false
 	}
-	b.t.wake.await(b.ctx, b.t.wake.watch(b.w, bases...))
+	b.t.wake.Await(b.ctx, b.t.wake.Watch(b.w, bases...))
 	return true
 }
 
-// regen names the keys of slots in generation gen (the batch's from now),
+// regen names the keys of items in generation gen (the batch's from now),
 // forgetting what was seen of them in the older one.
-func (b *batchRun[K, V]) regen(slots []*slot[K], gen int64) {
-	b.unwatch(slots)
+func (b *batchRun[K, V]) regen(items []*item[K], gen int64) {
+	b.unwatch(items)
 	b.gen = gen
 	b.moves++
-	for _, s := range slots {
-		*s = slot[K]{key: s.key, name: s.name, ks: keysAt(b.t.opts.Prefix, s.name, gen), ahead: s.ahead}
+	for _, s := range items {
+		*s = item[K]{key: s.key, name: s.name, ks: keysAt(b.t.opts.Prefix, s.name, gen), ahead: s.ahead}
 	}
 }
 
 // answer records s's result; s no longer needs wake-ups.
-func (b *batchRun[K, V]) answer(s *slot[K], r flightcache.RemoteResult[V]) {
+func (b *batchRun[K, V]) answer(s *item[K], r remote.Result[V]) {
 	b.out[s.key] = r
 	if s.watched {
 		s.watched = false
-		b.t.wake.unwatch(b.w, s.ks.base)
+		b.t.wake.Unwatch(b.w, s.ks.base)
 	}
 }
 
@@ -257,32 +275,32 @@ func (b *batchRun[K, V]) answer(s *slot[K], r flightcache.RemoteResult[V]) {
 // when it is newer than the batch's, the keys are named in it and read
 // again (at most maxGenTries times in all, then loaded locally), and when
 // the tier knows a newer one first, they are too.
-func (b *batchRun[K, V]) read(slots []*slot[K]) (open, local []*slot[K]) {
+func (b *batchRun[K, V]) read(items []*item[K]) (open, local []*item[K]) {
 	t := b.t
 	for {
 		if t.gen.Load() != b.gen {
 			if b.moves+1 >= maxGenTries {
-				return nil, slots // the generation keeps moving: without Redis
+				return nil, items // the generation keeps moving: without Redis
 			}
-			b.regen(slots, t.gen.Load())
+			b.regen(items, t.gen.Load())
 		}
-		cmds, err := b.readAt(slots)
+		cmds, err := b.readAt(items)
 		switch {
 		case errors.Is(err, errNotRestored) && b.ctx.Err() == nil:
-			return nil, slots // recorded by restore: loaded locally
+			return nil, items // recorded by restore: loaded locally
 		case err != nil: // as a failed read
-			return nil, b.broken(slots)
+			return nil, b.broken(items)
 		case t.gen.Load() == b.gen:
-			return b.judge(slots, cmds)
+			return b.judge(items, cmds)
 		}
 	}
 }
 
-// readAt reads the entries of slots and the shared generation, in one
+// readAt reads the entries of items and the shared generation, in one
 // round trip. It fails if the generation could not be read or, found
 // lost, set back (errNotRestored).
-func (b *batchRun[K, V]) readAt(slots []*slot[K]) ([]*redis.SliceCmd, error) {
-	cmds, gcmd := b.t.readMany(b.ctx, slots)
+func (b *batchRun[K, V]) readAt(items []*item[K]) ([]*redis.SliceCmd, error) {
+	cmds, gcmd := b.t.copies.readMany(b.ctx, items)
 	g, err := genOf(gcmd)
 	if err != nil {
 		return cmds, err
@@ -293,10 +311,10 @@ func (b *batchRun[K, V]) readAt(slots []*slot[K]) ([]*redis.SliceCmd, error) {
 	return cmds, nil
 }
 
-// judge answers the keys of slots whose entry, read by cmds, is usable.
-func (b *batchRun[K, V]) judge(slots []*slot[K], cmds []*redis.SliceCmd) (open, local []*slot[K]) {
-	var failed []*slot[K]
-	for i, s := range slots {
+// judge answers the keys of items whose entry, read by cmds, is usable.
+func (b *batchRun[K, V]) judge(items []*item[K], cmds []*redis.SliceCmd) (open, local []*item[K]) {
+	var failed []*item[K]
+	for i, s := range items {
 		vals, err := cmds[i].Result()
 		if err != nil {
 			failed = append(failed, s)
@@ -312,7 +330,7 @@ func (b *batchRun[K, V]) judge(slots []*slot[K], cmds []*redis.SliceCmd) (open, 
 
 // offer answers s with its entry if the entry is usable and decodes, as
 // Load does; it reports whether it did.
-func (b *batchRun[K, V]) offer(s *slot[K]) bool {
+func (b *batchRun[K, V]) offer(s *item[K]) bool {
 	t := b.t
 	if t.dead(s.ks) || s.ahead { // nothing of an older generation, nor what may be older than a value served
 		return false
@@ -321,20 +339,20 @@ func (b *batchRun[K, V]) offer(s *slot[K]) bool {
 		t.stats.decodeErrors.Add(1)
 		return false
 	}
-	if t.sharedNotFound(s.e) {
+	if t.attached().sharedNotFound(s.e) {
 		t.stats.notFoundHits.Add(1)
-		b.answer(s, flightcache.RemoteResult[V]{Err: ErrSharedNotFound})
+		b.answer(s, remote.Result[V]{Err: ErrSharedNotFound})
 		return true
 	}
 	if !s.e.ok || !t.usable(b.ctx, s.ks, s.e) {
 		return false
 	}
-	v, err := t.decode(s.e.val)
+	v, err := decode(t.codec, s.e.val)
 	if err != nil {
 		t.stats.decodeErrors.Add(1)
 		return false
 	}
-	b.answer(s, flightcache.RemoteResult[V]{RemoteValue: t.hand(s.ks, s.tk, s.e, v, s.waited != "")})
+	b.answer(s, remote.Result[V]{RemoteValue: t.hand(s.ks, s.tk, s.e, v, s.waited != "")})
 	return true
 }
 
@@ -342,48 +360,39 @@ func (b *batchRun[K, V]) offer(s *slot[K]) bool {
 // does: if the load's context ended they get its error; otherwise Redis
 // failed (counted once for the round trip, and the tier steps aside) and
 // they are returned, to be loaded locally.
-func (b *batchRun[K, V]) broken(failed []*slot[K]) []*slot[K] {
+func (b *batchRun[K, V]) broken(failed []*item[K]) []*item[K] {
 	if len(failed) == 0 {
 		return nil
 	}
 	if b.ctx.Err() != nil {
 		err := ctxError(b.ctx)
 		for _, s := range failed {
-			b.answer(s, flightcache.RemoteResult[V]{Err: err})
+			b.answer(s, remote.Result[V]{Err: err})
 		}
 		return nil
 	}
-	b.t.failed()
+	b.t.link.failed()
 	return failed
 }
 
 // acquire is the acquire step for open: it runs the acquire script for
-// each of them and sorts them by outcome, appending to leased, local and
-// waiting; again holds the keys whose entry changed and is still of no use
-// (they are acquired again at once).
-func (b *batchRun[K, V]) acquire(open, leased, local, waiting []*slot[K]) (again, leased2, local2, waiting2 []*slot[K]) {
+// each of them and sorts them by outcome into the batch's leased, local
+// and waiting keys; it returns the keys whose entry changed and is still
+// of no use (they are acquired again at once).
+func (b *batchRun[K, V]) acquire(open []*item[K]) (again []*item[K]) {
 	t := b.t
 	calls := make([]evalCall, len(open))
 	for i, s := range open {
 		s.tok = token(16)
 		calls[i] = evalCall{acquireScript, []string{s.ks.entry, s.ks.lease, s.ks.alive, s.ks.fail},
-			[]any{s.e.id, s.tok, t.attached().leaseMS, t.aliveMS, s.waited}}
+			[]any{s.e.id, s.tok, t.attached().leaseMS, t.link.aliveMS, s.waited}}
 	}
-	cmds := t.evalAll(b.ctx, calls, &t.stats.batchRoundTrips)
+	cmds := t.link.evalAll(b.ctx, calls, &t.stats.batchRoundTrips)
 	if t.gen.Load() != b.gen {
-		// A newer generation: nothing of this one is handed over, and the
-		// leases just taken are given back; the caller reads every key
-		// again under the newer one.
-		var won []*slot[K]
-		for i, s := range open {
-			if res, err := cmds[i].Slice(); err == nil && len(res) > 0 && (res[0] == "won" || res[0] == "stolen") {
-				won = append(won, s)
-			}
-		}
-		t.releaseAll(context.WithoutCancel(b.ctx), won)
-		return open, leased, local, waiting
+		b.giveBack(open, cmds)
+		return open
 	}
-	var failed []*slot[K]
+	var failed []*item[K]
 	for i, s := range open {
 		res, err := cmds[i].Slice()
 		if err == nil && len(res) == 0 {
@@ -393,53 +402,82 @@ func (b *batchRun[K, V]) acquire(open, leased, local, waiting []*slot[K]) (again
 			failed = append(failed, s)
 			continue
 		}
-		kind, _ := res[0].(string)
-		switch kind {
-		case "entry":
-			var fields []any
-			if len(res) > 1 {
-				fields, _ = res[1].([]any)
-			}
-			s.e, s.perr = parseEntry(fields)
-			if !b.offer(s) {
-				again = append(again, s)
-			}
-		case "failed":
-			// The entry is still s.e (acquire compared the ids): it may
-			// cover the failure.
-			t.stats.peerErrors.Add(1)
-			var fail any
-			if len(res) > 1 {
-				fail = res[1]
-			}
-			rv, perr := t.cover(s.e, peerError(fail))
-			b.answer(s, flightcache.RemoteResult[V]{RemoteValue: rv, Err: perr})
-		case "won", "stolen":
-			s.stolen = kind == "stolen"
-			leased = append(leased, s)
-		default: // "held"
-			if s.ahead { // the holder may have read before the value served: load without the lease, as Load
-				s.aside = true
-				local = append(local, s)
-				continue
-			}
-			if s.waited == "" {
-				t.stats.waits.Add(1)
-			}
-			if len(res) > 1 {
-				s.waited, _ = res[1].(string)
-			}
-			s.delay = min(t.opts.PollInterval, t.opts.PollInterval/8<<min(s.attempt, 3))
-			s.attempt++
-			if len(res) > 2 {
-				if ttl, ok := res[2].(int64); ok && ttl >= 0 {
-					s.delay = min(s.delay, timing.Add(fromMS(ttl), time.Millisecond))
-				}
-			}
-			waiting = append(waiting, s)
+		if !b.sort(s, res) {
+			again = append(again, s)
 		}
 	}
-	return again, leased, append(local, b.broken(failed)...), waiting
+	b.local = append(b.local, b.broken(failed)...)
+	return again
+}
+
+// giveBack gives back the leases acquire just took (cmds: its replies for
+// open): a newer generation came, nothing of this one is handed over, and
+// the caller reads every key again under the newer one.
+func (b *batchRun[K, V]) giveBack(open []*item[K], cmds []*redis.Cmd) {
+	var won []*item[K]
+	for i, s := range open {
+		if res, err := cmds[i].Slice(); err == nil && len(res) > 0 && (res[0] == "won" || res[0] == "stolen") {
+			won = append(won, s)
+		}
+	}
+	b.t.link.releaseAll(context.WithoutCancel(b.ctx), leasesOf(won))
+}
+
+// sort handles s's acquire reply res; false when s is to be acquired
+// again (its entry changed and is still of no use).
+func (b *batchRun[K, V]) sort(s *item[K], res []any) bool {
+	t := b.t
+	switch kind, _ := res[0].(string); kind {
+	case "entry":
+		var fields []any
+		if len(res) > 1 {
+			fields, _ = res[1].([]any)
+		}
+		s.e, s.perr = parseEntry(fields)
+		return b.offer(s)
+	case "failed":
+		// The entry is still s.e (acquire compared the ids): it may
+		// cover the failure.
+		t.stats.peerErrors.Add(1)
+		var fail any
+		if len(res) > 1 {
+			fail = res[1]
+		}
+		rv, perr := t.cover(s.e, peerError(fail))
+		b.answer(s, remote.Result[V]{RemoteValue: rv, Err: perr})
+	case "won", "stolen":
+		s.stolen = kind == "stolen"
+		b.leased = append(b.leased, s)
+	default: // "held"
+		b.held(s, res)
+	}
+	return true
+}
+
+// held makes s wait for the process that holds its lease (res: the
+// holder's token and its alive key's PTTL), or, ahead of Redis, load
+// without the lease, as Load does.
+func (b *batchRun[K, V]) held(s *item[K], res []any) {
+	t := b.t
+	if s.ahead { // the holder may have read before the value served
+		s.aside = true
+		b.local = append(b.local, s)
+		return
+	}
+	if s.waited == "" {
+		t.stats.waits.Add(1)
+	}
+	if len(res) > 1 {
+		s.waited, _ = res[1].(string)
+	}
+	s.delay = min(t.opts.PollInterval, t.opts.PollInterval/8<<min(s.attempt, 3))
+	s.attempt++
+	if len(res) > 2 {
+		if ttl, ok := res[2].(int64); ok && ttl >= 0 {
+			s.delay = min(s.delay, remote.Add(fromMS(ttl), time.Millisecond))
+		}
+	}
+	b.waiting = append(b.waiting, s)
 }
 
 // sleep is the wait step: it waits, for the keys of waiting, for a
@@ -447,7 +485,7 @@ func (b *batchRun[K, V]) acquire(open, leased, local, waiting []*slot[K]) (again
 // the load's context (then it returns false). When some of them were not
 // subscribed to yet, it subscribes instead, and returns at once for them
 // to be looked at again.
-func (b *batchRun[K, V]) sleep(waiting []*slot[K]) bool {
+func (b *batchRun[K, V]) sleep(waiting []*item[K]) bool {
 	if b.watch(waiting) {
 		return b.ctx.Err() == nil
 	}
@@ -473,182 +511,242 @@ func (b *batchRun[K, V]) sleep(waiting []*slot[K]) bool {
 // leases' writes and releases in one round trip. If load panics, or load
 // or user code after it (Options.Freshness, the Codec) ends the goroutine,
 // every lease is released on the way out, and the panic goes on.
-func (b *batchRun[K, V]) loadAndStore(leased, local []*slot[K]) {
+func (b *batchRun[K, V]) loadAndStore(leased, local []*item[K]) {
+	t := b.t
+	keys := b.count(leased, local)
+	bg := context.WithoutCancel(b.ctx) // the leases must be released even if ctx ended
+	stop := t.link.beatMany(leasesOf(leased))
+	done := false
+	defer func() {
+		if !done {
+			stop()
+			t.link.releaseAll(bg, leasesOf(leased))
+		}
+	}()
+	start := time.Now()
+	m, err := b.load(b.ctx, keys) // a *ManyError: each of its keys failed alone (errOf)
+	got := batchLoad[K, V]{m: m, err: err, start: start, end: time.Now()}
+	b.answerLocal(local, got)
+	if len(leased) == 0 {
+		done = true
+		stop()
+		return
+	}
+	calls, then := b.plan(leased, got)
+	done = true
+	stop()
+	// The batch's own wake-ups must not wake its wait for other keys.
+	b.unwatch(leased)
+	b.store(bg, calls, then)
+}
+
+// batchLoad is what one call of a batch's load returned, and when.
+type batchLoad[K comparable, V any] struct {
+	m          map[K]V
+	err        error
+	start, end time.Time
+}
+
+// value is v, loaded by this call.
+func (l batchLoad[K, V]) value(v V) remote.Value[V] { return loaded(v, l.start, l.end) }
+
+// count counts the leases, the takeovers and the loads ahead of Redis or
+// without it of a call of load for leased and local, and returns the keys
+// to call it with.
+func (b *batchRun[K, V]) count(leased, local []*item[K]) []K {
 	t := b.t
 	keys := make([]K, 0, len(leased)+len(local))
+	aside, ahead := 0, 0 // of local, of leased
 	for _, s := range leased {
 		keys = append(keys, s.key)
 		if s.stolen {
 			t.stats.takeovers.Add(1)
 		}
+		if s.ahead {
+			ahead++
+		}
 	}
-	aside, ahead := 0, 0 // of local, of local and leased
 	for _, s := range local {
 		keys = append(keys, s.key)
 		if s.aside {
 			aside++
 		}
 	}
-	for _, s := range leased {
-		if s.ahead {
-			ahead++
-		}
-	}
 	t.stats.leases.Add(uint64(len(leased)))
 	t.stats.aheadLoads.Add(uint64(aside + ahead))
-	t.localLoads(len(local) - aside)
-	bg := context.WithoutCancel(b.ctx) // the leases must be released even if ctx ended
-	stop := t.beatMany(leased)
-	done := false
-	defer func() {
-		if !done {
-			stop()
-			t.releaseAll(bg, leased)
-		}
-	}()
-	start := time.Now()
-	m, lerr := b.load(b.ctx, keys) // a *ManyError: each of its keys failed alone (errOf)
-	end := time.Now()
-	loaded := func(v V) flightcache.RemoteValue[V] {
-		return flightcache.RemoteValue[V]{Value: v, LoadedAt: end, Took: end.Sub(start), Loaded: true}
-	}
+	t.copies.localLoads(len(local) - aside)
+	return keys
+}
+
+// answerLocal answers the keys of local, loaded without Redis.
+func (b *batchRun[K, V]) answerLocal(local []*item[K], got batchLoad[K, V]) {
 	for _, s := range local {
-		err := errOf(lerr, s.key)
-		v, ok := m[s.key]
+		err := errOf(got.err, s.key)
+		v, ok := got.m[s.key]
 		switch {
 		case err != nil:
-			b.answer(s, flightcache.RemoteResult[V]{Err: err})
+			b.answer(s, remote.Result[V]{Err: err})
 		case ok:
-			b.answer(s, flightcache.RemoteResult[V]{RemoteValue: loaded(v)})
+			b.answer(s, remote.Result[V]{RemoteValue: got.value(v)})
 		default:
-			b.answer(s, flightcache.RemoteResult[V]{Err: flightcache.ErrNotFound})
+			b.answer(s, remote.Result[V]{Err: flightcache.ErrNotFound})
 		}
-		if !s.aside && (err == nil || t.notFound(err)) { // loaded without Redis: maybe newer than its entry
-			t.ahead.mark(s.name)
+		if !s.aside && (err == nil || b.t.attached().notFound(err)) { // loaded without Redis: maybe newer than its entry
+			b.t.ahead.Mark(s.name)
 		}
 	}
-	if len(leased) == 0 {
-		done = true
-		stop()
-		return
-	}
+}
 
-	// What to do with each lease, and with the script's reply. This calls
-	// user code (Freshness, the Codec): encode recovers its panics, and the
-	// deferred release covers a Goexit here.
+// settle is a lease's script call, and what to do with its reply: false
+// when Redis failed.
+type settle struct {
+	call evalCall
+	then func(*redis.Cmd) bool
+}
+
+// plan decides what to do with each lease of leased, and with the
+// script's reply. This calls user code (Freshness, the Codec): encode
+// recovers its panics, and loadAndStore's deferred release covers a
+// Goexit here.
+func (b *batchRun[K, V]) plan(leased []*item[K], got batchLoad[K, V]) ([]evalCall, []func(*redis.Cmd) bool) {
 	calls := make([]evalCall, len(leased))
-	then := make([]func(*redis.Cmd) bool, len(leased)) // false: Redis failed
+	then := make([]func(*redis.Cmd) bool, len(leased))
 	for i, s := range leased {
-		dead := t.dead(s.ks) // an InvalidateAll ended the lease's generation: nothing is stored
-		err := errOf(lerr, s.key)
-		release := func(fail string, want bool) {
-			calls[i] = evalCall{releaseScript, releaseKeys(s.ks), t.releaseArgs(s.ks, s.tok, fail, want)}
-		}
-		switch v, ok := m[s.key]; {
-		case err != nil && !t.sharesNotFound(err):
-			want := false
-			fail := ""
-			if !errors.Is(err, flightcache.ErrNotModified) { // a batch revalidates nothing: nothing to share
-				fail = t.failure(b.ctx, s.tok, err)
-				want = t.mayCover(err) && !s.ahead // the entry may be older than a value served
-			}
-			release(fail, want)
-			then[i] = func(cmd *redis.Cmd) bool {
-				res, rerr := cmd.Slice()
-				var e entry
-				if rerr == nil && !dead && want {
-					e, _ = parseEntry(res) // an entry that does not parse covers nothing
-				}
-				rv, cerr := t.cover(e, err)
-				b.answer(s, flightcache.RemoteResult[V]{RemoteValue: rv, Err: cerr})
-				return rerr == nil
-			}
+		dead := b.t.dead(s.ks) // an InvalidateAll ended the lease's generation: nothing is stored
+		err := errOf(got.err, s.key)
+		var st settle
+		switch v, ok := got.m[s.key]; {
+		case err != nil && !b.t.attached().sharesNotFound(err):
+			st = b.planFailure(s, err, dead)
 		case err == nil && ok:
-			rv := loaded(v)
-			enc, share := t.encode(s.key, rv, rand.Float64())
-			if share && dead {
-				t.stats.writesLost.Add(1)
-				share = false
-			}
-			var id string
-			if share {
-				var args []any
-				id, args = t.writeArgs(s.ks, enc)
-				t.filling(s.ks.entry)
-				calls[i] = evalCall{writeScript, writeKeys(s.ks), append([]any{s.tok}, args...)}
-			} else {
-				release("", false)
-			}
-			then[i] = func(cmd *redis.Cmd) bool {
-				b.answer(s, flightcache.RemoteResult[V]{RemoteValue: rv})
-				if !share {
-					return cmd.Err() == nil
-				}
-				n, held, werr := writeAnswer(cmd)
-				if werr != nil {
-					return false
-				}
-				if t.stored(n) {
-					t.handOver(s.ks, s.tk, id)
-					if s.ahead {
-						t.ahead.clear(s.name, b.since)
-					}
-				} else if n == writeOutdated {
-					t.outdatedFill(s.ks, s.key, held)
-				}
-				return true
-			}
+			st = b.planValue(s, got.value(v), dead)
 		default:
-			// Not found (a key load did not return, or load failing as a
-			// whole with ErrNotFound): stored as a not-found marker for
-			// the fleet when the Loader caches not-founds, else shared
-			// with the processes waiting on this lease; as Load does with
-			// its load's ErrNotFound.
-			nf := flightcache.ErrNotFound
-			if err != nil {
-				nf = err
-			}
-			marker := t.sharesNotFound(nf)
-			if marker && dead {
-				t.stats.writesLost.Add(1)
-				marker = false
-			}
-			if marker {
-				calls[i] = t.notFoundCall(s.ks, s.tok)
-			} else {
-				release(t.failure(b.ctx, s.tok, nf), false)
-			}
-			then[i] = func(cmd *redis.Cmd) bool {
-				b.answer(s, flightcache.RemoteResult[V]{Err: nf})
-				if !marker {
-					return cmd.Err() == nil
-				}
-				n, werr := cmd.Int()
-				if werr != nil {
-					return false
-				}
-				if t.stored(n) {
-					t.served.drop(s.ks.base)
-					if s.ahead {
-						t.ahead.clear(s.name, b.since)
-					}
-				}
-				return true
-			}
+			st = b.planNotFound(s, err, dead)
 		}
+		calls[i], then[i] = st.call, st.then
 	}
-	done = true
-	stop()
-	// The batch's own wake-ups must not wake its wait for other keys.
-	b.unwatch(leased)
-	cmds := t.evalAll(bg, calls, &t.stats.batchRoundTrips)
+	return calls, then
+}
+
+// planFailure releases s's lease after its load failed with err, leaving
+// the failure for the waiters, and covers it with the entry if it may.
+func (b *batchRun[K, V]) planFailure(s *item[K], err error, dead bool) settle {
+	t := b.t
+	want, fail := false, ""
+	if !errors.Is(err, flightcache.ErrNotModified) { // a batch revalidates nothing: nothing to share
+		fail = t.failure(b.ctx, s.tok, err)
+		want = t.attached().mayCover(err) && !s.ahead // the entry may be older than a value served
+	}
+	return settle{t.link.releaseCall(s.ks, s.tok, fail, want), func(cmd *redis.Cmd) bool {
+		res, rerr := cmd.Slice()
+		var e entry
+		if rerr == nil && !dead && want {
+			e, _ = parseEntry(res) // an entry that does not parse covers nothing
+		}
+		rv, cerr := t.cover(e, err)
+		b.answer(s, remote.Result[V]{RemoteValue: rv, Err: cerr})
+		return rerr == nil
+	}}
+}
+
+// planValue writes rv as s's entry under its lease, or releases the lease
+// when rv is not to share.
+func (b *batchRun[K, V]) planValue(s *item[K], rv remote.Value[V], dead bool) settle {
+	t := b.t
+	enc, share := t.encode(s.key, rv, rand.Float64())
+	if share && dead {
+		t.stats.writesLost.Add(1)
+		share = false
+	}
+	if !share {
+		return settle{t.link.releaseCall(s.ks, s.tok, "", false), func(cmd *redis.Cmd) bool {
+			b.answer(s, remote.Result[V]{RemoteValue: rv})
+			return cmd.Err() == nil
+		}}
+	}
+	id, args := t.link.writeArgs(s.ks, enc)
+	t.copies.filling(s.ks.entry)
+	return settle{evalCall{writeScript, writeKeys(s.ks), append([]any{s.tok}, args...)}, func(cmd *redis.Cmd) bool {
+		b.answer(s, remote.Result[V]{RemoteValue: rv})
+		n, held, werr := writeAnswer(cmd)
+		if werr != nil {
+			return false
+		}
+		if t.stored(n) {
+			t.copies.handOver(s.ks, s.tk, id)
+			b.caughtUp(s)
+		} else if n == writeOutdated {
+			t.outdatedFill(s.ks, s.key, held)
+		}
+		return true
+	}}
+}
+
+// planNotFound settles s's lease after a not-found (a key load did not
+// return, or load failing as a whole with err matching ErrNotFound):
+// stored as a not-found marker for the fleet when the Loader caches
+// not-founds, else shared with the processes waiting on this lease; as
+// Load does with its load's ErrNotFound.
+func (b *batchRun[K, V]) planNotFound(s *item[K], err error, dead bool) settle {
+	t := b.t
+	nf := flightcache.ErrNotFound
+	if err != nil {
+		nf = err
+	}
+	marker := t.attached().sharesNotFound(nf)
+	if marker && dead {
+		t.stats.writesLost.Add(1)
+		marker = false
+	}
+	if !marker {
+		return settle{t.link.releaseCall(s.ks, s.tok, t.failure(b.ctx, s.tok, nf), false), func(cmd *redis.Cmd) bool {
+			b.answer(s, remote.Result[V]{Err: nf})
+			return cmd.Err() == nil
+		}}
+	}
+	return settle{t.link.notFoundCall(s.ks, s.tok, t.attached().rules.NotFoundTTL), func(cmd *redis.Cmd) bool {
+		b.answer(s, remote.Result[V]{Err: nf})
+		n, werr := cmd.Int()
+		if werr != nil {
+			return false
+		}
+		if t.stored(n) {
+			t.copies.served.Drop(s.ks.base)
+			b.caughtUp(s)
+		}
+		return true
+	}}
+}
+
+// caughtUp notes that s's entry now holds what this process loaded: it is
+// no longer ahead of Redis on the key (ahead.go).
+func (b *batchRun[K, V]) caughtUp(s *item[K]) {
+	if s.ahead {
+		b.t.ahead.Clear(s.name, b.since)
+	}
+}
+
+// store runs calls in one round trip and hands each reply to its then;
+// Redis failing any of them steps the tier aside.
+func (b *batchRun[K, V]) store(ctx context.Context, calls []evalCall, then []func(*redis.Cmd) bool) {
+	t := b.t
+	cmds := t.link.evalAll(ctx, calls, &t.stats.batchRoundTrips)
 	ok := true
-	for i := range leased {
+	for i := range calls {
 		ok = then[i](cmds[i]) && ok
 	}
 	if !ok {
-		t.failed()
+		t.link.failed()
 	}
+}
+
+// leasesOf are the leases of items.
+func leasesOf[K comparable](items []*item[K]) []lease {
+	ls := make([]lease, len(items))
+	for i, s := range items {
+		ls[i] = lease{s.ks, s.tok}
+	}
+	return ls
 }
 
 // errOf is key's error in err, what a batch's load returned for the keys
@@ -665,110 +763,9 @@ func errOf[K comparable](err error, key K) error {
 	return err
 }
 
-// releaseAll releases the leases of ss, sharing nothing, in one round trip.
-func (t *Tier[K, V]) releaseAll(ctx context.Context, ss []*slot[K]) {
-	if len(ss) == 0 {
-		return
-	}
-	calls := make([]evalCall, len(ss))
-	for i, s := range ss {
-		calls[i] = evalCall{releaseScript, releaseKeys(s.ks), t.releaseArgs(s.ks, s.tok, "", false)}
-	}
-	for _, cmd := range t.evalAll(ctx, calls, &t.stats.batchRoundTrips) {
-		if cmd.Err() != nil {
-			t.failed()
-			return
-		}
-	}
-}
-
-// beatMany extends the alive keys of the leases of ss every
-// HolderTimeout/3, in one round trip for all of them, until stop. A lease
-// found lost (Set, Invalidate, takeover) is not beaten any more.
-func (t *Tier[K, V]) beatMany(ss []*slot[K]) (stop func()) {
-	if len(ss) == 0 {
-		return func() {}
-	}
-	live := slices.Clone(ss)
-	quit := make(chan struct{})
-	var wg sync.WaitGroup
-	wg.Go(func() {
-		tick := time.NewTicker(t.opts.HolderTimeout / 3)
-		defer tick.Stop()
-		for len(live) > 0 {
-			select {
-			case <-quit:
-				return
-			case <-t.ctx.Done():
-				return
-			case <-tick.C:
-			}
-			calls := make([]evalCall, len(live))
-			for i, s := range live {
-				calls[i] = evalCall{beatScript, []string{s.ks.lease, s.ks.alive}, []any{s.tok, t.aliveMS}}
-			}
-			cmds := t.evalAll(t.ctx, calls, nil)
-			kept := live[:0]
-			for i, s := range live {
-				if n, err := cmds[i].Int(); err != nil || n != 0 {
-					kept = append(kept, s)
-				}
-			}
-			live = kept
-		}
-	})
-	return func() { close(quit); wg.Wait() }
-}
-
 // evalCall is one script call of a pipelined round trip.
 type evalCall struct {
 	script *redis.Script
 	keys   []string
 	args   []any
-}
-
-// evalAll runs calls in one pipelined round trip with EVALSHA, then those
-// whose script the server did not have (NOSCRIPT: it has no effect) in a
-// second one with EVAL, which also loads the script for the next time.
-// (Script.Run cannot do this in a pipeline: it reads the reply of EVALSHA
-// before it decides.) Each Cmd holds its call's reply or error. trips, if
-// not nil, counts the round trips.
-func (t *Tier[K, V]) evalAll(ctx context.Context, calls []evalCall, trips *atomic.Uint64) []*redis.Cmd {
-	cmds := make([]*redis.Cmd, len(calls))
-	if len(calls) == 0 {
-		return cmds
-	}
-	t.pipelined(ctx, trips, func(c context.Context, p redis.Pipeliner) {
-		for i, call := range calls {
-			cmds[i] = call.script.EvalSha(c, p, call.keys, call.args...)
-		}
-	})
-	var missing []int
-	for i, cmd := range cmds {
-		if redis.HasErrorPrefix(cmd.Err(), "NOSCRIPT") {
-			missing = append(missing, i)
-		}
-	}
-	if len(missing) > 0 {
-		t.pipelined(ctx, trips, func(c context.Context, p redis.Pipeliner) {
-			for _, i := range missing {
-				cmds[i] = calls[i].script.Eval(c, p, calls[i].keys, calls[i].args...)
-			}
-		})
-	}
-	return cmds
-}
-
-// pipelined sends the commands fill queues in one round trip, bounded by
-// Options.Timeout; each command holds its own reply or error.
-func (t *Tier[K, V]) pipelined(ctx context.Context, trips *atomic.Uint64, fill func(context.Context, redis.Pipeliner)) {
-	if trips != nil {
-		trips.Add(1)
-	}
-	c, cancel := t.op(ctx)
-	defer cancel()
-	_, _ = t.rdb.Pipelined(c, func(p redis.Pipeliner) error {
-		fill(c, p)
-		return nil
-	})
 }

@@ -10,7 +10,8 @@ import (
 	"time"
 
 	"github.com/flightcache/flightcache"
-	"github.com/flightcache/flightcache/internal/timing"
+	"github.com/flightcache/flightcache/redis/internal/store"
+	"github.com/flightcache/flightcache/remote"
 	"github.com/redis/go-redis/v9"
 	"github.com/sony/gobreaker/v2"
 )
@@ -86,8 +87,8 @@ type Breaker struct {
 	settings gobreaker.Settings
 	stateKey string
 
-	sem   chan struct{}                                  // one slot: one Execute at a time here; guards store and dcb
-	store *store                                         // guarded by sem
+	sem   chan struct{}                                  // one token: one Execute at a time here; guards store and dcb
+	store *store.Store                                   // guarded by sem
 	dcb   *gobreaker.DistributedCircuitBreaker[struct{}] // guarded by sem; nil until seeded
 
 	local     *gobreaker.TwoStepCircuitBreaker[struct{}] // decides while Redis is unreachable
@@ -107,9 +108,6 @@ var _ flightcache.CircuitBreaker = (*Breaker)(nil)
 var (
 	errFailure = errors.New("flightredis: downstream failure")
 	errIgnored = errors.New("flightredis: outcome ignored")
-	errBusy    = errors.New("flightredis: shared breaker mutex busy")
-	errProbing = errors.New("flightredis: another process is probing")
-	errStale   = errors.New("flightredis: outcome of an earlier breaker generation")
 )
 
 // NewBreaker returns a Breaker on client. Like [NewTier], it requires a client
@@ -149,14 +147,14 @@ func NewBreaker(client redis.UniversalClient, opts BreakerOptions) (*Breaker, er
 		quit:     make(chan struct{}),
 	}
 	b.ctx, b.stop = context.WithCancel(context.Background())
-	b.store = &store{
-		rdb:      client,
-		mutexKey: "gobreaker:mutex:" + opts.Name,
-		timeout:  opts.Timeout,
-		lockWait: opts.LockWait,
-		lockTTL:  max(time.Second, timing.Mul(opts.Timeout, 5)),
-		probeTTL: timing.Add(opts.ProbeTimeout, max(time.Second, timing.Mul(opts.Timeout, 5))),
-		base:     b.ctx,
+	b.store = &store.Store{
+		RDB:      client,
+		MutexKey: "gobreaker:mutex:" + opts.Name,
+		Timeout:  opts.Timeout,
+		LockWait: opts.LockWait,
+		LockTTL:  max(time.Second, remote.Mul(opts.Timeout, 5)),
+		ProbeTTL: remote.Add(opts.ProbeTimeout, max(time.Second, remote.Mul(opts.Timeout, 5))),
+		Base:     b.ctx,
 	}
 	return b, nil
 }
@@ -294,7 +292,7 @@ func (b *Breaker) record(gen uint64, outcome error) {
 		return
 	}
 	defer func() { <-b.sem }()
-	err := b.execute(modeUpdate, gen, func() (struct{}, error) { return struct{}{}, outcome })
+	err := b.execute(store.Update, gen, func() (struct{}, error) { return struct{}{}, outcome })
 	b.classify(err)
 }
 
@@ -306,7 +304,7 @@ func (b *Breaker) probe() (func(flightcache.Outcome), error) {
 	case b.sem <- struct{}{}:
 	default:
 		b.stats.probeBusy.Add(1)
-		return nil, b.tooMany(errProbing)
+		return nil, b.tooMany(store.ErrProbing)
 	}
 	admitted := make(chan error, 1)
 	outcome := make(chan error, 1)
@@ -315,7 +313,7 @@ func (b *Breaker) probe() (func(flightcache.Outcome), error) {
 		defer b.wg.Done()
 		defer func() { <-b.sem }()
 		ran := false
-		err := b.execute(modeProbe, 0, func() (struct{}, error) {
+		err := b.execute(store.Probe, 0, func() (struct{}, error) {
 			ran = true
 			admitted <- nil
 			select {
@@ -333,7 +331,7 @@ func (b *Breaker) probe() (func(flightcache.Outcome), error) {
 	}()
 	if err := <-admitted; err != nil {
 		switch {
-		case errors.Is(err, errBusy), errors.Is(err, errProbing):
+		case errors.Is(err, store.ErrBusy), errors.Is(err, store.ErrProbing):
 			b.stats.probeBusy.Add(1)
 			return nil, b.tooMany(err)
 		case errors.Is(err, gobreaker.ErrOpenState), errors.Is(err, gobreaker.ErrTooManyRequests):
@@ -367,11 +365,11 @@ func (b *Breaker) classify(err error) {
 	case err == nil, err == errFailure, err == errIgnored:
 		b.stats.recorded.Add(1)
 	case errors.Is(err, gobreaker.ErrOpenState), errors.Is(err, gobreaker.ErrTooManyRequests),
-		errors.Is(err, errStale):
+		errors.Is(err, store.ErrStale):
 		// The state moved on since the call was allowed: gobreaker drops
 		// this outcome too, as it would in one process.
 		b.stats.stale.Add(1)
-	case errors.Is(err, errBusy), errors.Is(err, errProbing):
+	case errors.Is(err, store.ErrBusy), errors.Is(err, store.ErrProbing):
 		b.stats.dropped.Add(1)
 	default:
 		b.stats.dropped.Add(1)
@@ -383,26 +381,26 @@ func (b *Breaker) classify(err error) {
 // mode, seeding the shared state if it is missing (first use, or a Redis
 // that restarted empty). The caller holds sem. A Redis failure or a busy
 // mutex is returned as such, never as gobreaker's ErrNoSharedState.
-func (b *Breaker) execute(mode storeMode, gen uint64, req func() (struct{}, error)) error {
+func (b *Breaker) execute(mode store.Mode, gen uint64, req func() (struct{}, error)) error {
 	s := b.store
 	for attempt := 0; ; attempt++ {
 		if b.dcb == nil {
-			s.begin(modeSeed, 0)
+			s.Begin(store.Seed, 0)
 			dcb, err := gobreaker.NewDistributedCircuitBreaker[struct{}](s, b.settings)
-			if s.fault != nil {
-				return s.fault
+			if s.Fault() != nil {
+				return s.Fault()
 			}
 			if err != nil {
 				return err
 			}
 			b.dcb = dcb
 		}
-		s.begin(mode, gen)
+		s.Begin(mode, gen)
 		_, err := b.dcb.Execute(req)
-		s.end() // gobreaker skips Unlock on some error paths
+		s.End() // gobreaker skips Unlock on some error paths
 		switch {
-		case s.fault != nil:
-			return s.fault
+		case s.Fault() != nil:
+			return s.Fault()
 		case errors.Is(err, gobreaker.ErrNoSharedState) && attempt == 0:
 			b.dcb = nil
 			continue

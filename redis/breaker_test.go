@@ -92,7 +92,8 @@ func TestBreakerStateIsShared(t *testing.T) {
 // Timeout is generous, for a loaded machine; a process that still found
 // Redis too slow decided locally (Local) or dropped the outcome it could
 // not write (Dropped, with a Redis error), and what reached Redis is
-// counted exactly all the same.
+// counted exactly all the same. The idle twin asserts, for a run without
+// a Redis error, that every outcome was recorded in the shared count.
 func TestBreakerNoLostUpdates(t *testing.T) {
 	addr := redisAddr(t)
 	name := breakerName(t)
@@ -152,6 +153,14 @@ func TestBreakerNoLostUpdates(t *testing.T) {
 	if s.RedisErrors == 0 && (s.Recorded != procs*each || st.Counts.ConsecutiveFailures != procs*each) {
 		t.Errorf("recorded %d, shared ConsecutiveFailures %d without a Redis error; want %d", s.Recorded, st.Counts.ConsecutiveFailures, procs*each)
 	}
+	// The idle twin: without a Redis error nothing was decided locally or
+	// dropped either.
+	idleTwin(t, []loadSign{{"RedisErrors", s.RedisErrors}}, func(t *testing.T) {
+		if s.Recorded != procs*each || s.Local != 0 || s.Dropped != 0 || st.Counts.ConsecutiveFailures != procs*each {
+			t.Errorf("breakers %+v, shared ConsecutiveFailures %d; want %d recorded, none local or dropped, %d shared",
+				s, st.Counts.ConsecutiveFailures, procs*each, procs*each)
+		}
+	})
 }
 
 func TestBreakerSharedByLoaders(t *testing.T) {

@@ -725,8 +725,9 @@ const (
 // kind: the first word of a Redis error (TRYAGAIN, CLUSTERDOWN...),
 // "deadline" for the tier's Timeout, or the error itself.
 type errorKinds struct {
-	mu sync.Mutex
-	n  map[string]int // guarded by mu
+	mu       sync.Mutex
+	n        map[string]int // guarded by mu
+	timeouts int            // guarded by mu; the errors that were a timeout, whatever take has reset
 }
 
 func (h *errorKinds) DialHook(next redis.DialHook) redis.DialHook { return next }
@@ -770,6 +771,17 @@ func (h *errorKinds) note(cmd redis.Cmder, err error) {
 		h.n = map[string]int{}
 	}
 	h.n[kind]++
+	if kind == "deadline" || strings.Contains(kind, "timeout") { // the tier's Timeout, the client's read or write timeout, its pool's
+		h.timeouts++
+	}
+}
+
+// timedOut returns the count of the errors that were a timeout, since the
+// hook was made: the signs of a machine too slow for the tiers' Timeout.
+func (h *errorKinds) timedOut() uint64 {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return uint64(h.timeouts)
 }
 
 // count returns the count of kind so far.
@@ -812,7 +824,12 @@ func (h *errorKinds) take() string {
 // the downstream, not from the shared entry, until its own fill is
 // stored: ahead.go). A loaded machine makes those;
 // TestClusterScriptsOnAMigratingSlot checks the scripts on a migrating
-// slot without them.
+// slot without them. So does the idle twin, for a run in which no command
+// of the fleet timed out and no move outlasted the tier's Timeout (the
+// span of a command's retries, see clusterOptions): the cluster options ride
+// through the migration (ASK, TRYAGAIN), so no load goes unshared, no
+// tier meets a Redis error, and the fleet makes no extra call before the
+// moves.
 func TestClusterSlotMove(t *testing.T) {
 	addrs := clusterAddrs(t)
 	admin := newClusterAdmin(t, addrs)
@@ -948,6 +965,29 @@ func TestClusterSlotMove(t *testing.T) {
 		}
 	}
 	t.Logf("largest generation: %d calls (%s); extra calls in all: %d", len(largest), describe(largest, baseline), len(extra))
+	// The signs of load: a command that timed out, and a migration slower
+	// than a command's retries last (about the tier's Timeout), which a
+	// command then meets from start to end.
+	last, slow := moves[len(moves)-1].after, uint64(0)
+	for _, m := range moves {
+		if m.took > to.Timeout {
+			slow++
+		}
+	}
+	idleTwin(t, []loadSign{{"commands timed out", f.errKinds.timedOut()}, {"moves longer than the tier's Timeout", slow}}, func(t *testing.T) {
+		if u, e := unshared(atBaseline, last), last.RedisErrors-atBaseline.RedisErrors; u != 0 || e != 0 {
+			t.Errorf("%d loads not shared (local %d, takeovers %d, ahead %d), %d Redis errors; want 0, 0",
+				u, last.LocalLoads-atBaseline.LocalLoads, last.Takeovers-atBaseline.Takeovers, last.AheadLoads-atBaseline.AheadLoads, e)
+		}
+		if n := countIn(extra, baseline, moves[0].start); n != 0 {
+			t.Errorf("before the moves, the fleet made %d extra downstream calls; want 0", n)
+		}
+		for i, m := range moves {
+			if n := countIn(extra, m.start, m.end); n > budget {
+				t.Errorf("move %d cost %d extra downstream calls; want at most one per key of the slot the fleet reads (%d)", i+1, n, budget)
+			}
+		}
+	})
 }
 
 // TestClusterFailover fails over the master that serves some of the

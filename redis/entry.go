@@ -8,6 +8,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/flightcache/flightcache/redis/internal/wake"
 )
 
 // Codec turns values into bytes for Redis and back. Implementations must be
@@ -36,11 +38,11 @@ func (JSON[V]) Unmarshal(data []byte) (V, error) {
 
 // keys are the Redis names of one key's state in one generation of the
 // shared tier (generation.go). They share a hash tag, so they live in one
-// Redis Cluster slot and one Lua script may touch them all.
+// Redis Cluster hash slot and one Lua script may touch them all.
 type keys struct {
 	gen   int64  // the generation they belong to
 	base  string // the hash-tagged name
-	wake  string // the key's wake-up channel (wakeups.go): base + ":w", of the key's slot
+	wake  string // the key's wake-up channel (package wake): base + ":w", of the key's hash slot
 	entry string // hash: the shared entry (fields below)
 	lease string // string: the token of the process loading the key
 	alive string // string: the same token while its holder proves it is alive
@@ -57,9 +59,9 @@ func keysFor(prefix, k string) keys { return keysAt(prefix, k, 0) }
 // "<prefix>{<tag>}:g<gen>:<suffix>" after. The hash tag is k itself,
 // escaped so that the tag never ends early and never is empty (Redis
 // hashes a whole name whose tag is empty, which would scatter one key's
-// state over several Cluster slots). The escaping is injective, and the
+// state over several Cluster items). The escaping is injective, and the
 // tag ends at the first '}', so names of different keys or generations
-// never meet. A key keeps its slot in every generation.
+// never meet. A key keeps its hash slot in every generation.
 func keysAt(prefix, k string, gen int64) keys {
 	tag := "%" // the empty key: "%" alone is never the escape of another key
 	if k != "" {
@@ -69,7 +71,7 @@ func keysAt(prefix, k string, gen int64) keys {
 	if gen != 0 {
 		base += ":g" + strconv.FormatInt(gen, 10)
 	}
-	return keys{gen: gen, base: base, wake: wakeChannel(base), entry: base + ":v", lease: base + ":l", alive: base + ":a", fail: base + ":f"}
+	return keys{gen: gen, base: base, wake: wake.Channel(base), entry: base + ":v", lease: base + ":l", alive: base + ":a", fail: base + ":f"}
 }
 
 // entry is the shared entry of one key, as stored in a Redis hash. Times are

@@ -131,8 +131,8 @@ func TestNewRejectsOptionsItCannotHonour(t *testing.T) {
 			t.Errorf("%s: NewTier, attached = %v; want a tier", tc.name, err)
 			continue
 		}
-		if tier.attached().leaseMS < 1 || tier.aliveMS < 1 || tier.failMS < 1 {
-			t.Errorf("%s: PX arguments lease %d, alive %d, fail %d; want all >= 1", tc.name, tier.attached().leaseMS, tier.aliveMS, tier.failMS)
+		if tier.attached().leaseMS < 1 || tier.link.aliveMS < 1 || tier.link.failMS < 1 {
+			t.Errorf("%s: PX arguments lease %d, alive %d, fail %d; want all >= 1", tc.name, tier.attached().leaseMS, tier.link.aliveMS, tier.link.failMS)
 		}
 		_ = tier.Close()
 	}

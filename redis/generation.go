@@ -6,7 +6,7 @@ import (
 	"fmt"
 	"strconv"
 
-	"github.com/flightcache/flightcache"
+	"github.com/flightcache/flightcache/remote"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -23,7 +23,7 @@ import (
 //     lifetimes.
 //   - Every round trip that reads or writes a key's state reads the
 //     counter too, after it, in the same pipeline (on a Cluster the two
-//     commands go to their nodes at once: the counter has a slot of its
+//     commands go to their nodes at once: the counter has a hash slot of its
 //     own, and no script may touch both). The tier names the state with
 //     the newest generation it knows; when the counter says a newer one,
 //     what the round trip read is not used, and it goes again under the
@@ -35,7 +35,7 @@ import (
 //     waits starts again under it, and a load that ran under an older
 //     generation's lease writes nothing (Stats.WritesLost).
 //   - A tier has its Loader drop every local copy
-//     (flightcache.LocalCache.DropAll) when it first learns of a newer
+//     (remote.LocalCache.DropAll) when it first learns of a newer
 //     generation that it did not make: from the message, from the counter
 //     read with a round trip, or from the counter read each time the
 //     subscription is confirmed (a message sent while it was down was not
@@ -82,9 +82,9 @@ end
 return {g, 0}
 `)
 
-var _ flightcache.RemoteInvalidateAll = (*Tier[string, int])(nil)
+var _ remote.AllInvalidator = (*Tier[string, int])(nil)
 
-// InvalidateAll implements [flightcache.RemoteInvalidateAll], for
+// InvalidateAll implements [remote.AllInvalidator], for
 // [flightcache.Loader.InvalidateAll]: it moves the shared tier on to a new
 // generation, in one Redis command whatever the tier holds, and publishes
 // it to the fleet. Every entry, lease and not-found marker written before
@@ -117,7 +117,7 @@ func (t *Tier[K, V]) InvalidateAll(ctx context.Context) {
 		t.stats.invalidateAllsLost.Add(1)
 		return
 	}
-	if t.down() {
+	if t.link.down() {
 		t.allRetry.Add(1) // first: see moveGen
 		t.allKept.Add(1)
 		t.stats.skipped.Add(1)
@@ -144,7 +144,7 @@ func (t *Tier[K, V]) moveGen(ctx context.Context, own bool) bool {
 	if kept == 0 {
 		return true // another call's move covered them
 	}
-	if t.allFailed.Load() != failures || t.down() || ctx.Err() != nil {
+	if t.allFailed.Load() != failures || t.link.down() || ctx.Err() != nil {
 		if own { // kept, as when the tier steps aside (InvalidateAll)
 			t.allRetry.Add(1)
 			t.stats.skipped.Add(1)
@@ -159,8 +159,8 @@ func (t *Tier[K, V]) moveGen(ctx context.Context, own bool) bool {
 		defer t.ownAll.Add(-1)
 	}
 	sent := t.gen.Load()
-	c, cancel := t.op(ctx)
-	g, err := invalidateAllScript.Run(c, t.scripts, []string{t.genKey}, t.invChannel, t.origin+"\n*", sent).Int64()
+	c, cancel := t.link.op(ctx)
+	g, err := invalidateAllScript.Run(c, t.link.scripts, []string{t.genKey}, t.invChannel, t.origin+"\n*", sent).Int64()
 	cancel()
 	if err != nil {
 		if own {
@@ -171,7 +171,7 @@ func (t *Tier[K, V]) moveGen(ctx context.Context, own bool) bool {
 			// move is tried again once per RetryAfter, not by every Load,
 			// nor by the calls that waited for this one.
 			t.allFailed.Add(1)
-			t.failed()
+			t.link.failed()
 		}
 		return false
 	}
@@ -211,13 +211,13 @@ func (t *Tier[K, V]) advance(g int64, own bool) bool {
 	}
 	// The Loader drops every copy (DropAll, or its own InvalidateAll),
 	// which detaches the Loads running then, of this generation too.
-	t.flights.cutAll()
-	t.served.reset() // the versions handed over were of older generations
+	t.copies.running.CutAll()
+	t.copies.served.Reset() // the versions handed over were of older generations
 	if own || t.ownAll.Load() > 0 || !t.used.Load() {
 		return true
 	}
 	t.stats.invalidateAllsHeard.Add(1)
-	t.fleet.each(func(l flightcache.LocalCache[K]) { l.DropAll() })
+	t.fleet.each(func(l remote.LocalCache[K]) { l.DropAll() })
 	return true
 }
 
@@ -236,8 +236,8 @@ func (t *Tier[K, V]) seen(ctx context.Context, g, sent int64) (cur int64, ok boo
 
 // restore sets the shared generation back to want if it is below it.
 func (t *Tier[K, V]) restore(ctx context.Context, want int64) bool {
-	c, cancel := t.op(ctx)
-	res, err := restoreScript.Run(c, t.scripts, []string{t.genKey}, want).Int64Slice()
+	c, cancel := t.link.op(ctx)
+	res, err := restoreScript.Run(c, t.link.scripts, []string{t.genKey}, want).Int64Slice()
 	cancel()
 	if err == nil && len(res) != 2 {
 		err = errors.New("flightredis: unexpected reply from the restore script")
@@ -258,7 +258,7 @@ func (t *Tier[K, V]) restore(ctx context.Context, want int64) bool {
 // failure is left to the next round trip, which reads it too.
 func (t *Tier[K, V]) refreshGen() {
 	sent := t.gen.Load()
-	c, cancel := t.op(t.ctx)
+	c, cancel := t.link.op(t.ctx)
 	g, err := genOf(t.rdb.Get(c, t.genKey))
 	cancel()
 	if err == nil {
@@ -289,7 +289,7 @@ func (t *Tier[K, V]) dead(ks keys) bool { return ks.gen < t.gen.Load() }
 // readEntry reads the entry of ks, then the shared generation, in one
 // round trip.
 func (t *Tier[K, V]) readEntry(ctx context.Context, ks keys) (vals []any, gen int64, err error) {
-	cmds, g := t.readEntries(ctx, nil, ks.entry) // tracked too (tracked.go)
+	cmds, g := t.copies.readEntries(ctx, nil, ks.entry) // tracked too (copies.go)
 	hm := cmds[0]
 	if err := hm.Err(); err != nil {
 		return nil, 0, err
@@ -302,7 +302,7 @@ func (t *Tier[K, V]) readEntry(ctx context.Context, ks keys) (vals []any, gen in
 // (two when Redis lacks the script: EVALSHA, then EVAL).
 func (t *Tier[K, V]) evalAtGen(ctx context.Context, call evalCall) (*redis.Cmd, int64, error) {
 	run := func(sha bool) (cmd *redis.Cmd, g *redis.StringCmd) {
-		t.pipelined(ctx, nil, func(c context.Context, p redis.Pipeliner) {
+		t.link.pipelined(ctx, nil, func(c context.Context, p redis.Pipeliner) {
 			if sha {
 				cmd = call.script.EvalSha(c, p, call.keys, call.args...)
 			} else {

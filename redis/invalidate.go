@@ -10,14 +10,15 @@ import (
 	"sync"
 	"sync/atomic"
 
-	"github.com/flightcache/flightcache"
+	"github.com/flightcache/flightcache/redis/internal/track"
+	"github.com/flightcache/flightcache/remote"
 	"github.com/redis/go-redis/v9"
 )
 
 // This file is fleet-wide invalidation: a Set or Invalidate in one process
 // drops the key's local copy in the processes that hold it.
 //
-//   - Tracking (tracking.go, tracked.go): the tier reads a key's shared
+//   - Tracking (package track, tracked.go, copies.go): the tier reads a key's shared
 //     entry tracked (CLIENT CACHING yes, then HMGET of the entry alone, on
 //     its master's tracked connection, which redirects to the tier's
 //     invalidation connection there; alongside the usual read on the
@@ -32,7 +33,7 @@ import (
 //     key, and the copy it hands over comes from that read or a later one:
 //     any change after the tracked read comes back as an invalidation, so
 //     no copy is kept untracked. A value handed over without a tracked
-//     read (a local load, a master not armed yet, a slot that moved) has
+//     read (a local load, a master not armed yet, a hash slot that moved) has
 //     the next health check distrust every copy.
 //   - On an invalidation the tier drops the key's copy, unless it can show
 //     the copy is still the entry's current version: a tracked read of the
@@ -47,7 +48,7 @@ import (
 //     before: by the invalidation Redis sends back when this process
 //     tracked the entry, else at once.
 //   - Where Redis refuses CLIENT TRACKING (an ACL, a proxy), the tier falls
-//     back to a fixed number of sharded invalidation channels (sharded.go):
+//     back to a fixed number of sharded invalidation channels (package shard):
 //     every process hears every Set and Invalidate, which the writer
 //     publishes right after its write. Before the tier knows which (its
 //     first Timeout), and with a client it cannot track per master (a
@@ -64,7 +65,7 @@ import (
 //     subscription, a master's invalidation connection (or its tracked
 //     connection's redirect, checked with CLIENT TRACKINGINFO at every
 //     health check), or an invalidation channel is found lost, the tier
-//     distrusts every copy its Loader holds (flightcache.LocalCache.Distrust:
+//     distrusts every copy its Loader holds (remote.LocalCache.Distrust:
 //     each is read again before it is served) and makes it again (tracking
 //     re-armed on the new connection). Until it is confirmed again, it
 //     distrusts again, at each failed attempt (about once a second),
@@ -85,37 +86,90 @@ import (
 // maxPending bounds the writes kept for replay.
 const maxPending = 1 << 16
 
-// Watch implements [flightcache.RemoteWatcher]: [flightcache.New] calls it
+// Watch implements [remote.Watcher]: [flightcache.New] calls it
 // with the Loader's local cache, which the tier then keeps in step with the
 // fleet's Sets and Invalidates. A Tier serves one Loader; the Loader must
 // be closed before the Tier.
-func (t *Tier[K, V]) Watch(local flightcache.LocalCache[K]) {
+func (t *Tier[K, V]) Watch(local remote.LocalCache[K]) {
 	t.fleet.mu.Lock()
 	defer t.fleet.mu.Unlock()
 	t.fleet.locals = append(t.fleet.locals, local)
 }
 
+// maxNames bounds fleetState.names: when full, an arbitrary name is
+// forgotten, and a message for it distrusts every copy.
+const maxNames = 1 << 16
+
 // fleetState is the tier's side of fleet-wide invalidation.
 type fleetState[K comparable] struct {
 	mu      sync.Mutex
-	locals  []flightcache.LocalCache[K] // the Loaders watching; guarded by mu
-	pending map[string]K                // names whose write did not reach Redis → key; guarded by mu
-	names   map[string]K                // name → key handed over, for key types JSON does not carry; guarded by mu
+	locals  []remote.LocalCache[K] // the Loaders watching; guarded by mu
+	pending map[string]K           // names whose write did not reach Redis → key; guarded by mu
+	names   map[string]K           // name → key handed over, for key types JSON does not carry; guarded by mu
 
-	jsonKeys  bool        // K survives a JSON round trip
-	missed    atomic.Bool // a value was handed to the Loader while the subscription was not up
-	replaying atomic.Bool // a replay goroutine runs
-	replays   sync.WaitGroup
+	jsonKeys     bool           // K survives a JSON round trip
+	defaultNames bool           // K is a string named by default (Options.Key nil): its name is itself
+	track        *track.Tracker // the tier's: how it hears the fleet's writes
+	missed       atomic.Bool    // a value was handed to the Loader while the subscription was not up
+	replaying    atomic.Bool    // a replay goroutine runs
+	replays      sync.WaitGroup
 }
 
 // each calls fn for every watching Loader, outside the lock.
-func (f *fleetState[K]) each(fn func(flightcache.LocalCache[K])) {
+func (f *fleetState[K]) each(fn func(remote.LocalCache[K])) {
 	f.mu.Lock()
 	locals := f.locals
 	f.mu.Unlock()
 	for _, l := range locals {
 		fn(l)
 	}
+}
+
+// keyNamed returns the key named name: the name itself for string keys
+// named by default, else the key this tier handed over (or wrote) under
+// that name, if it remembers it.
+func (f *fleetState[K]) keyNamed(name string) (key K, ok bool) {
+	if f.defaultNames {
+		return any(name).(K), true
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	key, ok = f.names[name]
+	return key, ok
+}
+
+// remembersNames reports whether handed must remember the key of a name:
+// the key type does not survive JSON (classic and channel messages carry
+// JSON), or tracking names only the Redis key and the key is not a string
+// named by default.
+func (f *fleetState[K]) remembersNames() bool {
+	if !f.jsonKeys {
+		return true
+	}
+	if f.track.Mode() == track.Channels || f.track.Mode() == track.Classic {
+		return false
+	}
+	return !f.defaultNames
+}
+
+// handed remembers, for a key type JSON does not carry, the key this tier
+// handed over (or wrote) under name, so an invalidation can name it.
+func (f *fleetState[K]) handed(name string, key K) {
+	if !f.remembersNames() {
+		return
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.names == nil {
+		f.names = make(map[string]K)
+	}
+	if _, ok := f.names[name]; !ok && len(f.names) >= maxNames {
+		for k := range f.names { // forget one: a message for it distrusts everything
+			delete(f.names, k)
+			break
+		}
+	}
+	f.names[name] = key
 }
 
 // jsonSafe reports whether every value of t comes back from JSON as the
@@ -136,26 +190,6 @@ func jsonSafe(t reflect.Type) bool {
 		}
 	}
 	return true
-}
-
-// handed remembers, for a key type JSON does not carry, the key this tier
-// handed over (or wrote) under name, so an invalidation can name it.
-func (t *Tier[K, V]) handed(name string, key K) {
-	if !t.remembersNames() {
-		return
-	}
-	t.fleet.mu.Lock()
-	defer t.fleet.mu.Unlock()
-	if t.fleet.names == nil {
-		t.fleet.names = make(map[string]K)
-	}
-	if _, ok := t.fleet.names[name]; !ok && len(t.fleet.names) >= maxServed {
-		for k := range t.fleet.names { // forget one: a message for it distrusts everything
-			delete(t.fleet.names, k)
-			break
-		}
-	}
-	t.fleet.names[name] = key
 }
 
 // invalidation is the message of a Set or Invalidate of key named name:
@@ -188,9 +222,9 @@ func (t *Tier[K, V]) onInvalidated(payload string) {
 		return
 	}
 	base := keysAt(t.opts.Prefix, parts[2], t.gen.Load()).base
-	t.flights.cut(base)
-	t.served.drop(base)
-	t.fleet.each(func(l flightcache.LocalCache[K]) { l.Drop(key) })
+	t.copies.running.Cut(base)
+	t.copies.served.Drop(base)
+	t.fleet.each(func(l remote.LocalCache[K]) { l.Drop(key) })
 }
 
 // onInvalidatedAll handles the message of an InvalidateAll that moved the
@@ -266,17 +300,17 @@ func (t *Tier[K, V]) listening() {
 // distrust has every copy the Loaders hold read again before it is served.
 func (t *Tier[K, V]) distrust() {
 	t.stats.distrusts.Add(1)
-	t.flights.cutAll()     // a Get detaches its key's Load running now
-	t.track.echoes.reset() // an echo expected may never come
-	t.fleet.each(func(l flightcache.LocalCache[K]) { l.Distrust() })
-	t.served.reset() // what was handed over is read again, not reloaded
+	t.copies.running.CutAll() // a Get detaches its key's Load running now
+	t.track.Echoes.Reset()    // an echo expected may never come
+	t.fleet.each(func(l remote.LocalCache[K]) { l.Distrust() })
+	t.copies.served.Reset() // what was handed over is read again, not reloaded
 }
 
 // keep records a Set or Invalidate of key that did not reach Redis, to be
 // replayed as an invalidation.
 func (t *Tier[K, V]) keep(name string, key K) {
-	t.track.epoch.Add(1) // the Loader holds a copy the tier did not hand over
-	t.ahead.mark(name)   // and Redis holds an older one (ahead.go)
+	t.copies.epoch.Add(1) // the Loader holds a copy the tier did not hand over
+	t.ahead.Mark(name)    // and Redis holds an older one (ahead.go)
 	t.fleet.mu.Lock()
 	defer t.fleet.mu.Unlock()
 	if t.fleet.pending == nil {
@@ -312,10 +346,10 @@ func (t *Tier[K, V]) replay() {
 	go func() {
 		defer t.fleet.replays.Done()
 		defer t.fleet.replaying.Store(false)
-		if t.closed.Load() || t.down() || !t.ready(t.ctx) {
+		if t.closed.Load() || t.link.down() || !t.ready(t.ctx) {
 			return
 		}
-		for !t.closed.Load() && !t.down() {
+		for !t.closed.Load() && !t.link.down() {
 			name, key, ok := t.nextPending()
 			if !ok || !t.invalidate(t.ctx, name, key) {
 				return
@@ -354,40 +388,40 @@ func (t *Tier[K, V]) dropPending() {
 // generation, and publishes the invalidation, in one step. It reports
 // whether Redis did it.
 func (t *Tier[K, V]) invalidate(ctx context.Context, name string, key K) bool {
-	since := t.ahead.now()
+	since := t.ahead.Now()
 	quiet := t.quiet() // tracking or channels: no message on the classic channel
 	var entry string
 	echo := false
 	_, ok := t.atGen(ctx, func(gen int64) evalCall {
 		ks := keysAt(t.opts.Prefix, name, gen)
 		entry = ks.entry
-		echo = t.writing(entry)
-		t.served.drop(ks.base)
-		args := []any{t.wakeCmd, ks.wake}
+		echo = t.copies.writing(entry)
+		t.copies.served.Drop(ks.base)
+		args := []any{t.link.wakeCmd, ks.wake}
 		if !quiet {
 			args = append(args, t.invChannel, t.invalidation(name, key))
 		}
 		return evalCall{invalidateScript, []string{ks.entry, ks.lease, ks.alive}, args}
 	})
 	ok = ok && t.published(ctx, name, key)
-	t.wrote(key, entry, echo, ok)
+	t.copies.wrote(key, entry, echo, ok)
 	if !ok {
 		return false
 	}
 	t.reached(name)
-	t.ahead.clear(name, since) // whatever the fleet writes from now on was loaded after it
+	t.ahead.Clear(name, since) // whatever the fleet writes from now on was loaded after it
 	return true
 }
 
 // published sends, in channels mode, the invalidation of a write of key
-// (named name) that reached Redis on its channel (sharded.go). It reports
+// (named name) that reached Redis on its channel (package shard). It reports
 // false when that failed: the write is kept, and replayed as an
 // invalidation.
 func (t *Tier[K, V]) published(ctx context.Context, name string, key K) bool {
-	if t.track.mode.Load() != invChannels {
+	if t.track.Mode() != track.Channels {
 		return true
 	}
-	err := t.publishShard(ctx, name, key)
+	err := t.shards.Publish(ctx, name, t.invalidation(name, key))
 	if err == nil {
 		return true
 	}
@@ -397,7 +431,7 @@ func (t *Tier[K, V]) published(ctx context.Context, name string, key K) bool {
 
 // writeFailed records a Set or Invalidate that did not reach Redis. A
 // connection failure or timeout steps the tier aside, as for a Load; an
-// error Redis answered (a refused command, a Cluster slot in migration)
+// error Redis answered (a refused command, a Cluster hash slot in migration)
 // does not: Redis is there, and the write is replayed later.
 func (t *Tier[K, V]) writeFailed(ctx context.Context, err error) {
 	var reply redis.Error
@@ -406,6 +440,6 @@ func (t *Tier[K, V]) writeFailed(ctx context.Context, err error) {
 	case errors.As(err, &reply):
 		t.stats.redisErrors.Add(1)
 	default:
-		t.failed()
+		t.link.failed()
 	}
 }

@@ -225,7 +225,7 @@ func TestWriteThatMissedRedisIsReplayed(t *testing.T) {
 	listening(t, a, b)
 	v1, _ := b.l.Get(ctx, "k")
 
-	a.t.failed() // as after a failed round trip: a steps aside for RetryAfter
+	a.t.link.failed() // as after a failed round trip: a steps aside for RetryAfter
 	a.l.Set("k", "new")
 	if s := a.t.Stats(); s.Skipped != 1 {
 		t.Fatalf("Skipped = %d, want 1", s.Skipped)
@@ -273,7 +273,9 @@ func TestFirstLoadsWaitForTheSubscription(t *testing.T) {
 // replayed) and readers step aside (their own round trips pass it: loaded
 // without Redis, then read again). Those are counted and logged, with the
 // latencies (docs/distributed-invalidation.md quotes them); every
-// Invalidate must still reach Redis, at once or replayed.
+// Invalidate must still reach Redis, at once or replayed. The idle twin
+// asserts the figures of a run in which no tier met a Redis error: every
+// Invalidate sent at once, no reader loaded without Redis.
 func TestInvalidationLatencyAcrossProcesses(t *testing.T) {
 	addr := redisAddr(t)
 	admin := newClient(t, addr)
@@ -331,9 +333,9 @@ func TestInvalidationLatencyAcrossProcesses(t *testing.T) {
 					v, _ := strconv.Atoi(f[1])
 					ns, _ := strconv.ParseInt(f[2], 10, 64)
 					ch <- seen{v, time.Unix(0, ns)}
-				case len(f) == 6 && f[0] == "done":
+				case len(f) == 7 && f[0] == "done":
 					var d childDone
-					for i, p := range []*int{&d.stale, &d.reads, &d.localLoads, &d.aheadLoads, &d.distrusts} {
+					for i, p := range []*int{&d.stale, &d.reads, &d.localLoads, &d.aheadLoads, &d.distrusts, &d.redisErrors} {
 						*p, _ = strconv.Atoi(f[i+1])
 					}
 					doneCh <- d
@@ -397,6 +399,7 @@ func TestInvalidationLatencyAcrossProcesses(t *testing.T) {
 			sum.localLoads += r.localLoads
 			sum.aheadLoads += r.aheadLoads
 			sum.distrusts += r.distrusts
+			sum.redisErrors += r.redisErrors
 		case <-time.After(30 * time.Second):
 			t.Fatal("a reader did not report")
 		}
@@ -424,17 +427,28 @@ func TestInvalidationLatencyAcrossProcesses(t *testing.T) {
 		t.Errorf("InvalidationsSent %d, Replayed %d, Lost %d: want at most %d sent at once, none lost",
 			s.InvalidationsSent, s.InvalidationsReplayed, s.InvalidationsLost, rounds)
 	}
+	// The idle twin: where no tier met a Redis error, every Invalidate
+	// reached Redis at once and every reader read through the tier.
+	idleTwin(t, []loadSign{{"the writer's RedisErrors", s.RedisErrors}, {"the readers' RedisErrors", uint64(sum.redisErrors)}}, func(t *testing.T) {
+		if s.InvalidationsSent != uint64(rounds) || s.InvalidationsReplayed != 0 || s.Skipped != 0 {
+			t.Errorf("writer: InvalidationsSent %d, Replayed %d, Skipped %d; want %d, 0, 0", s.InvalidationsSent, s.InvalidationsReplayed, s.Skipped, rounds)
+		}
+		if sum.localLoads != 0 || sum.aheadLoads != 0 {
+			t.Errorf("readers: %d loads without Redis, %d ahead loads; want 0, 0", sum.localLoads, sum.aheadLoads)
+		}
+	})
 }
 
 // childDone is what a reader of TestInvalidationLatencyAcrossProcesses
 // reports when it ends: its reads, those of a version older than one it
-// had served, and its tier's LocalLoads, AheadLoads and Distrusts.
-type childDone struct{ stale, reads, localLoads, aheadLoads, distrusts int }
+// had served, and its tier's LocalLoads, AheadLoads, Distrusts and
+// RedisErrors.
+type childDone struct{ stale, reads, localLoads, aheadLoads, distrusts, redisErrors int }
 
 // readerChild is a reader of TestInvalidationLatencyAcrossProcesses: it
 // reads "k" in a loop and prints "seen <version> <unix ns>" each time it
 // serves a newer version, until its stdin closes; then "done <stale>
-// <reads> <local loads> <ahead loads> <distrusts>".
+// <reads> <local loads> <ahead loads> <distrusts> <Redis errors>".
 func readerChild() int {
 	addr, prefix, db := os.Getenv("FR_ADDR"), os.Getenv("FR_PREFIX"), os.Getenv("FR_DB")
 	rdb := dial(addr)
@@ -469,7 +483,7 @@ func readerChild() int {
 		select {
 		case <-stop:
 			s := tier.Stats()
-			fmt.Fprintf(out, "done %d %d %d %d %d\n", stale, reads, s.LocalLoads, s.AheadLoads, s.Distrusts)
+			fmt.Fprintf(out, "done %d %d %d %d %d %d\n", stale, reads, s.LocalLoads, s.AheadLoads, s.Distrusts, s.RedisErrors)
 			out.Flush()
 			return 0
 		default:
@@ -563,7 +577,7 @@ func TestSubscriptionThatNeverComesUp(t *testing.T) {
 		t.Fatalf("a's tier: Listening %v, Distrusts %d; want false, > 0", s.Listening, s.Distrusts)
 	}
 	al.Set("k2", "x") // its publish is refused: kept, and the tier stays in use
-	if s := tier.Stats(); s.RedisErrors == 0 || tier.down() {
-		t.Fatalf("after a refused Set: RedisErrors %d, stepping aside %v; want > 0, false", s.RedisErrors, tier.down())
+	if s := tier.Stats(); s.RedisErrors == 0 || tier.link.down() {
+		t.Fatalf("after a refused Set: RedisErrors %d, stepping aside %v; want > 0, false", s.RedisErrors, tier.link.down())
 	}
 }

@@ -348,7 +348,7 @@ func TestInvalidateAllThatMissedRedisIsReplayed(t *testing.T) {
 	a.l.Get(ctx, "k")
 	mark := d.calls.Load()
 
-	a.t.failed() // as after a failed round trip: a steps aside for RetryAfter
+	a.t.link.failed() // as after a failed round trip: a steps aside for RetryAfter
 	a.l.InvalidateAll()
 	if s := a.t.Stats(); s.Skipped != 1 || s.InvalidateAllsSent != 0 || s.Generation != 0 {
 		t.Fatalf("a's tier: skipped %d, sent %d, generation %d; want 1, 0, 0", s.Skipped, s.InvalidateAllsSent, s.Generation)
@@ -384,7 +384,7 @@ func TestInvalidateAllLostAtClose(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	tier.failed() // stepping aside for an hour: the call cannot be sent
+	tier.link.failed() // stepping aside for an hour: the call cannot be sent
 	tier.InvalidateAll(ctx)
 	_ = tier.Close()
 	tier.InvalidateAll(ctx)

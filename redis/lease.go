@@ -6,11 +6,11 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/flightcache/flightcache"
-	"github.com/flightcache/flightcache/internal/timing"
+	"github.com/flightcache/flightcache/redis/internal/handover"
+	"github.com/flightcache/flightcache/remote"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -31,8 +31,8 @@ import (
 //	         not-found, by the Loader's rule, when its NotFoundTTL > 0).
 //
 // "Wake" publishes an empty message on the key's own wake-up channel,
-// keys.wake (wakeups.go), with the command the caller passes beside it:
-// SPUBLISH on a Cluster (the channel is of the script's own slot), PUBLISH
+// keys.wake (package wake), with the command the caller passes beside it:
+// SPUBLISH on a Cluster (the channel is of the script's own hash slot), PUBLISH
 // on a single node. Only the processes that wait on the key subscribe to
 // it. A wake-up Redis refuses does not fail its script, whose writes are
 // made by then: the scripts publish with redis.pcall, and a waiter that
@@ -40,7 +40,7 @@ import (
 // publishes (writeScript's ARGV[13] and [14], invalidateScript's ARGV[3]
 // and [4]) go to <Prefix>invalidated, as ever.
 //
-// No script touches a key after deleting it. While a Cluster slot
+// No script touches a key after deleting it. While a Cluster hash slot
 // migrates, its source master counts a key it lacks as the target's, and
 // a script that touches one fails midway, its earlier writes made
 // ("Script attempted to access a non local key"): a fill that deleted the
@@ -190,10 +190,10 @@ var ErrSharedNotFound = fmt.Errorf("flightredis: not found (shared by the fleet)
 // a not-found there also matches [flightcache.ErrNotFound] here.
 var ErrPeerFailed = errors.New("flightredis: the load failed in another process")
 
-// Load implements [flightcache.Remote]: before the tier is attached to a
+// Load implements [remote.Remote]: before the tier is attached to a
 // Loader it returns [ErrNotAttached], without loading. Then it returns key's shared entry when
 // it is usable under the Loader's freshness rules and the caller's
-// [flightcache.MaxStale], waits for the process that is loading key, or
+// [remote.MaxStale], waits for the process that is loading key, or
 // takes the lease and calls load itself. When Redis fails or is slow, it
 // calls load (local-only service) and counts it in [Stats]; its error is
 // then always load's.
@@ -234,21 +234,21 @@ var ErrPeerFailed = errors.New("flightredis: the load failed in another process"
 // it load for themselves at once. The Loader then applies its own rule to
 // the value (a Freshness that panics: served, not cached). Whatever ends
 // Load's goroutine once it holds the lease, the lease is released.
-func (t *Tier[K, V]) Load(ctx context.Context, key K, load func(context.Context) (V, error)) (flightcache.RemoteValue[V], error) {
+func (t *Tier[K, V]) Load(ctx context.Context, key K, load func(context.Context) (V, error)) (remote.Value[V], error) {
 	if t.attached() == nil {
-		return flightcache.RemoteValue[V]{}, ErrNotAttached
+		return remote.Value[V]{}, ErrNotAttached
 	}
 	t.used.Store(true)
-	if t.closed.Load() || t.down() || !t.ready(ctx) {
+	if t.closed.Load() || t.link.down() || !t.ready(ctx) {
 		t.listening()
 		name := t.key(key)
-		t.handed(name, key)
+		t.fleet.handed(name, key)
 		return t.local(ctx, name, load)
 	}
 	t.awaitStartup(ctx)
 	t.listening()
 	name := t.key(key)
-	t.handed(name, key)
+	t.fleet.handed(name, key)
 	for try := 1; ; try++ {
 		rv, err, again := t.loadAt(ctx, key, name, t.gen.Load(), load)
 		if !again {
@@ -265,275 +265,347 @@ func (t *Tier[K, V]) Load(ctx context.Context, key K, load func(context.Context)
 // lease: Load then starts again under that one. For a key this process may
 // be ahead of Redis on (ahead.go), it takes nothing from Redis: it loads
 // under the lease, or without it while another process holds it.
-func (t *Tier[K, V]) loadAt(ctx context.Context, key K, name string, gen int64, load func(context.Context) (V, error)) (rv flightcache.RemoteValue[V], err error, again bool) {
-	ks := keysAt(t.opts.Prefix, name, gen)
-	var w chan struct{} // the key's wake-ups, once the Load waits
-	defer func() {
-		if w != nil {
-			t.wake.unwatch(w, ks.base)
-		}
-	}()
-	tk, landed := t.takeoff(key, ks)
+func (t *Tier[K, V]) loadAt(ctx context.Context, key K, name string, gen int64, load func(context.Context) (V, error)) (remote.Value[V], error, bool) {
+	r := &loadRun[K, V]{t: t, ctx: ctx, key: key, name: name, gen: gen, load: load, ks: keysAt(t.opts.Prefix, name, gen)}
+	defer r.unwatch()
+	var landed func()
+	r.tk, landed = t.copies.takeoff(key, r.ks)
 	defer landed()
-	ahead, since := t.ahead.state(name)
+	r.ahead, r.since = t.ahead.State(name)
+	out := r.run()
+	return out.rv, out.err, out.again
+}
 
-	vals, g, err := t.readEntry(ctx, ks)
-	if err != nil {
-		rv, err := t.fallback(ctx, name, load)
-		return rv, err, false
+// loadRun is one Load of a key under one generation (loadAt): the lease
+// protocol's steps, read, judge, acquire, wait, and hold for the lease
+// this Load takes.
+type loadRun[K comparable, V any] struct {
+	t       *Tier[K, V]
+	ctx     context.Context
+	key     K
+	name    string // Options.Key(key)
+	gen     int64
+	load    func(context.Context) (V, error)
+	ks      keys
+	tk      handover.Ticket // the Load's (takeoff)
+	ahead   bool            // this process may be ahead of the entry (ahead.go): it takes nothing from Redis
+	since   uint64          // the mark of ahead when the Load began
+	e       entry           // the entry last seen
+	perr    error           // e did not parse
+	waited  string          // the token of the lease this Load waits on, "" if none yet
+	w       chan struct{}   // the key's wake-ups, once the Load waits
+	attempt int             // waits so far, for the poll backoff
+}
+
+// loadResult is how a Load ends: again when a newer generation came first.
+type loadResult[V any] struct {
+	rv    remote.Value[V]
+	err   error
+	again bool
+}
+
+// run reads the entry, then judges it, acquires and waits until the Load
+// has its result.
+func (r *loadRun[K, V]) run() loadResult[V] {
+	if out, done := r.read(); done {
+		return out
 	}
-	if cur, ok := t.seen(ctx, g, gen); !ok {
-		rv, err := t.localUnlessDone(ctx, name, load)
-		return rv, err, false
-	} else if cur != gen {
-		return rv, nil, true
-	}
-	e, perr := parseEntry(vals)
-	waited := "" // token of the lease this Load waited on
-	for attempt := 0; ; attempt++ {
-		if t.gen.Load() != gen { // nothing of an older generation is handed over
-			return rv, nil, true
+	for ; ; r.attempt++ {
+		if r.t.gen.Load() != r.gen { // nothing of an older generation is handed over
+			return loadResult[V]{again: true}
 		}
-		switch {
-		case ahead: // the entry may be older than what this process served
-		case perr == nil && t.sharedNotFound(e):
-			t.stats.notFoundHits.Add(1)
-			return rv, ErrSharedNotFound, false
-		case perr == nil && e.ok && t.usable(ctx, ks, e):
-			if v, err := t.decode(e.val); err == nil {
-				return t.hand(ks, tk, e, v, waited != ""), nil, false
-			}
-			t.stats.decodeErrors.Add(1)
-		case perr != nil:
-			t.stats.decodeErrors.Add(1)
+		if out, done := r.offer(); done {
+			return out
 		}
-		tok := token(16)
-		c, cancel := t.op(ctx)
-		res, err := acquireScript.Run(c, t.scripts, []string{ks.entry, ks.lease, ks.alive, ks.fail},
-			e.id, tok, t.attached().leaseMS, t.aliveMS, waited).Slice()
-		cancel()
-		if err != nil {
-			rv, err := t.fallback(ctx, name, load)
-			return rv, err, false
+		if out, done := r.acquire(); done {
+			return out
 		}
-		kind, _ := res[0].(string)
-		if t.gen.Load() != gen {
-			if kind == "won" || kind == "stolen" {
-				t.release(context.WithoutCancel(ctx), ks, tok, "", false)
-			}
-			return rv, nil, true
-		}
-		switch kind {
-		case "entry":
-			fields, _ := res[1].([]any)
-			e, perr = parseEntry(fields)
-			continue
-		case "failed":
-			// The entry is still e (acquire compared the ids): it may
-			// cover the failure.
-			t.stats.peerErrors.Add(1)
-			rv, err := t.cover(e, peerError(res[1]))
-			return rv, err, false
-		case "won", "stolen":
-			if kind == "stolen" {
-				t.stats.takeovers.Add(1)
-			}
-			if ahead {
-				t.stats.aheadLoads.Add(1)
-				rv, err, stored := t.hold(ctx, ks, tk, key, tok, load, nil, false)
-				if stored {
-					t.ahead.clear(name, since)
-				}
-				return rv, err, false
-			}
-			fctx, fleet := t.withFleetValue(ctx, e)
-			rv, err, _ := t.hold(fctx, ks, tk, key, tok, load, fleet, true)
-			return rv, err, false
-		}
-		if ahead {
-			// The holder may have read the downstream before the value
-			// this process served: load without the lease. The read above
-			// was tracked, so a later write of the key comes back.
-			t.stats.aheadLoads.Add(1)
-			rv, err := t.aside(ctx, load)
-			return rv, err, false
-		}
-		// "held": wait for the holder's wake-up, a poll, or the holder's
-		// alive key to lapse, whichever comes first.
-		if waited == "" {
-			t.stats.waits.Add(1)
-		}
-		waited, _ = res[1].(string)
-		if w == nil {
-			// The first wait: subscribe to the key's wake-ups, and once
-			// Redis has confirmed it (a wake-up published before is not
-			// heard), look once more before waiting.
-			w = make(chan struct{}, 1)
-			t.wake.await(ctx, t.wake.watch(w, ks.base))
-			if ctx.Err() != nil {
-				return rv, ctxError(ctx), false
-			}
-			attempt-- // that look is not a wait: the backoff starts after it
-			continue
-		}
-		d := min(t.opts.PollInterval, t.opts.PollInterval/8<<min(attempt, 3))
-		if ttl, ok := res[2].(int64); ok && ttl >= 0 {
-			d = min(d, timing.Add(fromMS(ttl), time.Millisecond))
-		}
-		timer := time.NewTimer(jitter(d))
-		select {
-		case <-w:
-			t.stats.wakeups.Add(1)
-		case <-timer.C:
-			t.stats.polls.Add(1)
-		case <-ctx.Done():
-			timer.Stop()
-			return rv, ctxError(ctx), false
-		}
-		timer.Stop()
 	}
 }
 
-// withFleetValue passes the shared entry e, if it is still of use (within
-// its StaleIfError window) and decodes, to the load about to run, so that
-// a Loader with Options.Reload revalidates the fleet's value rather than
-// its own (flightcache.WithReloadValue). It returns that value too, or nil.
-func (t *Tier[K, V]) withFleetValue(ctx context.Context, e entry) (context.Context, *V) {
-	if !e.ok || e.nf || t.attached().phase(e, now()) == flightcache.PhaseExpired {
-		return ctx, nil
-	}
-	v, err := t.decode(e.val)
+// read is the read step: the entry, and the shared generation beside it.
+// done when the Load ends there: Redis failed, or a newer generation.
+func (r *loadRun[K, V]) read() (out loadResult[V], done bool) {
+	t := r.t
+	vals, g, err := t.readEntry(r.ctx, r.ks)
 	if err != nil {
-		return ctx, nil
+		rv, err := t.fallback(r.ctx, r.name, r.load)
+		return loadResult[V]{rv: rv, err: err}, true
 	}
-	return flightcache.WithReloadValue(ctx, v), &v
+	if cur, ok := t.seen(r.ctx, g, r.gen); !ok {
+		rv, err := t.localUnlessDone(r.ctx, r.name, r.load)
+		return loadResult[V]{rv: rv, err: err}, true
+	} else if cur != r.gen {
+		return loadResult[V]{again: true}, true
+	}
+	r.e, r.perr = parseEntry(vals)
+	return loadResult[V]{}, false
+}
+
+// offer answers the Load with the entry last seen if it is of use: a live
+// not-found marker, or a usable entry that decodes.
+func (r *loadRun[K, V]) offer() (out loadResult[V], done bool) {
+	t := r.t
+	switch {
+	case r.ahead: // the entry may be older than what this process served
+	case r.perr == nil && t.attached().sharedNotFound(r.e):
+		t.stats.notFoundHits.Add(1)
+		return loadResult[V]{err: ErrSharedNotFound}, true
+	case r.perr == nil && r.e.ok && t.usable(r.ctx, r.ks, r.e):
+		if v, err := decode(t.codec, r.e.val); err == nil {
+			return loadResult[V]{rv: t.hand(r.ks, r.tk, r.e, v, r.waited != "")}, true
+		}
+		t.stats.decodeErrors.Add(1)
+	case r.perr != nil:
+		t.stats.decodeErrors.Add(1)
+	}
+	return loadResult[V]{}, false
+}
+
+// acquire is the acquire step, and what its answer leads to: a newer
+// entry to judge (not done), the holder's failure, the lease (hold), or a
+// wait.
+func (r *loadRun[K, V]) acquire() (out loadResult[V], done bool) {
+	t := r.t
+	tok := token(16)
+	c, cancel := t.link.op(r.ctx)
+	res, err := acquireScript.Run(c, t.link.scripts, []string{r.ks.entry, r.ks.lease, r.ks.alive, r.ks.fail},
+		r.e.id, tok, t.attached().leaseMS, t.link.aliveMS, r.waited).Slice()
+	cancel()
+	if err != nil {
+		rv, err := t.fallback(r.ctx, r.name, r.load)
+		return loadResult[V]{rv: rv, err: err}, true
+	}
+	kind, _ := res[0].(string)
+	if t.gen.Load() != r.gen {
+		if kind == "won" || kind == "stolen" {
+			t.link.release(context.WithoutCancel(r.ctx), r.ks, tok, "", false)
+		}
+		return loadResult[V]{again: true}, true
+	}
+	switch kind {
+	case "entry":
+		fields, _ := res[1].([]any)
+		r.e, r.perr = parseEntry(fields)
+		return loadResult[V]{}, false
+	case "failed":
+		// The entry is still e (acquire compared the ids): it may
+		// cover the failure.
+		t.stats.peerErrors.Add(1)
+		rv, err := t.cover(r.e, peerError(res[1]))
+		return loadResult[V]{rv: rv, err: err}, true
+	case "won", "stolen":
+		if kind == "stolen" {
+			t.stats.takeovers.Add(1)
+		}
+		return r.leased(tok), true
+	}
+	return r.held(res)
+}
+
+// leased runs the load under the lease tok this Load took.
+func (r *loadRun[K, V]) leased(tok string) loadResult[V] {
+	if r.ahead {
+		r.t.stats.aheadLoads.Add(1)
+		rv, err, stored := r.hold(r.ctx, tok, nil, false)
+		if stored {
+			r.t.ahead.Clear(r.name, r.since)
+		}
+		return loadResult[V]{rv: rv, err: err}
+	}
+	fctx, fleet := r.fleetValue()
+	rv, err, _ := r.hold(fctx, tok, fleet, true)
+	return loadResult[V]{rv: rv, err: err}
+}
+
+// held handles a lease another process holds (res: acquire's answer):
+// wait for the holder's wake-up, a poll, or the holder's alive key to
+// lapse, whichever comes first. done when the Load ends instead.
+func (r *loadRun[K, V]) held(res []any) (out loadResult[V], done bool) {
+	t := r.t
+	if r.ahead {
+		// The holder may have read the downstream before the value
+		// this process served: load without the lease. The read above
+		// was tracked, so a later write of the key comes back.
+		t.stats.aheadLoads.Add(1)
+		rv, err := aside(r.ctx, r.load)
+		return loadResult[V]{rv: rv, err: err}, true
+	}
+	if r.waited == "" {
+		t.stats.waits.Add(1)
+	}
+	r.waited, _ = res[1].(string)
+	if r.w == nil {
+		// The first wait: subscribe to the key's wake-ups, and once
+		// Redis has confirmed it (a wake-up published before is not
+		// heard), look once more before waiting.
+		r.w = make(chan struct{}, 1)
+		t.wake.Await(r.ctx, t.wake.Watch(r.w, r.ks.base))
+		if r.ctx.Err() != nil {
+			return loadResult[V]{err: ctxError(r.ctx)}, true
+		}
+		r.attempt-- // that look is not a wait: the backoff starts after it
+		return loadResult[V]{}, false
+	}
+	d := min(t.opts.PollInterval, t.opts.PollInterval/8<<min(r.attempt, 3))
+	if ttl, ok := res[2].(int64); ok && ttl >= 0 {
+		d = min(d, remote.Add(fromMS(ttl), time.Millisecond))
+	}
+	if !r.sleep(d) {
+		return loadResult[V]{err: ctxError(r.ctx)}, true
+	}
+	return loadResult[V]{}, false
+}
+
+// sleep waits (jittered) d, or until a wake-up of the key; false when the
+// Load's context ended first.
+func (r *loadRun[K, V]) sleep(d time.Duration) bool {
+	timer := time.NewTimer(jitter(d))
+	defer timer.Stop()
+	select {
+	case <-r.w:
+		r.t.stats.wakeups.Add(1)
+	case <-timer.C:
+		r.t.stats.polls.Add(1)
+	case <-r.ctx.Done():
+		return false
+	}
+	return true
+}
+
+// unwatch drops the Load's subscription to the key's wake-ups, if any.
+func (r *loadRun[K, V]) unwatch() {
+	if r.w != nil {
+		r.t.wake.Unwatch(r.w, r.ks.base)
+	}
+}
+
+// fleetValue passes the shared entry last seen, if it is still of use
+// (within its StaleIfError window) and decodes, to the load about to run,
+// so that a Loader with Options.Reload revalidates the fleet's value
+// rather than its own (remote.WithReloadValue). It returns that value
+// too, or nil.
+func (r *loadRun[K, V]) fleetValue() (context.Context, *V) {
+	e := r.e
+	if !e.ok || e.nf || r.t.attached().phase(e, now()) == remote.PhaseExpired {
+		return r.ctx, nil
+	}
+	v, err := decode(r.t.codec, e.val)
+	if err != nil {
+		return r.ctx, nil
+	}
+	return remote.WithReloadValue(r.ctx, v), &v
 }
 
 // hand returns a decoded entry to the Loader and remembers it was served,
 // to a Load with ticket tk (handOver).
-func (t *Tier[K, V]) hand(ks keys, tk ticket, e entry, v V, waited bool) flightcache.RemoteValue[V] {
-	t.handOver(ks, tk, e.id)
+func (t *Tier[K, V]) hand(ks keys, tk handover.Ticket, e entry, v V, waited bool) remote.Value[V] {
+	t.copies.handOver(ks, tk, e.id)
 	switch {
 	case waited:
 		t.stats.shared.Add(1)
-	case t.attached().phase(e, now()) == flightcache.PhaseFresh:
+	case t.attached().phase(e, now()) == remote.PhaseFresh:
 		t.stats.hits.Add(1)
 	default:
 		t.stats.staleHits.Add(1)
 	}
-	return flightcache.RemoteValue[V]{
+	return remote.Value[V]{
 		Value:    v,
 		LoadedAt: fromMicros(e.at),
 		Took:     fromUS(e.took),
 	}
 }
 
-// hold runs load under the lease tok, then writes the entry (success) or
-// releases the lease (failure). Whatever happens after the lease was taken
-// (load, or user code after it, panics or ends its goroutine with
-// runtime.Goexit), its deferred release drops the lease if nothing else
-// did, which wakes the processes waiting on it. fleet is the shared value
-// the load revalidates, if any: when the load answers ErrNotModified it is
-// stored again, renewed, for every process. tk is the Load's ticket. A
+// hold runs the Load's load, with ctx, under the lease tok, then writes
+// the entry (success) or releases the lease (failure). Whatever happens
+// after the lease was taken (load, or user code after it, panics or ends
+// its goroutine with runtime.Goexit), its deferred release drops the
+// lease if nothing else did, which wakes the processes waiting on it.
+// fleet is the shared value the load revalidates, if any: when the load
+// answers ErrNotModified it is stored again, renewed, for every process. A
 // failed load is covered by the shared entry only if covers. stored
 // reports whether the value (or a not-found marker) became the shared
 // entry.
-func (t *Tier[K, V]) hold(ctx context.Context, ks keys, tk ticket, key K, tok string, load func(context.Context) (V, error), fleet *V, covers bool) (rv flightcache.RemoteValue[V], err error, stored bool) {
+func (r *loadRun[K, V]) hold(ctx context.Context, tok string, fleet *V, covers bool) (rv remote.Value[V], err error, stored bool) {
+	t := r.t
 	t.stats.leases.Add(1)
-	stop := t.beat(ks, tok)
+	stop := t.link.beat(r.ks, tok)
 	bg := context.WithoutCancel(ctx) // the lease must be released even if ctx ended
 	settled := false                 // the lease was written or released
 	defer func() {
 		stop()
 		if !settled {
-			t.release(bg, ks, tok, "", false)
+			t.link.release(bg, r.ks, tok, "", false)
 		}
 	}()
 	start := time.Now()
-	v, err := load(ctx)
+	v, err := r.load(ctx)
 	end := time.Now()
 	stop()
-	if errors.Is(err, flightcache.ErrNotModified) {
-		// Not a failure: the value revalidated is still current.
-		if fleet == nil { // the Loader's own value, which the tier does not have
-			t.release(bg, ks, tok, "", false)
-			settled = true
-			return flightcache.RemoteValue[V]{}, err, false
-		}
-		rv := flightcache.RemoteValue[V]{Value: *fleet, LoadedAt: end, Took: end.Sub(start), Loaded: true}
-		stored := t.write(bg, ks, tk, key, tok, rv)
+	switch {
+	case errors.Is(err, flightcache.ErrNotModified) && fleet == nil:
+		// Not a failure, but the Loader's own value, which the tier does
+		// not have.
+		t.link.release(bg, r.ks, tok, "", false)
+		settled = true
+		return remote.Value[V]{}, err, false
+	case errors.Is(err, flightcache.ErrNotModified):
+		// Not a failure: the fleet's value revalidated is still current.
+		rv = loaded(*fleet, start, end)
+	case err != nil:
+		rv, err, stored = r.failed(ctx, tok, err, covers)
 		settled = true
 		return rv, err, stored
+	default:
+		rv = loaded(v, start, end)
 	}
-	if err != nil {
-		if fail := t.failure(ctx, tok, err); fail != "" && t.sharesNotFound(err) {
-			stored := t.writeNotFound(bg, ks, tok)
-			settled = true
-			return flightcache.RemoteValue[V]{}, err, stored
-		}
-		e := t.release(bg, ks, tok, t.failure(ctx, tok, err), covers && t.mayCover(err))
-		settled = true
-		if t.dead(ks) || !covers { // an InvalidateAll ended the entry's generation: it covers nothing
-			e = entry{}
-		}
-		rv, err := t.cover(e, err)
-		return rv, err, false
-	}
-	rv = flightcache.RemoteValue[V]{Value: v, LoadedAt: end, Took: end.Sub(start), Loaded: true}
-	stored = t.write(bg, ks, tk, key, tok, rv)
+	stored = r.write(bg, tok, rv)
 	settled = true
-	return rv, nil, stored
+	return rv, err, stored
 }
 
-// sharesNotFound reports whether a load's error err is a not-found to store
-// for the fleet: the Loader caches not-founds (NotFoundTTL > 0).
-func (t *Tier[K, V]) sharesNotFound(err error) bool {
-	return t.attached().rules.NotFoundTTL > 0 && t.notFound(err)
+// failed settles the lease tok after the load failed with err: a
+// not-found shared as a marker, else a release that leaves the failure
+// for the waiters and returns the entry that may cover it (if covers).
+func (r *loadRun[K, V]) failed(ctx context.Context, tok string, err error, covers bool) (remote.Value[V], error, bool) {
+	t := r.t
+	bg := context.WithoutCancel(ctx)
+	fail := t.failure(ctx, tok, err)
+	if fail != "" && t.attached().sharesNotFound(err) {
+		return remote.Value[V]{}, err, r.writeNotFound(bg, tok)
+	}
+	e := t.link.release(bg, r.ks, tok, fail, covers && t.attached().mayCover(err))
+	if t.dead(r.ks) || !covers { // an InvalidateAll ended the entry's generation: it covers nothing
+		e = entry{}
+	}
+	rv, err := t.cover(e, err)
+	return rv, err, false
 }
 
-// notFound reports whether err is a not-found by the Loader's rule
-// (flightcache.Rules.NotFound: ErrNotFound, or the Loader's IsNotFound,
-// whose panic means no).
-func (t *Tier[K, V]) notFound(err error) bool { return t.attached().rules.NotFound(err) }
-
-// sharedNotFound reports whether e is a not-found marker still inside its
-// NotFoundTTL: a Load answers it with ErrSharedNotFound, without loading.
-// An older marker (the writer's clock, or a shorter NotFoundTTL here) is
-// replaced under the lease, as a stale entry is.
-func (t *Tier[K, V]) sharedNotFound(e entry) bool {
-	return e.ok && e.nf && t.attached().phase(e, now()) == flightcache.PhaseFresh
+// loaded is the value a load returned, loaded between start and end.
+func loaded[V any](v V, start, end time.Time) remote.Value[V] {
+	return remote.Value[V]{Value: v, LoadedAt: end, Took: end.Sub(start), Loaded: true}
 }
 
-// notFoundCall is the notFoundScript call that stores a not-found marker as
-// the entry of ks, under the lease tok, for the Loader's NotFoundTTL.
-func (t *Tier[K, V]) notFoundCall(ks keys, tok string) evalCall {
-	at := now()
-	ttl := t.attached().rules.NotFoundTTL
-	// A not-found is fresh for NotFoundTTL and has no stale windows, as
-	// the Loader caches it.
-	b := flightcache.Windows{Fresh: ttl.Truncate(time.Microsecond)}.Bounds(at)
-	return evalCall{notFoundScript, writeKeys(ks), []any{tok, token(8), micros(at), micros(b.FreshUntil),
-		px(ttl), t.wakeCmd, ks.wake}}
-}
-
-// writeNotFound stores a not-found marker as the entry of ks if the lease
+// writeNotFound stores a not-found marker as the Load's entry if the lease
 // tok is still held, drops the lease and wakes its waiters, so every process (the
 // ones waiting on this lease included) gets the not-found from the tier.
-func (t *Tier[K, V]) writeNotFound(ctx context.Context, ks keys, tok string) (stored bool) {
+func (r *loadRun[K, V]) writeNotFound(ctx context.Context, tok string) (stored bool) {
+	t, ks := r.t, r.ks
 	if t.dead(ks) { // of a generation an InvalidateAll ended: not stored
 		t.stats.writesLost.Add(1)
-		t.release(ctx, ks, tok, "", false)
+		t.link.release(ctx, ks, tok, "", false)
 		return false
 	}
-	call := t.notFoundCall(ks, tok)
-	c, cancel := t.op(ctx)
-	n, err := call.script.Run(c, t.scripts, call.keys, call.args...).Int()
+	call := t.link.notFoundCall(ks, tok, t.attached().rules.NotFoundTTL)
+	c, cancel := t.link.op(ctx)
+	n, err := call.script.Run(c, t.link.scripts, call.keys, call.args...).Int()
 	cancel()
 	switch {
 	case err != nil:
-		t.failed()
+		t.link.failed()
 	case t.stored(n):
-		t.served.drop(ks.base)
+		t.copies.served.Drop(ks.base)
 		return true
 	}
 	return false
@@ -555,34 +627,7 @@ func (t *Tier[K, V]) stored(n int) bool {
 	return true
 }
 
-// beat extends the holder's alive key every HolderTimeout/3 until stop,
-// which may be called more than once.
-func (t *Tier[K, V]) beat(ks keys, tok string) (stop func()) {
-	quit := make(chan struct{})
-	var wg sync.WaitGroup
-	wg.Go(func() {
-		tick := time.NewTicker(t.opts.HolderTimeout / 3)
-		defer tick.Stop()
-		for {
-			select {
-			case <-quit:
-				return
-			case <-t.ctx.Done():
-				return
-			case <-tick.C:
-			}
-			c, cancel := t.op(t.ctx)
-			n, err := beatScript.Run(c, t.scripts, []string{ks.lease, ks.alive}, tok, t.aliveMS).Int()
-			cancel()
-			if err == nil && n == 0 {
-				return // lost the lease (Set, Invalidate, takeover): stop beating
-			}
-		}
-	})
-	return sync.OnceFunc(func() { close(quit); wg.Wait() })
-}
-
-// write stores rv as the key's entry, with the windows the Loader's options
+// write stores rv as the Load's entry, with the windows the Loader's options
 // give this value (Rules.WindowsOf: per-value Freshness included), if the
 // lease tok is still held. A value not to share (see encode) is not
 // stored: the lease is released instead, which wakes the processes waiting
@@ -591,28 +636,28 @@ func (t *Tier[K, V]) beat(ks keys, tok string) (stop func()) {
 // load): it is counted in WritesLost. Nor is a value of a lower version
 // than the entry's (version.go): the script drops the lease and wakes the
 // waiters all the same, and it is counted in WritesOutdated. The entry
-// written is recorded as the Loader's copy for the Load with ticket tk
-// (handOver). It reports whether rv became the shared entry.
-func (t *Tier[K, V]) write(ctx context.Context, ks keys, tk ticket, key K, tok string, rv flightcache.RemoteValue[V]) (stored bool) {
+// written is recorded as the Loader's copy for the Load (handOver). It reports whether rv became the shared entry.
+func (r *loadRun[K, V]) write(ctx context.Context, tok string, rv remote.Value[V]) (stored bool) {
+	t, ks, key := r.t, r.ks, r.key
 	enc, ok := t.encode(key, rv, rand.Float64())
 	if ok && t.dead(ks) {
 		t.stats.writesLost.Add(1)
 		ok = false
 	}
 	if !ok {
-		t.release(ctx, ks, tok, "", false)
+		t.link.release(ctx, ks, tok, "", false)
 		return false
 	}
-	id, args := t.writeArgs(ks, enc)
-	t.filling(ks.entry)
-	c, cancel := t.op(ctx)
-	n, held, err := writeAnswer(writeScript.Run(c, t.scripts, writeKeys(ks), append([]any{tok}, args...)...))
+	id, args := t.link.writeArgs(ks, enc)
+	t.copies.filling(ks.entry)
+	c, cancel := t.link.op(ctx)
+	n, held, err := writeAnswer(writeScript.Run(c, t.link.scripts, writeKeys(ks), append([]any{tok}, args...)...))
 	cancel()
 	switch {
 	case err != nil:
-		t.failed()
+		t.link.failed()
 	case t.stored(n):
-		t.handOver(ks, tk, id)
+		t.copies.handOver(ks, r.tk, id)
 		return true
 	case n == writeOutdated:
 		t.outdatedFill(ks, key, held)
@@ -630,8 +675,8 @@ type encoded struct {
 }
 
 // encode prepares the write of rv as the entry of key, its windows'
-// bounds by the Loader's rule (flightcache.Windows.Bounds), its freshness
-// the one drawn at u (flightcache.Windows.Draw, u uniform in [0, 1)): the
+// bounds by the Loader's rule (remote.Windows.Bounds), its freshness
+// the one drawn at u (remote.Windows.Draw, u uniform in [0, 1)): the
 // entry is one cached value, and draws its freshness once, as the
 // Loader's entries do. ok is false
 // for a value not to share: one the Loader would not cache, any value
@@ -641,7 +686,7 @@ type encoded struct {
 // Codec) on the caller's goroutine, and recovers their panics: the value
 // still reaches the Loader, which asks Freshness again, recovers that
 // panic too and serves the value uncached, as it does without the tier.
-func (t *Tier[K, V]) encode(key K, rv flightcache.RemoteValue[V], u float64) (enc encoded, ok bool) {
+func (t *Tier[K, V]) encode(key K, rv remote.Value[V], u float64) (enc encoded, ok bool) {
 	if t.attached() == nil { // no rules to write it by: not shared
 		return encoded{}, false
 	}
@@ -660,24 +705,16 @@ func (t *Tier[K, V]) encode(key K, rv flightcache.RemoteValue[V], u float64) (en
 		fresh: micros(b.FreshUntil), stale: micros(b.StaleUntil), until: micros(b.UsableUntil), life: life, ver: ver}, true
 }
 
-// writeArgs are writeScript's arguments after the token, to write enc as
-// the entry of ks, and the entry's new version id.
-func (t *Tier[K, V]) writeArgs(ks keys, enc encoded) (id string, args []any) {
-	id = token(8)
-	return id, []any{id, enc.data, enc.at, enc.took, enc.fresh, enc.stale, px(enc.life),
-		t.wakeCmd, ks.wake, enc.until, enc.ver}
-}
-
 // prepare runs the user code of encode: the windows of v (Rules.WindowsOf,
 // which calls Options.Freshness), its version (Rules.Version, see
 // version.go) and its encoding. ok is false when v is not to be shared; a
 // failure or a panic of any of them is counted in EncodeErrors, and a
 // panic does not go on.
-func (t *Tier[K, V]) prepare(key K, v V) (w flightcache.Windows, data []byte, ver string, ok bool) {
+func (t *Tier[K, V]) prepare(key K, v V) (w remote.Windows, data []byte, ver string, ok bool) {
 	defer func() {
 		if r := recover(); r != nil {
 			t.stats.encodeErrors.Add(1)
-			w, data, ver, ok = flightcache.Windows{}, nil, "", false
+			w, data, ver, ok = remote.Windows{}, nil, "", false
 		}
 	}()
 	w, keep := t.attached().windowsOf(key, v)
@@ -693,59 +730,28 @@ func (t *Tier[K, V]) prepare(key K, v V) (w flightcache.Windows, data []byte, ve
 	return w, data, ver, true
 }
 
-// decode has the Codec decode an entry's value. A panic of Unmarshal is
+// decode has codec decode an entry's value. A panic of Unmarshal is
 // returned as an error: an entry the Codec panics on is one that does not
 // decode (counted in DecodeErrors where decode failures are, reloaded under
 // the lease and overwritten), and the panic cannot leave a lease taken
 // before it behind.
-func (t *Tier[K, V]) decode(data []byte) (v V, err error) {
+func decode[V any](codec Codec[V], data []byte) (v V, err error) {
 	defer func() {
 		if r := recover(); r != nil {
 			var zero V
 			v, err = zero, fmt.Errorf("flightredis: Codec.Unmarshal panicked: %v", r)
 		}
 	}()
-	return t.codec.Unmarshal(data)
+	return codec.Unmarshal(data)
 }
 
 // writeKeys are writeScript's KEYS for ks.
 func writeKeys(ks keys) []string { return []string{ks.entry, ks.lease, ks.alive} }
 
-// release drops the lease tok and wakes the key's waiters, so they look again. A
-// non-empty fail is left for the waiters of this lease to share. With want,
-// it returns the key's entry as it is after the release (ok false if there
-// is none, or Redis failed): what may cover the failed load.
-func (t *Tier[K, V]) release(ctx context.Context, ks keys, tok, fail string, want bool) entry {
-	c, cancel := t.op(ctx)
-	res, err := releaseScript.Run(c, t.scripts, releaseKeys(ks), t.releaseArgs(ks, tok, fail, want)...).Slice()
-	cancel()
-	if err != nil {
-		t.failed()
-		return entry{}
-	}
-	e, _ := parseEntry(res) // an entry that does not parse covers nothing
-	return e
-}
-
-// releaseKeys and releaseArgs are releaseScript's KEYS and ARGV (see
-// release).
-func releaseKeys(ks keys) []string { return []string{ks.lease, ks.alive, ks.fail, ks.entry} }
-
-func (t *Tier[K, V]) releaseArgs(ks keys, tok, fail string, want bool) []any {
-	flag, drop := "", ""
-	if want {
-		flag = "1"
-	}
-	if strings.HasPrefix(fail, tok+"\nnf\n") { // a not-found (failure): the entry goes
-		drop = "1"
-	}
-	return []any{tok, fail, t.failMS, t.wakeCmd, ks.wake, flag, drop}
-}
-
 // failure is what a failed load leaves for the processes that waited on it:
 // "" when the failure says nothing about the downstream (the load was
 // cancelled here, or the breaker or the Loader's Limit refused it: the
-// other processes have slots and breakers of their own), so a waiter
+// other processes have items and breakers of their own), so a waiter
 // loads instead. A
 // not-found by the Loader's rule is marked so: the waiters' error matches
 // flightcache.ErrNotFound.
@@ -759,7 +765,7 @@ func (t *Tier[K, V]) failure(ctx context.Context, tok string, err error) string 
 		return ""
 	}
 	kind := "err"
-	if t.notFound(err) {
+	if t.attached().notFound(err) {
 		kind = "nf"
 	}
 	msg := err.Error()
@@ -794,48 +800,48 @@ func ctxError(ctx context.Context) error {
 // fallback serves a Load locally after a Redis failure: unless the Load's
 // own context ended (then there is nothing to do), it counts the failure,
 // steps the tier aside and calls load.
-func (t *Tier[K, V]) fallback(ctx context.Context, name string, load func(context.Context) (V, error)) (flightcache.RemoteValue[V], error) {
+func (t *Tier[K, V]) fallback(ctx context.Context, name string, load func(context.Context) (V, error)) (remote.Value[V], error) {
 	if ctx.Err() != nil {
-		return flightcache.RemoteValue[V]{}, ctxError(ctx)
+		return remote.Value[V]{}, ctxError(ctx)
 	}
 	// The cause is in Redis; the caller gets load's result instead.
-	t.failed()
+	t.link.failed()
 	return t.local(ctx, name, load)
 }
 
 // localUnlessDone serves a Load locally after a failure already recorded,
 // unless the Load's own context ended.
-func (t *Tier[K, V]) localUnlessDone(ctx context.Context, name string, load func(context.Context) (V, error)) (flightcache.RemoteValue[V], error) {
+func (t *Tier[K, V]) localUnlessDone(ctx context.Context, name string, load func(context.Context) (V, error)) (remote.Value[V], error) {
 	if ctx.Err() != nil {
-		return flightcache.RemoteValue[V]{}, ctxError(ctx)
+		return remote.Value[V]{}, ctxError(ctx)
 	}
 	return t.local(ctx, name, load)
 }
 
 // local calls load without the tier, for the key named name: what it
 // returns may be newer than the key's shared entry (ahead.go).
-func (t *Tier[K, V]) local(ctx context.Context, name string, load func(context.Context) (V, error)) (flightcache.RemoteValue[V], error) {
+func (t *Tier[K, V]) local(ctx context.Context, name string, load func(context.Context) (V, error)) (remote.Value[V], error) {
 	t.stats.localLoads.Add(1)
-	t.untracked()
-	rv, err := t.aside(ctx, load)
-	if err == nil || t.notFound(err) {
-		t.ahead.mark(name)
+	t.copies.untracked()
+	rv, err := aside(ctx, load)
+	if err == nil || t.attached().notFound(err) {
+		t.ahead.Mark(name)
 	}
 	return rv, err
 }
 
 // aside calls load, without the lease.
-func (t *Tier[K, V]) aside(ctx context.Context, load func(context.Context) (V, error)) (flightcache.RemoteValue[V], error) {
+func aside[V any](ctx context.Context, load func(context.Context) (V, error)) (remote.Value[V], error) {
 	start := time.Now()
 	v, err := load(ctx)
 	end := time.Now()
 	if err != nil {
-		return flightcache.RemoteValue[V]{}, err
+		return remote.Value[V]{}, err
 	}
-	return flightcache.RemoteValue[V]{Value: v, LoadedAt: end, Took: end.Sub(start), Loaded: true}, nil
+	return loaded(v, start, end), nil
 }
 
-// Set implements [flightcache.Remote]: it stores v as key's shared entry
+// Set implements [remote.Remote]: it stores v as key's shared entry
 // (in the current generation, see [Tier.InvalidateAll]), drops any lease
 // on key, so a load in flight in another process does not overwrite it,
 // and has every other process of the fleet drop its local copy of key
@@ -851,16 +857,16 @@ func (t *Tier[K, V]) aside(ctx context.Context, load func(context.Context) (V, e
 // changes nothing in Redis and tells no process, counts in
 // Stats.WritesOutdated, and has this process's Loader drop its copy of
 // key, so that its next Get reads the fleet's newer value.
-func (t *Tier[K, V]) Set(ctx context.Context, key K, v flightcache.RemoteValue[V]) {
+func (t *Tier[K, V]) Set(ctx context.Context, key K, v remote.Value[V]) {
 	t.used.Store(true)
 	name := t.key(key)
-	t.handed(name, key)
-	t.flights.cut(keysAt(t.opts.Prefix, name, t.gen.Load()).base) // the Loader holds v now
-	if t.closed.Load() || t.down() || !t.ready(ctx) {
+	t.fleet.handed(name, key)
+	t.copies.running.Cut(keysAt(t.opts.Prefix, name, t.gen.Load()).base) // the Loader holds v now
+	if t.closed.Load() || t.link.down() || !t.ready(ctx) {
 		t.skip(name, key)
 		return
 	}
-	since := t.ahead.now()
+	since := t.ahead.Now()
 	enc, ok := t.encode(key, v, rand.Float64())
 	if !ok {
 		if !t.invalidate(ctx, name, key) {
@@ -875,17 +881,17 @@ func (t *Tier[K, V]) Set(ctx context.Context, key K, v flightcache.RemoteValue[V
 	cmd, ok := t.atGen(ctx, func(gen int64) evalCall {
 		ks = keysAt(t.opts.Prefix, name, gen)
 		var args []any
-		id, args = t.writeArgs(ks, enc)
+		id, args = t.link.writeArgs(ks, enc)
 		args = append([]any{""}, args...)
 		if !quiet {
 			args = append(args, t.invChannel, t.invalidation(name, key))
 		}
-		echo = t.writing(ks.entry)
+		echo = t.copies.writing(ks.entry)
 		return evalCall{writeScript, writeKeys(ks), args}
 	})
 	outdated := ok && writeOutdated == first(writeAnswer(cmd))
 	ok = ok && !outdated && t.published(ctx, name, key)
-	t.wrote(key, ks.entry, echo, ok)
+	t.copies.wrote(key, ks.entry, echo, ok)
 	switch {
 	case outdated:
 		t.outdatedSet(key)
@@ -893,13 +899,13 @@ func (t *Tier[K, V]) Set(ctx context.Context, key K, v flightcache.RemoteValue[V
 		t.keep(name, key)
 	default:
 		t.reached(name)
-		t.ahead.clear(name, since) // the fleet's later values are newer than this one
-		t.served.put(ks.base, id)
-		t.trackWritten(ctx, key, ks, id)
+		t.ahead.Clear(name, since) // the fleet's later values are newer than this one
+		t.copies.served.Note(ks.base, id)
+		t.copies.trackWritten(ctx, key, ks, id)
 	}
 }
 
-// Invalidate implements [flightcache.Remote]: it deletes key's shared entry
+// Invalidate implements [remote.Remote]: it deletes key's shared entry
 // and drops any lease on key, so a load in flight elsewhere does not store
 // its result (the next miss anywhere loads afresh), and has every other
 // process of the fleet drop its local copy of key (invalidate.go). An
@@ -907,8 +913,8 @@ func (t *Tier[K, V]) Set(ctx context.Context, key K, v flightcache.RemoteValue[V
 func (t *Tier[K, V]) Invalidate(ctx context.Context, key K) {
 	t.used.Store(true)
 	name := t.key(key)
-	t.flights.cut(keysAt(t.opts.Prefix, name, t.gen.Load()).base) // the Loader holds nothing now
-	if t.closed.Load() || t.down() || !t.ready(ctx) {
+	t.copies.running.Cut(keysAt(t.opts.Prefix, name, t.gen.Load()).base) // the Loader holds nothing now
+	if t.closed.Load() || t.link.down() || !t.ready(ctx) {
 		t.skip(name, key)
 		return
 	}

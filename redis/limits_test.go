@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/flightcache/flightcache"
+	"github.com/flightcache/flightcache/remote"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -126,16 +127,16 @@ func TestTierSaturatesAtTheExtremes(t *testing.T) {
 	}
 	defer tier.Close()
 	maxMS := math.MaxInt64 / int64(time.Millisecond)
-	if tier.attached().leaseTTL != forever || tier.attached().leaseMS != maxMS || tier.aliveMS != maxMS || tier.failMS != maxMS {
-		t.Errorf("LeaseTTL %v, PX lease %d, alive %d, fail %d; want the largest", tier.attached().leaseTTL, tier.attached().leaseMS, tier.aliveMS, tier.failMS)
+	if tier.attached().leaseTTL != forever || tier.attached().leaseMS != maxMS || tier.link.aliveMS != maxMS || tier.link.failMS != maxMS {
+		t.Errorf("LeaseTTL %v, PX lease %d, alive %d, fail %d; want the largest", tier.attached().leaseTTL, tier.attached().leaseMS, tier.link.aliveMS, tier.link.failMS)
 	}
 	ks := keysFor("p:", "k")
 	now := time.Now()
-	enc, ok := tier.encode("k", flightcache.RemoteValue[int]{Value: 1, LoadedAt: now}, 0.5)
+	enc, ok := tier.encode("k", remote.Value[int]{Value: 1, LoadedAt: now}, 0.5)
 	if !ok {
 		t.Fatal("encode refused the value")
 	}
-	_, args := tier.writeArgs(ks, enc)
+	_, args := tier.link.writeArgs(ks, enc)
 	// writeScript's ARGV after the token: id, v, at, took, fresh, stale,
 	// PEXPIRE, channel, base, until. The times, in microseconds, do not
 	// overflow (about 2·10¹⁶ at most); the PEXPIRE is the largest.
@@ -143,14 +144,14 @@ func TestTierSaturatesAtTheExtremes(t *testing.T) {
 	if args[2] != at || args[4] != at+life || args[5] != at+2*life || args[6] != maxMS || args[9] != at+3*life {
 		t.Errorf("entry at %v, fresh %v, stale %v, PEXPIRE %v, until %v; want at %d, then the largest", args[2], args[4], args[5], args[6], args[9], at)
 	}
-	nf := tier.notFoundCall(ks, "tok")
+	nf := tier.link.notFoundCall(ks, "tok", tier.attached().rules.NotFoundTTL)
 	// notFoundScript's ARGV: token, id, at, fresh, PEXPIRE, ...
 	if fresh, exp := nf.args[3].(int64), nf.args[4].(int64); fresh <= nf.args[2].(int64) || exp != maxMS {
 		t.Errorf("not-found marker fresh %d (at %v), PEXPIRE %d; want after at, and the largest", fresh, nf.args[2], exp)
 	}
-	tier.failed()
-	if u := tier.downUntil.Load(); u != math.MaxInt64 || !tier.down() {
-		t.Errorf("after a failure with RetryAfter forever: downUntil %d, down %v; want stepping aside for good", u, tier.down())
+	tier.link.failed()
+	if u := tier.link.downUntil.Load(); u != math.MaxInt64 || !tier.link.down() {
+		t.Errorf("after a failure with RetryAfter forever: downUntil %d, down %v; want stepping aside for good", u, tier.link.down())
 	}
 	e := entry{ok: true, id: "x", at: math.MinInt64, fresh: math.MinInt64, stale: math.MaxInt64, until: -1, took: math.MaxInt64}
 	if !tier.usable(ctx, ks, e) { // stale, not handed yet, no max-stale: usable
@@ -174,8 +175,8 @@ func TestBreakerSaturatesAtTheExtremes(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer b.Close()
-	if b.store.lockTTL != forever || b.store.probeTTL != forever {
-		t.Errorf("lock TTL %v, probe TTL %v; want the largest", b.store.lockTTL, b.store.probeTTL)
+	if b.store.LockTTL != forever || b.store.ProbeTTL != forever {
+		t.Errorf("lock TTL %v, probe TTL %v; want the largest", b.store.LockTTL, b.store.ProbeTTL)
 	}
 	b.failed()
 	if u := b.downUntil.Load(); u != math.MaxInt64 || !b.down() {

@@ -227,7 +227,7 @@ func TestNotFoundMarkerDoesNotParseAsAValue(t *testing.T) {
 		t.Errorf("the marker read without nf = %+v, %v; want an entry that does not parse", e, err)
 	}
 	vals, err = a.t.rdb.HMGet(ctx, keysFor(p, "k").entry, entryFields...).Result()
-	if e, perr := parseEntry(vals); err != nil || perr != nil || !e.nf || !a.t.sharedNotFound(e) {
+	if e, perr := parseEntry(vals); err != nil || perr != nil || !e.nf || !a.t.attached().sharedNotFound(e) {
 		t.Errorf("the marker = %+v, %v, %v; want a live not-found marker", e, err, perr)
 	}
 }

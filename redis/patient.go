@@ -10,8 +10,8 @@ import (
 )
 
 // patient runs the tier's scripts through its client, and runs one again
-// when a Cluster answered that the slot of its keys is moving (MOVED,
-// ASK or TRYAGAIN) after the client spent its own redirects: a slot of
+// when a Cluster answered that the hash slot of its keys is moving (MOVED,
+// ASK or TRYAGAIN) after the client spent its own redirects: a hash slot of
 // thousands of keys can take longer to migrate than a client's
 // MaxRedirects last, and its keys, half moved, answer TRYAGAIN
 // throughout. Such an answer means the script did not run, so running it
@@ -22,7 +22,7 @@ type patient struct {
 }
 
 // migrationBackoff is the wait between two runs of a script that met a
-// moving slot, before jitter.
+// moving hash slot, before jitter.
 const migrationBackoff = 20 * time.Millisecond
 
 // EvalSha runs a script by its hash (redis.Script.Run tries it first).
@@ -36,7 +36,7 @@ func (p patient) Eval(ctx context.Context, script string, keys []string, args ..
 	return again(ctx, func() *redis.Cmd { return p.Scripter.Eval(ctx, script, keys, args...) })
 }
 
-// again runs cmd until its answer is not a moving slot's, or ctx ends
+// again runs cmd until its answer is not a moving hash slot's, or ctx ends
 // (then the last answer stands).
 func again(ctx context.Context, cmd func() *redis.Cmd) *redis.Cmd {
 	for {
@@ -54,7 +54,7 @@ func again(ctx context.Context, cmd func() *redis.Cmd) *redis.Cmd {
 	}
 }
 
-// migrating reports whether err is a Cluster's answer for a slot that is
+// migrating reports whether err is a Cluster's answer for a hash slot that is
 // moving or has moved: the command did not run.
 func migrating(err error) bool {
 	var re redis.Error

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/flightcache/flightcache"
+	"github.com/flightcache/flightcache/remote"
 )
 
 var errBoom = errors.New("boom")
@@ -23,7 +24,7 @@ func plant(t *testing.T, addr, prefix string, lo flightcache.Options[string, str
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = tier.Close() })
-	tier.Set(ctx, key, flightcache.RemoteValue[string]{Value: value, LoadedAt: time.Now().Add(-age)})
+	tier.Set(ctx, key, remote.Value[string]{Value: value, LoadedAt: time.Now().Add(-age)})
 	if s := tier.Stats(); s.InvalidationsSent != 1 {
 		t.Fatalf("planting %s: the Set did not reach Redis (tier %+v)", key, s)
 	}

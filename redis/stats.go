@@ -51,7 +51,7 @@ type Stats struct {
 	WakeupsHeard uint64
 	// WakeupSubscriptionsLost counts wake-up subscriptions lost while a
 	// Load waited: the connection broke (go-redis makes it again), or
-	// Redis dropped the subscription because the key's slot moved to
+	// Redis dropped the subscription because the key's hash slot moved to
 	// another master. A wake-up missed meanwhile costs its waiters a poll.
 	WakeupSubscriptionsLost uint64
 	// WritesLost counts values loaded here under a lease that was gone when
@@ -165,7 +165,7 @@ type Stats struct {
 	// its pool, at the latest at the next health check.
 	TrackedConnsLost uint64
 	// Distrusts counts the times the tier had its Loader distrust every
-	// local copy (flightcache.LocalCache.Distrust): at each subscription
+	// local copy (remote.LocalCache.Distrust): at each subscription
 	// loss; while the subscription is down, after each failed attempt to
 	// make it again, and once more when it is back, if the tier handed
 	// values over since the last one; for each undecoded invalidation; and
@@ -190,7 +190,7 @@ type Stats struct {
 	// once, one per replay however many calls it covered.
 	InvalidateAllsSent uint64
 	// InvalidateAllsHeard counts the times the tier had its Loader drop
-	// every local copy (flightcache.LocalCache.DropAll, counted in the
+	// every local copy (remote.LocalCache.DropAll, counted in the
 	// Loader's InvalidateAlls) because another process moved the
 	// generation: heard on the subscription, or read from Redis first.
 	// Moves learned together count once.
@@ -216,7 +216,6 @@ type counters struct {
 	writesOutdated                                                atomic.Uint64
 	decodeErrors, encodeErrors, staleOffers, notFoundHits         atomic.Uint64
 	batches, batchRoundTrips                                      atomic.Uint64
-	wakeupSubscribes, wakeupsHeard, wakeupSubscriptionsLost       atomic.Uint64
 	invalidationsSent, invalidationsHeard, undecodedInvalidations atomic.Uint64
 	subscriptionLosses, distrusts, trackedConnsLost               atomic.Uint64
 	invalidationsReplayed, invalidationsLost                      atomic.Uint64
@@ -236,8 +235,8 @@ func (t *Tier[K, V]) Stats() Stats {
 		LocalLoads: c.localLoads.Load(), AheadLoads: c.aheadLoads.Load(), Skipped: c.skipped.Load(),
 		DecodeErrors: c.decodeErrors.Load(), EncodeErrors: c.encodeErrors.Load(),
 		Batches: c.batches.Load(), BatchRoundTrips: c.batchRoundTrips.Load(),
-		WakeupSubscribes: c.wakeupSubscribes.Load(), WakeupsHeard: c.wakeupsHeard.Load(),
-		WakeupSubscriptionsLost: c.wakeupSubscriptionsLost.Load(),
+		WakeupSubscribes: t.wake.Subscribes.Load(), WakeupsHeard: t.wake.Heard.Load(),
+		WakeupSubscriptionsLost: t.wake.SubscriptionsLost.Load(),
 		Listening:               t.hearing(), InvalidationsSent: c.invalidationsSent.Load(),
 		InvalidationsHeard: c.invalidationsHeard.Load(), UndecodedInvalidations: c.undecodedInvalidations.Load(),
 		SubscriptionLosses: c.subscriptionLosses.Load(), Distrusts: c.distrusts.Load(),
@@ -246,6 +245,6 @@ func (t *Tier[K, V]) Stats() Stats {
 		Generation: t.gen.Load(), InvalidateAllsSent: c.invalidateAllsSent.Load(),
 		InvalidateAllsHeard: c.invalidateAllsHeard.Load(), InvalidateAllsReplayed: c.invalidateAllsReplayed.Load(),
 		InvalidateAllsLost: c.invalidateAllsLost.Load(), GenerationRestores: c.generationRestores.Load(),
-		Invalidations: invModes[t.track.mode.Load()], Rearms: t.track.rearms.Load(), TrackedReads: t.track.reads.Load(),
+		Invalidations: t.track.Mode().String(), Rearms: t.track.Rearms(), TrackedReads: t.track.Reads(),
 	}
 }

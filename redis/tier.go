@@ -5,7 +5,7 @@
 //
 // # Tier
 //
-// A [Tier] is a [flightcache.Remote]: make it with [NewTier], set it as
+// A [Tier] is a [remote.Remote]: make it with [NewTier], set it as
 // [flightcache.Options.Remote], and a Loader that misses locally asks it
 // before calling its LoadFunc. [flightcache.New] hands the tier the
 // Loader's rules ([Tier.Attach]): one Tier serves one Loader. The tier
@@ -13,9 +13,9 @@
 //
 //   - a shared entry: the value (encoded by a [Codec], JSON by default) with
 //     when it was loaded, how long the load took, and until when it is fresh
-//     and usable stale, by the Loader's own rules ([flightcache.Bounds]).
+//     and usable stale, by the Loader's own rules ([remote.Bounds]).
 //     Its freshness is drawn once, as the Loader draws each entry's
-//     ([flightcache.Windows.Draw]: with Jitter, anywhere from TTL·(1−Jitter)
+//     ([remote.Windows.Draw]: with Jitter, anywhere from TTL·(1−Jitter)
 //     to TTL), and Redis keeps it until it is past that freshness and its
 //     windows. With the Loader's [flightcache.Options.Version] it keeps the
 //     value's version too, and no write of the fleet (a lease holder's
@@ -42,12 +42,12 @@
 //	tier, err := flightredis.NewTier(rdb, flightredis.Options[string, Price]{Prefix: "prices:"})
 //
 // A Cluster client needs a few more settings (MaxRetries, MaxRedirects,
-// MaxRetryBackoff) so that slot migrations do not make the tier step
+// MaxRetryBackoff) so that hash slot migrations do not make the tier step
 // aside: docs/distributed-cluster.md, "Client settings", has them and why.
 //
 // # Invalidation
 //
-// A Tier is also a [flightcache.RemoteWatcher]: a Loader.Set or
+// A Tier is also a [remote.Watcher]: a Loader.Set or
 // Loader.Invalidate in one process drops the key's local copy in the
 // other processes that hold it. The tier reads shared entries with Redis's
 // client-side caching (CLIENT TRACKING), so Redis tells each process of
@@ -58,7 +58,7 @@
 // and a write that could not reach Redis is replayed as an invalidation
 // once it can. [Stats] says whether the tier is listening.
 //
-// And a [flightcache.RemoteInvalidateAll]: a Loader.InvalidateAll moves
+// And a [remote.AllInvalidator]: a Loader.InvalidateAll moves
 // the shared tier on to a new generation in one Redis command
 // ([Tier.InvalidateAll]), which makes every older entry absent for every
 // process at once, and every other process drops its local copies when it
@@ -66,7 +66,7 @@
 //
 // # Batches
 //
-// A Tier is also a [flightcache.RemoteMany]: with
+// A Tier is also a [remote.Many]: with
 // [flightcache.Options.LoadMany] set, the misses of a
 // [flightcache.Loader.GetMany] go through [Tier.LoadMany] together. Every
 // key follows the same protocol as with [Tier.Load], but each step is one
@@ -100,8 +100,12 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/flightcache/flightcache"
-	"github.com/flightcache/flightcache/internal/timing"
+	"github.com/flightcache/flightcache/redis/internal/events"
+	"github.com/flightcache/flightcache/redis/internal/handover"
+	"github.com/flightcache/flightcache/redis/internal/shard"
+	"github.com/flightcache/flightcache/redis/internal/track"
+	"github.com/flightcache/flightcache/redis/internal/wake"
+	"github.com/flightcache/flightcache/remote"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -178,29 +182,27 @@ type Options[K comparable, V any] struct {
 	PollInterval time.Duration
 }
 
-// Tier is the Redis tier of a [flightcache.Loader]: a [flightcache.Remote]
+// Tier is the Redis tier of a [flightcache.Loader]: a [remote.Remote]
 // shared by every process that uses the same Redis and Prefix. Create it
 // with [NewTier] and set it as [flightcache.Options.Remote]; it
 // serves the one Loader it is attached to. It is safe for concurrent use.
 // Close it after the Loader: Close stops its pub/sub subscriptions; the
 // Redis client stays the caller's to close.
 type Tier[K comparable, V any] struct {
-	rdb     redis.UniversalClient
-	scripts patient       // rdb, for the scripts: patient with a moving slot
-	opts    Options[K, V] // defaults applied, but LeaseTTL's (it needs the Loader's LoadTimeout: see attachment)
-	key     func(K) string
-	codec   Codec[V]
+	rdb   redis.UniversalClient
+	link  link          // the round trips to Redis, and the step aside after a failure
+	opts  Options[K, V] // defaults applied, but LeaseTTL's (it needs the Loader's LoadTimeout: see attachment)
+	key   func(K) string
+	codec Codec[V]
 
 	// What the tier knows of its Loader (attach.go): nil until the tier
 	// is attached, then set once and never changed.
 	att     atomic.Pointer[attachment[K, V]]
 	claimed atomic.Bool // a Loader has attached the tier: another may not
 
-	aliveMS, failMS int64  // PX arguments (a lease's is the attachment's)
-	wakeCmd         string // PUBLISH, or SPUBLISH on a Cluster: how the scripts publish a key's wake-up (wakeups.go)
-	invChannel      string // fleet-wide invalidation (invalidate.go)
-	origin          string // this tier's name in its invalidations
-	fleet           fleetState[K]
+	invChannel string // fleet-wide invalidation (invalidate.go)
+	origin     string // this tier's name in its invalidations
+	fleet      fleetState[K]
 
 	// The generation of the shared tier (generation.go).
 	genKey    string       // the counter in Redis
@@ -212,17 +214,13 @@ type Tier[K comparable, V any] struct {
 	ownAll    atomic.Int32 // this process's InvalidateAll moves in progress
 	used      atomic.Bool  // the Loader has called the tier: its cache may hold what a move drops
 
-	served  served
-	ahead   ahead         // keys this process may have served newer values of than Redis holds (ahead.go)
-	events  events        // the classic invalidation channel's subscription
-	wake    wakeups       // the wake-up channels of the keys this process waits on
-	track   tracker       // how the tier hears the fleet's writes (tracking.go)
-	shards  shards        // the fallback of tracking (sharded.go)
-	flights flights       // the keys Loads read now (tracked.go)
-	checks  chan check[K] // copies to check against their entries (tracked.go)
-	stats   counters
-
-	downUntil atomic.Int64 // UnixNano until which Redis is skipped; 0 = up
+	ahead  handover.Ahead      // keys this process may have served newer values of than Redis holds (package handover)
+	events events.Subscription // the classic invalidation channel's subscription
+	wake   wake.Hub            // the wake-up channels of the keys this process waits on
+	track  track.Tracker       // how the tier hears the fleet's writes
+	shards shard.Channels      // the fallback of tracking
+	copies copies[K]           // the Loader's copies: what was handed over, the Loads running (copies.go)
+	stats  counters
 
 	ctx    context.Context // parent of the tier's own work; cancelled by Close
 	cancel context.CancelFunc
@@ -231,9 +229,9 @@ type Tier[K comparable, V any] struct {
 }
 
 var (
-	_ flightcache.Remote[string, int]     = (*Tier[string, int])(nil)
-	_ flightcache.RemoteMany[string, int] = (*Tier[string, int])(nil)
-	_ flightcache.RemoteWatcher[string]   = (*Tier[string, int])(nil)
+	_ remote.Remote[string, int] = (*Tier[string, int])(nil)
+	_ remote.Many[string, int]   = (*Tier[string, int])(nil)
+	_ remote.Watcher[string]     = (*Tier[string, int])(nil)
 )
 
 // NewTier returns a Tier on client, to be set as the
@@ -253,8 +251,8 @@ var (
 //
 // client may be a single node, a Sentinel failover client or a Cluster
 // client (give a Cluster client MaxRedirects and MaxRetryBackoff as
-// docs/distributed-cluster.md says, so slot migrations do not step the tier
-// aside; after a failure the tier has a Cluster client reload its slot
+// docs/distributed-cluster.md says, so hash slot migrations do not step the tier
+// aside; after a failure the tier has a Cluster client reload its hash slot
 // map, so a failover is found at once). It must have been created with
 // ContextTimeoutEnabled, or a slow Redis would hold loads past Timeout;
 // NewTier returns an error otherwise. NewTier does not contact Redis: a
@@ -274,13 +272,9 @@ func NewTier[K comparable, V any](client redis.UniversalClient, opts Options[K, 
 func newTier[K comparable, V any](client redis.UniversalClient, opts Options[K, V]) *Tier[K, V] {
 	t := &Tier[K, V]{
 		rdb:        client,
-		scripts:    patient{client},
 		opts:       opts,
 		key:        opts.Key,
 		codec:      opts.Codec,
-		aliveMS:    px(opts.HolderTimeout),
-		failMS:     px(max(timing.Mul(opts.PollInterval, 4), time.Second)),
-		wakeCmd:    wakeCommand(client),
 		invChannel: opts.Prefix + "invalidated",
 		origin:     token(8),
 		genKey:     opts.Prefix + "generation",
@@ -291,16 +285,27 @@ func newTier[K comparable, V any](client redis.UniversalClient, opts Options[K, 
 	if t.codec == nil {
 		t.codec = JSON[V]{}
 	}
-	t.served.init()
 	t.fleet.jsonKeys = jsonSafe(reflect.TypeFor[K]())
+	_, str := any(*new(K)).(string)
+	t.fleet.defaultNames = str && opts.Key == nil
+	t.fleet.track = &t.track
 	t.ctx, t.cancel = context.WithCancel(context.Background())
-	t.wake.init(t.ctx, client, opts.Timeout, &t.stats)
-	t.events.start(t.ctx, client, handlers{
-		invalidated: t.invChannel,
-		onDrop:      t.onInvalidated, onUp: t.onUp, onDown: t.onDown, onRetry: t.onRetry,
-		onTick: t.onTick,
+	t.link = link{rdb: client, scripts: patient{client}, timeout: opts.Timeout, retryAfter: opts.RetryAfter,
+		holderTimeout: opts.HolderTimeout, aliveMS: px(opts.HolderTimeout),
+		failMS: px(max(remote.Mul(opts.PollInterval, 4), time.Second)), wakeCmd: wake.Command(client),
+		ctx: t.ctx, stats: &t.stats}
+	t.copies = copies[K]{fleet: &t.fleet, track: &t.track, link: &t.link, stats: &t.stats, genKey: t.genKey,
+		timeout: opts.Timeout, ctx: t.ctx}
+	t.copies.served.Init()
+	t.wake.Init(t.ctx, client, opts.Timeout)
+	t.events.Start(t.ctx, client, events.Handlers{
+		Channel:   t.invChannel,
+		OnMessage: t.onInvalidated, OnUp: t.onUp, OnDown: t.onDown, OnRetry: t.onRetry,
+		OnTick: t.onTick,
 	}, opts.Timeout)
-	t.shards.init(opts.Prefix, client)
+	t.shards.Init(opts.Prefix, client, opts.Timeout, shard.Handlers{
+		OnMessage: t.onInvalidated, OnUp: t.onNodeUp, OnDown: t.onDown, OnRetry: t.onRetry,
+	})
 	t.startTracking()
 	return t
 }
@@ -328,10 +333,10 @@ func checkClient(c redis.UniversalClient) error {
 
 // validate checks the tier's own options; loadTimeout is the Loader's, or
 // 0 before the tier knows it (which leaves LeaseTTL unchecked against it),
-// and maxWait how long its loads may wait for a downstream slot, holding
+// and maxWait how long its loads may wait for a Limit slot, holding
 // their lease (Limit.MaxWait; 0 without a Limit).
 func (o *Options[K, V]) validate(loadTimeout, maxWait time.Duration) error {
-	hold := timing.Add(loadTimeout, maxWait)
+	hold := remote.Add(loadTimeout, maxWait)
 	switch {
 	case strings.ContainsAny(o.Prefix, "{}"):
 		return fmt.Errorf("flightredis: Options.Prefix must not contain '{' or '}', got %q", o.Prefix)
@@ -389,7 +394,7 @@ func (o Options[K, V]) withDefaults() Options[K, V] {
 // hold their lease for at most hold: LoadTimeout, plus Limit.MaxWait with
 // a Limit.
 func (o Options[K, V]) leaseTTL(hold time.Duration) time.Duration {
-	return cmp(o.LeaseTTL, timing.Add(hold, max(hold/2, time.Second)))
+	return cmp(o.LeaseTTL, remote.Add(hold, max(hold/2, time.Second)))
 }
 
 // Close stops the tier's pub/sub subscriptions and its background work.
@@ -406,101 +411,17 @@ func (t *Tier[K, V]) Close() error {
 	t.once.Do(func() {
 		t.closed.Store(true)
 		t.cancel()
-		t.events.stop()
-		t.track.stop()
-		t.shards.wg.Wait()
-		t.wake.close()
+		t.events.Stop()
+		t.track.Stop()
+		t.shards.Wait()
+		t.wake.Close()
 		t.dropPending()
 	})
 	return nil
 }
 
-// down reports whether the tier is stepping aside after a Redis failure.
-func (t *Tier[K, V]) down() bool {
-	u := t.downUntil.Load()
-	return u != 0 && time.Now().UnixNano() < u
-}
-
-// failed records a Redis failure and steps aside for RetryAfter.
-func (t *Tier[K, V]) failed() {
-	t.stats.redisErrors.Add(1)
-	t.downUntil.Store(unixNanoAfter(time.Now(), t.opts.RetryAfter))
-	if cc, ok := t.rdb.(*redis.ClusterClient); ok {
-		// A master that stopped answering may have been replaced: have
-		// go-redis read the slot map again (in the background, at most
-		// every 200ms), rather than wait for its periodic reload.
-		cc.ReloadState(t.ctx)
-	}
-}
-
-// op returns the context of one Redis round trip.
-func (t *Tier[K, V]) op(ctx context.Context) (context.Context, context.CancelFunc) {
-	return context.WithTimeout(ctx, t.opts.Timeout)
-}
-
 // jitter spreads d uniformly over [d/2, 3d/2), saturated at the largest
 // duration.
 func jitter(d time.Duration) time.Duration {
-	return timing.Scale(d, 0.5+rand.Float64())
-}
-
-// served remembers, per key, the version of the shared entry last handed
-// to this process's Loader. The Loader asks again for a key it holds only
-// to refresh it (stale-while-revalidate, early refresh) or after a local
-// eviction; so a stale entry this process already has is not handed back,
-// and the tier reloads it under the lease instead. Bounded: when full, an
-// arbitrary key is forgotten, which costs at most one Redis round trip.
-type served struct {
-	mu sync.Mutex
-	m  map[string]servedID // keys.base → entry id; guarded by mu
-}
-
-// servedID is the entry id handed over for a key, and when.
-type servedID struct {
-	id string
-	at time.Time
-}
-
-const maxServed = 1 << 16
-
-func (s *served) init() { s.m = make(map[string]servedID) }
-
-func (s *served) get(base string) string {
-	id, _ := s.since(base)
-	return id
-}
-
-// since returns the id handed over for base and when it was.
-func (s *served) since(base string) (string, time.Time) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	e := s.m[base]
-	return e.id, e.at
-}
-
-func (s *served) put(base, id string) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if _, ok := s.m[base]; !ok && len(s.m) >= maxServed {
-		for k := range s.m {
-			delete(s.m, k)
-			break
-		}
-	}
-	s.m[base] = servedID{id, time.Now()}
-}
-
-// reset forgets everything: after a Distrust, the Loader asks again for
-// what it holds to read it, not to refresh it; after a generation move,
-// nothing handed over is of the current generation.
-func (s *served) reset() {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	clear(s.m)
-}
-
-func (s *served) drop(base string) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	delete(s.m, base)
+	return remote.Scale(d, 0.5+rand.Float64())
 }

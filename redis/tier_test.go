@@ -107,7 +107,8 @@ var ctx = context.Background()
 // takes the lease, the other waits for its value. The tiers' Timeout is
 // generous; a tier that still found Redis too slow steps aside and its
 // process loads alone (LocalLoads), one call more per such load and
-// nothing else.
+// nothing else. Its idle twin asserts the figures of a run without a
+// Redis error: one call, one lease, one wait answered, every Get k-v1.
 func TestTwoLoadersMakeOneCall(t *testing.T) {
 	addr := redisAddr(t)
 	p := testPrefix(t, newClient(t, addr))
@@ -144,17 +145,33 @@ func TestTwoLoadersMakeOneCall(t *testing.T) {
 	if n > 0 {
 		t.Logf("a tier stepped aside: %d local loads (a %+v, b %+v)", n, sa, sb)
 	}
+	var vals []string
 	for v := range results {
+		vals = append(vals, v)
 		if version(v) < 1 || version(v) > int64(1+n) {
 			t.Errorf("Get(k) = %q; want k-v1 (or a local load's)", v)
 		}
 	}
-	if calls := d.calls.Load(); calls != int64(1+n) {
+	calls := d.calls.Load()
+	if calls != int64(1+n) {
 		t.Errorf("downstream calls = %d; want 1, plus %d local loads", calls, n)
 	}
 	if n == 0 && (sa.Leases+sb.Leases != 1 || sa.Shared+sb.Shared != 1) {
 		t.Errorf("stats: a %+v, b %+v; want one lease and one shared", sa, sb)
 	}
+	idleTwin(t, []loadSign{{"RedisErrors", sa.RedisErrors + sb.RedisErrors}}, func(t *testing.T) {
+		if calls != 1 || n != 0 {
+			t.Errorf("downstream calls = %d, local loads %d; want 1, 0", calls, n)
+		}
+		if sa.Leases+sb.Leases != 1 || sa.Takeovers+sb.Takeovers != 0 || sa.Waits+sb.Waits != 1 || sa.Shared+sb.Shared != 1 {
+			t.Errorf("stats: a %+v, b %+v; want one lease, no takeover, one wait, answered", sa, sb)
+		}
+		for _, v := range vals {
+			if v != "k-v1" {
+				t.Errorf("Get(k) = %q; want k-v1", v)
+			}
+		}
+	})
 }
 
 // generous are tier options for a test about something else than Redis's

@@ -3,13 +3,13 @@ package flightredis
 import (
 	"context"
 	"fmt"
-	"maps"
 	"strconv"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/flightcache/flightcache/redis/internal/track"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -42,10 +42,8 @@ func trackedConns(t *testing.T, admin *redis.Client, inv int64) []int64 {
 }
 
 // nodesOf returns a tier's nodes (one per master), by address.
-func nodesOf(tier *Tier[string, string]) map[string]*tnode {
-	tier.track.mu.Lock()
-	defer tier.track.mu.Unlock()
-	return maps.Clone(tier.track.nodes)
+func nodesOf(tier *Tier[string, string]) map[string]*track.Node {
+	return tier.track.Nodes()
 }
 
 // A process has one tracked connection per master, as the docs say, however
@@ -80,12 +78,12 @@ func TestTrackedConnectionOnePerMaster(t *testing.T) {
 		t.Fatal("no node")
 	}
 	for addr, n := range nodes {
-		if got := trackedConns(t, nodeClient(t, addr), n.id.Load()); len(got) != 1 {
+		if got := trackedConns(t, nodeClient(t, addr), n.ID()); len(got) != 1 {
 			t.Errorf("master %s: %d tracked connections of the process (ids %v), want 1", addr, len(got), got)
 		}
-		res, err := n.reads.Load().Do(ctx, "CLIENT", "TRACKINGINFO").Slice()
-		if err != nil || trackingBroken(res, n.id.Load()) {
-			t.Errorf("master %s: CLIENT TRACKINGINFO %v, %v; want tracking on, redirecting to %d", addr, res, err, n.id.Load())
+		res, err := n.Reads().Do(ctx, "CLIENT", "TRACKINGINFO").Slice()
+		if err != nil || track.TrackingBroken(res, n.ID()) {
+			t.Errorf("master %s: CLIENT TRACKINGINFO %v, %v; want tracking on, redirecting to %d", addr, res, err, n.ID())
 		}
 	}
 }

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/flightcache/flightcache"
+	"github.com/flightcache/flightcache/redis/internal/track"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -46,7 +47,7 @@ func TestTrackedConnectionKilled(t *testing.T) {
 			}
 			n, addr := invNode(t, holder.t, "k")
 			admin := nodeClient(t, addr)
-			ids := trackedConns(t, admin, n.id.Load())
+			ids := trackedConns(t, admin, n.ID())
 			if len(ids) == 0 {
 				t.Fatal("the holder has no tracked connection")
 			}
@@ -109,7 +110,7 @@ func TestTrackedConnectionIdleTimeout(t *testing.T) {
 	}
 	n, addr := invNode(t, holder.t, "k")
 	admin := nodeClient(t, addr)
-	ids := trackedConns(t, admin, n.id.Load())
+	ids := trackedConns(t, admin, n.ID())
 	if len(ids) == 0 {
 		t.Fatal("the holder has no tracked connection")
 	}
@@ -122,7 +123,7 @@ func TestTrackedConnectionIdleTimeout(t *testing.T) {
 	}
 	t.Cleanup(func() { _ = admin.ConfigSet(context.Background(), "timeout", was["timeout"]).Err() })
 	eventually(t, 10*time.Second, "Redis to close the idle tracked connections", func() bool {
-		now := trackedConns(t, admin, n.id.Load())
+		now := trackedConns(t, admin, n.ID())
 		return !slices.ContainsFunc(ids, func(id int64) bool { return slices.Contains(now, id) })
 	})
 	closed := time.Now()
@@ -163,7 +164,7 @@ func TestWatchedConnectionReportsClose(t *testing.T) {
 		{"a tracked read", []string{"*3\r\n$6\r\nCLIENT\r\n$7\r\nCACHING\r\n$3\r\nyes\r\n*3\r\n$5\r\nHMGET\r\n$1\r\nk\r\n$2\r\nid\r\n"}, 1},
 	} {
 		var lost atomic.Int32
-		dial := watchDialer(&redis.Options{Addr: ln.Addr().String()}, func() { lost.Add(1) })
+		dial := track.WatchDialer(&redis.Options{Addr: ln.Addr().String()}, func() { lost.Add(1) })
 		cn, err := dial(ctx, "tcp", ln.Addr().String())
 		if err != nil {
 			t.Fatal(err)
@@ -207,17 +208,17 @@ func TestTrackingFullBacklogDropsCopy(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	holder.t.verify("blocker", ksOf("blocker")) // the checker takes it, and waits for Redis
-	eventually(t, time.Second, "the checker to take its check", func() bool { return len(holder.t.checks) == 0 })
+	holder.t.copies.verify("blocker", ksOf("blocker")) // the checker takes it, and waits for Redis
+	eventually(t, time.Second, "the checker to take its check", func() bool { return len(holder.t.copies.checks) == 0 })
 	for i := 0; ; i++ {
 		select {
-		case holder.t.checks <- check[string]{fmt.Sprint("filler", i), ksOf(fmt.Sprint("filler", i))}:
+		case holder.t.copies.checks <- check[string]{fmt.Sprint("filler", i), ksOf(fmt.Sprint("filler", i))}:
 			continue
 		default:
 		}
 		break
 	}
-	if n, c := len(holder.t.checks), cap(holder.t.checks); n != c {
+	if n, c := len(holder.t.copies.checks), cap(holder.t.copies.checks); n != c {
 		t.Fatalf("backlog %d of %d: not full", n, c)
 	}
 	drops := holder.l.Stats().RemoteDrops
@@ -225,8 +226,8 @@ func TestTrackingFullBacklogDropsCopy(t *testing.T) {
 	if got := holder.l.Stats().RemoteDrops - drops; got != 1 {
 		t.Fatalf("RemoteDrops +%d with the backlog full, want +1: the invalidation was set aside", got)
 	}
-	if got := len(holder.t.checks); got != cap(holder.t.checks) {
-		t.Fatalf("backlog %d after the invalidation, want %d (full)", got, cap(holder.t.checks))
+	if got := len(holder.t.copies.checks); got != cap(holder.t.copies.checks) {
+		t.Fatalf("backlog %d after the invalidation, want %d (full)", got, cap(holder.t.copies.checks))
 	}
 	c, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
@@ -272,7 +273,7 @@ func TestSwapdbCalls(t *testing.T) {
 		{"# Commandstats\r\ncmdstat_swapdb:calls=3,usec=10,usec_per_call=3.33,rejected_calls=0,failed_calls=0\r\n", 3},
 		{"cmdstat_swapdb:calls=x,usec=1\r\n", -1},
 	} {
-		if got := swapdbCalls(tc.info); got != tc.want {
+		if got := track.SwapdbCalls(tc.info); got != tc.want {
 			t.Errorf("swapdbCalls(%q) = %d, want %d", tc.info, got, tc.want)
 		}
 	}

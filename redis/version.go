@@ -3,7 +3,7 @@ package flightredis
 import (
 	"fmt"
 
-	"github.com/flightcache/flightcache"
+	"github.com/flightcache/flightcache/remote"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -35,13 +35,13 @@ import (
 //     that refused the fill, the Loader may hold it and judges the fill
 //     against it by rule 30. If not, the Loader holds nothing newer and
 //     would keep the older value: the tier has it drop the key
-//     (flightcache.LocalCache.Drop, during the load, so the load answers
+//     (remote.LocalCache.Drop, during the load, so the load answers
 //     its callers but does not fill the cache), and its next Get reads
 //     the fleet's entry.
 //   - A refused Set changes nothing in Redis: no entry, no lease (a load
 //     in flight elsewhere is compared in its turn when it writes), no
 //     message. The Set's process has its own Loader drop the key
-//     (flightcache.LocalCache.Drop; the Loader stored the Set's value
+//     (remote.LocalCache.Drop; the Loader stored the Set's value
 //     already), so its next Get reads the fleet's newer entry rather than
 //     serve the older value it was given.
 //   - Both count in Stats.WritesOutdated.
@@ -96,10 +96,10 @@ func writeAnswer(cmd *redis.Cmd) (n int, held string, err error) {
 // against, it has the Loader drop key, so the older value the load read
 // reaches its callers but not the cache.
 func (t *Tier[K, V]) outdatedFill(ks keys, key K, held string) {
-	if held != "" && t.served.get(ks.base) == held {
+	if held != "" && t.copies.served.Get(ks.base) == held {
 		return
 	}
-	t.dropKey(key, ks)
+	t.copies.dropKey(key, ks)
 }
 
 // outdatedSet is what a Set refused by writeScript does: it counts it, and
@@ -107,5 +107,5 @@ func (t *Tier[K, V]) outdatedFill(ks keys, key K, held string) {
 // fleet's newer entry.
 func (t *Tier[K, V]) outdatedSet(key K) {
 	t.stats.writesOutdated.Add(1)
-	t.fleet.each(func(l flightcache.LocalCache[K]) { l.Drop(key) })
+	t.fleet.each(func(l remote.LocalCache[K]) { l.Drop(key) })
 }

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/flightcache/flightcache"
+	"github.com/flightcache/flightcache/remote"
 )
 
 // The rows of these tests are "name@N": N is the row's version.
@@ -256,8 +257,8 @@ func TestVersionedCompareExactlyAbove2To53(t *testing.T) {
 		key := fmt.Sprintf("k%d", i)
 		before := pr.t.Stats().WritesOutdated
 		now := time.Now()
-		pr.t.Set(ctx, key, flightcache.RemoteValue[string]{Value: fmt.Sprintf("h@%d", tc.held), LoadedAt: now})
-		pr.t.Set(ctx, key, flightcache.RemoteValue[string]{Value: fmt.Sprintf("w@%d", tc.write), LoadedAt: now})
+		pr.t.Set(ctx, key, remote.Value[string]{Value: fmt.Sprintf("h@%d", tc.held), LoadedAt: now})
+		pr.t.Set(ctx, key, remote.Value[string]{Value: fmt.Sprintf("w@%d", tc.write), LoadedAt: now})
 		want, wantVer := fmt.Sprintf(`"w@%d"`, tc.write), fmt.Sprintf("%020d", tc.write)
 		if tc.refused {
 			want, wantVer = fmt.Sprintf(`"h@%d"`, tc.held), fmt.Sprintf("%020d", tc.held)
@@ -285,7 +286,7 @@ func TestVersionPanicIsNotShared(t *testing.T) {
 	if v, _ := sharedRow(t, pr, "k"); v != `"a@5"` {
 		t.Fatalf("shared entry = %s; want \"a@5\"", v)
 	}
-	pr.t.Set(ctx, "k", flightcache.RemoteValue[string]{Value: "a@boom", LoadedAt: time.Now()})
+	pr.t.Set(ctx, "k", remote.Value[string]{Value: "a@boom", LoadedAt: time.Now()})
 	if v, ver := sharedRow(t, pr, "k"); v != "" || ver != "" {
 		t.Errorf("shared entry after a Set whose Version panicked = %s, ver %q; want none", v, ver)
 	}

@@ -194,13 +194,11 @@ func TestWakeupLostCostsAPoll(t *testing.T) {
 	before := b.t.Stats()
 	took := wait("k1", func() {
 		ch := keysFor(p, "k1").wake
-		b.t.wake.mu.Lock()
-		conn := b.t.wake.chans[ch].conn
-		b.t.wake.mu.Unlock()
+		ps := b.t.wake.PubSubOf(ch)
 		if onCluster() {
-			_ = conn.ps.SUnsubscribe(ctx, ch)
+			_ = ps.SUnsubscribe(ctx, ch)
 		} else {
-			_ = conn.ps.Unsubscribe(ctx, ch)
+			_ = ps.Unsubscribe(ctx, ch)
 		}
 		eventually(t, 5*time.Second, "the subscription gone", func() bool { return subscribers(t, admin, p, "k1") == 0 })
 	})

@@ -1,6 +1,14 @@
-package flightredis
+// Package handover keeps the tier's record of what it handed its Loader,
+// by the Redis names of keys: the entry id handed over for each (Served),
+// the Loads running and the cuts of their copies (Running), and the keys
+// this process may be ahead of Redis on (Ahead). It knows no key or value.
+package handover
 
 import "sync"
+
+// bound bounds each record: when full, an arbitrary name is forgotten,
+// which costs at most one Redis round trip.
+const bound = 1 << 16
 
 // Never back a version. A process may serve a value newer than the key's
 // shared entry: it loaded the key from the downstream without Redis (the
@@ -12,7 +20,7 @@ import "sync"
 // loaded without Redis is at the next health check, or dropped), handing
 // it that entry would take it back a version.
 //
-// So the tier marks such a key (ahead.mark), and a Load of a marked key
+// So the tier marks such a key (Ahead.Mark), and a Load of a marked key
 // takes no value from Redis (entry, not-found marker, a lease holder's
 // value, a cover for a failure): it loads from the downstream, under the
 // lease if it can take it, and the write of that load, once stored, is the
@@ -26,26 +34,26 @@ import "sync"
 // writes after it was loaded after it.
 
 // ahead holds the marks: per key name, the number of its last mark.
-// Bounded: when maxServed names are marked, every name is marked at once
+// Bounded: when bound names are marked, every name is marked at once
 // (floor), and the map starts again; a name cleared since is recorded as
 // 0. Marking too much costs loads, never a version.
-type ahead struct {
+type Ahead struct {
 	mu    sync.Mutex
 	m     map[string]uint64 // name → its mark's number, or 0 if cleared since floor; guarded by mu
 	seq   uint64            // the last mark's number; guarded by mu
 	floor uint64            // the mark of every name not in m (0: none); guarded by mu
 }
 
-// mark notes that this process may have served a value of name newer
+// Mark notes that this process may have served a value of name newer
 // than its shared entry.
-func (a *ahead) mark(name string) {
+func (a *Ahead) Mark(name string) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	a.seq++
 	if a.m == nil {
 		a.m = make(map[string]uint64)
 	}
-	if _, ok := a.m[name]; !ok && len(a.m) >= maxServed {
+	if _, ok := a.m[name]; !ok && len(a.m) >= bound {
 		a.floor = a.seq // every name, this one included
 		clear(a.m)
 		return
@@ -53,35 +61,35 @@ func (a *ahead) mark(name string) {
 	a.m[name] = a.seq
 }
 
-// now returns the number of the last mark: a load that starts after now
+// Now returns the number of the last mark: a load that starts after now
 // was taken covers every mark up to it (clear).
-func (a *ahead) now() uint64 {
+func (a *Ahead) Now() uint64 {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	return a.seq
 }
 
-// state reports whether name is marked, and the number of the last mark
+// State reports whether name is marked, and the number of the last mark
 // (now).
-func (a *ahead) state(name string) (marked bool, since uint64) {
+func (a *Ahead) State(name string) (marked bool, since uint64) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	return a.of(name) != 0, a.seq
 }
 
 // of is name's mark; a.mu is held.
-func (a *ahead) of(name string) uint64 {
+func (a *Ahead) of(name string) uint64 {
 	if n, ok := a.m[name]; ok {
 		return n
 	}
 	return a.floor
 }
 
-// clear drops name's mark if it is not newer than since (see now): a
+// Clear drops name's mark if it is not newer than since (see now): a
 // value of name stored in Redis (or an Invalidate of name that reached it)
 // after since was taken is at least as new as what the process served
 // before.
-func (a *ahead) clear(name string, since uint64) {
+func (a *Ahead) Clear(name string, since uint64) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	n := a.of(name)
@@ -90,7 +98,7 @@ func (a *ahead) clear(name string, since uint64) {
 	case a.floor == 0:
 		delete(a.m, name)
 	default:
-		if _, in := a.m[name]; in || len(a.m) < maxServed {
+		if _, in := a.m[name]; in || len(a.m) < bound {
 			a.m[name] = 0
 		}
 	}

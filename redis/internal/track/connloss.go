@@ -1,4 +1,4 @@
-package flightredis
+package track
 
 import (
 	"bytes"
@@ -11,7 +11,7 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// This file notices the close of a tracked connection. Redis forgets what
+// connloss.go notices the close of a tracked connection. Redis forgets what
 // a connection tracked when it goes, and sends no invalidation of it: a
 // connection killed (CLIENT KILL), closed by Redis's idle timeout or its
 // output buffer limits, dropped by go-redis after a failed or timed-out
@@ -28,10 +28,10 @@ import (
 // the keys read after it.
 var caching = []byte("$7\r\nCACHING\r\n")
 
-// watchDialer returns a dialer for o's connections (o's own, or go-redis's
+// WatchDialer returns a dialer for o's connections (o's own, or go-redis's
 // default for o) whose connections call lost when they close, once, if
 // they carried a tracked read.
-func watchDialer(o *redis.Options, lost func()) func(ctx context.Context, network, addr string) (net.Conn, error) {
+func WatchDialer(o *redis.Options, lost func()) func(ctx context.Context, network, addr string) (net.Conn, error) {
 	dial := o.Dialer
 	if dial == nil {
 		dial = redis.NewDialer(o)
@@ -82,4 +82,5 @@ type watchedSysConn struct {
 	sys syscall.Conn
 }
 
+// SyscallConn is the wrapped connection's, for go-redis's health check.
 func (c *watchedSysConn) SyscallConn() (syscall.RawConn, error) { return c.sys.SyscallConn() }

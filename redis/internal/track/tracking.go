@@ -1,20 +1,25 @@
-package flightredis
+// Package track is the tier's listener of Redis's server-assisted
+// client-side caching: per master node an invalidation connection and a
+// tracked client, the tracked reads, the echoes of this process's own
+// writes, and the notice of a tracked connection's loss. It knows keys
+// only by their Redis names.
+package track
 
 import (
 	"context"
 	"errors"
-	"net"
+	"maps"
 	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
-	"github.com/flightcache/flightcache/internal/timing"
+	"github.com/flightcache/flightcache/redis/internal/listen"
 	"github.com/redis/go-redis/v9"
 )
 
-// This file is the tracking listener: Redis's server-assisted client-side
+// The tracking listener: Redis's server-assisted client-side
 // caching, so that an invalidation reaches only the processes that hold
 // the key (invalidate.go describes the protocol).
 //
@@ -31,16 +36,19 @@ import (
 // go-redis has client-side caching of its own, which refuses a user's
 // CLIENT TRACKING, but only when it is enabled; the tier never enables it.
 
-// How the tier hears the fleet's Sets and Invalidates (Stats.Invalidations).
+// Mode is how the tier hears the fleet's Sets and Invalidates
+// (Stats.Invalidations).
+type Mode int32
+
 const (
-	invUnknown  int32 = iota // not known yet: writes publish on the classic channel
-	invTracking              // server-assisted tracking
-	invChannels              // tracking refused: sharded channels (sharded.go)
-	invClassic               // a client the tier cannot track per node (a Ring): the classic channel
+	Unknown  Mode = iota // not known yet: writes publish on the classic channel
+	Tracking             // server-assisted tracking
+	Channels             // tracking refused: sharded channels (package shard)
+	Classic              // a client the tier cannot track per node (a Ring): the classic channel
 )
 
-// invModes are the names of those modes in Stats.
-var invModes = [...]string{"", "tracking", "channels", "classic"}
+// String is the mode's name in Stats.
+func (m Mode) String() string { return [...]string{"", "tracking", "channels", "classic"}[m] }
 
 // trackChannel is where Redis sends the names of tracked keys that changed.
 const trackChannel = "__redis__:invalidate"
@@ -52,39 +60,38 @@ const trackChannel = "__redis__:invalidate"
 // of one master share that connection, a round trip at a time.
 const trackPoolSize = 1
 
-// trackHandlers are what the tier does with the listener's news.
-type trackHandlers struct {
-	onKeys            func(names []string) // the Redis names of tracked keys that changed
-	onFlush           func()               // a FLUSHALL or FLUSHDB: every tracked key
-	onUp, onDown      func()               // a node armed; a node's tracking lost
-	onRetry           func()               // an attempt that did not arm a node
-	onRefused         func()               // Redis refuses CLIENT TRACKING
-	onConnLost        func()               // a tracked connection closed (connloss.go)
-	timeout, interval time.Duration        // a round trip; the health check
+// Handlers are what the tier does with the listener's news.
+type Handlers struct {
+	OnKeys            func(names []string) // the Redis names of tracked keys that changed
+	OnFlush           func()               // a FLUSHALL or FLUSHDB: every tracked key
+	OnUp, OnDown      func()               // a node armed; a node's tracking lost
+	OnRetry           func()               // an attempt that did not arm a node
+	OnRefused         func()               // Redis refuses CLIENT TRACKING
+	OnConnLost        func()               // a tracked connection closed (connloss.go)
+	Timeout, Interval time.Duration        // a round trip; the health check
 }
 
-// tracker owns the invalidation connections and tracked clients.
-type tracker struct {
+// Tracker owns the invalidation connections and tracked clients.
+type Tracker struct {
 	ctx     context.Context // start's: the tier's
-	mode    atomic.Int32
-	h       trackHandlers
+	mode    atomic.Int32    // a Mode
+	h       Handlers
 	single  *redis.Client // the client, when it is one node
 	cluster *redis.ClusterClient
 
 	mu    sync.Mutex
-	nodes map[string]*tnode // address → node; guarded by mu
+	nodes map[string]*Node // address → node; guarded by mu
 	wg    sync.WaitGroup
 
 	startup chan struct{} // closed when every node is first armed, tracking is refused, or a Timeout after start
 	once    sync.Once
 
-	echoes        echoes
-	epoch         atomic.Uint64 // of the dropped marks (Tier.droppedMark)
-	rearms, reads atomic.Uint64
+	Echoes        Echoes
+	rearms, reads atomic.Uint64 // for Stats: Rearms, TrackedReads
 }
 
-// tnode is one master's invalidation connection and tracked client.
-type tnode struct {
+// Node is one master's invalidation connection and tracked client.
+type Node struct {
 	opt      redis.Options // what its clients are made of
 	inv      *redis.Client // its connections record their CLIENT ID
 	id       atomic.Int64  // the CLIENT ID of the invalidation connection
@@ -96,11 +103,11 @@ type tnode struct {
 	cancel   context.CancelFunc
 }
 
-// start starts the listener for client, or reports (false) that the tier
+// Start starts the listener for client, or reports (false) that the tier
 // cannot track per node with that kind of client.
-func (tr *tracker) start(ctx context.Context, client redis.UniversalClient, h trackHandlers) bool {
+func (tr *Tracker) Start(ctx context.Context, client redis.UniversalClient, h Handlers) bool {
 	tr.ctx, tr.h = ctx, h
-	tr.nodes = make(map[string]*tnode)
+	tr.nodes = make(map[string]*Node)
 	tr.startup = make(chan struct{})
 	switch c := client.(type) {
 	case *redis.Client:
@@ -110,11 +117,11 @@ func (tr *tracker) start(ctx context.Context, client redis.UniversalClient, h tr
 		tr.cluster = c
 		tr.wg.Go(func() { tr.discover(ctx) })
 	default:
-		tr.mode.Store(invClassic)
+		tr.mode.Store(int32(Classic))
 		tr.started()
 		return false
 	}
-	starting := time.AfterFunc(h.timeout, tr.started)
+	starting := time.AfterFunc(h.Timeout, tr.started)
 	tr.wg.Go(func() {
 		<-ctx.Done()
 		starting.Stop()
@@ -122,14 +129,14 @@ func (tr *tracker) start(ctx context.Context, client redis.UniversalClient, h tr
 	return true
 }
 
-// stop waits for the listener's goroutines; ctx (start's) must have been
+// Stop waits for the listener's goroutines; ctx (start's) must have been
 // cancelled first.
-func (tr *tracker) stop() { tr.wg.Wait() }
+func (tr *Tracker) Stop() { tr.wg.Wait() }
 
-func (tr *tracker) started() { tr.once.Do(func() { close(tr.startup) }) }
+func (tr *Tracker) started() { tr.once.Do(func() { close(tr.startup) }) }
 
-// awaitStartup waits, at most until ctx ends, for the listener's startup.
-func (tr *tracker) awaitStartup(ctx context.Context) {
+// AwaitStartup waits, at most until ctx ends, for the listener's startup.
+func (tr *Tracker) AwaitStartup(ctx context.Context) {
 	if tr.startup == nil {
 		return
 	}
@@ -142,11 +149,11 @@ func (tr *tracker) awaitStartup(ctx context.Context) {
 // discover keeps one node per master of a Cluster, checking the masters
 // every health check: a new master gets a node, a node whose address is
 // no longer a master's is stopped.
-func (tr *tracker) discover(ctx context.Context) {
+func (tr *Tracker) discover(ctx context.Context) {
 	for {
 		seen := make(map[string]bool)
 		var mu sync.Mutex
-		c, cancel := context.WithTimeout(ctx, tr.h.timeout)
+		c, cancel := context.WithTimeout(ctx, tr.h.Timeout)
 		err := tr.cluster.ForEachMaster(c, func(_ context.Context, m *redis.Client) error {
 			mu.Lock()
 			seen[m.Options().Addr] = true
@@ -158,18 +165,15 @@ func (tr *tracker) discover(ctx context.Context) {
 		if err == nil {
 			tr.prune(seen)
 		}
-		t := time.NewTimer(jitter(tr.h.interval))
-		select {
-		case <-ctx.Done():
-			t.Stop()
+		listen.Sleep(ctx, listen.Jitter(tr.h.Interval))
+		if ctx.Err() != nil {
 			return
-		case <-t.C:
 		}
 	}
 }
 
 // prune stops the nodes whose address is not in seen.
-func (tr *tracker) prune(seen map[string]bool) {
+func (tr *Tracker) prune(seen map[string]bool) {
 	tr.mu.Lock()
 	defer tr.mu.Unlock()
 	for addr, n := range tr.nodes {
@@ -182,13 +186,13 @@ func (tr *tracker) prune(seen map[string]bool) {
 
 // add starts a node for the master whose client options are src, unless
 // there is one.
-func (tr *tracker) add(ctx context.Context, src *redis.Options) {
+func (tr *Tracker) add(ctx context.Context, src *redis.Options) {
 	tr.mu.Lock()
 	defer tr.mu.Unlock()
-	if _, ok := tr.nodes[src.Addr]; ok || ctx.Err() != nil || tr.mode.Load() == invChannels {
+	if _, ok := tr.nodes[src.Addr]; ok || ctx.Err() != nil || tr.mode.Load() == int32(Channels) {
 		return
 	}
-	n := &tnode{opt: nodeOptions(src)}
+	n := &Node{opt: nodeOptions(src)}
 	o := n.opt
 	o.PoolSize = 1
 	o.OnConnect = func(ctx context.Context, cn *redis.Conn) error {
@@ -232,54 +236,43 @@ const (
 
 // run arms and listens on n until ctx ends or tracking is refused; it
 // closes n's clients when it returns.
-func (tr *tracker) run(ctx context.Context, n *tnode) {
+func (tr *Tracker) run(ctx context.Context, n *Node) {
 	defer func() {
 		if r := n.reads.Swap(nil); r != nil {
 			_ = r.Close()
 		}
 		_ = n.inv.Close()
 	}()
-	pause := 50 * time.Millisecond
-	for ctx.Err() == nil {
+	listen.Loop(ctx, func() listen.Result {
 		switch tr.listen(ctx, n) {
 		case listenRefused:
 			tr.refused()
-			return
+			return listen.Stop
 		case listenLost:
-			pause = 50 * time.Millisecond
-		default:
-			if ctx.Err() == nil {
-				tr.h.onRetry()
-			}
+			return listen.Worked
 		}
-		t := time.NewTimer(jitter(pause))
-		select {
-		case <-ctx.Done():
-		case <-t.C:
-		}
-		t.Stop()
-		pause = min(2*pause, time.Second)
-	}
+		return listen.Failed
+	}, tr.h.OnRetry)
 }
 
 // refused switches the tier to sharded channels, once.
-func (tr *tracker) refused() {
-	if tr.mode.Swap(invChannels) != invChannels {
-		tr.h.onRefused()
+func (tr *Tracker) refused() {
+	if tr.mode.Swap(int32(Channels)) != int32(Channels) {
+		tr.h.OnRefused()
 	}
 	tr.started()
 }
 
 // listen subscribes n's invalidation connection, arms n's tracked client
 // on it, and hands the invalidations it hears over until it fails.
-func (tr *tracker) listen(ctx context.Context, n *tnode) listenResult {
+func (tr *Tracker) listen(ctx context.Context, n *Node) listenResult {
 	ps := n.inv.Subscribe(ctx)
-	defer closeOnCancel(ctx, ps)()
-	c, cancel := context.WithTimeout(ctx, tr.h.timeout)
+	defer listen.CloseOnCancel(ctx, ps)()
+	c, cancel := context.WithTimeout(ctx, tr.h.Timeout)
 	err := ps.Subscribe(c, trackChannel)
 	var msg any
 	if err == nil {
-		msg, err = ps.ReceiveTimeout(c, tr.h.timeout)
+		msg, err = ps.ReceiveTimeout(c, tr.h.Timeout)
 	}
 	cancel()
 	if s, ok := msg.(*redis.Subscription); err != nil || !ok || s.Kind != "subscribe" {
@@ -292,70 +285,41 @@ func (tr *tracker) listen(ctx context.Context, n *tnode) listenResult {
 		return res
 	}
 	n.up.Store(true)
-	tr.h.onUp()
-	if tr.allUp() {
+	tr.h.OnUp()
+	if tr.AllUp() {
 		tr.started()
 	}
 	tr.receive(ctx, n, ps)
 	n.up.Store(false)
 	if ctx.Err() == nil {
-		tr.h.onDown()
+		tr.h.OnDown()
 	}
 	return listenLost
 }
 
 // receive reads n's invalidations until the connection fails, a check
 // finds the redirect broken, or ctx ends.
-func (tr *tracker) receive(ctx context.Context, n *tnode, ps *redis.PubSub) {
+func (tr *Tracker) receive(ctx context.Context, n *Node, ps *redis.PubSub) {
 	pinged := false
 	tick := time.Now()
 	for ctx.Err() == nil {
-		if time.Since(tick) >= tr.h.interval {
+		if time.Since(tick) >= tr.h.Interval {
 			tick = time.Now()
 			if tr.broken(ctx, n) {
 				return
 			}
 		}
-		msg, err := ps.ReceiveTimeout(ctx, tr.h.interval)
-		var ne net.Error
+		msg, err := listen.Receive(ctx, ps, tr.h.Interval, tr.h.Timeout, &pinged)
 		switch {
 		case err != nil && strings.Contains(err.Error(), "payload: <nil>"):
-			tr.h.onFlush() // a null array: FLUSHALL or FLUSHDB
-		case err != nil && ctx.Err() == nil && !pinged && errors.As(err, &ne) && ne.Timeout():
-			c, cancel := context.WithTimeout(ctx, tr.h.timeout)
-			err = ps.Ping(c)
-			cancel()
-			if err != nil {
-				return
-			}
-			pinged = true
+			tr.h.OnFlush() // a null array: FLUSHALL or FLUSHDB
 		case err != nil:
 			return
 		default:
-			pinged = false
 			if m, ok := msg.(*redis.Message); ok && m.Channel == trackChannel {
-				tr.h.onKeys(append(m.PayloadSlice, nonEmpty(m.Payload)...))
+				tr.h.OnKeys(append(m.PayloadSlice, nonEmpty(m.Payload)...))
 			}
 		}
-	}
-}
-
-// closeOnCancel closes ps as soon as ctx ends: go-redis ends a read in
-// flight at its deadline (up to a health check, four Timeouts), not when
-// its context ends, and Tier.Close waits for the reader. The func it
-// returns closes ps, after that close if it began, so no goroutine of it
-// outlives the caller.
-func closeOnCancel(ctx context.Context, ps *redis.PubSub) func() {
-	closed := make(chan struct{})
-	stop := context.AfterFunc(ctx, func() {
-		_ = ps.Close()
-		close(closed)
-	})
-	return func() {
-		if !stop() {
-			<-closed
-		}
-		_ = ps.Close()
 	}
 }
 
@@ -368,14 +332,14 @@ func nonEmpty(s string) []string {
 
 // arm makes n a tracked client redirecting to id, and retires the one it
 // replaces. ok is false when Redis refused or could not be reached.
-func (tr *tracker) arm(ctx context.Context, n *tnode, id int64) (res listenResult, ok bool) {
+func (tr *Tracker) arm(ctx context.Context, n *Node, id int64) (res listenResult, ok bool) {
 	o := n.opt
 	o.OnConnect = func(ctx context.Context, cn *redis.Conn) error {
 		return cn.Do(ctx, "CLIENT", "TRACKING", "on", "REDIRECT", id, "OPTIN").Err()
 	}
-	o.Dialer = watchDialer(&n.opt, tr.connLost)
+	o.Dialer = WatchDialer(&n.opt, tr.connLost)
 	reads := redis.NewClient(&o)
-	c, cancel := context.WithTimeout(ctx, tr.h.timeout)
+	c, cancel := context.WithTimeout(ctx, tr.h.Timeout)
 	err := reads.Ping(c).Err()
 	cancel()
 	if err != nil {
@@ -394,24 +358,24 @@ func (tr *tracker) arm(ctx context.Context, n *tnode, id int64) (res listenResul
 		tr.rearms.Add(1)
 	}
 	n.armed = true
-	tr.mode.CompareAndSwap(invUnknown, invTracking)
+	tr.mode.CompareAndSwap(int32(Unknown), int32(Tracking))
 	return 0, true
 }
 
 // connLost runs when a tracked connection that carried a tracked read
 // closes, for any reason, but the tier's Close: Redis forgot what it
 // tracked for this process.
-func (tr *tracker) connLost() {
+func (tr *Tracker) connLost() {
 	if tr.ctx.Err() == nil {
-		tr.h.onConnLost()
+		tr.h.OnConnLost()
 	}
 }
 
 // retire closes a tracked client that was replaced, once the reads in
 // flight on it are done (a Timeout later).
-func (tr *tracker) retire(ctx context.Context, old *redis.Client) {
+func (tr *Tracker) retire(ctx context.Context, old *redis.Client) {
 	tr.wg.Go(func() {
-		t := time.NewTimer(timing.Mul(tr.h.timeout, 2))
+		t := time.NewTimer(listen.Times(tr.h.Timeout, 2))
 		defer t.Stop()
 		select {
 		case <-ctx.Done():
@@ -441,12 +405,12 @@ func trackingRefused(err error) bool {
 // subscription's own health says that. On a single node it also has every
 // copy distrusted when Redis ran a SWAPDB since the last check
 // (swapCount).
-func (tr *tracker) broken(ctx context.Context, n *tnode) bool {
+func (tr *Tracker) broken(ctx context.Context, n *Node) bool {
 	reads := n.reads.Load()
 	if reads == nil {
 		return true
 	}
-	c, cancel := context.WithTimeout(ctx, tr.h.timeout)
+	c, cancel := context.WithTimeout(ctx, tr.h.Timeout)
 	defer cancel()
 	res, err := reads.Do(c, "CLIENT", "TRACKINGINFO").Slice()
 	if err != nil {
@@ -454,11 +418,11 @@ func (tr *tracker) broken(ctx context.Context, n *tnode) bool {
 	}
 	if swaps := tr.swapCount(c, reads); swaps >= 0 {
 		if n.swaps >= 0 && swaps != n.swaps {
-			tr.h.onFlush()
+			tr.h.OnFlush()
 		}
 		n.swaps = swaps
 	}
-	return trackingBroken(res, n.redirect)
+	return TrackingBroken(res, n.redirect)
 }
 
 // swapCount returns how many SWAPDB calls a single Redis node ran (INFO
@@ -467,7 +431,7 @@ func (tr *tracker) broken(ctx context.Context, n *tnode) bool {
 // databases under the names Redis tracks and sends no invalidation
 // (Redis 7): this count is its only trace, and a change of it, at a health
 // check, distrusts every copy as a FLUSHDB does.
-func (tr *tracker) swapCount(ctx context.Context, reads *redis.Client) int64 {
+func (tr *Tracker) swapCount(ctx context.Context, reads *redis.Client) int64 {
 	if tr.single == nil {
 		return -1
 	}
@@ -475,12 +439,12 @@ func (tr *tracker) swapCount(ctx context.Context, reads *redis.Client) int64 {
 	if err != nil {
 		return -1
 	}
-	return swapdbCalls(info)
+	return SwapdbCalls(info)
 }
 
-// swapdbCalls reads the calls of SWAPDB in an INFO commandstats reply
+// SwapdbCalls reads the calls of SWAPDB in an INFO commandstats reply
 // ("cmdstat_swapdb:calls=N,..."); 0 when it has none.
-func swapdbCalls(info string) int64 {
+func SwapdbCalls(info string) int64 {
 	_, rest, ok := strings.Cut(info, "cmdstat_swapdb:calls=")
 	if !ok {
 		return 0
@@ -493,9 +457,9 @@ func swapdbCalls(info string) int64 {
 	return calls
 }
 
-// trackingBroken reads a CLIENT TRACKINGINFO reply: tracking off, a broken
+// TrackingBroken reads a CLIENT TRACKINGINFO reply: tracking off, a broken
 // redirect, or a redirect to another id than want.
-func trackingBroken(res []any, want int64) bool {
+func TrackingBroken(res []any, want int64) bool {
 	for i := 0; i+1 < len(res); i += 2 {
 		switch res[i] {
 		case "flags":
@@ -514,9 +478,9 @@ func trackingBroken(res []any, want int64) bool {
 	return false
 }
 
-// allUp reports whether every node is armed and listening.
-func (tr *tracker) allUp() bool {
-	if tr.mode.Load() != invTracking {
+// AllUp reports whether every node is armed and listening.
+func (tr *Tracker) AllUp() bool {
+	if tr.mode.Load() != int32(Tracking) {
 		return false
 	}
 	tr.mu.Lock()
@@ -534,8 +498,8 @@ func (tr *tracker) allUp() bool {
 
 // reader returns the tracked client of the master of key, or nil when it
 // is not armed (or not known yet: then the node is started).
-func (tr *tracker) reader(ctx context.Context, key string) *redis.Client {
-	if tr.mode.Load() != invTracking {
+func (tr *Tracker) reader(ctx context.Context, key string) *redis.Client {
+	if tr.mode.Load() != int32(Tracking) {
 		return nil
 	}
 	var src *redis.Options
@@ -561,8 +525,48 @@ func (tr *tracker) reader(ctx context.Context, key string) *redis.Client {
 	return n.reads.Load()
 }
 
-// moved reports whether err says a key's slot is served by another node
-// (MOVED, ASK): the node map is out of date.
-func moved(err error) bool {
-	return redis.HasErrorPrefix(err, "MOVED") || redis.HasErrorPrefix(err, "ASK")
+// Mode returns how the tier hears the fleet's writes now.
+func (tr *Tracker) Mode() Mode { return Mode(tr.mode.Load()) }
+
+// SetMode sets the mode, for a client the tier cannot track per node.
+func (tr *Tracker) SetMode(m Mode) { tr.mode.Store(int32(m)) }
+
+// Rearms counts the nodes armed again after they were lost.
+func (tr *Tracker) Rearms() uint64 { return tr.rearms.Load() }
+
+// Reads counts the tracked reads.
+func (tr *Tracker) Reads() uint64 { return tr.reads.Load() }
+
+// ID is the CLIENT ID of n's invalidation connection.
+func (n *Node) ID() int64 { return n.id.Load() }
+
+// Reads is n's tracked client, nil when it is not armed.
+func (n *Node) Reads() *redis.Client { return n.reads.Load() }
+
+// Nodes returns the nodes (one per master), by address.
+func (tr *Tracker) Nodes() map[string]*Node {
+	tr.mu.Lock()
+	defer tr.mu.Unlock()
+	return maps.Clone(tr.nodes)
 }
+
+// NodeOf returns the node of the master of the Redis key key, and its
+// address (nil if it has none yet).
+func (tr *Tracker) NodeOf(ctx context.Context, key string) (*Node, string, error) {
+	var addr string
+	if tr.single != nil {
+		addr = tr.single.Options().Addr
+	} else {
+		m, err := tr.cluster.MasterForKey(ctx, key)
+		if err != nil {
+			return nil, "", err
+		}
+		addr = m.Options().Addr
+	}
+	tr.mu.Lock()
+	defer tr.mu.Unlock()
+	return tr.nodes[addr], addr, nil
+}
+
+// Go runs f on a goroutine of the tracker's, which Stop waits for.
+func (tr *Tracker) Go(f func()) { tr.wg.Go(f) }

@@ -1,20 +1,25 @@
-package flightredis
+// Package wake delivers per-key wake-ups to the Loads of this process that
+// wait on a key another process is loading. It knows keys only by the
+// names of their channels.
+package wake
 
 import (
 	"context"
 	"errors"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
+	"github.com/flightcache/flightcache/redis/internal/listen"
 	"github.com/redis/go-redis/v9"
 )
 
-// Per-key wake-ups. When a load ends (a fill, a release, a not-found
+// Hub holds the per-key wake-ups. When a load ends (a fill, a release, a not-found
 // marker, an Invalidate or a Set that drops a lease), the lease scripts
 // publish on the key's own wake-up channel, keys.wake ("<base>:w", which
-// shares the key's hash tag and so its Cluster slot): with SPUBLISH on a
-// Cluster client, so the message stays on the shard of its slot, and with
+// shares the key's hash tag and so its Cluster hash slot): with SPUBLISH on a
+// Cluster client, so the message stays on the shard of its hash slot, and with
 // PUBLISH on a single node or a Sentinel failover client. Nothing is
 // broadcast: a process hears the wake-ups of the keys it waits on, and no
 // others.
@@ -23,9 +28,9 @@ import (
 // key) of it waits on that key: the first watcher of a channel subscribes,
 // the last one to leave unsubscribes. The subscriptions share one PubSub
 // connection per Redis server: one for a single node, one per master that
-// owns a watched slot on a Cluster (ClusterClient.MasterForKey, then that
+// owns a watched hash slot on a Cluster (ClusterClient.MasterForKey, then that
 // node's SSUBSCRIBE, one channel per command, since the channels of one
-// SSUBSCRIBE must share a slot). Each connection has two goroutines, one
+// SSUBSCRIBE must share a hash slot). Each connection has two goroutines, one
 // that reads it and one that sends the (un)subscriptions in the order the
 // watchers asked for them; nothing runs per watched key.
 //
@@ -33,15 +38,19 @@ import (
 // that finds the key held subscribes, waits (at most Options.Timeout) for
 // Redis to confirm the subscription, then looks at the key once more
 // before it waits. A wake-up lost anyway (the connection broke and
-// go-redis made it again, Redis dropped the subscription when the slot
+// go-redis made it again, Redis dropped the subscription when the hash slot
 // moved to another master, a confirmation that never came) costs the
 // waiter one poll (Options.PollInterval), as a wake-up lost always did.
-type wakeups struct {
+type Hub struct {
 	rdb     redis.UniversalClient
 	cluster *redis.ClusterClient // nil on a single node (or a Sentinel failover client)
 	ctx     context.Context      // the tier's: cancelled by Close
 	timeout time.Duration
-	stats   *counters
+
+	// Counts for the tier's Stats.
+	Subscribes        atomic.Uint64 // SUBSCRIBEs sent
+	Heard             atomic.Uint64 // wake-ups heard
+	SubscriptionsLost atomic.Uint64 // subscriptions Redis dropped or a broken connection lost
 
 	mu     sync.Mutex
 	chans  map[string]*wakeChan // channel → its watchers and state; guarded by mu
@@ -57,7 +66,7 @@ type wakeChan struct {
 	conn      *wakeConn
 	ws        []chan struct{} // the waiting Loads (a batch counts once)
 	sent      bool            // a SUBSCRIBE was sent after the last UNSUBSCRIBE
-	lost      bool            // Redis dropped it (its slot moved): not made again
+	lost      bool            // Redis dropped it (its hash slot moved): not made again
 	dirty     bool            // queued in conn.dirty
 	confirmed bool            // ready is closed
 	ready     chan struct{}   // closed when Redis confirmed the subscription, or it was given up
@@ -67,48 +76,50 @@ type wakeChan struct {
 type wakeConn struct {
 	addr   string
 	ps     *redis.PubSub
-	n      int            // entries of chans on it; guarded by wakeups.mu
-	dirty  []*wakeChan    // channels whose subscription may have to change; guarded by wakeups.mu
-	forget []string       // channels Redis dropped, for go-redis to forget; guarded by wakeups.mu
-	pend   map[string]int // SUBSCRIBEs sent and not confirmed yet, per channel; guarded by wakeups.mu
-	ours   map[string]int // SUNSUBSCRIBEs sent and not confirmed yet (Cluster); guarded by wakeups.mu
+	n      int            // entries of chans on it; guarded by Hub.mu
+	dirty  []*wakeChan    // channels whose subscription may have to change; guarded by Hub.mu
+	forget []string       // channels Redis dropped, for go-redis to forget; guarded by Hub.mu
+	pend   map[string]int // SUBSCRIBEs sent and not confirmed yet, per channel; guarded by Hub.mu
+	ours   map[string]int // SUNSUBSCRIBEs sent and not confirmed yet (Cluster); guarded by Hub.mu
 	kick   chan struct{}  // wakes the sender
 	done   chan struct{}  // closed when the connection is dropped
-	gone   bool           // dropped; guarded by wakeups.mu
+	gone   bool           // dropped; guarded by Hub.mu
 }
 
-// wakeChannel is the name of the wake-up channel of the key whose
-// keys.base is base.
-func wakeChannel(base string) string { return base + ":w" }
+// Channel is the name of the wake-up channel of the key whose Redis names
+// start with base.
+func Channel(base string) string { return base + ":w" }
 
-// wakeCommand is the command the lease scripts publish wake-ups with on
+// Command is the command the lease scripts publish wake-ups with on
 // client: SPUBLISH on a Cluster, PUBLISH otherwise.
-func wakeCommand(client redis.UniversalClient) string {
+func Command(client redis.UniversalClient) string {
 	if _, ok := client.(*redis.ClusterClient); ok {
 		return "SPUBLISH"
 	}
 	return "PUBLISH"
 }
 
-func (wk *wakeups) init(ctx context.Context, client redis.UniversalClient, timeout time.Duration, stats *counters) {
-	wk.rdb, wk.ctx, wk.timeout, wk.stats = client, ctx, timeout, stats
+// Init readies wk for client, whose round trips take at most timeout,
+// until ctx ends.
+func (wk *Hub) Init(ctx context.Context, client redis.UniversalClient, timeout time.Duration) {
+	wk.rdb, wk.ctx, wk.timeout = client, ctx, timeout
 	wk.cluster, _ = client.(*redis.ClusterClient)
 	wk.chans = make(map[string]*wakeChan)
 	wk.conns = make(map[string]*wakeConn)
 }
 
-// watch registers w for the wake-ups of the keys of bases (w receives,
+// Watch registers w for the wake-ups of the keys of bases (w receives,
 // without blocking the reader, when one is heard), subscribing to each
 // channel no other Load of this process watches yet. It returns the
 // confirmations still to come, for await.
-func (wk *wakeups) watch(w chan struct{}, bases ...string) (pending []chan struct{}) {
+func (wk *Hub) Watch(w chan struct{}, bases ...string) (pending []chan struct{}) {
 	var nodes []*redis.Client // each channel's master, on a Cluster
 	if wk.cluster != nil {
 		nodes = make([]*redis.Client, len(bases))
 		for i, base := range bases {
-			// The slot map the client has (it loads it once): no round trip.
+			// The hash slot map the client has (it loads it once): no round trip.
 			c, cancel := context.WithTimeout(wk.ctx, wk.timeout)
-			nodes[i], _ = wk.cluster.MasterForKey(c, wakeChannel(base))
+			nodes[i], _ = wk.cluster.MasterForKey(c, Channel(base))
 			cancel()
 		}
 	}
@@ -118,14 +129,14 @@ func (wk *wakeups) watch(w chan struct{}, bases ...string) (pending []chan struc
 		return nil
 	}
 	for i, base := range bases {
-		name := wakeChannel(base)
+		name := Channel(base)
 		e := wk.chans[name]
 		if e == nil {
 			addr := ""
 			var node *redis.Client
 			if wk.cluster != nil {
 				if node = nodes[i]; node == nil {
-					continue // no master known for the slot: the Load polls
+					continue // no master known for the hash slot: the Load polls
 				}
 				addr = node.Options().Addr
 			}
@@ -147,9 +158,9 @@ func (wk *wakeups) watch(w chan struct{}, bases ...string) (pending []chan struc
 	return pending
 }
 
-// await waits until Redis has confirmed the subscriptions pending, at
+// Await waits until Redis has confirmed the subscriptions pending, at
 // most Options.Timeout, or until ctx ends.
-func (wk *wakeups) await(ctx context.Context, pending []chan struct{}) {
+func (wk *Hub) Await(ctx context.Context, pending []chan struct{}) {
 	if len(pending) == 0 {
 		return
 	}
@@ -166,13 +177,13 @@ func (wk *wakeups) await(ctx context.Context, pending []chan struct{}) {
 	}
 }
 
-// unwatch drops w's registration for each of bases (none is an error),
+// Unwatch drops w's registration for each of bases (none is an error),
 // and unsubscribes from the channels no Load watches any more.
-func (wk *wakeups) unwatch(w chan struct{}, bases ...string) {
+func (wk *Hub) Unwatch(w chan struct{}, bases ...string) {
 	wk.mu.Lock()
 	defer wk.mu.Unlock()
 	for _, base := range bases {
-		e := wk.chans[wakeChannel(base)]
+		e := wk.chans[Channel(base)]
 		if e == nil {
 			continue
 		}
@@ -196,7 +207,7 @@ func (wk *wakeups) unwatch(w chan struct{}, bases ...string) {
 
 // connFor returns the connection to addr (node's on a Cluster), made if
 // there is none. Under mu.
-func (wk *wakeups) connFor(addr string, node *redis.Client) *wakeConn {
+func (wk *Hub) connFor(addr string, node *redis.Client) *wakeConn {
 	if c := wk.conns[addr]; c != nil {
 		return c
 	}
@@ -215,7 +226,7 @@ func (wk *wakeups) connFor(addr string, node *redis.Client) *wakeConn {
 }
 
 // queue has e's connection reconsider e's subscription. Under mu.
-func (wk *wakeups) queue(e *wakeChan) {
+func (wk *Hub) queue(e *wakeChan) {
 	if !e.dirty {
 		e.dirty = true
 		e.conn.dirty = append(e.conn.dirty, e)
@@ -228,7 +239,7 @@ func (wk *wakeups) queue(e *wakeChan) {
 
 // drop forgets e, which nobody watches and which is not subscribed. Under
 // mu.
-func (wk *wakeups) drop(e *wakeChan) {
+func (wk *Hub) drop(e *wakeChan) {
 	if wk.chans[e.name] == e {
 		delete(wk.chans, e.name)
 		e.conn.n--
@@ -246,7 +257,7 @@ func (e *wakeChan) release() {
 
 // send is c's sender: it (un)subscribes the channels queued on c, in the
 // order they were queued, until c is dropped or the tier closes.
-func (wk *wakeups) send(c *wakeConn) {
+func (wk *Hub) send(c *wakeConn) {
 	defer wk.wg.Done()
 	var subs, unsubs, forget []string
 	for {
@@ -257,66 +268,77 @@ func (wk *wakeups) send(c *wakeConn) {
 		case <-wk.ctx.Done():
 			return
 		}
-		subs, unsubs, forget = subs[:0], unsubs[:0], forget[:0]
-		wk.mu.Lock()
-		for _, e := range c.dirty {
-			e.dirty = false
-			want := len(e.ws) > 0 && !e.lost
-			switch {
-			case want && !e.sent:
-				e.sent = true
-				c.pend[e.name]++
-				subs = append(subs, e.name)
-			case !want && e.sent:
-				e.sent = false
-				if wk.cluster != nil {
-					c.ours[e.name]++
-				}
-				unsubs = append(unsubs, e.name)
-			}
-			if len(e.ws) == 0 && !e.sent {
-				wk.drop(e)
-			}
-		}
-		clear(c.dirty)
-		c.dirty = c.dirty[:0]
-		for _, name := range c.forget {
-			c.ours[name]++
-			forget = append(forget, name)
-		}
-		c.forget = c.forget[:0]
-		wk.mu.Unlock()
-		wk.stats.wakeupSubscribes.Add(uint64(len(subs)))
+		subs, unsubs, forget = wk.collect(c, subs[:0], unsubs[:0], forget[:0])
+		wk.Subscribes.Add(uint64(len(subs)))
+		wk.apply(c, subs, unsubs, forget)
+	}
+}
 
-		ctx, cancel := context.WithTimeout(wk.ctx, wk.timeout)
-		if wk.cluster != nil {
-			// One slot per SSUBSCRIBE: one channel per command.
-			for _, name := range subs {
-				_ = c.ps.SSubscribe(ctx, name)
+// collect takes the channels queued on c: those to subscribe, to
+// unsubscribe, and those Redis dropped, for go-redis to forget, appended to
+// subs, unsubs and forget.
+func (wk *Hub) collect(c *wakeConn, subs, unsubs, forget []string) ([]string, []string, []string) {
+	wk.mu.Lock()
+	defer wk.mu.Unlock()
+	for _, e := range c.dirty {
+		e.dirty = false
+		want := len(e.ws) > 0 && !e.lost
+		switch {
+		case want && !e.sent:
+			e.sent = true
+			c.pend[e.name]++
+			subs = append(subs, e.name)
+		case !want && e.sent:
+			e.sent = false
+			if wk.cluster != nil {
+				c.ours[e.name]++
 			}
-			for _, name := range append(unsubs, forget...) {
-				_ = c.ps.SUnsubscribe(ctx, name)
-			}
-		} else {
-			if len(subs) > 0 {
-				_ = c.ps.Subscribe(ctx, subs...)
-			}
-			if len(unsubs) > 0 { // none would mean all
-				_ = c.ps.Unsubscribe(ctx, unsubs...)
-			}
+			unsubs = append(unsubs, e.name)
 		}
-		cancel()
-		// An error is the connection's: go-redis makes it again, and
-		// subscribes to every channel it was given, which confirms them.
+		if len(e.ws) == 0 && !e.sent {
+			wk.drop(e)
+		}
+	}
+	clear(c.dirty)
+	c.dirty = c.dirty[:0]
+	for _, name := range c.forget {
+		c.ours[name]++
+		forget = append(forget, name)
+	}
+	c.forget = c.forget[:0]
+	return subs, unsubs, forget
+}
+
+// apply sends c's (un)subscriptions. An error is the connection's:
+// go-redis makes it again, and subscribes to every channel it was given,
+// which confirms them.
+func (wk *Hub) apply(c *wakeConn, subs, unsubs, forget []string) {
+	ctx, cancel := context.WithTimeout(wk.ctx, wk.timeout)
+	defer cancel()
+	if wk.cluster != nil {
+		// One hash slot per SSUBSCRIBE: one channel per command.
+		for _, name := range subs {
+			_ = c.ps.SSubscribe(ctx, name)
+		}
+		for _, name := range append(unsubs, forget...) {
+			_ = c.ps.SUnsubscribe(ctx, name)
+		}
+		return
+	}
+	if len(subs) > 0 {
+		_ = c.ps.Subscribe(ctx, subs...)
+	}
+	if len(unsubs) > 0 { // none would mean all
+		_ = c.ps.Unsubscribe(ctx, unsubs...)
 	}
 }
 
 // read is c's reader: it hands each wake-up to its watchers and each
 // confirmation to its channel, until the tier closes or c, found broken
 // with no channel on it, is dropped.
-func (wk *wakeups) read(c *wakeConn) {
+func (wk *Hub) read(c *wakeConn) {
 	defer wk.wg.Done()
-	pause := 50 * time.Millisecond
+	pause := listen.First
 	for {
 		msg, err := c.ps.Receive(wk.ctx)
 		if err != nil {
@@ -331,16 +353,11 @@ func (wk *wakeups) read(c *wakeConn) {
 				_ = c.ps.Close() // outside mu: the sender may hold the PubSub's lock
 				return
 			}
-			t := time.NewTimer(jitter(pause))
-			select {
-			case <-wk.ctx.Done():
-			case <-t.C:
-			}
-			t.Stop()
-			pause = min(2*pause, time.Second)
+			listen.Sleep(wk.ctx, listen.Jitter(pause))
+			pause = min(2*pause, listen.Longest)
 			continue
 		}
-		pause = 50 * time.Millisecond
+		pause = listen.First
 		switch m := msg.(type) {
 		case *redis.Message:
 			wk.notify(m.Channel)
@@ -351,8 +368,8 @@ func (wk *wakeups) read(c *wakeConn) {
 }
 
 // notify wakes the Loads that wait on the key of channel.
-func (wk *wakeups) notify(channel string) {
-	wk.stats.wakeupsHeard.Add(1)
+func (wk *Hub) notify(channel string) {
+	wk.Heard.Add(1)
 	wk.mu.Lock()
 	defer wk.mu.Unlock()
 	if e := wk.chans[channel]; e != nil {
@@ -366,8 +383,8 @@ func (wk *wakeups) notify(channel string) {
 }
 
 // confirm handles Redis's answer to a (un)subscription on c, or its own
-// unsubscription of a channel whose slot moved away.
-func (wk *wakeups) confirm(c *wakeConn, m *redis.Subscription) {
+// unsubscription of a channel whose hash slot moved away.
+func (wk *Hub) confirm(c *wakeConn, m *redis.Subscription) {
 	wk.mu.Lock()
 	defer wk.mu.Unlock()
 	switch m.Kind {
@@ -393,14 +410,14 @@ func (wk *wakeups) confirm(c *wakeConn, m *redis.Subscription) {
 			}
 			return
 		}
-		// Redis's own: the slot moved to another master. Lost: the
-		// waiters poll; the channel is subscribed again, where its slot
+		// Redis's own: the hash slot moved to another master. Lost: the
+		// waiters poll; the channel is subscribed again, where its hash slot
 		// is, by the next Load that waits on the key once these are done.
 		e := wk.chans[m.Channel]
 		if e == nil || e.conn != c || !e.sent {
 			return
 		}
-		wk.stats.wakeupSubscriptionsLost.Add(1)
+		wk.SubscriptionsLost.Add(1)
 		e.sent, e.lost = false, true
 		e.release()
 		c.forget = append(c.forget, m.Channel)
@@ -420,7 +437,7 @@ func (wk *wakeups) confirm(c *wakeConn, m *redis.Subscription) {
 // confirmation go on. It reports whether c is kept: one with no channel
 // is dropped (its server may be gone for good: a Cluster failover), and
 // the caller closes it.
-func (wk *wakeups) broken(c *wakeConn) (kept bool) {
+func (wk *Hub) broken(c *wakeConn) (kept bool) {
 	wk.mu.Lock()
 	defer wk.mu.Unlock()
 	clear(c.pend)
@@ -440,13 +457,13 @@ func (wk *wakeups) broken(c *wakeConn) (kept bool) {
 			e.release()
 		}
 	}
-	wk.stats.wakeupSubscriptionsLost.Add(uint64(lost))
+	wk.SubscriptionsLost.Add(uint64(lost))
 	return true
 }
 
-// close closes every connection and waits for their goroutines; the
+// Close closes every connection and waits for their goroutines; the
 // tier's context must have been cancelled first.
-func (wk *wakeups) close() {
+func (wk *Hub) Close() {
 	wk.mu.Lock()
 	wk.closed = true
 	var pss []*redis.PubSub
@@ -466,4 +483,15 @@ func (wk *wakeups) close() {
 		_ = ps.Close()
 	}
 	wk.wg.Wait()
+}
+
+// PubSubOf returns the connection channel is subscribed on, nil if none:
+// for tests that break a subscription behind the Hub's back.
+func (wk *Hub) PubSubOf(channel string) *redis.PubSub {
+	wk.mu.Lock()
+	defer wk.mu.Unlock()
+	if e := wk.chans[channel]; e != nil {
+		return e.conn.ps
+	}
+	return nil
 }
