@@ -346,7 +346,7 @@ func (l *Loader[K, V]) getMany(ctx context.Context, keys []K, withInfo bool) (ma
 		res.add(k.key, answer[V]{err: k.err})
 	}
 	now := l.now()
-	asks := request[K, V]{cl: cl, s: in.Stripe(), start: now, many: l.newBatches()} // what each key's request shares
+	asks := request[K, V]{cl: cl, s: in.Stripe(), start: now, many: l.newBatches(), tagAt: l.tags.now()} // what each key's request shares
 	waits := ks[:0]
 	for i := range ks {
 		if !l.askOne(&ks[i], &asks, &in, &res) {

@@ -68,6 +68,8 @@ func (l *Loader[K, V]) entryOf(c *call[K, V], r *loaded[V], res *delivery[K, V],
 		onGoexit := func() { l.deliver(c, r, res, nil, 0) }
 		life, keep := l.lifeOf(c.key, r.val, onGoexit)
 		keep = keep && l.versionOf(&life, r.val, onGoexit)
+		keep = l.tagsOf(&life, c.key, r.val, c.at.tag, onGoexit) && keep
+		res.tags = life.tags
 		e = l.newEntry(c.key, r.val, life, born{at: res.loadedAt, took: r.took, gen: c.at.gen})
 		cost = 1
 		if l.opts.Cost != nil {
@@ -84,8 +86,14 @@ func (l *Loader[K, V]) entryOf(c *call[K, V], r *loaded[V], res *delivery[K, V],
 		}
 		return e, cost
 	case r.nf && l.opts.NotFoundTTL > 0:
-		e = l.newEntry(c.key, r.val, lifetime{ttl: l.opts.NotFoundTTL}, born{at: now, gen: c.at.gen})
-		e.extra = &extra[K, V]{notFound: r.err}
+		var zero V
+		life := lifetime{ttl: l.opts.NotFoundTTL}
+		if !l.tagsOf(&life, c.key, zero, c.at.tag, func() { l.deliver(c, r, res, nil, 0) }) { // rule 38
+			res.drop = true
+			return nil, 1
+		}
+		e = l.newEntry(c.key, r.val, life, born{at: now, gen: c.at.gen})
+		e.extra = &extra[K, V]{notFound: r.err, tags: life.tags}
 		return e, 1
 	case r.nf:
 		// The downstream says the key is gone: the value held goes too,

@@ -84,6 +84,8 @@ type extra[K comparable, V any] struct {
 	swr, sie  time.Duration // the entry's stale windows (windows); none for a not-found
 	ver       uint64        // the value's version, if versioned
 	versioned bool          // the value has a version: every value of a Loader with Version (version.go)
+
+	tags *tagList // the value's tags (Options.Tags, tags.go); nil: none
 }
 
 // windows are the entry's stale windows, kept as two durations: a
@@ -131,8 +133,8 @@ func (l *Loader[K, V]) newEntry(key K, v V, life lifetime, b born) *entry[K, V] 
 	until := timing.Add(now, fresh)
 	e := &entry[K, V]{key: key, val: v, loadedAt: now, freshUntil: until}
 	e.mark.Store(b.gen)
-	if life.own || life.versioned {
-		e.extra = &extra[K, V]{swr: life.win.StaleWhileRevalidate, sie: life.win.StaleIfError, ver: life.ver, versioned: life.versioned}
+	if life.own || life.versioned || life.tags != nil {
+		e.extra = &extra[K, V]{swr: life.win.StaleWhileRevalidate, sie: life.win.StaleIfError, ver: life.ver, versioned: life.versioned, tags: life.tags}
 	}
 	if l.opts.EarlyRefresh > 0 {
 		// Rounded up to the microsecond: a lead of a fast load (under a
@@ -152,6 +154,7 @@ type lifetime struct {
 	own       bool
 	ver       uint64
 	versioned bool
+	tags      *tagList // its tags (tags.go)
 }
 
 // lifeOf asks Options.Freshness (user code, through the guard) how long v
@@ -222,6 +225,7 @@ type keyRules[K comparable, V any] struct {
 	reloads    bool           // Options.Reload is set: a load of a value held revalidates it (held)
 	versioned  bool           // Options.Version is set: writes are compared (outranks)
 	policy     Policy         // Options.Policy: what the last waiter leaving does (flights.leave)
+	tags       *tagTable      // Options.Tags' states (tags.go); nil without
 }
 
 func (kr *keyRules[K, V]) init(opts *Options[K, V], shut *life.Gate) {
@@ -229,23 +233,29 @@ func (kr *keyRules[K, V]) init(opts *Options[K, V], shut *life.Gate) {
 	kr.epoch = time.Now()
 	kr.shut = shut
 	kr.reloads, kr.versioned, kr.policy = opts.Reload != nil, opts.Version != nil, opts.Policy
+	kr.tags = newTagTable(opts.Tags != nil)
 }
 
 // stamp is what a load records of the rules when it starts: the
 // generation then, which its entry carries and its finish is judged by
-// (mayFill).
+// (mayFill), and the tag clock then, its value's tag stamp (tags.go).
 type stamp struct {
 	gen uint32
+	tag uint64
 }
 
 // stampNow is the stamp of a load that starts now.
-func (kr *keyRules[K, V]) stampNow() stamp { return stamp{gen: kr.generation.Load()} }
+func (kr *keyRules[K, V]) stampNow() stamp {
+	return stamp{gen: kr.generation.Load(), tag: kr.tags.now()}
+}
 
 // mayFill reports whether a load that started at s may still leave e
 // (nil: a drop of the value held) as its key's value, once it owns its
-// key: not after Close, not from before an InvalidateAll (rule 20).
+// key: not after Close, not from before an InvalidateAll (rule 20), not a
+// value with a tag invalidated since s (rule 37: checked again here, under
+// the key's lock, for an InvalidateTag after entryOf's check).
 func (kr *keyRules[K, V]) mayFill(s stamp, e *entry[K, V]) bool {
-	return !kr.shut.Closed() && !kr.belowFloor(s.gen)
+	return !kr.shut.Closed() && !kr.belowFloor(s.gen) && (e == nil || !e.tagDropped())
 }
 
 // distrustedLoad reports whether a load that started at s started before
@@ -260,11 +270,12 @@ func (kr *keyRules[K, V]) distrusted(e *entry[K, V]) bool {
 }
 
 // cleared reports whether e was loaded (or Set) before the last
-// InvalidateAll: it is absent, not even a stale fallback or a value for a
-// Reload. The generations compare by their difference, so the order holds
-// across the counter's wrap for entries less than 2^26 moves old.
+// InvalidateAll, or carries a tag invalidated since (tags.go): it is
+// absent, not even a stale fallback or a value for a Reload. The
+// generations compare by their difference, so the order holds across the
+// counter's wrap for entries less than 2^26 moves old.
 func (kr *keyRules[K, V]) cleared(e *entry[K, V]) bool {
-	return kr.belowFloor(e.mark.Load() &^ (goneBit | failsMask))
+	return kr.belowFloor(e.mark.Load()&^(goneBit|failsMask)) || e.tagDropped()
 }
 
 // belowFloor reports whether generation gen is older than the last

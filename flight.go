@@ -496,6 +496,7 @@ type delivery[K comparable, V any] struct {
 	drop       bool          // the value is not to be cached: the key keeps no older one either
 	big        int64         // with drop: the value's cost, too big for the cache (tooBig); 0: not that
 	outdated   bool          // the value was not cached: the one held has a higher version (version.go)
+	tags       *tagList      // the value's tags (tags.go): a Get that started after one was invalidated loads again
 }
 
 // finish sets c's result: it takes c out of the map and leaves e (if not

@@ -390,7 +390,7 @@ func (l *Loader[K, V]) GetInfo(ctx context.Context, key K) (v V, info Info, err 
 		}
 		return l.serve(&request[K, V]{key: key, h: h, cl: cl, s: in.Stripe(), g: g, start: now}, g.e, src)
 	}
-	r := request[K, V]{key: key, h: h, cl: cl, s: in.Stripe(), g: g, start: now}
+	r := request[K, V]{key: key, h: h, cl: cl, s: in.Stripe(), g: g, start: now, tagAt: l.tags.now()}
 	a := l.wait(&r)
 	answered(&in, a.outcome())
 	if a.err == errCallerDone {
@@ -413,6 +413,7 @@ type request[K comparable, V any] struct {
 	g     glance[K, V]   // what the Get saw of key in the cache
 	start time.Duration  // when it looked: its waits and ages count from here
 	many  *batches[K, V] // the GetMany it belongs to, if batched: where its loads and refreshes go
+	tagAt uint64         // the tag clock as it started (tags.go)
 }
 
 // who returns r's caller, reading its context the first time
@@ -430,7 +431,7 @@ func (r *request[K, V]) who() *caller { return r.cl.full() }
 // lock (join), where cl is read already.
 func (kr *keyRules[K, V]) judge(cl *caller, e *entry[K, V], now time.Duration) Source {
 	switch {
-	case e == nil || cl.revalidate || kr.distrusted(e):
+	case e == nil || cl.revalidate || kr.distrusted(e) || e.tagDropped():
 		return SourceNone
 	case now < e.freshUntil: // every window starts where freshness ends
 		return SourceHit
@@ -643,6 +644,8 @@ func (l *Loader[K, V]) await(r *request[K, V], j *joined[K, V], again bool) (a a
 		}
 	case !again && end >= c.res.freshUntil && !r.cl.acceptsStale(c.res.freshUntil, end):
 		return a, true
+	case !again && c.res.tags.droppedFor(r.tagAt): // rule 37
+		return a, true
 	default:
 		a.info.Age = end - c.res.loadedAt
 	}
@@ -693,9 +696,10 @@ func (l *Loader[K, V]) staleOnError(r *request[K, V], c *call[K, V], now time.Du
 
 // held returns cur if it is a value the Loader still holds for its key
 // (fresh, stale or within StaleIfError), which a Reload revalidates; nil
-// when there is no Reload.
+// when there is no Reload, or a tag of cur was invalidated since it was
+// stored (rule 36).
 func (kr *keyRules[K, V]) held(cur *entry[K, V], now time.Duration) *entry[K, V] {
-	if !kr.reloads || cur == nil || cur.isNotFound() || kr.phase(cur, now) == remote.PhaseExpired {
+	if !kr.reloads || cur == nil || cur.isNotFound() || cur.tagDropped() || kr.phase(cur, now) == remote.PhaseExpired {
 		return nil
 	}
 	return cur

@@ -183,6 +183,19 @@ type Options[K comparable, V any] struct {
 	// its value. nil (the default) means no versions: the last write wins.
 	Version func(v V) uint64
 
+	// Tags, if set, names the tags of a value as it is stored (a load's
+	// fill, [Loader.Set]; [Loader.Restore] takes an [Entry]'s own), at
+	// most [MaxTags]: [Loader.InvalidateTag] drops every value that
+	// carries a tag, in constant time. A cached not-found carries the
+	// tags Tags gives for the zero V. It is called once per value stored,
+	// on the goroutine that stores it, outside every lock and through the
+	// guard: a value whose Tags panics or gives more than MaxTags
+	// ([ErrTooManyTags]) is not cached and the value held is dropped, as
+	// when Freshness panics (counted in Stats.TagErrors); a load's
+	// callers still get it. nil (the default) costs nothing (docs/design.md
+	// rules 36 to 38).
+	Tags func(key K, v V) []string
+
 	// Reload, if set, is used instead of the LoadFunc for every load of a
 	// key the Loader holds a value for (fresh, stale, or within
 	// StaleIfError): a background or early refresh, [Loader.Refresh], a

@@ -41,6 +41,11 @@ type Entry[K comparable, V any] struct {
 	// Options (for a not-found's TTL, NotFoundTTL); a negative TTL is
 	// invalid.
 	Freshness Freshness
+	// Tags are the tags the value (or not-found) carried ([Options.Tags]),
+	// at most [MaxTags]; Restore stores them as they are, without asking
+	// Options.Tags, stamped as of the Restore: an [Loader.InvalidateTag]
+	// after it drops the entry.
+	Tags []string
 }
 
 // check reports the first field of en Restore cannot take, by name.
@@ -51,7 +56,7 @@ func (en *Entry[K, V]) check() error {
 	case en.Freshness.TTL < 0:
 		return fmt.Errorf("Entry.Freshness.TTL is negative (%v)", en.Freshness.TTL)
 	}
-	return nil
+	return checkTags(en.Tags)
 }
 
 // Len returns how many entries the Loader holds now: the values and
@@ -141,7 +146,7 @@ func (l *Loader[K, V]) usable(e *entry[K, V], now time.Duration) bool {
 // entryOut is e as an Entry, its times on the wall clock: wall and now
 // are the same moment on both clocks.
 func (l *Loader[K, V]) entryOut(e *entry[K, V], wall time.Time, now time.Duration) Entry[K, V] {
-	out := Entry[K, V]{Key: e.key, LoadedAt: wall.Add(e.loadedAt - now)}
+	out := Entry[K, V]{Key: e.key, LoadedAt: wall.Add(e.loadedAt - now), Tags: e.tagNames()}
 	// At least 1ns: a TTL of 0 would mean the restoring Loader's own.
 	out.Freshness.TTL = max(e.freshUntil-e.loadedAt, 1)
 	if e.isNotFound() {
@@ -301,11 +306,12 @@ func (l *Loader[K, V]) restored(en *Entry[K, V]) (e *entry[K, V], cost int64, ok
 	at := now - max(timing.Offset(time.Now(), en.LoadedAt), 0)
 	e = &entry[K, V]{key: en.Key, loadedAt: at, freshUntil: timing.Add(at, ttl)}
 	e.mark.Store(l.generation.Load())
+	tags := l.restoredTags(en.Tags)
 	switch {
 	case en.NotFound:
-		e.extra = &extra[K, V]{notFound: ErrNotFound}
-	case win != l.win || life.versioned:
-		e.val, e.extra = en.Value, &extra[K, V]{swr: win.StaleWhileRevalidate, sie: win.StaleIfError, ver: life.ver, versioned: life.versioned}
+		e.extra = &extra[K, V]{notFound: ErrNotFound, tags: tags}
+	case win != l.win || life.versioned || tags != nil:
+		e.val, e.extra = en.Value, &extra[K, V]{swr: win.StaleWhileRevalidate, sie: win.StaleIfError, ver: life.ver, versioned: life.versioned, tags: tags}
 	default:
 		e.val = en.Value
 	}

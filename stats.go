@@ -192,6 +192,8 @@ type Stats struct {
 	Limited           uint64 // loads failed with ErrLimited: they waited Limit.MaxWait, or the queue was full at an explicit Limit.MaxQueue
 	StaleLimited      uint64 // Gets answered at once with a stale value within StaleIfError because no downstream slot was free, no load started (SourceStaleLimited; each also counted in StaleHits)
 	RefreshesLimited  uint64 // background refreshes not started because loads were queued or background work held half the bound (Options.Limit)
+	TagInvalidations  uint64 // InvalidateTag calls (Options.Tags)
+	TagErrors         uint64 // values not cached because Options.Tags panicked or gave more than MaxTags tags (ErrTooManyTags); a load's callers got them
 	InvalidKeys       uint64 // keys Options.ValidateKey rejected (at Get, GetInfo, each key of GetMany, Refresh, Set, Restore): no load, not counted in Gets; a load whose error matches ErrInvalidKey is counted as a load (LoadErrors) instead
 
 	SetsDropped  uint64 // writes ristretto's set buffer refused for want of room; each is handed over again, never lost
@@ -213,6 +215,7 @@ type counters struct {
 	setsDropped, setsRejected, evicted             atomic.Uint64
 	invalidateAlls, fillsDropped                   atomic.Uint64
 	writesOutdated, invalidKeys                    atomic.Uint64
+	tagInvalidations, tagErrors                    atomic.Uint64
 	inFlight, waiting                              atomic.Int64
 	misses                                         atomic.Uint64 // Gets that waited for a load (or tried to)
 	loaded                                         atomic.Uint64 // misses answered by the load they started
@@ -269,6 +272,8 @@ func (c *counters) snapshot(gate *life.Gate) Stats {
 	s.SetsRejected = c.setsRejected.Load()
 	s.Evicted = c.evicted.Load()
 	s.InvalidateAlls = c.invalidateAlls.Load()
+	s.TagInvalidations = c.tagInvalidations.Load()
+	s.TagErrors = c.tagErrors.Load()
 	s.FillsDropped = c.fillsDropped.Load()
 	s.WritesOutdated = c.writesOutdated.Load()
 	s.InvalidKeys = c.invalidKeys.Load()

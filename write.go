@@ -371,6 +371,7 @@ func (l *Loader[K, V]) Set(key K, value V) {
 	cost, ok := l.costOf(value, nil)
 	life, keep := l.lifeOf(key, value, nil)
 	keep = keep && l.versionOf(&life, value, nil)
+	keep = keep && l.tagsOf(&life, key, value, l.tags.now(), nil)
 	var mk func() *entry[K, V] // nil: cannot be costed, never fits, or not to be cached: drop the old one
 	big := ok && keep && l.tooBig(cost)
 	if big {

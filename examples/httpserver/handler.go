@@ -44,6 +44,7 @@ func (a *api) routes() http.Handler {
 	mux.HandleFunc("GET /products/{id}", a.product)
 	mux.HandleFunc("GET /products", a.products)
 	mux.HandleFunc("POST /products/{id}/refresh", a.refresh)
+	mux.HandleFunc("POST /categories/{category}/price-changed", a.categoryChanged)
 	if a.stats != nil {
 		mux.HandleFunc("GET /debug/flightcache", a.debugStats)
 	}
@@ -348,4 +349,26 @@ func (a *api) refresh(w http.ResponseWriter, r *http.Request) {
 // the breaker's state by name.
 func (a *api) debugStats(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, a.stats())
+}
+
+// categoryInvalidator is a repository that can drop every cached product
+// of a category at once: CachedRepository is one.
+type categoryInvalidator interface {
+	InvalidateCategory(category string)
+}
+
+// categoryChanged serves POST /categories/{category}/price-changed, which
+// the pricing side sends when a category's prices change: every cached
+// product of the category is dropped at once (flightcache's InvalidateTag:
+// no scan of the cache, whichever products are held), and the next GET of
+// each loads its new price. 204 No Content; 404 for a repository that
+// caches nothing.
+func (a *api) categoryChanged(w http.ResponseWriter, r *http.Request) {
+	inv, ok := a.repo.(categoryInvalidator)
+	if !ok {
+		http.NotFound(w, r)
+		return
+	}
+	inv.InvalidateCategory(r.PathValue("category"))
+	w.WriteHeader(http.StatusNoContent)
 }

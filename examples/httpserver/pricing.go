@@ -45,14 +45,16 @@ type pricingService struct {
 	batchRequests atomic.Int64 // batch price requests received (GET /prices)
 	batchIDs      atomic.Int64 // ids asked for over all of those
 
-	mu       sync.Mutex
-	versions map[string]int // how many times each price changed (POST /prices/{id}/change)
+	mu         sync.Mutex
+	versions   map[string]int // how many times each price changed (POST /prices/{id}/change)
+	categories map[string]int // how many times each category's prices changed (POST /categories/{category}/change)
 }
 
 // Handler serves GET /prices/{id} (the price of one product as JSON, with
 // an ETag; If-None-Match gets 304 Not Modified while the price has not
 // changed), GET /prices?ids=1,2,3 (the prices of several products in one
-// call, see batchPrices), POST /prices/{id}/change (the price changes) and
+// call, see batchPrices), POST /prices/{id}/change (the price changes),
+// POST /categories/{category}/change (every price of a category changes) and
 // GET /debug/requests (how many price requests arrived, how many were
 // answered 304, how many batch requests arrived and how many ids they
 // asked for, as JSON).
@@ -66,6 +68,15 @@ func (s *pricingService) Handler() http.Handler {
 			s.versions = map[string]int{}
 		}
 		s.versions[r.PathValue("id")]++
+		s.mu.Unlock()
+		w.WriteHeader(http.StatusNoContent)
+	})
+	mux.HandleFunc("POST /categories/{category}/change", func(w http.ResponseWriter, r *http.Request) {
+		s.mu.Lock()
+		if s.categories == nil {
+			s.categories = map[string]int{}
+		}
+		s.categories[r.PathValue("category")]++
 		s.mu.Unlock()
 		w.WriteHeader(http.StatusNoContent)
 	})
@@ -158,7 +169,7 @@ func (s *pricingService) price(w http.ResponseWriter, r *http.Request) {
 // product prices product n, whose id is id, and returns it with its ETag.
 func (s *pricingService) product(id string, n int) (Product, string) {
 	s.mu.Lock()
-	version := s.versions[id]
+	version := s.versions[id] + s.categories[Category(id)]
 	s.mu.Unlock()
 	return Product{
 		ID:         id,

@@ -256,6 +256,9 @@ func NewCachedRepository(next ProductRepository, opts flightcache.Options[string
 	if opts.Freshness == nil {
 		opts.Freshness = productFreshness
 	}
+	if opts.Tags == nil {
+		opts.Tags = productTags
+	}
 	if rv, ok := next.(Revalidator); ok && opts.Reload == nil {
 		opts.Reload = func(ctx context.Context, id string, old Product) (Product, error) {
 			p, err := rv.Revalidate(ctx, id, old)
@@ -308,6 +311,22 @@ func (c *CachedRepository) GetMany(ctx context.Context, ids []string) (map[strin
 // one held); until then Gets keep getting the current one. ctx gives the
 // load its values, not its cancellation.
 func (c *CachedRepository) Refresh(ctx context.Context, id string) { c.loader.Refresh(ctx, id) }
+
+// Category returns the category of the product with id: its number's last
+// digit (products 3, 13, 23... are of category "3").
+func Category(id string) string { return id[len(id)-1:] }
+
+// productTags tags a product (and a cached not-found: the tags come from
+// the id alone) with its category, so that InvalidateCategory drops it.
+func productTags(id string, _ Product) []string { return []string{"category:" + Category(id)} }
+
+// InvalidateCategory drops every cached product of category, in constant
+// time, whichever of them are held: call it when the category's prices
+// change. A Get after it loads the new price; a load in flight when it is
+// called answers its callers but caches nothing.
+func (c *CachedRepository) InvalidateCategory(category string) {
+	c.loader.InvalidateTag("category:" + category)
+}
 
 // Stats returns the Loader's counters.
 func (c *CachedRepository) Stats() flightcache.Stats { return c.loader.Stats() }

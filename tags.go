@@ -1,0 +1,299 @@
+package flightcache
+
+import (
+	"fmt"
+	"hash/maphash"
+	"runtime"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"weak"
+)
+
+// Tags (Options.Tags, Loader.InvalidateTag; docs/design.md rules 36 to
+// 38). A tag is a name some values share (a category, a tenant, a role):
+// InvalidateTag drops every value that carries it, in constant time, as
+// InvalidateAll's floor does for all of them, but per tag.
+//
+// The Loader keeps a clock, moved by one by each InvalidateTag, and for
+// each tag a state: the clock value of the tag's last invalidation
+// (dropped). A tagged value is stamped with the clock when it is stored (a
+// load's fill: when the load started, the data it read is of then) and
+// holds its tags' states, resolved once as it is stored; it is absent once
+// any of its tags was invalidated after its stamp (tagList.dropped). A hit
+// pays one atomic load and a compare per tag; InvalidateTag locks one
+// part of the tag table, for one map look-up, and scans nothing.
+//
+// A tag's state lives as long as a value holds it: the table keeps it
+// through a weak pointer, and forgets it once it is collected. A state
+// made afresh cannot know the invalidations of its tag before it (made by
+// no one, or forgotten), so it starts at its part's floor: the latest
+// such invalidation of any tag of the part. A load that spans one may so
+// be refused its fill, never served a value it should not be.
+
+// MaxTags is the most tags one value may carry ([Options.Tags]). A value
+// given more is not cached: see [ErrTooManyTags].
+const MaxTags = 8
+
+// ErrTooManyTags is why a value whose [Options.Tags] gave more than
+// [MaxTags] tags was not cached: never a silent cut to the first eight. A
+// load's callers still get the value; a Set drops the value held for the
+// key; both count in Stats.TagErrors. [Loader.Restore] returns it (wrapped,
+// naming the entry) for an [Entry] with more.
+var ErrTooManyTags = fmt.Errorf("flightcache: more than MaxTags (%d) tags for one value", MaxTags)
+
+// tagParts is the number of independent parts of the tag table.
+const tagParts = 64
+
+// tagTable is the Loader's tags: the clock and each tag's state.
+type tagTable struct {
+	clock atomic.Uint64 // InvalidateTag calls so far: each takes the next value
+	seed  maphash.Seed
+	parts [tagParts]tagPart
+}
+
+// tagPart is one part of the tag table, chosen by the tag's hash.
+type tagPart struct {
+	mu sync.Mutex
+	// states maps a tag to its state, weakly: a state no value holds is
+	// collected, and its cleanup forgets it (forget).
+	states map[string]weak.Pointer[tagState]
+	// floor is where a state made afresh starts (guarded by mu): the
+	// clock value of the latest invalidation of a tag of this part that
+	// had no state, or of a state since forgotten (at most the clock when
+	// it was).
+	floor uint64
+	_     [64 - 8 - 8 - 8]byte // keep neighbouring parts off one cache line
+}
+
+// tagState is one tag's: the clock value of its last invalidation. It
+// holds its name too (Entries), which keeps it off the tiny allocator, so
+// that it is collected (and its cleanup runs) once no value holds it.
+type tagState struct {
+	dropped atomic.Uint64
+	name    string
+}
+
+// tagList is a tagged value's tags: their states, and the clock value the
+// value was stamped with as it was stored. Immutable once built.
+type tagList struct {
+	stamp  uint64
+	states []*tagState
+}
+
+// dropped reports whether any of t's tags was invalidated after t's stamp:
+// the value is absent (rules 36 and 37).
+func (t *tagList) dropped() bool {
+	for _, s := range t.states {
+		if s.dropped.Load() > t.stamp {
+			return true
+		}
+	}
+	return false
+}
+
+// droppedFor reports whether t (nil: no tags) was dropped since it was
+// stamped and the clock moved before the Get stamped at was asked: a
+// Get that started after such an invalidation does not take the value
+// of a load that started before it (rule 37); it loads again.
+func (t *tagList) droppedFor(at uint64) bool {
+	return t != nil && at > t.stamp && t.dropped()
+}
+
+// names returns t's tags.
+func (t *tagList) names() []string {
+	if t == nil {
+		return nil
+	}
+	out := make([]string, len(t.states))
+	for i, s := range t.states {
+		out[i] = s.name
+	}
+	return out
+}
+
+// newTagTable returns the table of a Loader with Options.Tags (nil
+// without: every method below is then free).
+func newTagTable(on bool) *tagTable {
+	if !on {
+		return nil
+	}
+	t := &tagTable{seed: maphash.MakeSeed()}
+	for i := range t.parts {
+		t.parts[i].states = make(map[string]weak.Pointer[tagState])
+	}
+	return t
+}
+
+// now is the clock (0 without tags).
+func (t *tagTable) now() uint64 {
+	if t == nil {
+		return 0
+	}
+	return t.clock.Load()
+}
+
+func (t *tagTable) part(tag string) *tagPart {
+	return &t.parts[maphash.String(t.seed, tag)%tagParts]
+}
+
+// invalidate records an invalidation of tag, in constant time: no scan,
+// one part lock for one look-up, no allocation.
+func (t *tagTable) invalidate(tag string) {
+	tp := t.part(tag)
+	tp.mu.Lock()
+	n := t.clock.Add(1)
+	if s := tp.states[tag].Value(); s != nil {
+		s.dropped.Store(n)
+	} else {
+		tp.floor = n // no value holds it; a load in flight may: its state will start here
+	}
+	tp.mu.Unlock()
+}
+
+// state returns tag's state, made if it has none.
+func (t *tagTable) state(tag string) *tagState {
+	tp := t.part(tag)
+	tp.mu.Lock()
+	defer tp.mu.Unlock()
+	wp, known := tp.states[tag]
+	if s := wp.Value(); s != nil {
+		return s
+	}
+	start := tp.floor
+	if known {
+		// Collected, not yet forgotten: its invalidations are lost with
+		// it, and may be as late as now.
+		start = max(start, t.clock.Load())
+	}
+	s := &tagState{name: strings.Clone(tag)}
+	s.dropped.Store(start)
+	tp.states[s.name] = weak.Make(s)
+	runtime.AddCleanup(s, tp.forget, tagForget{t: t, name: s.name})
+	return s
+}
+
+// tagForget is what a tag state's cleanup needs.
+type tagForget struct {
+	t    *tagTable
+	name string
+}
+
+// forget runs once f's tag state is collected: the tag leaves the table,
+// unless a new state took its place, and the part's floor rises to the
+// clock, past any invalidation the state recorded.
+func (tp *tagPart) forget(f tagForget) {
+	tp.mu.Lock()
+	if wp, ok := tp.states[f.name]; ok && wp.Value() == nil {
+		delete(tp.states, f.name)
+	}
+	tp.floor = max(tp.floor, f.t.clock.Load())
+	tp.mu.Unlock()
+}
+
+// len returns how many tags the table holds (for tests).
+func (t *tagTable) len() int {
+	n := 0
+	for i := range t.parts {
+		tp := &t.parts[i]
+		tp.mu.Lock()
+		n += len(tp.states)
+		tp.mu.Unlock()
+	}
+	return n
+}
+
+// list resolves tags into a tagList stamped at stamp; nil for no tags.
+func (t *tagTable) list(tags []string, stamp uint64) (*tagList, error) {
+	if len(tags) > MaxTags {
+		return nil, ErrTooManyTags
+	}
+	if len(tags) == 0 {
+		return nil, nil
+	}
+	tl := &tagList{stamp: stamp, states: make([]*tagState, len(tags))}
+	for i, tag := range tags {
+		tl.states[i] = t.state(tag)
+	}
+	return tl, nil
+}
+
+// tagsOf asks Options.Tags (user code, through the guard) for the tags of
+// key's value v, stamped at stamp, and puts them in life. keep is false
+// for a value not to be cached: Tags panicked or gave more than MaxTags
+// (counted in Stats.TagErrors), or one of its tags was invalidated since
+// stamp (rule 37). A cached not-found asks with v the zero V (rule 38).
+func (l *Loader[K, V]) tagsOf(life *lifetime, key K, v V, stamp uint64, onGoexit func()) (keep bool) {
+	if l.tags == nil {
+		return true
+	}
+	var tags []string
+	if l.user.guard(func() { tags = l.opts.Tags(key, v) }, onGoexit) != nil {
+		l.stats.tagErrors.Add(1)
+		return false
+	}
+	tl, err := l.tags.list(tags, stamp)
+	if err != nil {
+		l.stats.tagErrors.Add(1)
+		return false
+	}
+	life.tags = tl
+	return tl == nil || !tl.dropped()
+}
+
+// tagDropped reports whether e carries a tag invalidated since it was
+// stored: it is absent (rule 36). One nil check for an untagged value.
+func (e *entry[K, V]) tagDropped() bool {
+	return e.extra != nil && e.extra.tags != nil && e.extra.tags.dropped()
+}
+
+// tagNames returns e's tags, for Entries.
+func (e *entry[K, V]) tagNames() []string {
+	if e.extra == nil {
+		return nil
+	}
+	return e.extra.tags.names()
+}
+
+// InvalidateTag drops every value that carries tag ([Options.Tags]), in
+// constant time whatever the cache holds: no scan of the cache, no lock
+// held across keys, no allocation. The rules are [Loader.Invalidate]'s
+// (docs/design.md rules 36 to 38): a value with the tag stored before the
+// call is absent to every Get, GetMany, Peek and Refresh that starts
+// after it returns (not a hit, a stale value, a stale-on-error fallback,
+// nor the old value of a Reload); a load in flight whose value carries the
+// tag answers its own callers and fills nothing, and a Get that starts
+// after the call does not take its value, it loads again. The memory of
+// the values dropped is given back as the cache evicts them or their keys
+// are written again. It counts in Stats.TagInvalidations. Without
+// Options.Tags, and after Close, it does nothing. InvalidateTag is safe
+// for concurrent use.
+//
+// NOTE: it acts on this Loader alone: with [Options.Remote], the shared
+// tier's entries are not invalidated, and a load after the call may be
+// answered from one stored there before it.
+func (l *Loader[K, V]) InvalidateTag(tag string) {
+	if l.tags == nil || l.gate.Closed() {
+		return
+	}
+	l.tags.invalidate(tag)
+	l.stats.tagInvalidations.Add(1)
+}
+
+// checkTags reports an Entry's tags Restore cannot take.
+func checkTags(tags []string) error {
+	if len(tags) > MaxTags {
+		return fmt.Errorf("Entry.Tags has %d tags: %w", len(tags), ErrTooManyTags)
+	}
+	return nil
+}
+
+// restoredTags resolves a restored Entry's tags (checked already: at most
+// MaxTags), stamped now. A Loader without Options.Tags keeps none.
+func (l *Loader[K, V]) restoredTags(tags []string) *tagList {
+	if l.tags == nil {
+		return nil
+	}
+	tl, _ := l.tags.list(tags, l.tags.now())
+	return tl
+}
