@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/flightcache/flightcache"
+	"github.com/flightcache/flightcache/redis/internal/shard"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -57,23 +58,6 @@ func clusterAddrs(t *testing.T) string {
 	return addrs
 }
 
-// crc16 is the checksum of Redis Cluster's key hash: CRC-16/XMODEM
-// (polynomial 0x1021, initial value 0).
-func crc16(s string) uint16 {
-	var crc uint16
-	for i := 0; i < len(s); i++ {
-		crc ^= uint16(s[i]) << 8
-		for range 8 {
-			if crc&0x8000 != 0 {
-				crc = crc<<1 ^ 0x1021
-			} else {
-				crc <<= 1
-			}
-		}
-	}
-	return crc
-}
-
 // keySlot returns the Cluster slot of the Redis key name: the CRC16 of its
 // hash tag (what lies between its first '{' and the next '}', if not
 // empty), or of the whole name, modulo 16384.
@@ -83,7 +67,7 @@ func keySlot(name string) int {
 			name = name[i+1 : i+1+j]
 		}
 	}
-	return int(crc16(name) % 16384)
+	return int(shard.SlotCRC(name) % 16384)
 }
 
 // sameSlotKeys returns n keys whose Redis names (keysFor under prefix)
@@ -102,8 +86,8 @@ func sameSlotKeys(prefix string, n int) ([]string, int) {
 // TestKeySlot checks keySlot against Redis Cluster's own CLUSTER KEYSLOT
 // and the specification's example (CRC16 of "123456789" is 0x31C3).
 func TestKeySlot(t *testing.T) {
-	if got := crc16("123456789"); got != 0x31C3 {
-		t.Fatalf("crc16(123456789) = %#x; want 0x31c3", got)
+	if got := shard.SlotCRC("123456789"); got != 0x31C3 {
+		t.Fatalf("shard.SlotCRC(123456789) = %#x; want 0x31c3", got)
 	}
 	c := newClient(t, clusterAddrs(t))
 	keys, _ := sameSlotKeys("p:", 3)
