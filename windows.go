@@ -124,17 +124,12 @@ func (c *caller) acceptsStale(freshUntil, now time.Duration) bool {
 // revalidateKey is the context key of WithRevalidate.
 type revalidateKey struct{}
 
-// WithRevalidate returns a context under which a Get is never answered from
-// the cache, fresh or stale: it joins the key's load in flight (one that
-// started before an [Loader.InvalidateAll] or a Distrust excepted) or
-// starts one ([Options.Reload] with the value held, when there is one), so a burst
-// of revalidating Gets still makes one call. Its result replaces the cached
-// value. A failed revalidation is covered by the value held within
-// StaleIfError, as any failed load is. This is HTTP's Cache-Control:
-// no-cache. It applies to the Get it is passed to: a load's context does
-// not pass it on to the Gets its LoadFunc makes. (To read your own write,
-// Invalidate or Set first: a load that started before them never writes
-// the cache.)
+// WithRevalidate returns a context under which a Get is never answered
+// from the cache, like HTTP's Cache-Control: no-cache: it joins the key's
+// load in flight or starts one (a Reload of the value held, if any), so a
+// burst of revalidating Gets still makes one call, and the result replaces
+// the cached value (docs/design.md rules 14 and 27). It applies to the Get
+// it is passed to, not to the Gets its LoadFunc makes.
 func WithRevalidate(ctx context.Context) context.Context {
 	if !revalidateUsed.Load() {
 		revalidateUsed.Store(true)
