@@ -286,37 +286,24 @@ func (l *Loader[K, V]) reportBatch(b *batch[K, V], out *batchResult[K, V]) {
 // without allocating.
 const dedupeOnStack = 256
 
-// GetMany returns the values of keys: each key answered as [Loader.Get]
-// would (a hit, a stale value with its refresh, a load), with the misses
-// that no load is in flight for loaded together by [Options.LoadMany] (or
-// each through the LoadFunc, all at once, without it). The map holds every
-// key that has a value; a key that does not exist (a not-found:
-// [ErrNotFound], or [Options.IsNotFound]) is absent. The error is nil when
-// every key has a value or does not exist; otherwise it is a [*ManyError]
-// that holds each failed key's error (a key covered by a stale value under
-// StaleIfError is not failed; a key [Options.ValidateKey] rejects fails
-// there, alone, and is not counted as a Get), and the map still holds
-// every key that has a value. If ctx ends first, GetMany returns the values it has and
-// ctx.Err(), and the loads go on according to [Options.Policy]. Duplicate
-// keys are allowed. Each distinct key counts as one Get in Stats. GetMany
-// is safe for concurrent use; after Close it returns [ErrClosed].
+// GetMany returns the values of keys, each key answered as [Loader.Get]
+// would, the misses no load is in flight for loaded together by
+// [Options.LoadMany] (docs/design.md rule 15). The map holds every key that
+// has a value; a key that does not exist is absent. The error is nil when
+// every key has a value or does not exist, else a [*ManyError] of the
+// failed keys, beside the map. If ctx ends first, GetMany returns what it
+// has and ctx.Err(). Duplicate keys are allowed; each distinct key counts
+// as one Get. GetMany is safe for concurrent use; after Close it returns
+// [ErrClosed].
 func (l *Loader[K, V]) GetMany(ctx context.Context, keys []K) (map[K]V, error) {
 	vals, _, err := l.getMany(ctx, keys, false)
 	return vals, err
 }
 
-// GetManyInfo is [Loader.GetMany] that also says where each key's answer
-// came from: infos holds an [Info] for every distinct key of keys, the
-// one [Loader.GetInfo] would have returned for that key at that moment (a
-// hit, a stale value, a load this call started or one it shared, a stale
-// value covering a failure), also for a key absent from vals (a
-// not-found, a failed key: GetInfo too returns an Info with its error; a
-// key whose wait ctx ended, or that [Options.ValidateKey] rejected:
-// [SourceNone]). A key's Waited runs from the
-// call's start until that key's load ended, and its Age is as of then,
-// however long the call then waits for its other keys. vals and the error
-// are GetMany's; infos is nil when vals is (a nil ctx, Close, a key whose
-// Hash panics).
+// GetManyInfo is [Loader.GetMany] that also gives, for every distinct key,
+// the [Info] [Loader.GetInfo] would have returned for it at that moment
+// (SourceNone for a key whose wait ended or that was invalid), its Waited
+// and Age as of when that key's load ended. infos is nil when vals is.
 func (l *Loader[K, V]) GetManyInfo(ctx context.Context, keys []K) (vals map[K]V, infos map[K]Info, err error) {
 	return l.getMany(ctx, keys, true)
 }
@@ -611,15 +598,10 @@ func (bs *batches[K, V]) launch(s *life.Stripe) {
 	}
 }
 
-// ManyError reports the keys [Loader.GetMany] could not load, each with
-// its error. errors.Is and errors.As see every one of them (Unwrap), so
-// errors.Is(err, ErrBreakerOpen) works on a batch.
-//
-// A [LoadManyFunc] returns one, with its map, to fail some keys of its
-// call alone: each key in Errs gets its own error, the others their
-// values (see [LoadManyFunc] for how the breaker and the retries see it).
-// The Loader reports such a call's ManyError, of the keys asked, as its
-// [LoadEvent].Err.
+// ManyError reports the keys [Loader.GetMany] could not load, each with its
+// error; errors.Is and errors.As see every one of them (Unwrap). A
+// [LoadManyFunc] returns one, with its map, to fail some keys of its call
+// alone.
 type ManyError[K comparable] struct {
 	Errs map[K]error
 }

@@ -11,13 +11,11 @@ import (
 )
 
 // Breaker configures the circuit breaker (github.com/sony/gobreaker/v2)
-// around the downstream call. While it is open, loads fail at once with an
-// error matching [ErrBreakerOpen], whose text names the last failure that
-// keeps it open, and never reach the LoadFunc. Context
-// cancellation (a caller leaving, Close) and a not-found
-// ([Options.IsNotFound]) never count as failures, and an invalid key
-// ([ErrInvalidKey]) counts neither as a failure nor as a success; a load
-// that hits LoadTimeout does count.
+// around the downstream call: while it is open, loads fail at once with an
+// error matching [ErrBreakerOpen] and never reach the LoadFunc. A failure
+// of the downstream counts, a load that hits LoadTimeout included; a
+// caller leaving, Close and a not-found never do, and an invalid key
+// counts neither way (docs/options.md, "What the breaker counts").
 type Breaker struct {
 	// Disabled turns the breaker off.
 	Disabled bool

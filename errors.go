@@ -15,28 +15,13 @@ import (
 var ErrClosed = remote.ErrClosed
 
 // ErrNotFound is the error a [LoadFunc] returns, wrapped or not, for a key
-// that does not exist downstream. It is never counted as a breaker failure
-// and is never retried. With [Options.NotFoundTTL] > 0 it is cached (negative
-// caching) and later Gets return the same error until it expires.
-//
-// A LoadFunc's own not-found error (sql.ErrNoRows, a 404 mapped to
-// ErrProductNotFound) is none of this unless it wraps ErrNotFound, as
-// fmt.Errorf("%w: %w", ErrNotFound, err) does (callers still find err with
-// errors.Is), or [Options.IsNotFound] says it is a not-found: otherwise it
-// is a failure, retried, counted against the breaker and never cached.
-//
-// Every not-found a caller receives matches ErrNotFound (with [errors.Is]),
-// whichever path it took: [Loader.Get] or [Loader.GetInfo], fresh or
-// cached, from a LoadFunc, a [ReloadFunc] or a [LoadManyFunc], local or
-// from a [Remote]. One that the LoadFunc (or Reload, or LoadMany) returned
-// matches that error too, and errors.As finds it: one only IsNotFound
-// recognised reaches its callers wrapped, its text ErrNotFound's followed
-// by its own ("flightcache: not found: sql: no rows in result set"). One
-// the Loader made (a key missing from LoadMany's map) or another process
-// found (flightredis's ErrSharedNotFound, or its ErrPeerFailed) matches
-// ErrNotFound alone: no Go error value crosses processes, at most its
-// text. [Loader.GetMany] reports no not-found: such a key is absent from
-// its map, not failed.
+// that does not exist downstream: an answer, not a failure (never retried,
+// a success for the breaker, cached for [Options.NotFoundTTL]). A LoadFunc's
+// own not-found error (sql.ErrNoRows) is one only if it wraps ErrNotFound,
+// as fmt.Errorf("%w: %w", ErrNotFound, err) does, or [Options.IsNotFound]
+// says so. Every not-found a caller receives matches ErrNotFound, and the
+// LoadFunc's own error where it made one; [Loader.GetMany] leaves such a
+// key out of its map (docs/design.md rule 25).
 var ErrNotFound = remote.ErrNotFound
 
 // notFoundError is a load's own not-found error, one only
@@ -62,25 +47,12 @@ func (e *notFoundError) Unwrap() []error { return []error{ErrNotFound, e.err} }
 var ErrNotModified = remote.ErrNotModified
 
 // ErrBreakerOpen matches (with [errors.Is]) the error a caller receives when
-// the circuit breaker refused the downstream call, because it is open or
-// because it is half-open and its probe requests are taken. The breaker's
-// own refusal matches too, with errors.Is and errors.As (gobreaker's
-// ErrOpenState or ErrTooManyRequests for the built-in breaker), but its
-// text is not repeated.
-//
-// The built-in breaker's refusal names instead the last failure that keeps
-// it open, by its text, cut to 256 bytes: "flightcache: circuit breaker
-// open (last failure: dial tcp 10.0.0.7:5432: connect: connection
-// refused)" (a panic or a runtime.Goexit is named by its [PanicError]'s or
-// [ErrGoexit]'s text). That failure was another call's: the refusal does
-// not match it (errors.Is, errors.As), so that code looking for the
-// downstream's own errors (a Retryable, a not-found check) never takes a
-// refusal for one.
-//
-// The refusal of a [Breaker.Custom] breaker other than gobreaker's two
-// errors is kept in the text, after a colon: it says which breaker, or
-// why. The Loader adds no failure of its own to a custom breaker's refusal:
-// a breaker shared by processes may be open for another's.
+// the circuit breaker refused the downstream call (open, or half-open with
+// its probes taken). The breaker's own refusal matches too. The built-in
+// breaker's text names the last failure that keeps it open ("flightcache:
+// circuit breaker open (last failure: dial tcp ...: connection refused)"),
+// but the refusal never matches that failure, which was another call's; a
+// [Breaker.Custom] refusal's text follows, after a colon.
 var ErrBreakerOpen = remote.ErrBreakerOpen
 
 // breakerOpenError is the error of a call the breaker refused: it matches
@@ -119,37 +91,28 @@ func (e *breakerOpenError) Error() string {
 func (e *breakerOpenError) Unwrap() []error { return []error{ErrBreakerOpen, e.refusal} }
 
 // ErrLimited is the error of a load that found no free slot under
-// [Options.Limit] and could not wait for one: it waited [Limit.MaxWait],
-// or the queue was full at an explicit [Limit.MaxQueue]. Like
-// [ErrBreakerOpen] it says nothing about the key: it is never cached, never
-// retried, never counted as a breaker failure, and a stale value within
-// [Options.StaleIfError] covers it like any failure.
+// [Options.Limit] and could not wait for one ([Limit.MaxWait], or a full
+// [Limit.MaxQueue]). It says nothing about the key: never cached, retried
+// or counted by the breaker; a stale value within [Options.StaleIfError]
+// covers it.
 var ErrLimited = remote.ErrLimited
 
 // ErrLoadTimeout matches (with [errors.Is]) the error of a load that ran
-// past [Options.LoadTimeout], retries included. The load's own error (usually
-// [context.DeadlineExceeded]) matches too, and its text follows
-// ErrLoadTimeout's. That holds as well for an error of the LoadFunc's own
-// that comes once the LoadTimeout has passed, before the load's context
-// has ended (a driver's dial deadline, taken from that context, firing
-// first: "flightcache: load timed out: dial tcp ...: i/o timeout").
+// past [Options.LoadTimeout], retries included; the load's own error
+// matches too and its text follows ("flightcache: load timed out: dial tcp
+// ...: i/o timeout"), also when the LoadFunc's error came just before the
+// load's context ended (docs/design.md rule 32).
 var ErrLoadTimeout = remote.ErrLoadTimeout
 
 // ErrInvalidKey matches (with [errors.Is]) the error of a key that is the
-// caller's fault, not the downstream's: one [Options.ValidateKey]
-// rejected, and one whose load returned an error wrapping ErrInvalidKey
-// (a [LoadFunc], a [ReloadFunc], or a [LoadManyFunc] for its whole call):
+// caller's fault, not the downstream's: one [Options.ValidateKey] rejected,
+// or one whose load returned an error wrapping it:
 //
 //	return p, fmt.Errorf("%w: %w", flightcache.ErrInvalidKey, err)
 //
-// Such an error fails that key's callers only: it is never retried,
-// never counted by the breaker (as a failure or as a success:
-// [OutcomeIgnored]; [Breaker.IsFailure] is not asked), never cached (as a
-// value or as a not-found: it is never a not-found, whatever it wraps),
-// and never covered by a stale value ([Options.StaleIfError]). Its
-// callers' error matches ErrInvalidKey and the error it wraps. So one
-// request with a malformed id (a collation error, a 400 from the service
-// behind) cannot open the breaker for everyone.
+// Such an error fails that key's callers only: never retried, cached or
+// covered by a stale value, and never counted by the breaker, so one
+// malformed id cannot open it for everyone (docs/design.md rule 33).
 var ErrInvalidKey = remote.ErrInvalidKey
 
 // invalidKeyError is the error of a key [Options.ValidateKey] rejected:
@@ -171,29 +134,25 @@ func (e *invalidKeyError) Error() string { return e.text }
 func (e *invalidKeyError) Unwrap() []error { return []error{ErrInvalidKey, e.err} }
 
 // ErrRecursiveLoad is returned when a [LoadFunc], directly or through other
-// loads, calls Get for a key whose load it is part of. Waiting would never
-// end (until LoadTimeout), so the Get fails at once instead. The load is
-// recognised through its context: a LoadFunc must pass the context it was
-// given (or one derived from it) to the Gets it makes.
+// loads, calls Get for a key whose load it is part of, instead of waiting on
+// itself. The load is recognised through its context: a LoadFunc must pass
+// the context it was given (or one derived from it) to the Gets it makes.
 var ErrRecursiveLoad = errors.New("flightcache: Get called from inside the load of the same key")
 
 // errNilContext is returned for a nil context instead of a panic deep inside.
 var errNilContext = errors.New("flightcache: nil context")
 
 // ErrGoexit matches (with [errors.Is]) the error the callers of a load
-// receive when its [LoadFunc] (or a [Remote], or a custom breaker on the load
-// path) called runtime.Goexit, as t.FailNow does: the load goroutine ended
-// without a value or an error. Nothing is cached and the breaker counts a
-// failure.
+// receive when its [LoadFunc] (or other user code on the load's path)
+// called runtime.Goexit, as t.FailNow does:
+// nothing is cached and the breaker counts a failure.
 var ErrGoexit = errors.New("flightcache: load function called runtime.Goexit")
 
-// PanicError is the error every waiter of a load receives when the
-// [LoadFunc] (or a [Remote] or custom breaker on the load path) panicked,
-// or when a method (Error, Unwrap, Is, As) of the error one of them
-// returned panicked as the Loader inspected it, and the error a Get, Set
-// or Invalidate gets when [Options.Hash] panicked. The panic is recovered,
-// so the process keeps running; nothing is cached and the breaker counts a
-// failure.
+// PanicError is the error every waiter of a load receives when user code
+// on the load's path (the [LoadFunc], a Remote, a custom breaker, or a
+// method of the error one returned) panicked, and a Get's when
+// [Options.Hash] panicked. The panic is recovered: the process keeps
+// running, nothing is cached and the breaker counts a failure.
 type PanicError struct {
 	// Value is the value passed to panic.
 	Value any

@@ -11,98 +11,25 @@ import (
 // MaxLoads is 0.
 const DefaultAdaptiveMaxLoads = 200
 
-// Limit bounds the downstream calls a [Loader] makes at once. Single-flight
-// collapses a storm on one key; Limit is for a storm on many (a cold start
-// after a deploy, a mass expiry, [Loader.InvalidateAll], a crawler walking
-// the catalogue), where every distinct key is a downstream call of its own
-// and the circuit breaker only reacts once the downstream has already
-// failed. Its zero value bounds nothing, as without it.
+// Limit bounds the downstream calls a [Loader] makes at once, for a storm
+// of many distinct keys (a cold start, a mass expiry, [Loader.InvalidateAll])
+// that single-flight cannot collapse. Its zero value bounds nothing.
 //
-// # What takes a slot
-//
-// Each downstream call takes one slot for as long as it runs: a load, a
-// reload, a LoadMany call (one slot for all its keys), foreground or
-// background. The retries of a load keep its slot, so the downstream never
-// sees more calls than the bound. A Get that joins a load in flight takes
-// no slot and no place in the queue. With a [Remote], the slot is taken for
-// the downstream call only: a hit in the tier, or a wait on another
-// process's lease, takes none. In order: the Remote, then an open breaker
-// fails the load at once (a load never queues for an open breaker), then
-// the slot, then the retries, each through the breaker to the LoadFunc,
-// then the slot is given back. [Options.LoadTimeout] starts when the slot
-// is granted, and so does [LoadEvent].Duration (the early refresh's δ):
-// the wait is LoadEvent.Queued.
-//
-// # When no slot is free
-//
-// A Get that holds a value within [Options.StaleIfError] is answered with
-// it at once ([SourceStaleLimited]) and no load starts, unless it asked
-// for [WithRevalidate] or WithMaxStale(ctx, 0), or the copy is distrusted.
-// Otherwise the load waits for a slot in a queue, first come first served,
-// for as long as MaxWait (by default LoadTimeout, the time the load would
-// have had without a Limit) and its callers allow: a Limit makes a storm
-// slower, and never fails a load its downstream would have answered. Its
-// callers wait on their own contexts, and [Options.Policy] says what
-// happens when they have all left: [CancelAtZero] takes the load out of
-// the queue, [FinishAndFill] keeps it there, to warm the cache. A wait
-// past MaxWait, or a queue full at an explicit MaxQueue, fails the load
-// with [ErrLimited]: never cached, never retried, never counted by the
-// breaker, and covered by a stale value within StaleIfError like any
-// failure. [Loader.Close] fails the queued loads with [ErrClosed].
-//
-// By default the queue holds any storm: it has no bound but the loads
-// callers wait on (and, with FinishAndFill, those left less than MaxWait
-// ago). A queued load costs about 11 KB, its goroutine's 8 KB stack and
-// 2.6 KB of heap: 0.5 KB more than the same load in flight without a
-// Limit, so 10,000 queued loads hold about 110 MB. Set MaxQueue to shed
-// the loads past it at once instead.
-//
-// In front of a client's pool of N connections, MaxLoads N keeps the
-// waiting in the Limit, where it counts against MaxWait (set it to what a
-// caller will wait), not against LoadTimeout or the breaker; without it
-// the loads wait in the pool, on their LoadTimeout, and a storm's
-// timeouts open the breaker. That is for a pool the Loader has to itself:
-// when the service's writes (or other code) share it, MaxLoads is N minus
-// the connections those may hold at once, or the loads wait in the pool
-// whenever they are busy.
-//
-// Background refreshes never queue: one starts only while no foreground
-// load is waiting and background work holds less than half the bound;
-// otherwise it is dropped (Stats.RefreshesLimited) and the stale value
-// goes on serving. A window of refreshes ([Options.BatchWindow]) asks as
-// its call goes out, never while it waits, and is dropped the same way
-// unless a Get already waits on one of its keys (it then queues as that
-// Get's load). A slot given back goes to the oldest queued load.
-//
-// # Adaptive
-//
-// With Adaptive the bound is found from the downstream's latency, between
-// MinLoads and MaxLoads, starting at 20 (within those two). After its first
-// twenty round trips of calls, whose latency it only measures, it grows
-// while the calls' mean latency, over about a round trip, stays within 2×
-// the lowest mean seen over ten round trips, and shrinks as it rises past
-// that, with √bound of headroom; a timeout or a failure the breaker counts
-// cuts it at once. Means, not single calls: a steady share of fast answers
-// (not-founds the downstream knows at once, hits in its own cache) is part
-// of the downstream's latency, not a minimum its other calls fall short of,
-// and does not hold the bound down. It neither grows nor is cut while less
-// than half of it is in use, so a trickle of misses, or of failing keys,
-// leaves it where it is. The lowest mean is measured again, over windows of
-// 10s, when calls are slower at no more load than it was seen at: a
-// downstream that has become slower for good is followed, a storm's own
-// queueing is not. Stats.LoadLimit reports the bound.
-//
-// NOTE: the bound is per Loader: a fleet of n processes may make n times
-// as many calls at once. An adaptive bound sees the others' calls only as
-// the latency they cause.
-//
-// A Limit is part of [Options]; it is read once, by [New].
+// Each downstream call (a load, a reload, one LoadMany call) holds one slot
+// while it runs, its retries included; a Get that joins a load takes none.
+// A load that finds no slot free is answered at once by a value held within
+// [Options.StaleIfError] ([SourceStaleLimited]), or waits its turn, first
+// come first served, as long as MaxWait and its callers allow, or fails with
+// [ErrLimited]: a Limit makes a storm slower and never fails a load its
+// downstream would have answered. Background refreshes never queue.
+// [Options.LoadTimeout] and [LoadEvent].Duration start at the slot.
+// The bound is per Loader, not per fleet. The rules, sizing in front of a
+// connection pool and the adaptive bound: docs/design.md rule 22 and
+// docs/options.md ("A storm of many keys").
 type Limit struct {
 	// MaxLoads is the most downstream calls the Loader makes at once. 0
 	// means no bound, unless Adaptive is set: then it is the ceiling of the
-	// adaptive bound, and 0 means DefaultAdaptiveMaxLoads (200). Every
-	// value up to math.MaxInt works, for MinLoads and MaxQueue too: the
-	// bound saturates there, and Stats.LoadLimit reports it as it is.
+	// adaptive bound, and 0 means DefaultAdaptiveMaxLoads (200).
 	MaxLoads int
 
 	// Adaptive finds the bound from the downstream's latency, between
@@ -114,16 +41,12 @@ type Limit struct {
 	MinLoads int
 
 	// MaxQueue is how many loads may wait for a slot; a load beyond it
-	// fails at once with [ErrLimited]. 0 means no bound: a load waits as
-	// long as MaxWait and its callers allow (see "When no slot is free"
-	// for what a queued load costs). Set it to shed a storm at once
-	// rather than wait for it.
+	// fails at once with [ErrLimited]. 0 means no bound (a queued load
+	// costs about 11 KB). Set it to shed a storm rather than wait for it.
 	MaxQueue int
 
 	// MaxWait is how long a load may wait for a slot before it fails with
-	// [ErrLimited]. Its callers may leave earlier, by their own contexts.
-	// 0 means [Options.LoadTimeout] (so DefaultLoadTimeout if that is 0
-	// too).
+	// [ErrLimited]. 0 means [Options.LoadTimeout].
 	MaxWait time.Duration
 }
 

@@ -1,76 +1,28 @@
 // Package flightcache is a cache-aside loader for an expensive downstream
-// call. When a hot key expires and hundreds of requests miss at once, one
+// call: when a hot key expires and hundreds of requests miss at once, one
 // load serves them all, so the downstream sees one call instead of hundreds.
 //
-// # Layers
+// A [Loader] answers [Loader.Get] through these layers, outside in: a
+// ristretto cache with jittered expiry and stale windows; single-flight, one
+// load per key for every concurrent caller ([Options.Policy] for when they
+// all leave); retries ([Retry]); a circuit breaker ([Breaker]); an optional
+// bound on the calls at once ([Limit]); then the [LoadFunc] (or a
+// [LoadManyFunc] for [Loader.GetMany]'s batches), under [Options.LoadTimeout].
+// [Options.Remote] adds a tier shared by a fleet (package remote is its
+// contract; the flightredis module implements it on Redis).
 //
-// A [Loader] answers [Loader.Get] through these layers, outside in:
+// Besides Get: [Loader.GetInfo] says where a value came from; [Loader.Set],
+// [Loader.Invalidate], [Loader.InvalidateAll] and [Loader.InvalidateTag]
+// write; [Loader.Refresh] and [Loader.Peek] never make a caller wait;
+// [Loader.Entries] and [Loader.Restore] save and warm a cache; per call,
+// [WithMaxStale] and [WithRevalidate]; [Loader.Stats], [Options.OnLoad] and
+// [Options.Observer] tell what happened. A panic in user code reaches
+// callers as a [*PanicError]; [Loader.Close] stops everything it started.
 //
-//   - a ristretto cache with jittered expiry and stale serving
-//     ([Options.StaleWhileRevalidate], [Options.StaleIfError],
-//     [Options.EarlyRefresh]);
-//   - a single-flight registry: one load per key serves every concurrent
-//     caller, and [Options.Policy] decides what happens when they all leave;
-//   - retries with jittered backoff ([Options.Retry]);
-//   - a circuit breaker ([Options.Breaker]);
-//   - the [LoadFunc], under [Options.LoadTimeout].
-//
-// # Observability
-//
-// [Loader.GetInfo] says where one value came from ([Info]); [Options.OnLoad]
-// reports every load, with how many callers its result reached
-// ([LoadEvent.Callers]: the blast radius of a failure); [Loader.Stats] gives
-// cumulative counters. [Options.Observer] sees every load from its start to
-// its end and every Get that waited on one, never a hit, and puts what it
-// likes in the load's context ([Observer]): the otelflightcache module's
-// makes OpenTelemetry metrics and traces in which every waiting Get is
-// linked to its load.
-//
-// # Errors and shutdown
-//
-// A panic in any user code (the LoadFunc, Cost, OnLoad, Hash, a Remote...)
-// is recovered and reaches callers as a [*PanicError]; a runtime.Goexit in
-// a LoadFunc reaches them as [ErrGoexit]. [Loader.Close] stops the Loader
-// and waits for every goroutine it started; [Loader.Shutdown] waits at
-// most until its context ends.
-//
-// # Freshness from the data
-//
-// [Options.Freshness] gives each value its own lifetime ([Freshness]: a
-// token's expiry, a response's max-age and stale windows). [Options.Reload]
-// reloads a key given the value held, and may answer [ErrNotModified] to
-// keep it, as an HTTP 304 does. [Loader.Refresh] reloads a key in the
-// background while its current value serves.
-//
-// # Batches
-//
-// [Loader.GetMany] answers many keys at once, each as Get would, and loads
-// the misses together through [Options.LoadMany], at most
-// [Options.MaxBatch] keys per downstream call; with [Options.BatchWindow]
-// the misses and refreshes of single keys are gathered into such calls
-// too. Coalescing stays per key, across single and batch Gets; the keys
-// that failed come back in a [*ManyError]. [Loader.Peek] returns a value the Loader holds without
-// loading anything.
-//
-// # Per-call freshness
-//
-// [WithMaxStale] bounds how stale a value one Get accepts, like HTTP's
-// Cache-Control max-stale; WithMaxStale(ctx, 0) refuses any stale value.
-// [WithRevalidate] makes a Get skip the cache altogether, like no-cache,
-// while still sharing the key's load.
-//
-// # Beyond one process
-//
-// [Options.Remote] adds a tier shared by processes (the flightredis module
-// implements one on Redis), and [Breaker.Custom] a breaker whose state they
-// share, so a fleet makes one downstream call per key, not one per process.
-// [New] hands a [RemoteAttacher] the Loader's [Rules]; with them and
-// [AcceptsStale] a Remote judges a shared value's age by the Loader's own
-// rules, and draws its freshness as the Loader draws each entry's
-// ([Windows.Draw]). A Remote that is a [RemoteWatcher] keeps the
-// local copies in step with the fleet: another process's Set or Invalidate
-// drops this process's copy, and when the Remote may have missed such
-// writes it has every copy read again before it is served.
+// The README is the first hour; docs/options.md every option;
+// docs/design.md the architecture and the numbered rules the tests check;
+// docs/observability.md metrics and traces ([Observer]); docs/distributed.md
+// the Redis tier; docs/internals.md the Loader from inside.
 package flightcache
 
 import (
@@ -90,24 +42,20 @@ import (
 )
 
 // LoadFunc loads the value of key from the downstream. It runs on a
-// goroutine of the Loader, under a context that keeps the values of the Get
-// that started the load but not its cancellation, and that ends at
-// LoadTimeout or Close (or, under CancelAtZero, when every waiter has left);
-// [context.Cause] tells which ([ErrLoadTimeout], [ErrClosed], or a
-// [context.Canceled] error). Return an error matching [ErrNotFound] for a
-// key that does not exist, or one [Options.IsNotFound] accepts: any other
+// goroutine of the Loader, under the load's own context: the values of the
+// Get that started the load, never its cancellation, ending at LoadTimeout,
+// Close or (under CancelAtZero) when every waiter has left; [context.Cause]
+// tells which. Return an error matching [ErrNotFound] (or one
+// [Options.IsNotFound] accepts) for a key that does not exist: any other
 // error is a failure.
 //
-// NOTE: the value returned is shared by every caller of the load and stored
-// in the cache: treat it as read-only. Load goroutines are reused: the
-// LoadFunc runs with the profiler labels of the context of the Get that
-// started the load, and must not leave its goroutine locked to its thread
-// (runtime.LockOSThread) when it returns.
+// NOTE: the value returned is shared by every caller and the cache: treat
+// it as read-only. Load goroutines are reused: do not leave one locked to
+// its thread (runtime.LockOSThread).
 //
 // WARNING: a LoadFunc that calls Get must pass its own ctx (or one derived
-// from it): that is how a Get of a key whose load it is part of is
-// recognised and fails with [ErrRecursiveLoad]. Under an unrelated context
-// such a Get waits on itself until that context ends.
+// from it), so that a Get of a key whose load it is part of fails with
+// [ErrRecursiveLoad] instead of waiting on itself.
 type LoadFunc[K comparable, V any] func(ctx context.Context, key K) (V, error)
 
 // ReloadFunc reloads key given the value the Loader holds for it (fresh,
@@ -121,32 +69,15 @@ type LoadFunc[K comparable, V any] func(ctx context.Context, key K) (V, error)
 type ReloadFunc[K comparable, V any] func(ctx context.Context, key K, old V) (V, error)
 
 // LoadManyFunc loads several keys in one downstream call, for
-// [Loader.GetMany] (see [Options.LoadMany]), and one key at a time for a
-// Loader made without a LoadFunc (see [New]). A key missing from the map it
-// returns does not exist (as if its load returned [ErrNotFound]); a key it
-// returns that was not asked for is ignored. It runs as a LoadFunc does, on
-// a goroutine of the Loader, under a context that carries the values of
-// the Get or GetMany that started it, through the same retries, breaker
-// and LoadTimeout; it is never called with more than [Options.MaxBatch]
-// keys, nor with a key twice.
-//
-// An error fails every key of the call, unless it is a [*ManyError] (the
-// error itself, not wrapped): then each key in its Errs fails alone, with
-// its own error, judged as a single load's error is (a not-found per
-// [ErrNotFound] or [Options.IsNotFound] is cached for NotFoundTTL; a
-// failure is not cached), and every other key is answered from the map
-// as without an error. Keys in Errs that were not asked for, and nil
-// errors, are ignored; a key both in the map and in Errs fails. The
-// breaker and the retries see such a call as an answer of the downstream
-// (a success, not retried), unless every key of the call failed and none
-// of their errors is a not-found or one [Breaker.IsFailure] excuses: then
-// it is the call's failure, counted once and retried as a failed call is.
-//
-// A call that fails as a whole (any other error, a panic) for keys that
-// came from more than one caller (a [Options.BatchWindow]'s, or a
-// GetMany's batch another caller joined) is split: its halves are tried
-// again, down to single keys, so that a key that fails every call it is
-// in fails only its own callers (see [Options.BatchWindow]).
+// [Loader.GetMany] and [Options.BatchWindow] (see [Options.LoadMany]),
+// never with more than [Options.MaxBatch] keys nor a key twice. A key
+// missing from its map does not exist ([ErrNotFound]); one not asked for is
+// ignored. It runs as a LoadFunc does, through the same retries, breaker
+// and LoadTimeout. An error fails every key of the call, unless it is a
+// [*ManyError] (not wrapped): then each key in its Errs fails alone, and
+// the others are answered from the map. A call that fails as a whole for
+// keys of more than one caller is split down to the failing key
+// (docs/design.md rules 15 and 31; docs/options.md, "Batches").
 type LoadManyFunc[K comparable, V any] func(ctx context.Context, keys []K) (map[K]V, error)
 
 // Loader is a cache-aside loader: a cache in front of a LoadFunc, with one
@@ -191,18 +122,11 @@ type Loader[K comparable, V any] struct {
 	closeDone   chan struct{}           // closed once everything has stopped
 }
 
-// New returns a Loader that loads missing keys with load.
-//
-// load may be nil when opts.LoadMany is set, for a downstream that only
-// answers batches: every load that is not one of GetMany's batches (a
-// Get's, GetInfo's, a refresh's, Refresh's, a revalidating Get's) is then a
-// LoadMany call for its one key, whose map gives the value (a key missing
-// from it does not exist: [ErrNotFound]), through the same retries,
-// breaker and LoadTimeout; [Options.Reload], if set, still reloads a key
-// the Loader holds. Such a call counts as a load, not in Stats.BatchLoads.
-//
-// It returns an error naming the field if opts is invalid, or if load is
-// nil and opts.LoadMany too.
+// New returns a Loader that loads missing keys with load. load may be nil
+// when opts.LoadMany is set: every load is then a LoadMany call (a key
+// loaded alone, a call of that one key), and [Options.Reload], if set,
+// still reloads a key held. New returns an error naming the field if opts
+// is invalid, or if load and opts.LoadMany are both nil.
 func New[K comparable, V any](load LoadFunc[K, V], opts Options[K, V]) (*Loader[K, V], error) {
 	if load == nil && opts.LoadMany == nil {
 		return nil, optionError("LoadMany", "must be set when the load argument (the LoadFunc) is nil")
@@ -733,18 +657,13 @@ func (l *Loader[K, V]) refresh(r *request[K, V], e *entry[K, V]) {
 }
 
 // Refresh reloads key in the background (with [Options.Reload] when the
-// Loader holds a value for key). Until the new value is stored, Gets keep
-// being answered from the current one. It joins a load of key in flight
-// instead of starting a second one, unless that load started before an
-// [Loader.InvalidateAll] or a Distrust ([LocalCache]): then it starts its
-// own, and the older load writes nothing. A key with no value is loaded as if by
-// a Get that nobody waits for. ctx gives the load its values (trace IDs),
-// never its cancellation. Like every background load it counts in
-// Stats.Refreshes and is bounded by [Options.MaxRefreshes]: one beyond the
-// bound is dropped (Stats.RefreshesDropped). After Close, for a key whose
-// Hash panics, for a key not equal to itself (see [Options.Hash]), and
-// for a key [Options.ValidateKey] rejects, it does nothing. Refresh is
-// safe for concurrent use.
+// Loader holds a value for it): Gets keep being answered from the current
+// value until the new one is stored, and a load of key in flight is joined
+// (docs/design.md rule 12). ctx gives the load its values, never its
+// cancellation. It counts in Stats.Refreshes, bounded by
+// [Options.MaxRefreshes] (Stats.RefreshesDropped past it). After Close,
+// and for a key that cannot be cached or is invalid, it does nothing.
+// Refresh is safe for concurrent use.
 func (l *Loader[K, V]) Refresh(ctx context.Context, key K) {
 	if ctx == nil || l.checkKey(key) != nil {
 		return
@@ -769,10 +688,8 @@ func (l *Loader[K, V]) Refresh(ctx context.Context, key K) {
 
 // Peek returns key's value if it is fresh ([SourceHit]) or within
 // StaleWhileRevalidate ([SourceStale]), without loading or refreshing
-// anything, and ok false otherwise (nothing held, a cached not-found, a
-// value past StaleWhileRevalidate). A value a Get has returned is visible to
-// Peek at once, as to a Get. Every Peek counts in Stats.Peeks, never in
-// Stats.Gets. Peek is safe for concurrent use; after Close it finds nothing.
+// anything, and ok false otherwise. It counts in Stats.Peeks, never in
+// Gets. Peek is safe for concurrent use; after Close it finds nothing.
 func (l *Loader[K, V]) Peek(key K) (v V, info Info, ok bool) {
 	l.stats.peeks.Add(1)
 	h, err := l.hash(key)

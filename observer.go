@@ -8,56 +8,32 @@ import (
 
 // Observer sees a Loader's loads and the Gets that waited on them, for
 // metrics and traces: set it as [Options.Observer] (the otelflightcache
-// module has one for OpenTelemetry). It is never called on a hit or a
-// stale hit, so the hit path costs the same with an Observer as without.
-//
-// Every call goes through the guard that every callback goes through: a
-// panic is recovered, counted in Stats.Panics, and changes nothing else
-// (the load goes on, its waiters get its result). Calls are made outside
-// every lock of the Loader; an Observer must be safe for concurrent use,
-// and must not block for long: a load's waiters are not held up by
-// LoadEnd, but [Loader.Close] waits for it, and a Get returns only once
-// its Waited has.
-//
-// A Loader also looks, once at [New], for the optional capabilities
-// [StatsObserver], [AttemptObserver] and [EvictionObserver], by type
-// assertion: an Observer written before a capability existed keeps
-// working when one is added. [Observers] combines several into one.
+// module has one for OpenTelemetry). It is never called on a hit, so a hit
+// costs the same with an Observer as without. Its calls are made outside
+// every lock and through the guard (a panic is counted in Stats.Panics and
+// changes nothing else); it must be safe for concurrent use and quick:
+// [Loader.Close] waits for LoadEnd, and a Get returns only once its Waited
+// has. A Loader also looks, once at [New], for the optional capabilities
+// [StatsObserver], [AttemptObserver] and [EvictionObserver]. What each call
+// sees, and on which goroutine: docs/observability.md.
 type Observer[K comparable] interface {
 	// LoadStart is called on the load's goroutine before its first
-	// downstream call (the Remote's included). ctx is the load's own
-	// context: it has the values of the Get (or Refresh, or GetMany) that
-	// started the load, never its cancellation, and ends when the load
-	// times out ([Options.LoadTimeout]), is abandoned ([CancelAtZero]) or
-	// the Loader closes.
-	//
-	// The context LoadStart returns is the load's context from then on:
-	// the LoadFunc, ReloadFunc, LoadManyFunc and the Remote receive it,
-	// LoadEnd receives it, and so does every [WaitEvent] of the load (its
-	// Load field), so that a tracer can put a span in it, have the
-	// LoadFunc's own spans nest under it and link the waiting Gets' spans
-	// to it. It must derive from ctx (context.WithValue,
-	// trace.ContextWithSpan, context.WithTimeout...), because the load's
-	// deadline, its cancellation by Close and CancelAtZero, and the marker
-	// that makes a Get from inside the load fail with [ErrRecursiveLoad]
-	// instead of waiting on itself all ride on ctx. A returned context that
-	// visibly does not derive from ctx (one without ctx's deadline or with
-	// a later one, or without the load's marker, as context.Background()
-	// and context.WithoutCancel(ctx) are) is not used: the load goes on
-	// with ctx, as it does when LoadStart returns nil or panics.
+	// downstream call (the Remote's included), with the load's context:
+	// the starting caller's values, never its cancellation. The context it
+	// returns is the load's context from then on (the LoadFunc, LoadEnd and
+	// every [WaitEvent].Load get it), and must derive from ctx, which
+	// carries the load's deadline, cancellation and recursion marker; one
+	// that visibly does not, nil, or a panic leaves the load with ctx.
 	LoadStart(ctx context.Context, ev LoadStartEvent[K]) context.Context
 
 	// LoadEnd is called once per LoadStart, on the load's goroutine, once
 	// the load's waiters have its result, with the context LoadStart
-	// returned (ctx if it returned none) and the event [Options.OnLoad]
-	// receives. The context has ended by then.
+	// returned and the event [Options.OnLoad] receives.
 	LoadEnd(ctx context.Context, ev LoadEvent[K])
 
 	// Waited is called for every Get (and every key of a GetMany) that
-	// waited on a load, on that caller's goroutine, once it has its
-	// answer and before the Get returns; ctx is the one the caller passed
-	// to Get. A caller that left before the load ended is one too, with
-	// its ctx.Err().
+	// waited on a load, a caller that left included, on that caller's
+	// goroutine before the Get returns, with the caller's ctx.
 	Waited(ctx context.Context, ev WaitEvent[K])
 }
 
@@ -104,23 +80,18 @@ type WaitEvent[K comparable] struct {
 	Load context.Context
 }
 
-// StatsObserver is an optional capability of an [Observer]: one that
-// reports [Stats] (a metrics exporter's counters, read at collection time)
-// is handed, once, at [New], the function that reads them. stats is safe
-// for concurrent use and cheap enough to call at every collection. At
-// [Loader.Close], once every counter is final, it freezes: from then on it
-// returns the final Stats, and no longer refers to the Loader, so that a
-// metrics flush after Close still reports the last counters while the
-// closed Loader can be collected.
+// StatsObserver is an optional capability of an [Observer]: it is handed,
+// once, at [New], the function that reads the Loader's [Stats], safe for
+// concurrent use and cheap enough for every collection. At [Loader.Close]
+// that function freezes at the final Stats and lets the Loader go.
 type StatsObserver interface {
 	ObserveStats(stats func() Stats)
 }
 
-// AttemptObserver is an optional capability of an [Observer]: it sees the
-// attempts inside a load. Attempt is called on the load's goroutine, with
-// the load's context (the one LoadStart returned), after every downstream
-// call that failed and will be retried (before the wait), and for every
-// call the breaker refused.
+// AttemptObserver is an optional capability of an [Observer]: Attempt is
+// called on the load's goroutine, with the load's context, after every
+// downstream call that failed and will be retried, and for every call the
+// breaker refused.
 type AttemptObserver[K comparable] interface {
 	Attempt(ctx context.Context, ev AttemptEvent[K])
 }
@@ -147,35 +118,15 @@ type AttemptEvent[K comparable] struct {
 }
 
 // EvictionObserver is an optional capability of an [Observer]: it sees
-// every entry that leaves the cache, or is refused by it, with the cause,
-// once. Evicted is called on the goroutine that makes the entry leave, or
-// on the Loader's writer: the caller of Set or Invalidate (once the call
-// has done its write, before it returns), a load's, and, for what the
-// cache's policy evicts or refuses and what an [Loader.InvalidateAll] or
-// the writer drops, the writer's, shortly after, once it has finished the
-// batch of writes that made the entry leave; never the cache's own
-// goroutine. Entries dropped by [Loader.Close] are not reported. The
-// entries an InvalidateAll drops are reported as they leave the cache,
-// soon after the call (the call itself is O(1)): as EvictionInvalidated,
-// also those that a newer value or the cache's policy makes leave first.
+// every entry that leaves the cache, or is refused by it, once, with the
+// cause; not the entries [Loader.Close] drops. Evicted runs on the
+// goroutine that made the entry leave (a Set's, an Invalidate's, a load's)
+// or on the Loader's writer, never inside the cache, and may call the
+// Loader's methods, the one it observes included (docs/design.md rule 28).
 //
-// Evicted may call the Loader's methods, the one it observes included:
-// invalidating or setting a dependent key when a key leaves is what it is
-// for. Nothing it calls there waits for the writer: a Set or Invalidate
-// called on the writer's goroutine whose turn among the pending writes
-// ([Options.MaxPendingWrites]) has not come does the writer's work until
-// it comes, and [Loader.Close] starts the shutdown and returns at once,
-// as from a LoadFunc. So no call Evicted makes can wedge the Loader.
-// [Loader.Shutdown] there waits until its ctx ends, as the Loader cannot
-// finish closing while Evicted runs on its writer.
-//
-// WARNING: Evicted must not block, nor end its goroutine
-// (runtime.Goexit): while it runs on the writer, the writer waits for it,
-// and with it every Set and Invalidate that waits for its turn; the
-// writer does not survive a Goexit, as it survives a panic. A Get from
-// Evicted that misses blocks until its load returns: give it a context
-// with a deadline, or use [Loader.Peek] or [Loader.Refresh], which never
-// wait.
+// WARNING: Evicted must not block, nor call runtime.Goexit: every write
+// waiting for its turn waits for it. A Get from Evicted that misses waits
+// for its load: give it a deadline, or use [Loader.Peek].
 type EvictionObserver[K comparable] interface {
 	Evicted(ev EvictionEvent[K])
 }
@@ -187,10 +138,8 @@ type EvictionEvent[K comparable] struct {
 	Key K
 	// Cause is why it left.
 	Cause EvictionCause
-	// Cost is its cost ([Options.Cost]; 1 without it). The Loader keeps
-	// no cost per entry, and does not ask Cost again: with Options.Cost
-	// set, an entry that a newer value replaced, or that an Invalidate or
-	// an InvalidateAll dropped from the cache, has Cost 0 (unknown).
+	// Cost is its cost ([Options.Cost]; 1 without it), or 0 (unknown) for
+	// an entry replaced or invalidated under Options.Cost.
 	Cost int64
 }
 
@@ -237,21 +186,13 @@ func (c EvictionCause) String() string {
 	}
 }
 
-// Observers returns one Observer that calls each of obs in turn, or nil if
-// obs holds none (so a Loader given Observers() observes nothing, at no
-// cost). A nil Observer, or a nil pointer of a type that implements one,
-// is skipped; an Observers given to Observers is flattened into its
-// members; a single Observer left is returned as it is.
-//
-// LoadStart is chained: each member receives the context the one before
-// it returned, so the load's context holds all their values; but each
-// member's LoadEnd, Attempt and WaitEvent.Load get the context that member
-// itself returned, so that two tracers never see each other's spans as
-// their own. A member that panics does not keep the others from being
-// called: a Loader guards each member apart. The combined Observer
-// forwards the optional capabilities ([StatsObserver], [AttemptObserver],
-// [EvictionObserver]) to the members that have them. It is safe for
-// concurrent use if its members are.
+// Observers returns one Observer that calls each of obs in turn, skipping
+// nils and flattening nested Observers; nil for none, the Observer itself
+// for one. LoadStart is chained (the load's context holds every member's
+// values), but each member gets back the context it returned itself. A
+// member that panics does not keep the others from being called, and the
+// optional capabilities are forwarded to the members that have them. It is
+// safe for concurrent use if its members are.
 func Observers[K comparable](obs ...Observer[K]) Observer[K] {
 	var flat []member[K]
 	for _, o := range obs {

@@ -1,33 +1,66 @@
 package flightcache
 
 import (
+	"context"
 	"time"
 
 	"github.com/flightcache/flightcache/remote"
 )
 
-// Remote is [remote.Remote]: an optional second tier, shared by several
-// processes, set in [Options.Remote] (for example the Redis tier of the
-// flightredis module).
+// The names below are the old names of package remote's, from before the
+// tier's contract had a package of its own (as database/sql's driver): each
+// is an alias, or a call, of the remote name its Deprecated line gives, kept
+// so that code using it still compiles.
 //
-// Deprecated: use remote.Remote.
-type Remote[K comparable, V any] = remote.Remote[K, V]
+// Deprecated: use the remote package's names.
+type (
+	// Deprecated: use [remote.Bounds].
+	Bounds = remote.Bounds
+	// Deprecated: use [remote.LocalCache].
+	LocalCache[K comparable] = remote.LocalCache[K]
+	// Deprecated: use [remote.Phase].
+	Phase = remote.Phase
+	// Deprecated: use [remote.Remote].
+	Remote[K comparable, V any] = remote.Remote[K, V]
+	// Deprecated: use [remote.Attacher].
+	RemoteAttacher[K comparable, V any] = remote.Attacher[K, V]
+	// Deprecated: use [remote.AllInvalidator].
+	RemoteInvalidateAll = remote.AllInvalidator
+	// Deprecated: use [remote.Many].
+	RemoteMany[K comparable, V any] = remote.Many[K, V]
+	// Deprecated: use [remote.Result].
+	RemoteResult[V any] = remote.Result[V]
+	// Deprecated: use [remote.Value].
+	RemoteValue[V any] = remote.Value[V]
+	// Deprecated: use [remote.Watcher].
+	RemoteWatcher[K comparable] = remote.Watcher[K]
+	// Deprecated: use [remote.Rules].
+	Rules[K comparable, V any] = remote.Rules[K, V]
+	// Deprecated: use [remote.Windows].
+	Windows = remote.Windows
+)
 
-// RemoteMany is [remote.Many]: what a Remote implements to serve
-// [Loader.GetMany]'s batches.
-//
-// Deprecated: use remote.Many.
-type RemoteMany[K comparable, V any] = remote.Many[K, V]
+// Deprecated: use [remote.PhaseFresh] and the others.
+const (
+	PhaseFresh        = remote.PhaseFresh
+	PhaseStale        = remote.PhaseStale
+	PhaseStaleIfError = remote.PhaseStaleIfError
+	PhaseExpired      = remote.PhaseExpired
+)
 
-// RemoteResult is [remote.Result]: one key's result of a RemoteMany.
-//
-// Deprecated: use remote.Result.
-type RemoteResult[V any] = remote.Result[V]
+// Deprecated: use [remote.AcceptsStale].
+func AcceptsStale(ctx context.Context, d time.Duration) bool { return remote.AcceptsStale(ctx, d) }
 
-// RemoteValue is [remote.Value]: a value as a Remote stores it.
-//
-// Deprecated: use remote.Value.
-type RemoteValue[V any] = remote.Value[V]
+// Deprecated: use [remote.MaxStale].
+func MaxStale(ctx context.Context) (d time.Duration, ok bool) { return remote.MaxStale(ctx) }
+
+// Deprecated: use [remote.StaleMayCover].
+func StaleMayCover(err error, notFound bool) bool { return remote.StaleMayCover(err, notFound) }
+
+// Deprecated: use [remote.WithReloadValue].
+func WithReloadValue[V any](ctx context.Context, v V) context.Context {
+	return remote.WithReloadValue(ctx, v)
+}
 
 // remoteSet and remoteInvalidate tell the Remote, if any, about a Set or an
 // Invalidate. They run on the caller's goroutine, outside every lock.
@@ -43,12 +76,6 @@ func (l *Loader[K, V]) remoteInvalidate(key K) {
 	}
 }
 
-// RemoteInvalidateAll is [remote.AllInvalidator]: what a Remote
-// implements to take part in [Loader.InvalidateAll].
-//
-// Deprecated: use remote.AllInvalidator.
-type RemoteInvalidateAll = remote.AllInvalidator
-
 // remoteInvalidateAll tells the Remote, if it takes part, about an
 // InvalidateAll.
 func (l *Loader[K, V]) remoteInvalidateAll() {
@@ -56,18 +83,6 @@ func (l *Loader[K, V]) remoteInvalidateAll() {
 		l.user.guard(func() { r.InvalidateAll(l.ctx) }, nil)
 	}
 }
-
-// RemoteAttacher is [remote.Attacher]: what a Remote implements to be
-// given the rules of the Loader it serves.
-//
-// Deprecated: use remote.Attacher.
-type RemoteAttacher[K comparable, V any] = remote.Attacher[K, V]
-
-// Rules is [remote.Rules]: how a Loader judges its values, as a Remote
-// needs them.
-//
-// Deprecated: use remote.Rules.
-type Rules[K comparable, V any] = remote.Rules[K, V]
 
 // rules are the Rules of o, already validated.
 func (o Options[K, V]) rules() remote.Rules[K, V] {
@@ -109,18 +124,6 @@ func (l *Loader[K, V]) attachRemote() error {
 // one comparison of two words that almost never change. A Get that finds
 // a load in flight from an older generation does not join it: it detaches
 // it (its waiters keep it) and starts its own.
-
-// RemoteWatcher is [remote.Watcher]: what a Remote implements to keep
-// the Loader's local copies in step with the rest of a fleet.
-//
-// Deprecated: use remote.Watcher.
-type RemoteWatcher[K comparable] = remote.Watcher[K]
-
-// LocalCache is [remote.LocalCache]: a Loader's own cache as a watching
-// Remote drives it.
-//
-// Deprecated: use remote.LocalCache.
-type LocalCache[K comparable] = remote.LocalCache[K]
 
 // local is a Loader's [remote.LocalCache].
 type local[K comparable, V any] struct{ l *Loader[K, V] }

@@ -15,11 +15,11 @@ import (
 // new Loader, each with the windows it had left, through the same bounded
 // write path as Set, but only into keys that hold nothing.
 
-// Entry is one key's cached value or cached not-found, as
-// [Loader.Entries] yields it and [Loader.Restore] takes it. Its fields
-// are plain: an Entry whose K and V encode with encoding/gob or
-// encoding/json encodes with them as is, so a process can save what its
-// Loader holds at shutdown and restore it at start.
+// Entry is one key's cached value or cached not-found, as [Loader.Entries]
+// yields it and [Loader.Restore] takes it. Its fields are plain, so an
+// Entry encodes with encoding/gob or encoding/json when K and V do: a
+// process can save what its Loader holds at shutdown and restore it at
+// start.
 type Entry[K comparable, V any] struct {
 	Key K
 	// Value is the value held; zero (and ignored by Restore) for a
@@ -29,22 +29,16 @@ type Entry[K comparable, V any] struct {
 	// stores it as one, and a Get of the key then returns an error that
 	// matches [ErrNotFound] until it expires.
 	NotFound bool
-	// LoadedAt is when the value was loaded or Set (the wall clock). It
-	// must not be zero. Restore counts the entry's windows from it: an
-	// entry saved an hour ago with a TTL of a minute is restored past its
-	// windows, and skipped. A LoadedAt in the future (another machine's
-	// clock) counts as now.
+	// LoadedAt is when the value was loaded or Set (the wall clock); not
+	// zero. Restore counts the entry's windows from it (a time in the
+	// future counts as now).
 	LoadedAt time.Time
-	// Freshness is the entry's life as stored: its TTL after jitter, and
-	// its stale windows (a negative window: none). As in
-	// [Options.Freshness], a zero field takes the restoring Loader's
-	// Options (for a not-found's TTL, NotFoundTTL); a negative TTL is
-	// invalid.
+	// Freshness is the entry's life as stored, its TTL after jitter; as in
+	// [Options.Freshness], a zero field takes the restoring Loader's Options
+	// and a negative window means none; a negative TTL is invalid.
 	Freshness Freshness
-	// Tags are the tags the value (or not-found) carried ([Options.Tags]),
-	// at most [MaxTags]; Restore stores them as they are, without asking
-	// Options.Tags, stamped as of the Restore: an [Loader.InvalidateTag]
-	// after it drops the entry.
+	// Tags are the tags the value carried ([Options.Tags]), at most
+	// [MaxTags], stored as they are.
 	Tags []string
 }
 
@@ -59,11 +53,10 @@ func (en *Entry[K, V]) check() error {
 	return checkTags(en.Tags)
 }
 
-// Len returns how many entries the Loader holds now: the values and
-// cached not-founds within their windows that [Loader.Entries] would
-// yield, the writes not yet applied to the cache included. It is O(n) in
-// the entries held, allocates nothing for them, loads nothing and counts
-// as no Get. After Close it returns 0. Len is safe for concurrent use.
+// Len returns how many entries [Loader.Entries] would yield now, the writes
+// not yet applied included. It is O(n), allocates nothing, loads nothing
+// and counts as no Get; after Close it returns 0. Len is safe for
+// concurrent use.
 func (l *Loader[K, V]) Len() int {
 	n := 0
 	l.visit(func(*entry[K, V]) { n++ })
@@ -71,21 +64,13 @@ func (l *Loader[K, V]) Len() int {
 }
 
 // Entries returns an iterator over the values and cached not-founds the
-// Loader holds within their windows (fresh, stale or within StaleIfError),
-// each once, in no order, with the times and windows it was stored with:
-// what [Loader.Restore] takes. It never loads, refreshes or counts as a
-// Get, and skips what a Get would not serve as it stands (a value from
-// before an InvalidateAll or a Distrust).
-//
-// Each iteration takes a snapshot of the entries held, one pointer per
-// entry: one pass over the cache (ristretto's IterValues, which holds
-// each of its shards' read lock while it visits that shard's entries,
-// delaying the cache's writes to it meanwhile) and over the pending
-// writes. It then yields outside every lock, so the loop's body may call
-// the Loader; an entry written after the snapshot is not yielded, and one
-// that leaves or expires before its turn is skipped. Entries is safe for
-// concurrent use; after Close it yields nothing, so save before
-// [Loader.Shutdown].
+// Loader holds within their windows, each once, in no order, with the times
+// and windows it was stored with: what [Loader.Restore] takes. It never
+// loads or counts as a Get, and skips what a Get would not serve. Each
+// iteration snapshots the entries, then yields outside every lock, so the
+// loop may call the Loader. It is safe for concurrent use; after Close it
+// yields nothing, so save before [Loader.Shutdown] (docs/design.md rule
+// 29).
 func (l *Loader[K, V]) Entries() iter.Seq[Entry[K, V]] {
 	return func(yield func(Entry[K, V]) bool) {
 		var es []*entry[K, V]
@@ -172,50 +157,22 @@ func windowOut(d time.Duration) time.Duration {
 	return d
 }
 
-// Restore stores entries, as [Loader.Entries] yielded them (in this
-// process or, encoded, in an earlier one), and returns how many it stored.
-// A Get after Restore returns is served them as if each had been loaded
-// at its LoadedAt: a hit while fresh, then stale within its windows, with
-// no downstream call until then.
+// Restore stores entries, as [Loader.Entries] yielded them (in this process
+// or, encoded, in an earlier one), and returns how many it stored: a Get
+// after it is served each as if loaded at its LoadedAt, with no downstream
+// call while it is fresh or stale. It skips, without error, an entry past
+// its windows, one whose key the Loader holds already (a value, a pending
+// write, a load in flight: a restored value is older than all of them), and
+// one it cannot cache. Each goes through [Loader.Set]'s bounded write path,
+// never to the Remote (docs/design.md rule 29).
 //
-// Restore skips, without error:
-//   - an entry past every window (fresh, StaleWhileRevalidate,
-//     StaleIfError) counted from its LoadedAt;
-//   - an entry whose key the Loader holds already: a value or not-found in
-//     the cache (even one past its windows), a write not yet applied (a
-//     Set, a fill, an Invalidate), or a load in flight. A restored value is
-//     older than anything loaded or Set since, so it never replaces one;
-//     and a Set or Invalidate after it replaces it, as any value;
-//   - a not-found without a TTL when [Options.NotFoundTTL] is 0, a value
-//     [Options.Cost] or [Options.Version] panics on, or too big for the
-//     cache, a key whose Hash panics or that is not equal to itself, and a
-//     key [Options.ValidateKey] rejects.
-//
-// Each stored entry goes through the write path of [Loader.Set]: it waits
-// its turn when [Options.MaxPendingWrites] writes are waiting for the
-// cache, so a large Restore runs in bounded memory. It does not call
-// [Options.Freshness] (an Entry carries its own) nor the Remote: a
-// restored value stays in this process. A restored not-found is
-// [ErrNotFound] itself.
-//
-// WARNING: a restored value is the row as it was saved, served as a hit
-// for the freshness it had left, with no downstream call: a row changed
-// while no process held it (between the save and the Restore) is served
-// as it was until then, with a Remote or without one (with a Remote, the
-// shared tier is warm already and may hold newer values than the saved
-// ones). Restore only values that nothing else writes, or whose TTL
-// bounds how stale they may be served.
-//
-// NOTE: an Invalidate that has been applied leaves nothing behind to
-// compare with, so Restore would then store the key's older value: call
-// Restore at start, before the Loader serves, as the example does.
+// WARNING: a restored value is the row as it was saved: a row changed
+// between the save and the Restore is served as saved until its freshness
+// runs out. Call Restore at start, before the Loader serves.
 //
 // Restore stops at the first entry it cannot take, with an error naming
-// the field (a zero LoadedAt, a negative TTL), and returns how many it
-// stored before. It returns [ErrClosed] after Close (with the count of
-// those stored before, if Close came during the call). The iterator runs
-// on the caller's goroutine, outside every lock. Restore is safe for
-// concurrent use.
+// the field, and returns how many it stored before; after Close it
+// returns [ErrClosed]. It is safe for concurrent use.
 func (l *Loader[K, V]) Restore(entries iter.Seq[Entry[K, V]]) (int, error) {
 	if l.gate.Closed() {
 		return 0, ErrClosed

@@ -7,12 +7,9 @@ import (
 	"time"
 )
 
-// Source says where the value of one Get came from, and also where its
-// error came from: a Get that failed says [SourceLoaded] or [SourceShared]
-// (its error came from a load, which failed, the breaker refusing
-// included), or [SourceHit] for a cached not-found. To count how Gets were
-// served, count the errors apart first (err != nil), or a failing
-// downstream shows up as loads.
+// Source says where the value, or the error, of one Get came from: a
+// failed Get says [SourceLoaded] or [SourceShared] (its load failed), or
+// [SourceHit] for a cached not-found; count errors apart first.
 type Source uint8
 
 const (
@@ -29,17 +26,15 @@ const (
 	// stale value inside the StaleIfError window was returned instead.
 	SourceStaleOnError
 	// SourceLoaded: this caller started the load it waited for, whether
-	// that load succeeded or failed: look at the Get's error before
-	// counting it as a load.
+	// that load succeeded or failed.
 	SourceLoaded
 	// SourceShared: this caller waited for a load another caller (or a
 	// background refresh) started, whether that load succeeded or failed
 	// (Stats.SharedErrors counts the failures).
 	SourceShared
 	// SourceStaleLimited: a stale value inside the StaleIfError window,
-	// returned at once because no downstream slot was free under
-	// [Options.Limit]; no load was started for it. (An [ErrLimited] that a
-	// stale value covers once the load failed is [SourceStaleOnError].)
+	// returned at once, with no load, because no downstream slot was free
+	// under [Options.Limit].
 	SourceStaleLimited
 )
 
@@ -80,14 +75,12 @@ type LoadEvent[K comparable] struct {
 	// Key is the key that was loaded.
 	Key K
 	// Duration is how long the load took, retries and backoff included,
-	// from when it had its slot of [Options.Limit]: the wait for the slot
-	// is Queued, not part of it. It is the δ of [Options.EarlyRefresh].
+	// its wait for a [Limit] slot (Queued) not: the δ of EarlyRefresh.
 	Duration time.Duration
 	// Err is the load's error, nil on success.
 	Err error
-	// NotFound is true when Err is a not-found ([Options.IsNotFound]): the
-	// downstream answered that the key does not exist. For a LoadMany call
-	// it judges the call's Err, not its keys missing from the result.
+	// NotFound is true when Err is a not-found ([Options.IsNotFound]); for
+	// a LoadMany call, when the call's Err is.
 	NotFound bool
 	// Attempts is the number of LoadFunc calls the load made (0 when the
 	// breaker refused the first one).
@@ -96,18 +89,15 @@ type LoadEvent[K comparable] struct {
 	// (stale-while-revalidate or early refresh).
 	Background bool
 	// Callers is how many Get calls received this load's result, the
-	// starter included: the blast radius of Err when it is not nil. Callers
-	// that left before the result was ready are not counted; a background
-	// refresh nobody joined has 0.
+	// starter included: the blast radius of Err when it is not nil.
 	Callers int
 	// Abandoned is true when the load was cancelled because every waiter
 	// left ([CancelAtZero]).
 	Abandoned bool
-	// Stored is true when the result was handed to the cache. It is false
-	// for errors (a cached not-found aside), for loads overtaken by
-	// [Loader.Set] or [Loader.Invalidate], and after Close. ristretto
-	// applies writes asynchronously and may still refuse one under memory
-	// pressure, which Stats.SetsRejected counts.
+	// Stored is true when the result was handed to the cache: not for
+	// errors (a cached not-found aside), loads overtaken by a Set or an
+	// Invalidate, or after Close. The cache may still refuse it
+	// (Stats.SetsRejected).
 	Stored bool
 	// Remote is true when the value came from [Options.Remote], loaded by
 	// another process: no downstream call was made here.
@@ -119,33 +109,21 @@ type LoadEvent[K comparable] struct {
 	// value held was kept, its freshness renewed; Err is nil.
 	NotModified bool
 	// Keys is the number of keys the load was for: 1, or the distinct
-	// keys of one [Options.LoadMany] call, the keys it was asked for
-	// (whose Err, Attempts and Duration are the call's, and whose Callers
-	// are summed over its keys).
+	// keys of one [Options.LoadMany] call (its Callers summed over them).
 	Keys int
 	// Queued is how long the load waited for a downstream slot under
-	// [Options.Limit] before it started (or before it failed with
-	// [ErrLimited]); 0 when it found one free, or without a Limit.
-	// Duration does not include it: a load that waits 90ms for a slot and
-	// then calls for 10ms has Queued 90ms and Duration 10ms.
+	// [Options.Limit] (or until it failed with [ErrLimited]).
 	Queued time.Duration
 }
 
 // Stats is a snapshot of a Loader's cumulative counters, from [Loader.Stats].
 //
-// Every Get is counted once by how it was answered:
-// Gets = Hits + StaleHits + Misses + Closed, once no Get is running. Misses
-// are the Gets that waited for a load (or tried to); how they ended is in
-// Loaded, Shared (SharedErrors), StaleOnError and Canceled, one count per
-// [Source] a miss can say. Each distinct key of a GetMany counts as one Get.
-//
-// A load is the Loader's work for one key, or for the keys of one
-// LoadMany call: Loads counts it once it ended, however it ended, whether
-// or not it reached the downstream (the breaker or Options.Limit may
-// refuse it, a Remote may answer it). DownstreamCalls counts what the
-// downstream saw: the LoadFunc, LoadMany and Reload calls made, each retry
-// one more. Stats marshals to JSON with the breaker's state by name
-// ([BreakerState.MarshalText]).
+// Every Get (each distinct key of a GetMany) is counted once by how it was
+// answered: Gets = Hits + StaleHits + Misses + Closed once no Get runs, and
+// the Misses end as Loaded, Shared, StaleOnError or Canceled. Loads counts
+// the Loader's work for a key (or one LoadMany call) however it ended;
+// DownstreamCalls what the downstream saw. Stats marshals to JSON with the
+// breaker's state by name.
 type Stats struct {
 	Gets      uint64 // Get and GetInfo calls, and the distinct keys of GetMany and GetManyInfo calls
 	Hits      uint64 // answered from a fresh entry (cached not-found included)

@@ -256,18 +256,12 @@ func (e *entry[K, V]) tagNames() []string {
 }
 
 // InvalidateTag drops every value that carries tag ([Options.Tags]), in
-// constant time whatever the cache holds: no scan of the cache, no lock
-// held across keys, no allocation. The rules are [Loader.Invalidate]'s
-// (docs/design.md rules 36 to 38): a value with the tag stored before the
-// call is absent to every Get, GetMany, Peek and Refresh that starts
-// after it returns (not a hit, a stale value, a stale-on-error fallback,
-// nor the old value of a Reload); a load in flight whose value carries the
-// tag answers its own callers and fills nothing, and a Get that starts
-// after the call does not take its value, it loads again. The memory of
-// the values dropped is given back as the cache evicts them or their keys
-// are written again. It counts in Stats.TagInvalidations. Without
-// Options.Tags, and after Close, it does nothing. InvalidateTag is safe
-// for concurrent use.
+// constant time: no scan, no lock held across keys, no allocation. Its
+// rules are [Loader.Invalidate]'s: nothing with the tag stored before the
+// call answers a Get, GetMany, Peek or Refresh that starts after it, and a
+// load in flight whose value carries it fills nothing (docs/design.md rules
+// 36 to 38). It counts in Stats.TagInvalidations; without Options.Tags, and
+// after Close, it does nothing. It is safe for concurrent use.
 //
 // NOTE: it acts on this Loader alone: with [Options.Remote], the shared
 // tier's entries are not invalidated, and a load after the call may be

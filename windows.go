@@ -9,12 +9,6 @@ import (
 	"github.com/flightcache/flightcache/remote"
 )
 
-// Windows is [remote.Windows]: how a Loader judges a value's age, as a
-// tier needs it.
-//
-// Deprecated: use remote.Windows.
-type Windows = remote.Windows
-
 // windows returns the windows a Loader made with o (validated, defaults
 // applied) applies to a value when it has no Freshness: what [Rules]
 // gives as Windows.
@@ -68,42 +62,12 @@ func pick(d, def time.Duration) time.Duration {
 	return d
 }
 
-// AcceptsStale is [remote.AcceptsStale].
-//
-// Deprecated: use remote.AcceptsStale.
-func AcceptsStale(ctx context.Context, d time.Duration) bool { return remote.AcceptsStale(ctx, d) }
-
 // withinMaxStale is [remote.AcceptsStale]'s rule, for a max-stale read
 // beforehand (remote.MaxStale, callerOf): no bound accepts any staleness,
 // a bound of 0 none. TestWithinMaxStaleIsAcceptsStale holds the two alike.
 func withinMaxStale(max time.Duration, bounded bool, d time.Duration) bool {
 	return !bounded || (max > 0 && d <= max)
 }
-
-// Phase is [remote.Phase]: where a value is in its life at a given moment.
-//
-// Deprecated: use remote.Phase.
-type Phase = remote.Phase
-
-// The phases of a value, in the order it goes through them.
-//
-// Deprecated: use remote.PhaseFresh and the others.
-const (
-	PhaseFresh        = remote.PhaseFresh
-	PhaseStale        = remote.PhaseStale
-	PhaseStaleIfError = remote.PhaseStaleIfError
-	PhaseExpired      = remote.PhaseExpired
-)
-
-// Bounds is [remote.Bounds]: the ends of one value's windows, as times.
-//
-// Deprecated: use remote.Bounds.
-type Bounds = remote.Bounds
-
-// StaleMayCover is [remote.StaleMayCover].
-//
-// Deprecated: use remote.StaleMayCover.
-func StaleMayCover(err error, notFound bool) bool { return remote.StaleMayCover(err, notFound) }
 
 // WithMaxStale returns a context that makes a Get accept a stale value only
 // if it went stale at most d ago, like HTTP's Cache-Control max-stale.
@@ -113,12 +77,6 @@ func StaleMayCover(err error, notFound bool) bool { return remote.StaleMayCover(
 func WithMaxStale(ctx context.Context, d time.Duration) context.Context {
 	return remote.WithMaxStale(ctx, d)
 }
-
-// MaxStale is [remote.MaxStale]: the bound [WithMaxStale] put on ctx, if
-// any.
-//
-// Deprecated: use remote.MaxStale.
-func MaxStale(ctx context.Context) (d time.Duration, ok bool) { return remote.MaxStale(ctx) }
 
 // caller is what a Get takes from its caller's context. The context is the
 // caller's code: any of its methods may panic (or end the goroutine), and
@@ -166,17 +124,12 @@ func (c *caller) acceptsStale(freshUntil, now time.Duration) bool {
 // revalidateKey is the context key of WithRevalidate.
 type revalidateKey struct{}
 
-// WithRevalidate returns a context under which a Get is never answered from
-// the cache, fresh or stale: it joins the key's load in flight (one that
-// started before an [Loader.InvalidateAll] or a Distrust excepted) or
-// starts one ([Options.Reload] with the value held, when there is one), so a burst
-// of revalidating Gets still makes one call. Its result replaces the cached
-// value. A failed revalidation is covered by the value held within
-// StaleIfError, as any failed load is. This is HTTP's Cache-Control:
-// no-cache. It applies to the Get it is passed to: a load's context does
-// not pass it on to the Gets its LoadFunc makes. (To read your own write,
-// Invalidate or Set first: a load that started before them never writes
-// the cache.)
+// WithRevalidate returns a context under which a Get is never answered
+// from the cache, like HTTP's Cache-Control: no-cache: it joins the key's
+// load in flight or starts one (a Reload of the value held, if any), so a
+// burst of revalidating Gets still makes one call, and the result replaces
+// the cached value (docs/design.md rules 14 and 27). It applies to the Get
+// it is passed to, not to the Gets its LoadFunc makes.
 func WithRevalidate(ctx context.Context) context.Context {
 	if !revalidateUsed.Load() {
 		revalidateUsed.Store(true)
@@ -196,14 +149,6 @@ func revalidating(ctx context.Context) bool {
 	}
 	r, _ := ctx.Value(revalidateKey{}).(bool)
 	return r
-}
-
-// WithReloadValue is [remote.WithReloadValue]: passed by a tier to the load
-// function it was given, it makes that load a Reload of v.
-//
-// Deprecated: use remote.WithReloadValue.
-func WithReloadValue[V any](ctx context.Context, v V) context.Context {
-	return remote.WithReloadValue(ctx, v)
 }
 
 // loadKey is the context key under which a load's context carries its

@@ -329,36 +329,18 @@ func (wr *writer[K, V]) issue(w *write[K, V]) {
 	}
 }
 
-// Set stores value for key as if it had just been loaded. A load of key in
-// flight when Set is called still delivers its result to its own waiters,
-// but never overwrites the value Set stored. A Get that starts after Set
-// returns sees value, until the cache evicts it (ristretto's admission
-// policy may also refuse it at once when the cache is full, which
-// Stats.SetsRejected counts).
-//
-// Set does not wait for the cache to apply the value, unless
-// [Options.MaxPendingWrites] writes of Set and Invalidate are waiting for
-// it already: then Set waits its turn, first come first served, until the
-// cache has caught up by one (Stats.WriteWaits counts the Sets and
-// Invalidates that waited). It never waits for a load. So a storm of Sets
-// runs at the pace the cache applies them, in bounded memory.
+// Set stores value for key as if it had just been loaded: a Get that starts
+// after Set returns sees it (unless the cache evicts or refuses it), and a
+// load of key in flight answers its own waiters but never overwrites it
+// (docs/design.md rule 6). Set never waits for a load; it waits its turn
+// only when [Options.MaxPendingWrites] writes are pending (rule 19). After
+// Close, and for a key that cannot be cached or is invalid, it does nothing.
 //
 // NOTE: after a database write, call [Loader.Invalidate], not Set with the
-// row the write returned, unless no one else writes that row at the same
-// time. Two writers of one row that each Set their own result may reach
-// the cache in the other order than they reached the database, and the
-// older row then serves as a hit until it expires. Invalidate has no order
-// to lose: whichever comes last, the next Get loads the row as the
-// database has it then. Set is for a value nothing else writes
-// concurrently (a row this process alone owns, a computed value), or for
-// a Loader with [Options.Version] whose rows carry a version the database
-// moves with each write: then the older of two racing Sets is dropped,
-// whichever comes last (Stats.WritesOutdated), and Set of the written row
-// is safe.
-//
-// Set after Close does nothing; so does Set of a key whose Hash panics, of
-// a key not equal to itself (see [Options.Hash]), and of a key
-// [Options.ValidateKey] rejects.
+// row the write returned, unless nothing else writes that row at the same
+// time or the Loader has [Options.Version]: two racing Sets may reach the
+// cache in the other order than the database, and the older row then
+// serves until it expires; an Invalidate has no order to lose.
 func (l *Loader[K, V]) Set(key K, value V) {
 	if l.checkKey(key) != nil {
 		return // no Get could read it (Options.ValidateKey)
@@ -387,13 +369,11 @@ func (l *Loader[K, V]) Set(key K, value V) {
 	}
 }
 
-// Invalidate drops key's cached value. A load of key in flight delivers its
-// result to its own waiters but does not write the cache; the next Get
-// starts a fresh load. Like [Loader.Set] it may wait its turn behind
-// [Options.MaxPendingWrites] other writes, never for a load, and it is
-// never lost. It is what to call after a database write of key: unlike
-// [Loader.Set] of the written row, it cannot leave an older row behind
-// when two writers race. Invalidate after Close does nothing.
+// Invalidate drops key's cached value: a load of key in flight answers its
+// own waiters but writes nothing, and the next Get loads afresh
+// (docs/design.md rule 6). Like [Loader.Set] it may wait its turn behind
+// pending writes, never for a load, and is never lost. After Close it does
+// nothing.
 func (l *Loader[K, V]) Invalidate(key K) {
 	if l.drop(key) {
 		l.remoteInvalidate(key)
@@ -429,17 +409,12 @@ func (l *Loader[K, V]) write(key K, h uint64, mk func() *entry[K, V], cost int64
 	return ok
 }
 
-// InvalidateAll drops every key's value at once, in constant time whatever
-// the cache holds: every value cached or pending is gone, every load in
-// flight delivers its result to its own waiters but writes nothing (as
-// Invalidate does for one key), and a Get that starts after InvalidateAll
-// returns never sees a value from before it: not as a hit, a stale value,
-// a stale-on-error fallback, nor as the old value of a Reload. The cache's
-// memory is given back by the writer shortly after. With a Remote that
-// implements [RemoteInvalidateAll] the shared tier is invalidated first,
-// then this Loader's copies, so that no load of this process can fill the
-// cache with a shared entry from before the call. It counts in
-// Stats.InvalidateAlls; after Close it does nothing.
+// InvalidateAll drops every key's value at once, in constant time: no Get
+// that starts after it returns sees a value from before it, and every load
+// in flight answers its own waiters but writes nothing (docs/design.md rule
+// 20). With a Remote that takes part ([remote.AllInvalidator]) the shared
+// tier is invalidated first. It counts in Stats.InvalidateAlls; after Close
+// it does nothing.
 func (l *Loader[K, V]) InvalidateAll() {
 	if l.gate.Closed() {
 		return
