@@ -144,6 +144,9 @@ func (s *Source[K]) stream(ctx context.Context, l link) error {
 	s.apply.reset() // a transaction cut by a lost connection comes again
 	lastStatus, lastHeard := time.Now(), time.Now()
 	sendStatus := func(reply bool) error {
+		if s.fenced() {
+			return errLeaseLost // a lease lost confirms nothing more
+		}
 		at := LSN(s.applied.Load())
 		err := pglogrepl.SendStandbyStatusUpdate(ctx, conn, pglogrepl.StandbyStatusUpdate{
 			WALWritePosition: pglogrepl.LSN(at), ReplyRequested: reply,
@@ -229,6 +232,9 @@ func (s *Source[K]) handle(ctx context.Context, plain *pgconn.PgConn, rels *rela
 		}
 		return k.ReplyRequested, nil
 	case pglogrepl.XLogDataByteID:
+		if s.fenced() {
+			return false, errLeaseLost // a lease lost applies nothing more
+		}
 		x, err := pglogrepl.ParseXLogData(data[1:])
 		if err != nil {
 			return false, fmt.Errorf("flightpg: %w", err)
