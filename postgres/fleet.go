@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/cenkalti/backoff/v4"
+	"github.com/jackc/pglogrepl"
 	"github.com/jackc/pgx/v5/pgconn"
 )
 
@@ -247,6 +248,22 @@ func (s *Source[K]) end(t *term, closing bool) {
 		s.report(err)
 	}
 	f.see("")
+}
+
+// handOver confirms what was applied when a holder's stream ends while
+// it still holds the lease (Close), so that the next holder replays
+// less. A fenced Source confirms nothing.
+func (s *Source[K]) handOver(conn *pgconn.PgConn) {
+	if s.fleet == nil || s.fenced() || s.applied.Load() <= s.confirmed.Load() {
+		return
+	}
+	ctx, cancel := context.WithTimeout(s.base, time.Second)
+	defer cancel()
+	at := LSN(s.applied.Load())
+	err := pglogrepl.SendStandbyStatusUpdate(ctx, conn, pglogrepl.StandbyStatusUpdate{WALWritePosition: pglogrepl.LSN(at)})
+	if err == nil {
+		s.confirmed.Store(uint64(at))
+	}
 }
 
 // leaseEvent hands e to Options.OnLease.

@@ -461,7 +461,8 @@ func TestFleetLostLeaseStopsConfirms(t *testing.T) {
 
 // The consumer process of TestFleetSIGKILLTakeover: it runs only in the
 // child (FLIGHTPG_FLEET_CHILD set), holds the lease, prints "held" once
-// it consumes and "key N" for each Invalidate (each line one write, so
+// it consumes, "lost" when it loses the lease, and "key N" for each
+// Invalidate (each line one write, so
 // the parent has every key invalidated before a SIGKILL), and waits to
 // be killed.
 func TestFleetConsumerProcess(t *testing.T) {
@@ -477,8 +478,11 @@ func TestFleetConsumerProcess(t *testing.T) {
 	_, err = New(context.Background(), os.Getenv("PG_URL"), out, byID, Options{
 		Publication: os.Getenv("FLIGHTPG_FLEET_PUB"), Slot: os.Getenv("FLIGHTPG_FLEET_SLOT"), Lease: lease,
 		OnLease: func(e LeaseEvent) {
-			if e.Held {
+			switch {
+			case e.Held:
 				out.line("held")
+			case e.Reason == "lost":
+				out.line("lost")
 			}
 		},
 	})
@@ -543,7 +547,6 @@ func TestFleetSIGKILLTakeover(t *testing.T) {
 	}
 	var written atomic.Int64
 	go func() {
-		ctx := deadline(t)
 		for i := int64(1); ; i++ {
 			select {
 			case <-stop:
@@ -551,7 +554,10 @@ func TestFleetSIGKILLTakeover(t *testing.T) {
 				return
 			case <-time.After(2 * time.Millisecond):
 			}
-			if _, err := writer.Exec(ctx, "INSERT INTO "+tbl+" VALUES ($1, 'p', 1)", i); err != nil {
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			_, err := writer.Exec(ctx, "INSERT INTO "+tbl+" VALUES ($1, 'p', 1)", i)
+			cancel()
+			if err != nil {
 				writerDone <- err
 				return
 			}
@@ -611,7 +617,9 @@ func TestFleetSIGKILLTakeover(t *testing.T) {
 			t.Errorf("round %d: the parent holds the lease beside the consumer process", round)
 		}
 		// Let the child apply and confirm for a while (its position is
-		// confirmed about every second).
+		// confirmed about every second): it is killed mid-stream, with
+		// changes applied and not yet confirmed.
+		from := slotConfirmed(t, conn, slot)
 		for range 400 {
 			select {
 			case <-childKeys:
@@ -619,6 +627,7 @@ func TestFleetSIGKILLTakeover(t *testing.T) {
 				t.Fatalf("round %d: the consumer process applies nothing", round)
 			}
 		}
+		eventually(t, "the consumer process confirms", func() bool { return slotConfirmed(t, conn, slot) > from })
 		if err := child.Process.Signal(syscall.SIGKILL); err != nil {
 			t.Fatal(err)
 		}
@@ -669,5 +678,96 @@ func TestFleetSIGKILLTakeover(t *testing.T) {
 		n, total, total-len(all), kills, sorted[len(sorted)/2].Round(time.Millisecond), sorted[len(sorted)-1].Round(time.Millisecond), takeovers)
 	if sorted[len(sorted)-1] > 2*time.Second {
 		t.Errorf("takeover took %v; want within 2s", sorted[len(sorted)-1])
+	}
+}
+
+// startConsumer starts the consumer process (TestFleetConsumerProcess) on
+// the fleet's slot and lease; its lines come on the channel returned,
+// closed when it exits.
+func startConsumer(t *testing.T, pub, slot, key string) (*osexec.Cmd, <-chan string) {
+	t.Helper()
+	child := osexec.Command(os.Args[0], "-test.run=^TestFleetConsumerProcess$", "-test.v=false")
+	child.Env = append(os.Environ(), "FLIGHTPG_FLEET_CHILD=1", "FLIGHTPG_FLEET_KEY="+key,
+		"FLIGHTPG_FLEET_PUB="+pub, "FLIGHTPG_FLEET_SLOT="+slot, "PG_URL="+pgURL(t), "REDIS_ADDR="+redisAddr(t))
+	stdout, err := child.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	child.Stderr = os.Stderr
+	if err := child.Start(); err != nil {
+		t.Fatal(err)
+	}
+	lines := make(chan string, 1<<16)
+	go func() {
+		defer close(lines)
+		sc := bufio.NewScanner(stdout)
+		for sc.Scan() {
+			lines <- sc.Text()
+		}
+	}()
+	t.Cleanup(func() {
+		_ = child.Process.Kill()
+		_ = child.Wait()
+		for range lines {
+		}
+	})
+	return child, lines
+}
+
+// waitLine waits for the line want from a consumer process.
+func waitLine(t *testing.T, lines <-chan string, want string) {
+	t.Helper()
+	ctx := deadline(t)
+	for {
+		select {
+		case l, ok := <-lines:
+			if !ok {
+				t.Fatalf("the consumer process exited before printing %q", want)
+			}
+			if l == want {
+				return
+			}
+		case <-ctx.Done():
+			t.Fatalf("the consumer process never printed %q", want)
+		}
+	}
+}
+
+// A paused holder (SIGSTOP) keeps its walsender, and PostgreSQL keeps the
+// slot active for it: the Source that took the lease over retries while
+// the slot is busy, then, a TTL later, ends that walsender and consumes.
+// The holder, resumed, finds its lease gone and stops.
+func TestFleetPausedHolderIsCutOff(t *testing.T) {
+	conn := connect(t)
+	tbl, pub := table(t, conn)
+	slot, key := fleetNames(t)
+	rdb := redisClient(t)
+	exec(t, conn, "SELECT pg_create_logical_replication_slot($1, 'pgoutput')", slot)
+	child, lines := startConsumer(t, pub, slot, key)
+	waitLine(t, lines, "held")
+	var rec recorder
+	log := newLeaseLog()
+	src := start(t, &rec, byID, Options{Publication: pub, Slot: slot, DropSlotOnClose: true, Lease: newLease(t, rdb, key, "parent"), OnLease: log.on})
+	if err := child.Process.Signal(syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	paused := time.Now()
+	at := log.waitAcquired(t, "the parent")
+	st := src.Lease()
+	t.Logf("took over a paused holder in %v: %+v", at.Sub(paused).Round(time.Millisecond), st)
+	if st.SlotBusy == 0 || st.Terminated != 1 {
+		t.Errorf("Lease() = %+v; want the slot found busy, and the paused holder's walsender ended once", st)
+	}
+	exec(t, conn, "INSERT INTO "+tbl+" VALUES (1, 'p', 1)")
+	caughtUp(t, src, conn)
+	if got, _ := rec.take(); !slices.Contains(got, 1) {
+		t.Errorf("the new holder did not apply row 1: %v", got)
+	}
+	if err := child.Process.Signal(syscall.SIGCONT); err != nil {
+		t.Fatal(err)
+	}
+	waitLine(t, lines, "lost")
+	if !src.Lease().Held {
+		t.Error("the parent lost the lease when the paused holder resumed")
 	}
 }

@@ -89,6 +89,7 @@ func New[K comparable](ctx context.Context, connString string, target Target[K],
 	if opts.Lease != nil {
 		// One Source of the fleet reads the slot (fleet.go).
 		s.fleet = newFleet(opts.Lease)
+		s.slot.Store(&opts.Slot)
 		var life context.Context
 		life, s.cancel = context.WithCancel(s.base)
 		t, err := s.startFleet(ctx, life)

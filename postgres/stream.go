@@ -183,6 +183,7 @@ func (s *Source[K]) stream(ctx context.Context, l link) error {
 		cancel()
 		switch {
 		case ctx.Err() != nil:
+			s.handOver(conn)
 			return nil
 		case err != nil && pgconn.Timeout(err):
 			if time.Since(lastHeard) > silenceLimit {
