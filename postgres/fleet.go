@@ -75,6 +75,12 @@ type fleet struct {
 
 	mu     sync.Mutex // guards holder
 	holder string
+
+	// warm is a link a Source standing by keeps open, so that a takeover
+	// starts the stream without first opening connections (the Source's
+	// goroutine only).
+	warm   link
+	warmed bool
 }
 
 func newFleet(l Lease) *fleet {
@@ -305,6 +311,12 @@ func (s *Source[K]) startFleet(ctx, life context.Context) (*term, error) {
 // takes the lease, consumes until it loses it, and again, until ctx ends.
 func (s *Source[K]) runFleet(ctx context.Context, t *term) {
 	defer close(s.done)
+	defer func() {
+		if s.fleet.warmed {
+			s.hangUp(s.fleet.warm)
+			s.fleet.warmed = false
+		}
+	}()
 	for {
 		if t == nil {
 			if t = s.standBy(ctx); t == nil {
@@ -331,11 +343,18 @@ func (s *Source[K]) runFleet(ctx context.Context, t *term) {
 	}
 }
 
-// standBy tries for the lease every TTL/4 (jittered) until it wins it or
+// standBy tries for the lease every TTL/8 (jittered) until it wins it or
 // ctx ends (then it returns nil).
 func (s *Source[K]) standBy(ctx context.Context) *term {
-	every := s.fleet.ttl / 4
+	f := s.fleet
+	every := f.ttl / 8
 	for {
+		if !f.warmed {
+			// A failure here is met again, and reported, at the takeover.
+			if l, err := s.dial(ctx); err == nil {
+				f.warm, f.warmed = l, true
+			}
+		}
 		d := every*4/5 + rand.N(every*2/5+1)
 		timer := time.NewTimer(d)
 		select {
@@ -420,6 +439,15 @@ func (s *Source[K]) connectHolding(ctx context.Context, t *term, inNew bool) (li
 	other := backoff.NewExponentialBackOff()
 	other.InitialInterval, other.MaxInterval, other.MaxElapsedTime = s.opts.Reconnect.InitialInterval, s.opts.Reconnect.MaxInterval, 0
 	other.Reset()
+	if f := s.fleet; f.warmed {
+		l := f.warm
+		f.warmed = false
+		if err := s.begin(ctx, l, !s.connected); err == nil {
+			s.connected = true
+			return l, nil
+		}
+		s.hangUp(l) // gone stale, or the slot is busy: connect anew
+	}
 	var busySince time.Time
 	for {
 		if s.fenced() {

@@ -253,7 +253,7 @@ func TestFleetOneSourceConsumes(t *testing.T) {
 	if m := missing(ids(1, 50), count(gotA)); len(m) > 0 {
 		t.Errorf("the holder did not apply %v", m)
 	}
-	// b renewed its attempt several times meanwhile (every TTL/4).
+	// b renewed its attempt several times meanwhile (every TTL/8).
 	if gotB, alls := rb.take(); len(gotB) > 0 || alls > 0 {
 		t.Errorf("the Source standing by applied %d keys and %d InvalidateAlls; want none", len(gotB), alls)
 	}
@@ -303,11 +303,14 @@ func TestFleetCloseHandsOver(t *testing.T) {
 	if err := a.Close(); err != nil {
 		t.Fatal(err)
 	}
+	if st := a.Stats(); st.ConfirmedLSN != st.AppliedLSN {
+		t.Errorf("a closed with %v applied and %v confirmed; want what it applied confirmed on the way out", st.AppliedLSN, st.ConfirmedLSN)
+	}
 	for i := int64(21); i <= 40; i++ { // committed while no one reads
 		exec(t, conn, "INSERT INTO "+tbl+" VALUES ($1, 'p', 1)", i)
 	}
 	at := logB.waitAcquired(t, "b")
-	t.Logf("handover: b consumed %v after a's Close (lease TTL 1s, tried every 250ms)", at.Sub(closed).Round(time.Millisecond))
+	t.Logf("handover: b consumed %v after a's Close (lease TTL 1s, tried every 125ms)", at.Sub(closed).Round(time.Millisecond))
 	caughtUp(t, b, conn)
 	gotA, _ := ra.take()
 	gotB, _ := rb.take()
@@ -567,7 +570,8 @@ func TestFleetSIGKILLTakeover(t *testing.T) {
 	defer func() { _ = stopWriter() }()
 
 	const kills = 5
-	var takeovers []time.Duration
+	var takeovers, afterExpiry []time.Duration // from the kill, from the lease's expiry
+	var busy uint64                            // starts refused: the slot still active
 	for round := range kills {
 		child := osexec.Command(os.Args[0], "-test.run=^TestFleetConsumerProcess$", "-test.v=false")
 		child.Env = append(os.Environ(), "FLIGHTPG_FLEET_CHILD=1", "FLIGHTPG_FLEET_KEY="+key,
@@ -632,8 +636,11 @@ func TestFleetSIGKILLTakeover(t *testing.T) {
 			t.Fatal(err)
 		}
 		killed := time.Now()
+		left, _ := rdb.PTTL(deadline(t), key).Result()
 		at := log.waitAcquired(t, "the parent")
 		takeovers = append(takeovers, at.Sub(killed))
+		afterExpiry = append(afterExpiry, at.Sub(killed)-left)
+		busy += src.Lease().SlotBusy
 		_ = child.Wait()
 		<-readDone
 		eventually(t, "the parent applies changes committed after the kill", func() bool {
@@ -676,6 +683,9 @@ func TestFleetSIGKILLTakeover(t *testing.T) {
 	slices.Sort(sorted)
 	t.Logf("%d rows committed, %d applications (%d duplicates: applied, not yet confirmed, replayed); takeover after SIGKILL over %d kills: p50 %v, max %v (all %v)",
 		n, total, total-len(all), kills, sorted[len(sorted)/2].Round(time.Millisecond), sorted[len(sorted)-1].Round(time.Millisecond), takeovers)
+	slices.Sort(afterExpiry)
+	t.Logf("after the lease ran out: p50 %v, max %v; starts refused while the killed walsender was still there: %d",
+		afterExpiry[len(afterExpiry)/2].Round(time.Millisecond), afterExpiry[len(afterExpiry)-1].Round(time.Millisecond), busy)
 	if sorted[len(sorted)-1] > 2*time.Second {
 		t.Errorf("takeover took %v; want within 2s", sorted[len(sorted)-1])
 	}

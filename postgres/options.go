@@ -40,7 +40,7 @@ type Options struct {
 	// Lease, when set, makes this Source one of a fleet that shares the
 	// permanent slot named by Slot (required with it): only the Source
 	// holding the lease reads the slot, and the others stand by, trying
-	// for it every TTL/4; see [Lease], [RedisLease] and
+	// for it every TTL/8; see [Lease], [RedisLease] and
 	// docs/postgres.md, "A fleet". Give each process's Loader the Redis
 	// tier (flightredis): the holder's invalidations go through its
 	// Loader, and the tier drops the key in every process that holds it.
