@@ -573,48 +573,21 @@ func TestFleetSIGKILLTakeover(t *testing.T) {
 	var takeovers, afterExpiry []time.Duration // from the kill, from the lease's expiry
 	var busy uint64                            // starts refused: the slot still active
 	for round := range kills {
-		child := osexec.Command(os.Args[0], "-test.run=^TestFleetConsumerProcess$", "-test.v=false")
-		child.Env = append(os.Environ(), "FLIGHTPG_FLEET_CHILD=1", "FLIGHTPG_FLEET_KEY="+key,
-			"FLIGHTPG_FLEET_PUB="+pub, "FLIGHTPG_FLEET_SLOT="+slot, "PG_URL="+pgURL(t), "REDIS_ADDR="+redisAddr(t))
-		stdout, err := child.StdoutPipe()
-		if err != nil {
-			t.Fatal(err)
-		}
-		child.Stderr = os.Stderr
-		if err := child.Start(); err != nil {
-			t.Fatal(err)
-		}
-		held := make(chan struct{})
-		childKeys := make(chan int, 1024) // keys counted since held
-		readDone := make(chan struct{})
-		go func() {
-			defer close(readDone)
-			sc := bufio.NewScanner(stdout)
-			for sc.Scan() {
-				switch l := sc.Text(); {
-				case l == "held":
-					close(held)
-				case strings.HasPrefix(l, "key "):
-					k, _ := strconv.ParseInt(strings.TrimPrefix(l, "key "), 10, 64)
-					addKeys([]int64{k})
-					select {
-					case childKeys <- 1:
-					default:
-					}
-				}
+		child, lines := startConsumer(t, pub, slot, key)
+		waitLine(t, lines, "held")
+		// keyOf counts a line that names a key.
+		keyOf := func(l string) bool {
+			k, err := strconv.ParseInt(strings.TrimPrefix(l, "key "), 10, 64)
+			if err == nil && strings.HasPrefix(l, "key ") {
+				addKeys([]int64{k})
+				return true
 			}
-		}()
-		select {
-		case <-held:
-		case <-deadline(t).Done():
-			_ = child.Process.Kill()
-			t.Fatalf("round %d: the consumer process never took the lease", round)
+			return false
 		}
 		var rec recorder
 		log := newLeaseLog()
 		src, err := New(deadline(t), pgURL(t), &rec, byID, Options{Publication: pub, Slot: slot, Lease: newLease(t, rdb, key, "parent"), OnLease: log.on})
 		if err != nil {
-			_ = child.Process.Kill()
 			t.Fatal(err)
 		}
 		if src.Lease().Held {
@@ -624,9 +597,12 @@ func TestFleetSIGKILLTakeover(t *testing.T) {
 		// confirmed about every second): it is killed mid-stream, with
 		// changes applied and not yet confirmed.
 		from := slotConfirmed(t, conn, slot)
-		for range 400 {
+		for n := 0; n < 400; {
 			select {
-			case <-childKeys:
+			case l := <-lines:
+				if keyOf(l) {
+					n++
+				}
 			case <-deadline(t).Done():
 				t.Fatalf("round %d: the consumer process applies nothing", round)
 			}
@@ -641,8 +617,9 @@ func TestFleetSIGKILLTakeover(t *testing.T) {
 		takeovers = append(takeovers, at.Sub(killed))
 		afterExpiry = append(afterExpiry, at.Sub(killed)-left)
 		busy += src.Lease().SlotBusy
-		_ = child.Wait()
-		<-readDone
+		for l := range lines { // until the killed process's output ends
+			keyOf(l)
+		}
 		eventually(t, "the parent applies changes committed after the kill", func() bool {
 			rec.mu.Lock()
 			defer rec.mu.Unlock()
