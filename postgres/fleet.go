@@ -532,10 +532,23 @@ func (s *Source[K]) checkPublication(ctx context.Context) error {
 }
 
 // dropFleetSlot is Close's DropSlotOnClose with a Lease: the slot is
-// dropped only when no other Source of the fleet holds the lease.
+// dropped only when no other Source of the fleet takes the lease. This
+// Source let it go as it stopped; it waits TTL/2, in which any Source
+// standing by tries for it several times (every TTL/8) and takes it,
+// then takes it itself: if it can, no Source stands by, and it drops the
+// slot. (A Source standing by that missed it all that time, Redis
+// failing it, makes the slot anew when it takes over, and distrusts
+// every value: a cost, never a stale row.)
 func (s *Source[K]) dropFleetSlot() error {
 	ctx, cancel := context.WithTimeout(s.base, closeTimeout)
 	defer cancel()
+	timer := time.NewTimer(s.fleet.ttl / 2)
+	select {
+	case <-ctx.Done():
+		timer.Stop()
+		return ctx.Err()
+	case <-timer.C:
+	}
 	held, _, err := s.fleet.lease.Acquire(ctx)
 	if err != nil {
 		return fmt.Errorf("flightpg: drop slot %s: take the lease: %w", s.opts.Slot, err)

@@ -265,8 +265,8 @@ func TestFleetOneSourceConsumes(t *testing.T) {
 	}
 	// a's Close with DropSlotOnClose left the slot: b took the lease over.
 	eventually(t, "b takes the lease over", func() bool { return b.Lease().Held })
-	if !slotExists(t, conn, slot) {
-		t.Error("a's Close dropped the slot while b was there to read it")
+	if _, alls := rb.take(); alls != 0 || !slotExists(t, conn, slot) {
+		t.Errorf("a's Close dropped the slot while b was there to read it: b made it anew and distrusted every value (%d InvalidateAlls)", alls)
 	}
 	if err := b.Close(); err != nil {
 		t.Errorf("b.Close: %v", err)

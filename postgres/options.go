@@ -33,8 +33,9 @@ type Options struct {
 	// Leave it false for a slot that should outlive this process (a restart
 	// resumes from it); set it for one that should not. Temporary slots are
 	// always dropped. With a Lease, Close drops the slot only when no
-	// other Source of the fleet holds the lease: the last one of the
-	// fleet to close drops it.
+	// other Source of the fleet takes the lease within TTL/2 of its
+	// release (Close waits that long): the last one of the fleet to close
+	// drops it.
 	DropSlotOnClose bool
 
 	// Lease, when set, makes this Source one of a fleet that shares the
