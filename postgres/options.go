@@ -32,8 +32,31 @@ type Options struct {
 	// DropSlotOnClose makes Close drop the permanent slot named by Slot.
 	// Leave it false for a slot that should outlive this process (a restart
 	// resumes from it); set it for one that should not. Temporary slots are
-	// always dropped.
+	// always dropped. With a Lease, Close drops the slot only when no
+	// other Source of the fleet takes the lease within TTL/2 of its
+	// release (Close waits that long): the last one of the fleet to close
+	// drops it.
 	DropSlotOnClose bool
+
+	// Lease, when set, makes this Source one of a fleet that shares the
+	// permanent slot named by Slot (required with it): only the Source
+	// holding the lease reads the slot, and the others stand by, trying
+	// for it every TTL/8; see [Lease], [RedisLease] and
+	// docs/postgres.md, "A fleet". Give each process's Loader the Redis
+	// tier (flightredis): the holder's invalidations go through its
+	// Loader, and the tier drops the key in every process that holds it.
+	// When the holder closes, loses the lease, or dies, another Source
+	// takes it over and resumes from the slot's confirmed position:
+	// nothing is skipped, and what was applied but not yet confirmed is
+	// applied again. Nil (the default): this Source reads on its own.
+	Lease Lease
+
+	// OnLease, when set, is called when this Source starts or stops
+	// consuming under [Options.Lease], and when, standing by, it sees
+	// the lease held by another holder than before. It is called on the
+	// Source's goroutine, which waits for it: it must not block. A panic
+	// in it is recovered and reported to OnError.
+	OnLease func(LeaseEvent)
 
 	// Resume is the position a warm restart resumes from: the
 	// [Source.Applied] of the Source of the process that saved the
@@ -165,6 +188,12 @@ func (o *Options) validate() error {
 		return optionError("Slot", "must be 1 to 63 lower-case letters, digits and underscores, got %q", o.Slot)
 	case o.Slot == "" && o.DropSlotOnClose:
 		return optionError("DropSlotOnClose", "needs Options.Slot (a temporary slot is always dropped)")
+	case o.Lease != nil && o.Slot == "":
+		return optionError("Lease", "needs Options.Slot (the fleet shares one permanent slot)")
+	case o.Lease != nil && o.Resume != 0:
+		return optionError("Resume", "cannot be used with Options.Lease (a fleet resumes from the slot's confirmed position)")
+	case o.Lease != nil && o.Lease.TTL() <= 0:
+		return optionError("Lease", "TTL() must be > 0, got %v", o.Lease.TTL())
 	case o.Slot == "" && o.Resume != 0:
 		return optionError("Resume", "needs Options.Slot (a temporary slot has nothing to replay)")
 	case o.MaxPendingKeys < 0:

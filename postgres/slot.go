@@ -25,6 +25,9 @@ func (s *Source[K]) startStream(ctx context.Context, conn *pgconn.PgConn) (slot,
 	}
 	slot = s.opts.Slot
 	start := LSN(s.applied.Load())
+	if s.fleet != nil {
+		start = 0 // a fleet's holder reads from the slot's confirmed position
+	}
 	if slot == "" {
 		slot = "flightpg_" + randomHex(8)
 		if err := createSlot(ctx, conn, slot, true); err != nil {
@@ -35,6 +38,12 @@ func (s *Source[K]) startStream(ctx context.Context, conn *pgconn.PgConn) (slot,
 		created, confirmed, err := ensureSlot(ctx, conn, slot)
 		if err != nil {
 			return "", "", err
+		}
+		if s.fleet != nil {
+			// The fleet applied every change up to the slot's confirmed
+			// position: its former holder's invalidations reached this
+			// target through the tier.
+			s.advance(confirmed)
 		}
 		switch {
 		case created:

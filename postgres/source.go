@@ -39,6 +39,8 @@ type Source[K comparable] struct {
 	slot      atomic.Pointer[string] // the slot read now
 	resumed   atomic.Bool            // Stats.Resumed
 	urging    atomic.Int32           // CatchUps waiting: the stream asks the server for its position often
+	fleet     *fleet                 // Options.Lease's state (fleet.go); nil without a Lease
+	connected bool                   // a replication connection was made (the Source's goroutine, New's before it)
 
 	mu       sync.Mutex    // guards progress
 	progress chan struct{} // closed when applied grows; nil while no one waits
@@ -84,10 +86,25 @@ func New[K comparable](ctx context.Context, connString string, target Target[K],
 	s.apply = newApplier(target, mapping, opts.MaxPendingKeys, s.report, &s.stats)
 	s.apply.onApplied = opts.OnApplied
 	s.applied.Store(uint64(opts.Resume)) // applied by the process that saved the snapshot
+	if opts.Lease != nil {
+		// One Source of the fleet reads the slot (fleet.go).
+		s.fleet = newFleet(opts.Lease)
+		s.slot.Store(&opts.Slot)
+		var life context.Context
+		life, s.cancel = context.WithCancel(s.base)
+		t, err := s.startFleet(ctx, life)
+		if err != nil {
+			s.cancel()
+			return nil, err
+		}
+		go s.runFleet(life, t)
+		return s, nil
+	}
 	link, err := s.connect(ctx, true)
 	if err != nil {
 		return nil, err
 	}
+	s.connected = true
 	var life context.Context
 	life, s.cancel = context.WithCancel(s.base)
 	go s.run(life, link)
@@ -104,7 +121,10 @@ func (s *Source[K]) Close() error {
 		s.cancel()
 		<-s.done
 		s.signal()
-		if s.opts.DropSlotOnClose {
+		switch {
+		case s.opts.DropSlotOnClose && s.fleet != nil:
+			s.closeErr = s.dropFleetSlot()
+		case s.opts.DropSlotOnClose:
 			s.closeErr = s.dropSlot()
 		}
 	})

@@ -108,6 +108,19 @@ func (s *Source[K]) hangUp(l link) {
 // was read before (first is false) is a gap; any slot created distrusts
 // every value.
 func (s *Source[K]) connect(ctx context.Context, first bool) (link, error) {
+	l, err := s.dial(ctx)
+	if err != nil {
+		return link{}, err
+	}
+	if err := s.begin(ctx, l, first); err != nil {
+		s.hangUp(l)
+		return link{}, err
+	}
+	return l, nil
+}
+
+// dial opens a link's connections.
+func (s *Source[K]) dial(ctx context.Context) (link, error) {
 	var l link
 	var err error
 	if l.plain, err = pgconn.ConnectConfig(ctx, s.plain); err != nil {
@@ -117,10 +130,15 @@ func (s *Source[K]) connect(ctx context.Context, first bool) (link, error) {
 		s.hangUp(l)
 		return link{}, fmt.Errorf("flightpg: connect for replication: %w", err)
 	}
+	return l, nil
+}
+
+// begin finds or creates the slot and starts the stream on l, as connect
+// says.
+func (s *Source[K]) begin(ctx context.Context, l link, first bool) error {
 	slot, lost, err := s.startStream(ctx, l.repl)
 	if err != nil {
-		s.hangUp(l)
-		return link{}, err
+		return err
 	}
 	s.slot.Store(&slot)
 	switch {
@@ -133,7 +151,7 @@ func (s *Source[K]) connect(ctx context.Context, first bool) (link, error) {
 	case first && s.opts.Resume != 0:
 		s.resumed.Store(true)
 	}
-	return l, nil
+	return nil
 }
 
 // stream reads the replication stream on conn and applies it, reporting
@@ -144,6 +162,9 @@ func (s *Source[K]) stream(ctx context.Context, l link) error {
 	s.apply.reset() // a transaction cut by a lost connection comes again
 	lastStatus, lastHeard := time.Now(), time.Now()
 	sendStatus := func(reply bool) error {
+		if s.fenced() {
+			return errLeaseLost // a lease lost confirms nothing more
+		}
 		at := LSN(s.applied.Load())
 		err := pglogrepl.SendStandbyStatusUpdate(ctx, conn, pglogrepl.StandbyStatusUpdate{
 			WALWritePosition: pglogrepl.LSN(at), ReplyRequested: reply,
@@ -180,6 +201,7 @@ func (s *Source[K]) stream(ctx context.Context, l link) error {
 		cancel()
 		switch {
 		case ctx.Err() != nil:
+			s.handOver(conn)
 			return nil
 		case err != nil && pgconn.Timeout(err):
 			if time.Since(lastHeard) > silenceLimit {
@@ -229,6 +251,9 @@ func (s *Source[K]) handle(ctx context.Context, plain *pgconn.PgConn, rels *rela
 		}
 		return k.ReplyRequested, nil
 	case pglogrepl.XLogDataByteID:
+		if s.fenced() {
+			return false, errLeaseLost // a lease lost applies nothing more
+		}
 		x, err := pglogrepl.ParseXLogData(data[1:])
 		if err != nil {
 			return false, fmt.Errorf("flightpg: %w", err)
