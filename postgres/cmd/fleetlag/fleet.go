@@ -341,5 +341,3 @@ func procCPU(pid int) time.Duration {
 	const ticks = 100 // USER_HZ on Linux
 	return time.Duration(u+k) * time.Second / ticks
 }
-
-

@@ -413,5 +413,3 @@ func pct(ds []time.Duration, p int) time.Duration {
 	i := min(len(ds)-1, (len(ds)*p+99)/100-1)
 	return ds[max(i, 0)].Round(10 * time.Microsecond)
 }
-
-
