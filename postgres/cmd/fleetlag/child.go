@@ -103,6 +103,8 @@ type reply struct {
 	HeapPeak uint64          `json:"heapPeak,omitempty"`
 	Applied  []appliedTx     `json:"applied,omitempty"`
 
+	Held          int           `json:"held,omitempty"`
+	Tier          string        `json:"tier,omitempty"`
 	Invalidations int64         `json:"invalidations,omitempty"`
 	Invalidating  time.Duration `json:"invalidating,omitempty"`
 }
@@ -330,6 +332,7 @@ func (p *proc) command(ctx context.Context, f []string) (r reply, err error) {
 	switch f[0] {
 	case "warm": // a Get of every row, 32 at a time
 		r.Old, r.Checked, err = p.check(ctx, 1, int64(p.cfg.rows), 0)
+		r.Held = p.l.Len()
 	case "read":
 		p.startReaders()
 	case "stop":
@@ -340,6 +343,7 @@ func (p *proc) command(ctx context.Context, f []string) (r reply, err error) {
 			before := p.loads.Load()
 			r.Old, r.Checked, err = p.check(ctx, from, to, min)
 			r.Loads = p.loads.Load() - before
+			r.Tier = p.tierStats()
 		}
 	case "catchup":
 		if p.src == nil {
@@ -353,6 +357,7 @@ func (p *proc) command(ctx context.Context, f []string) (r reply, err error) {
 	case "snapshot": // snapshot PATH LSN
 		lsn := arg(2)
 		if err == nil {
+			r.Held, r.Tier = p.l.Len(), p.tierStats()
 			err = p.save(f[1], flightpg.LSN(lsn))
 		}
 	case "verify": // verify N ROWS: every update of the writer's round robin seen
@@ -500,6 +505,7 @@ func (p *proc) stopReaders(r *reply) error {
 		all = append(all, rs...)
 	}
 	r.Reads = len(all)
+	r.Held, r.Tier = p.l.Len(), p.tierStats()
 	r.Invalidations, r.Invalidating = p.invalidations.Load(), time.Duration(p.invalidating.Load())
 	p.dropMu.Lock()
 	drops := slices.Clone(p.drops)
@@ -546,6 +552,15 @@ func (p *proc) prepare(ctx context.Context, r *reply) error {
 	lsn, err := flightpg.ParseLSN(at)
 	r.LSN = lsn
 	return err
+}
+
+// tierStats says what the tier counted that makes the Loader read its
+// copies again.
+func (p *proc) tierStats() string {
+	st := p.tier.Stats()
+	return fmt.Sprintf("%s, invalidations sent %d heard %d replayed %d lost %d, distrusts %d (tracked conns lost %d, subscription losses %d, undecoded %d), skipped %d, redis errors %d",
+		st.Invalidations, st.InvalidationsSent, st.InvalidationsHeard, st.InvalidationsReplayed, st.InvalidationsLost,
+		st.Distrusts, st.TrackedConnsLost, st.SubscriptionLosses, st.UndecodedInvalidations, st.Skipped, st.RedisErrors)
 }
 
 // save writes the snapshot (the position, then the entries) to path.

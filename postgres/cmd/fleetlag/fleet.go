@@ -31,6 +31,7 @@ type fleet struct {
 	dir    string // where the processes write their records
 	procs  []*child
 	w      io.Writer
+	result result
 }
 
 // child is a running process of the fleet.
@@ -81,7 +82,7 @@ func newFleet(ctx context.Context, cfg config, w io.Writer) (fl *fleet, err erro
 // the first.
 func (fl *fleet) start(ctx context.Context) error {
 	for i := range fl.cfg.procs {
-		c, err := fl.spawn(i, i == 0 && !fl.cfg.control, "")
+		c, err := fl.spawn(i, i == 0 && (!fl.cfg.control || fl.cfg.mode == "restart"), "")
 		if err != nil {
 			return err
 		}

@@ -19,11 +19,32 @@ func run(cfg config) error {
 	return runTo(context.Background(), cfg, os.Stdout)
 }
 
+// result is what -mode fleet found, for the test.
+type result struct {
+	lags       []time.Duration // commit -> the last process stopped serving the old row, sorted
+	missing    int             // updates never invalidated
+	skipped    int             // updates the consumer's Mapping never saw
+	stale      int             // reads older than the row's last commit once the p99 had passed
+	staleAtMax int             // the same once the max had passed
+	reads      int
+}
+
 func runTo(ctx context.Context, cfg config, w io.Writer) error {
+	_, err := measure(ctx, cfg, w)
+	return err
+}
+
+func measure(ctx context.Context, cfg config, w io.Writer) (result, error) {
 	fl, err := newFleet(ctx, cfg, w)
 	if err != nil {
-		return err
+		return result{}, err
 	}
+	err = fl.measure(ctx)
+	return fl.result, err
+}
+
+func (fl *fleet) measure(ctx context.Context) error {
+	cfg, w := fl.cfg, fl.w
 	defer fl.close()
 	if err := fl.start(ctx); err != nil {
 		return err
@@ -31,10 +52,15 @@ func runTo(ctx context.Context, cfg config, w io.Writer) error {
 	fmt.Fprintf(w, "%s: %d processes x %d readers (%d Gets/s each) on the Redis tier, %d rows, load %s\n",
 		cfg.mode, cfg.procs, cfg.readers, cfg.reads, cfg.rows, loadavg())
 	began := time.Now()
-	if _, err := fl.all("warm"); err != nil {
+	ws, err := fl.all("warm")
+	if err != nil {
 		return err
 	}
-	fmt.Fprintf(w, "warm: every process holds every row (%v)\n", time.Since(began).Round(time.Millisecond))
+	fmt.Fprintf(w, "warm: each process Got every row (%v); held:", time.Since(began).Round(time.Millisecond))
+	for _, r := range ws {
+		fmt.Fprintf(w, " %d", r.Held)
+	}
+	fmt.Fprintln(w)
 	switch cfg.mode {
 	case "restart":
 		return fl.restart(ctx)
@@ -128,11 +154,19 @@ func (fl *fleet) stream(ctx context.Context, restartPG bool) error {
 		fmt.Fprintf(w, "commit -> last process stops serving the old row: never, each copy is served until its TTL (%v): no Source\n", cfg.ttl)
 	}
 	stale, total := staleReads(commits, reads, cfg.rows, thr)
+	fl.result = result{lags: lags, missing: missing, stale: stale, reads: total}
 	fmt.Fprintf(w, "reads older than the row's last commit %v after it: %d of %d reads", thr, stale, total)
+	if len(lags) > 0 {
+		fl.result.staleAtMax, _ = staleReads(commits, reads, cfg.rows, pct(lags, 100))
+		fmt.Fprintf(w, " (%d once the max, %v, had passed)", fl.result.staleAtMax, pct(lags, 100))
+	}
 	for i, r := range rs {
 		fmt.Fprintf(w, "; p%d %d reads, %d errors, %d loads", i, r.Reads, r.ReadErrs, r.Loads)
 	}
 	fmt.Fprintln(w)
+	for i, r := range rs {
+		fmt.Fprintf(w, "p%d: holds %d rows; tier: %s\n", i, r.Held, r.Tier)
+	}
 	if !consumer {
 		return nil
 	}
@@ -141,6 +175,7 @@ func (fl *fleet) stream(ctx context.Context, restartPG bool) error {
 	if err != nil {
 		return err
 	}
+	fl.result.skipped = v.Missing
 	fmt.Fprintf(w, "Source: %d transactions, %d changes, lag (commit -> applied, last %d) p50 %v p99 %v; reconnects %d, gaps %d; updates its Mapping never saw: %d of %d\n",
 		st.Transactions, st.Changes, st.Lag.Samples, st.Lag.P50, st.Lag.P99, st.Reconnects, st.Gaps, v.Missing, cfg.n)
 	if r := rs[0]; r.Invalidations > 0 {
@@ -189,9 +224,11 @@ func (fl *fleet) restart(ctx context.Context) error {
 	}
 	time.Sleep(200 * time.Millisecond) // and the tier brought them to the process
 	path := fl.dir + "/snapshot"
-	if _, err := down.do(fmt.Sprintf("snapshot %s %d", path, p.LSN)); err != nil {
+	snap, err := down.do(fmt.Sprintf("snapshot %s %d", path, p.LSN))
+	if err != nil {
 		return err
 	}
+	fmt.Fprintf(w, "process %d saved %d entries at %v; tier: %s\n", last, snap.Held, p.LSN, snap.Tier)
 	down.stop()
 	fl.procs[last] = nil
 	wentDown := time.Now()
@@ -311,7 +348,7 @@ func (fl *fleet) bulk(ctx context.Context) error {
 	fmt.Fprintf(w, "lag under 50 ms again %v after the bulk's commit (%d single-row updates at %d/s beside it; Source lag p50 %v p99 %v over the last %d)\n",
 		recovered.Round(time.Millisecond), singles.Load(), cfg.rate, st.Stats.Lag.P50, st.Stats.Lag.P99, st.Stats.Lag.Samples)
 	for i, c := range checks {
-		fmt.Fprintf(w, "process %d: rows served old after it %d of %d\n", i, c.Old, c.Checked)
+		fmt.Fprintf(w, "process %d: rows served old after it %d of %d; tier: %s\n", i, c.Old, c.Checked, c.Tier)
 	}
 	return nil
 }
