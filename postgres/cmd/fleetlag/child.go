@@ -349,7 +349,7 @@ func (p *proc) command(ctx context.Context, f []string) (r reply, err error) {
 		if p.src == nil {
 			return r, errors.New("catchup: this process does not consume")
 		}
-		cctx, cancel := context.WithTimeout(ctx, 5*time.Minute)
+		cctx, cancel := context.WithTimeout(ctx, 15*time.Minute)
 		defer cancel()
 		r.LSN, err = p.src.CatchUp(cctx)
 	case "prepare": // the warm shutdown's first step: this process's own slot, then the position
