@@ -58,7 +58,8 @@ type proc struct {
 	cpu0     time.Duration // CPU used when the readers started
 	profile  *os.File      // the CPU profile being written, or nil
 
-	heapBase, heapPeak atomic.Uint64
+	heapBase, heapPeak atomic.Uint64 // the heap's objects, live and not yet swept
+	liveBase, livePeak atomic.Uint64 // the heap live at the end of each GC
 	heapStop           chan struct{}
 }
 
@@ -101,6 +102,8 @@ type reply struct {
 	Stats    *flightpg.Stats `json:"stats,omitempty"`
 	HeapBase uint64          `json:"heapBase,omitempty"`
 	HeapPeak uint64          `json:"heapPeak,omitempty"`
+	LiveBase uint64          `json:"liveBase,omitempty"`
+	LivePeak uint64          `json:"livePeak,omitempty"`
 	Applied  []appliedTx     `json:"applied,omitempty"`
 
 	Held          int           `json:"held,omitempty"`
@@ -389,6 +392,13 @@ func (p *proc) command(ctx context.Context, f []string) (r reply, err error) {
 			p.heapStop = nil
 		}
 		r.HeapBase, r.HeapPeak = p.heapBase.Load(), p.heapPeak.Load()
+		r.LiveBase, r.LivePeak = p.liveBase.Load(), p.livePeak.Load()
+		if p.cfg.profile != "" {
+			if f, err := os.Create(fmt.Sprintf("%s/heap.%d", p.cfg.profile, p.cfg.child)); err == nil {
+				_ = pprof.Lookup("allocs").WriteTo(f, 0)
+				_ = f.Close()
+			}
+		}
 	default:
 		err = fmt.Errorf("unknown command %q", f[0])
 	}
@@ -583,13 +593,16 @@ func (p *proc) save(path string, lsn flightpg.LSN) error {
 // stop the world), until "peak".
 func (p *proc) heapWatch() {
 	runtime.GC()
-	sample := []metrics.Sample{{Name: "/memory/classes/heap/objects:bytes"}}
-	heap := func() uint64 {
+	sample := []metrics.Sample{{Name: "/memory/classes/heap/objects:bytes"}, {Name: "/gc/heap/live:bytes"}}
+	heap := func() (objects, live uint64) {
 		metrics.Read(sample)
-		return sample[0].Value.Uint64()
+		return sample[0].Value.Uint64(), sample[1].Value.Uint64()
 	}
-	p.heapBase.Store(heap())
-	p.heapPeak.Store(heap())
+	o, l := heap()
+	p.heapBase.Store(o)
+	p.heapPeak.Store(o)
+	p.liveBase.Store(l)
+	p.livePeak.Store(l)
 	stop := make(chan struct{})
 	p.heapStop = stop
 	go func() {
@@ -601,8 +614,12 @@ func (p *proc) heapWatch() {
 				return
 			case <-t.C:
 			}
-			if h := heap(); h > p.heapPeak.Load() {
-				p.heapPeak.Store(h)
+			o, l := heap()
+			if o > p.heapPeak.Load() {
+				p.heapPeak.Store(o)
+			}
+			if l > p.livePeak.Load() {
+				p.livePeak.Store(l)
 			}
 		}
 	}()
