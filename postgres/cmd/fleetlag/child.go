@@ -122,7 +122,7 @@ type snapshot struct {
 // error) on stdout, then answers the commands read from stdin, one a
 // line, until EOF.
 func runChild(cfg config) error {
-	time.AfterFunc(30*time.Minute, func() { os.Exit(3) }) // a parent gone without closing the pipe
+	time.AfterFunc(time.Hour, func() { os.Exit(3) }) // a parent gone without closing the pipe
 	ctx := context.Background()
 	p := &proc{cfg: cfg, seen: map[[2]int64]bool{}, lastVer: map[int64]int64{}}
 	out := json.NewEncoder(os.Stdout)
@@ -341,10 +341,10 @@ func (p *proc) command(ctx context.Context, f []string) (r reply, err error) {
 	case "stop":
 		err = p.stopReaders(&r)
 	case "check": // check FROM TO MINVER: Get each row, count those older than MINVER
-		from, to, min := arg(1), arg(2), arg(3)
+		from, to, least := arg(1), arg(2), arg(3)
 		if err == nil {
 			before := p.loads.Load()
-			r.Old, r.Checked, err = p.check(ctx, from, to, min)
+			r.Old, r.Checked, err = p.check(ctx, from, to, least)
 			r.Loads = p.loads.Load() - before
 			r.Tier = p.tierStats()
 		}
@@ -406,8 +406,8 @@ func (p *proc) command(ctx context.Context, f []string) (r reply, err error) {
 }
 
 // check Gets rows from..to, 32 at a time, and counts those older than
-// min.
-func (p *proc) check(ctx context.Context, from, to, min int64) (old, checked int, err error) {
+// least.
+func (p *proc) check(ctx context.Context, from, to, least int64) (old, checked int, err error) {
 	var mu sync.Mutex
 	var first error
 	ids := make(chan int64)
@@ -422,7 +422,7 @@ func (p *proc) check(ctx context.Context, from, to, min int64) (old, checked int
 				switch {
 				case err != nil:
 					first = cmpErr(first, fmt.Errorf("row %d: %w", id, err))
-				case ver < min:
+				case ver < least:
 					old++
 				}
 				checked++

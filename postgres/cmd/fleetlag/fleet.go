@@ -82,7 +82,7 @@ func newFleet(ctx context.Context, cfg config, w io.Writer) (fl *fleet, err erro
 // the first.
 func (fl *fleet) start(ctx context.Context) error {
 	for i := range fl.cfg.procs {
-		c, err := fl.spawn(i, i == 0 && (!fl.cfg.control || fl.cfg.mode == "restart"), "")
+		c, err := fl.spawn(i, i == 0 && (!fl.cfg.control || fl.cfg.mode == "restart"), "", false)
 		if err != nil {
 			return err
 		}
@@ -107,12 +107,15 @@ func (fl *fleet) args(i int, consume bool, restore string, catchup bool) []strin
 // down (restart).
 func (fl *fleet) ownSlot(i int) string { return fmt.Sprintf("fleetlag_%s_p%d", fl.suffix, i) }
 
-func (fl *fleet) spawn(i int, consume bool, restore string, catchup ...bool) (*child, error) {
+// spawn starts process i: the consumer when consume is set; restored
+// from the snapshot at restore when it is not empty, and then caught up
+// on its own slot first when catchup is set.
+func (fl *fleet) spawn(i int, consume bool, restore string, catchup bool) (*child, error) {
 	self, err := os.Executable()
 	if err != nil {
 		return nil, err
 	}
-	cmd := exec.Command(self, fl.args(i, consume, restore, len(catchup) > 0 && catchup[0])...)
+	cmd := exec.Command(self, fl.args(i, consume, restore, catchup)...)
 	cmd.Stderr = os.Stderr
 	in, err := cmd.StdinPipe()
 	if err != nil {

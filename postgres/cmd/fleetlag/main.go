@@ -39,15 +39,17 @@
 //
 //   - Commit -> the last process stops serving the old row: each
 //     process records when its Loader drops a copy because of an
-//     invalidation (an EvictionObserver, on the goroutine that drops it);
-//     for each update, the latest of the processes' first drops of the
-//     row after the commit (before the row's next update) is when the
-//     last one stopped serving it. p50, p99 and max over the updates for
-//     which some process held the row.
+//     invalidation (an EvictionObserver, on the goroutine that drops it),
+//     and the consumer when its Invalidate of each update began and
+//     returned (the shared entry is gone then); an update's time is the
+//     later of that return and each process's first drop of the row
+//     after the Invalidate began (before the row's next one), from the
+//     commit's return. p50, p99 and max over the updates.
 //   - Reads older than the row's last commit once that commit's p99 has
 //     passed: every read a reader made whose Get started more than the
-//     p99 above (with -control, 50 ms, the target) after a commit of the
-//     row and returned a version before it.
+//     p99 above (with -control, 50 ms, the target; -after sets it) after
+//     a commit of the row and returned a version before it; also counted
+//     once the max, and once 50 ms, had passed.
 //   - CPU: the consuming process's CPU less the mean of the others' (the
 //     same readers, no Source), per 1,000 changes; the walsender's (its
 //     pid from pg_stat_replication) and the backend of the Source's
@@ -71,10 +73,14 @@
 //
 // -mode bulk: the fleet holds -rows rows (100,000); one UPDATE changes
 // them all while single-row updates of a side table go on at -rate. It
-// prints the consumer's heap growth over its baseline (the peak of the
-// heap's live and unswept objects, sampled every 2 ms), the time from
-// the UPDATE's commit to applied, the time until every transaction's lag
-// is under 50 ms again, and the rows each process serves old after it.
+// prints the consumer's heap growth over its baseline (sampled every 2
+// ms: the heap's objects, live and not yet swept, and the heap live at
+// the end of each GC), the time from the UPDATE's commit to applied, the
+// time until every transaction's lag is under 50 ms again, and the rows
+// each process serves old after it (and 10 s later, when some were).
+//
+// -cpuprofile dir writes each process's CPU profile while its readers
+// run, and in -mode bulk the consumer's allocation profile, to dir.
 package main
 
 import (
