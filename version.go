@@ -1,6 +1,10 @@
 package flightcache
 
-import "github.com/flightcache/flightcache/remote"
+import (
+	"errors"
+
+	"github.com/flightcache/flightcache/remote"
+)
 
 // Versioned writes (docs/design.md rule 30). With Options.Version every
 // value entry carries its value's version, asked of Version once, when the
@@ -72,22 +76,38 @@ func (e *entry[K, V]) version() (uint64, bool) {
 
 // outranks reports whether held, the key's current entry (nil: none),
 // makes next (nil: a delete) outdated: both hold a version, held's is
-// higher, and held is one a Get could still be served (live, within its
-// windows). An equal version does not: the write wins, as every write
-// does without Version. The caller holds the key's shard lock (put).
+// higher, and held stands (standing). An equal version does not: the
+// write wins, as every write does without Version. A floor is never
+// outdated: it is an invalidation. The caller holds the key's shard lock
+// (put).
 func (kr *keyRules[K, V]) outranks(held, next *entry[K, V]) bool {
-	if held == nil || next == nil {
+	if next == nil || next.isFloor() {
 		return false
 	}
-	hv, ok := held.version()
+	hv, ok := kr.standing(held)
 	if !ok {
 		return false
 	}
 	nv, ok := next.version()
-	if !ok || nv >= hv {
-		return false
+	return ok && nv < hv
+}
+
+// standing returns the version of held, the key's current entry (nil:
+// none), and true if that version still stops an older write: held holds
+// a version and is a value a Get could still be served (live, within its
+// windows), or a floor that is live (no InvalidateAll since).
+func (kr *keyRules[K, V]) standing(held *entry[K, V]) (uint64, bool) {
+	if held == nil {
+		return 0, false
 	}
-	return !kr.cleared(held) && kr.phase(held, kr.now()) != remote.PhaseExpired
+	hv, ok := held.version()
+	if !ok || kr.cleared(held) {
+		return 0, false
+	}
+	if !held.isFloor() && kr.phase(held, kr.now()) == remote.PhaseExpired {
+		return 0, false
+	}
+	return hv, true
 }
 
 // superseded reports whether next, a write of its key about to be put in
@@ -102,9 +122,82 @@ func (f *flights[K, V]) superseded(sh *shard[K, V], seen *entry[K, V], next *wri
 	if w := sh.writes[next.key]; w != nil {
 		held = w.entry
 	}
+	if next.entry.isFloor() {
+		// Not published yet: put is about to. The floor never goes back.
+		if hv, ok := f.rules.standing(held); ok && hv > next.entry.extra.ver {
+			next.entry.extra.ver = hv
+		}
+		return false
+	}
 	if !f.rules.outranks(held, next.entry) {
 		return false
 	}
 	f.stats.writesOutdated.Add(1)
 	return true
+}
+
+// Version floors (docs/design.md rule 41). InvalidateVersion(key, v)
+// writes, through Set's path (write, put), a floor: an entry that is not a
+// value (a not-found of errFloor, past every window from birth: no Get,
+// Peek, Entries, Len, Reload or stale fallback takes it; a Get of its key
+// loads) and holds version v. In put it is never outdated (it is an
+// invalidation: it detaches the load in flight and drops what is held, as
+// Invalidate does), and it takes the version of what it replaces if that
+// is higher (superseded), so the floor never goes back; a later write of
+// the key meets it there as it meets a value (outranks, standing), but
+// whatever its windows: a fill or Set below v is outdated, one at v or
+// above replaces it. What drops a value drops a floor: Invalidate, a
+// not-found, InvalidateAll (cleared), a Restore never lands on one
+// (fillEmpty: it is live). It lives where every entry does, in the cache,
+// at a cost of 1: its policy may evict it, or refuse it on admission, as
+// it would any entry, and the floor is then gone (the limit the rule
+// states).
+
+// errFloor is the not-found error a floor carries: what tells it from a
+// cached not-found. No caller ever receives it.
+var errFloor = errors.New("flightcache: a version floor")
+
+// isFloor reports whether e is a floor left by InvalidateVersion.
+func (e *entry[K, V]) isFloor() bool {
+	return e.extra != nil && e.extra.notFound == errFloor
+}
+
+// InvalidateVersion drops key's value as [Loader.Invalidate] does, and
+// leaves the key a version floor: from then on, until a value of version
+// at least version is stored, a write of a lower version (the fill of a
+// load, a Set, a Restore) stores nothing, as a write older than the value
+// held does with [Options.Version] (Stats.WritesOutdated; the load still
+// gives its own callers what it read). It is the invalidation of a change
+// that knows the version it made (a version column, a commit position):
+// a load that starts after it and reads a replica that has not replayed
+// the change yet cannot store the older row.
+//
+// The floor is not a value: no Get is answered from it (a Get of key
+// loads), Peek, Len and Entries do not see it. It never goes back: a
+// floor below the version held (a value, or an earlier floor) keeps the
+// higher one. It is dropped with the key by Invalidate, a not-found, and
+// InvalidateAll; it is this Loader's alone (a Remote is told of a plain
+// Invalidate); and it is held as an entry of the cache, at a cost of 1, so
+// the cache's policy may evict it, or refuse it on admission, under
+// pressure: then a lower version may be stored again. Without
+// Options.Version, and for a key [Options.ValidateKey] rejects or that is
+// not equal to itself, it is Invalidate. After Close it does nothing.
+func (l *Loader[K, V]) InvalidateVersion(key K, version uint64) {
+	if l.opts.Version == nil || l.checkKey(key) != nil || l.selfUnequal(key) {
+		l.Invalidate(key)
+		return
+	}
+	h, err := l.hash(key)
+	if err != nil {
+		return
+	}
+	mk := func() *entry[K, V] {
+		e := &entry[K, V]{key: key, loadedAt: l.now(), freshUntil: -1}
+		e.mark.Store(l.generation.Load())
+		e.extra = &extra[K, V]{notFound: errFloor, ver: version, versioned: true}
+		return e
+	}
+	if l.write(key, h, mk, 1, EvictionInvalidated) {
+		l.remoteInvalidate(key)
+	}
 }

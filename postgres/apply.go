@@ -26,6 +26,13 @@ type TagTarget interface {
 	InvalidateTag(tag string)
 }
 
+// VersionTarget is the method a [Target] has when it can leave a key a
+// version floor (flightcache's Loader.InvalidateVersion): drop its value,
+// and store no value of a lower version after. [Options.Version] needs it.
+type VersionTarget[K comparable] interface {
+	InvalidateVersion(key K, version uint64)
+}
+
 // applier turns one transaction's changes into invalidations: it asks the
 // Mapping as each change arrives, gathers the keys and tags named (each
 // once), and invalidates them at the commit, or earlier when more than
@@ -41,7 +48,9 @@ type TagTarget interface {
 // nothing another goroutine does, except through stats.
 type applier[K comparable] struct {
 	target  Target[K]
-	tags    TagTarget // nil when target has no InvalidateTag
+	tags    TagTarget        // nil when target has no InvalidateTag
+	floors  VersionTarget[K] // nil without Options.Version
+	version func(Change) uint64
 	mapping Mapping[K]
 	max     int
 	report  func(error)
@@ -51,10 +60,10 @@ type applier[K comparable] struct {
 
 	// The transaction being received (between Begin and Commit).
 	open       bool
-	lsn        LSN       // its commit record's LSN (Begin's final LSN)
-	commitTime time.Time // when it committed
-	changes    int       // how many row changes it had so far
-	keys       map[K]struct{}
+	lsn        LSN          // its commit record's LSN (Begin's final LSN)
+	commitTime time.Time    // when it committed
+	changes    int          // how many row changes it had so far
+	keys       map[K]uint64 // each with the highest version named for it (0: none)
 	tagSet     map[string]struct{}
 	distrust   bool // invalidate everything at the next flush
 	dropped    bool // everything was invalidated after the commit: later changes need nothing
@@ -69,7 +78,7 @@ func newApplier[K comparable](target Target[K], mapping Mapping[K], max int, rep
 		max:     max,
 		report:  report,
 		stats:   stats,
-		keys:    make(map[K]struct{}),
+		keys:    make(map[K]uint64),
 		tagSet:  make(map[string]struct{}),
 	}
 	a.tags, _ = target.(TagTarget)
@@ -109,6 +118,15 @@ func (a *applier[K]) add(c Change) {
 			c.Op, c.Schema, c.Table, err))
 		a.distrust = true
 	}
+	var ver uint64
+	if a.version != nil && len(keys) > 0 && !a.distrust {
+		if err := guard(func() { ver = a.version(c) }); err != nil {
+			a.stats.panics.Add(1)
+			a.report(fmt.Errorf("flightpg: Options.Version panicked on a %v of %s.%s; every value is distrusted: %w",
+				c.Op, c.Schema, c.Table, err))
+			a.distrust = true
+		}
+	}
 	switch {
 	case len(tags) > 0 && a.tags == nil:
 		a.stats.tagsWithoutTarget.Add(1)
@@ -118,7 +136,9 @@ func (a *applier[K]) add(c Change) {
 		a.distrust = true
 	}
 	for _, k := range keys {
-		a.keys[k] = struct{}{}
+		if held, ok := a.keys[k]; !ok || ver > held {
+			a.keys[k] = ver
+		}
 	}
 	if a.tags != nil {
 		for _, t := range tags {
@@ -154,15 +174,22 @@ func (a *applier[K]) flush() {
 	if len(a.keys) == 0 && len(a.tagSet) == 0 {
 		return
 	}
+	var floors uint64
 	err := guard(func() {
-		for k := range a.keys {
-			a.target.Invalidate(k)
+		for k, v := range a.keys {
+			if v > 0 && a.floors != nil {
+				a.floors.InvalidateVersion(k, v)
+				floors++
+			} else {
+				a.target.Invalidate(k)
+			}
 		}
 		for t := range a.tagSet {
 			a.tags.InvalidateTag(t)
 		}
 	})
 	a.stats.invalidations.Add(uint64(len(a.keys)))
+	a.stats.versioned.Add(floors)
 	a.stats.tagInvalidations.Add(uint64(len(a.tagSet)))
 	a.txKeys += len(a.keys)
 	a.txTags += len(a.tagSet)
@@ -185,6 +212,7 @@ func (a *applier[K]) commit(m *pglogrepl.CommitMessage, now time.Time) {
 		lag := now.Sub(m.CommitTime)
 		a.stats.transactions.Add(1)
 		a.stats.lag.add(lag)
+		a.stats.lagHist.add(lag)
 		if a.onApplied != nil {
 			done := Applied{LSN: a.lsn, CommitTime: m.CommitTime, Lag: lag, Changes: a.changes,
 				Keys: a.txKeys, Tags: a.txTags, All: a.dropped}

@@ -204,3 +204,36 @@ func (r *relations) decode(oid uint32, text []byte) (any, error) {
 	}
 	return string(text), nil
 }
+
+// CommitVersion is an [Options.Version] for a Loader whose values carry,
+// as their version (flightcache's Options.Version), the WAL position
+// their row was read at: the commit's position plus one. A value read at
+// a position at or before a commit's own predates it, and is not stored
+// after the change is applied. Read the position in a statement before
+// the row's, at READ COMMITTED (each statement a newer snapshot), so that
+// it is never past what the row's statement sees: on the primary
+// pg_current_wal_insert_lsn(), on a replica pg_last_wal_replay_lsn().
+func CommitVersion(c Change) uint64 { return uint64(c.LSN) + 1 }
+
+// ColumnVersion returns an [Options.Version] that reads the version from
+// column of the row after the change (Change.New): a version column the
+// application raises with every write, an integer (int2, int4, int8) or a
+// timestamp (its Unix nanoseconds). It gives 0 (no version: a plain
+// Invalidate) for a DELETE, a TRUNCATE, a NULL or negative value, a
+// column the change does not carry, or one of another type.
+func ColumnVersion(column string) func(Change) uint64 {
+	return func(c Change) uint64 {
+		var n int64
+		switch v := c.New[column].(type) {
+		case int16:
+			n = int64(v)
+		case int32:
+			n = int64(v)
+		case int64:
+			n = v
+		case time.Time:
+			n = v.UnixNano()
+		}
+		return uint64(max(n, 0))
+	}
+}

@@ -86,6 +86,25 @@ type Options struct {
 	// 5s), forever until Close.
 	Reconnect Reconnect
 
+	// Version, when set, gives the version a change's rows have, which the
+	// Source passes with each key the change names to the target's
+	// InvalidateVersion ([VersionTarget]: flightcache's Loader with its
+	// Options.Version): the key is left a floor, and no value of a lower
+	// version is stored after the change, not even one a load that
+	// started after it read from a replica that has not replayed it. Use
+	// [CommitVersion] when values carry the WAL position they were read
+	// at, [ColumnVersion] when the rows have a version column. A key
+	// named by several changes of a transaction gets the highest; 0 means
+	// none (a plain Invalidate). It is called on the Source's goroutine,
+	// once per change that names keys; a panic in it is treated as the
+	// Mapping's. New refuses it with a target lacking InvalidateVersion.
+	Version func(Change) uint64
+
+	// Observer, when set, sees what the Source does, for metrics: each
+	// transaction applied, gap and reconnect, after the matching OnApplied,
+	// OnGap and OnReconnect callback's turn; see [Observer].
+	Observer Observer
+
 	// OnError, when set, is called with each error the Source meets and
 	// rides out: a lost or refused connection (before each reconnect), a
 	// message it cannot decode, a Mapping that panicked (a

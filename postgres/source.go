@@ -84,7 +84,9 @@ func New[K comparable](ctx context.Context, connString string, target Target[K],
 	config.RuntimeParams["replication"] = "database"
 	s := &Source[K]{opts: opts, config: config, plain: plain, base: context.WithoutCancel(ctx), done: make(chan struct{})}
 	s.apply = newApplier(target, mapping, opts.MaxPendingKeys, s.report, &s.stats)
-	s.apply.onApplied = opts.OnApplied
+	if err := s.configure(target); err != nil {
+		return nil, err
+	}
 	s.applied.Store(uint64(opts.Resume)) // applied by the process that saved the snapshot
 	if opts.Lease != nil {
 		// One Source of the fleet reads the slot (fleet.go).

@@ -16,10 +16,14 @@ type Stats struct {
 	// Changes counts the row changes read: one per row inserted, updated
 	// or deleted, one per table truncated.
 	Changes uint64
-	// Invalidations counts the Invalidate calls made: one per key per
-	// transaction part (a key named by several changes of a transaction is
-	// invalidated once; see Options.MaxPendingKeys).
+	// Invalidations counts the Invalidate calls made (InvalidateVersion
+	// ones included): one per key per transaction part (a key named by
+	// several changes of a transaction is invalidated once; see
+	// Options.MaxPendingKeys).
 	Invalidations uint64
+	// Versioned counts those of the Invalidations that were
+	// InvalidateVersion calls, with the version [Options.Version] gave.
+	Versioned uint64
 	// TagInvalidations counts the InvalidateTag calls made, likewise.
 	TagInvalidations uint64
 	// InvalidateAlls counts the InvalidateAll calls made, for any of the
@@ -67,6 +71,52 @@ type Stats struct {
 	// Lag is the time from commit (the server's clock) to applied (this
 	// process's clock) of the last transactions applied.
 	Lag Lag
+	// LagHistogram counts every transaction applied since New by that
+	// same lag, in fixed buckets: what a metrics exporter publishes as a
+	// cumulative histogram.
+	LagHistogram LagHistogram
+	// ObserverPanics counts the panics recovered from [Options.Observer]'s
+	// methods (each reported to OnError; nothing else changes).
+	ObserverPanics uint64
+}
+
+// LagHistogram counts transactions by their commit-to-applied lag:
+// Counts[i] those whose lag was at most Bounds[i] and above Bounds[i-1];
+// the last count, one more than Bounds has, those above every bound. Sum
+// is the lags' total (negative lags, from clocks apart, count as 0).
+type LagHistogram struct {
+	Bounds []time.Duration
+	Counts []uint64
+	Sum    time.Duration
+}
+
+// lagBounds are LagHistogram's bucket bounds.
+var lagBounds = [...]time.Duration{
+	time.Millisecond, 2 * time.Millisecond, 5 * time.Millisecond,
+	10 * time.Millisecond, 20 * time.Millisecond, 50 * time.Millisecond,
+	100 * time.Millisecond, 200 * time.Millisecond, 500 * time.Millisecond,
+	time.Second, 2 * time.Second, 5 * time.Second, 10 * time.Second,
+}
+
+// lagCounts is a LagHistogram as it runs.
+type lagCounts struct {
+	counts [len(lagBounds) + 1]atomic.Uint64
+	sum    atomic.Int64
+}
+
+func (h *lagCounts) add(d time.Duration) {
+	d = max(d, 0)
+	i, _ := slices.BinarySearch(lagBounds[:], d) // the first bound >= d
+	h.counts[i].Add(1)
+	h.sum.Add(int64(d))
+}
+
+func (h *lagCounts) snapshot() LagHistogram {
+	out := LagHistogram{Bounds: slices.Clone(lagBounds[:]), Counts: make([]uint64, len(h.counts)), Sum: time.Duration(h.sum.Load())}
+	for i := range h.counts {
+		out.Counts[i] = h.counts[i].Load()
+	}
+	return out
 }
 
 // Lag describes the commit-to-applied time of the last [LagWindow]
@@ -88,7 +138,9 @@ type counters struct {
 	transactions, changes, invalidations, tagInvalidations atomic.Uint64
 	invalidateAlls, tagsWithoutTarget, truncatesUnmapped   atomic.Uint64
 	panics, decodeErrors, gaps, reconnects, notYetVisible  atomic.Uint64
+	versioned, observerPanics                              atomic.Uint64
 	lag                                                    lagWindow
+	lagHist                                                lagCounts
 }
 
 // lagWindow keeps the last LagWindow lags, overwriting the oldest.
@@ -124,6 +176,7 @@ func (c *counters) snapshot() Stats {
 		Transactions:      c.transactions.Load(),
 		Changes:           c.changes.Load(),
 		Invalidations:     c.invalidations.Load(),
+		Versioned:         c.versioned.Load(),
 		TagInvalidations:  c.tagInvalidations.Load(),
 		InvalidateAlls:    c.invalidateAlls.Load(),
 		TagsWithoutTarget: c.tagsWithoutTarget.Load(),
@@ -134,5 +187,7 @@ func (c *counters) snapshot() Stats {
 		Reconnects:        c.reconnects.Load(),
 		NotYetVisible:     c.notYetVisible.Load(),
 		Lag:               c.lag.summary(),
+		LagHistogram:      c.lagHist.snapshot(),
+		ObserverPanics:    c.observerPanics.Load(),
 	}
 }
