@@ -206,6 +206,8 @@ type Tier[K comparable, V any] struct {
 
 	// The generation of the shared tier (generation.go).
 	genKey    string       // the counter in Redis
+	tagClock  string       // the fleet's tag clock in Redis (tags.go)
+	tags      tagState     // InvalidateTag calls kept for replay (tags.go)
 	gen       atomic.Int64 // the newest generation this tier knows
 	allMu     sync.Mutex   // one generation move at a time
 	allKept   atomic.Int64 // InvalidateAll calls not in Redis yet (in progress or failed)
@@ -278,6 +280,7 @@ func newTier[K comparable, V any](client redis.UniversalClient, opts Options[K, 
 		invChannel: opts.Prefix + "invalidated",
 		origin:     token(8),
 		genKey:     opts.Prefix + "generation",
+		tagClock:   opts.Prefix + "tagclock",
 	}
 	if t.key == nil {
 		t.key = keyString[K]
@@ -416,6 +419,7 @@ func (t *Tier[K, V]) Close() error {
 		t.shards.Wait()
 		t.wake.Close()
 		t.dropPending()
+		t.dropKeptTags()
 	})
 	return nil
 }
