@@ -452,3 +452,74 @@ func TestInvalidateTagStorm(t *testing.T) {
 		t.Logf("process %d: tier %+v", p, ps[p].t.Stats())
 	}
 }
+
+// The same through GetMany's batches (Tier.LoadMany): a batch reads the
+// stamps of its tagged entries in one round trip, and a batch's fill
+// whose tag was invalidated during its load is refused.
+func TestInvalidateTagAcrossTheFleetBatches(t *testing.T) {
+	addr := redisAddr(t)
+	prefix := testPrefix(t, newClient(t, addr))
+	d := newBatchDownstream()
+	a := newBatchProc(t, addr, nil, prefix, tagOpts(), Options[string, string]{}, d)
+	b := newBatchProc(t, addr, nil, prefix, tagOpts(), Options[string, string]{}, d)
+	listening(t, a, b)
+	keys := append(keyRange("a", 0, 4), keyRange("b", 0, 4)...)
+	first, err := a.l.GetMany(ctx, keys)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, err := b.l.GetMany(ctx, keys); err != nil || len(got) != len(keys) {
+		t.Fatalf("b's GetMany = %v, %v", got, err)
+	}
+	a.l.InvalidateTag("cat:a")
+	late := newBatchProc(t, addr, nil, prefix, tagOpts(), Options[string, string]{}, d)
+	got, err := late.l.GetMany(ctx, keys)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range keys {
+		if strings.HasPrefix(k, "a") == (got[k] == first[k]) {
+			t.Fatalf("late GetMany[%s] = %q (before: %q); want a new value for cat:a only", k, got[k], first[k])
+		}
+	}
+	if s := late.t.Stats(); s.TagMisses != 4 {
+		t.Fatalf("late tier: TagMisses = %d, want 4", s.TagMisses)
+	}
+	eventually(t, 10*time.Second, "b to hear the tag", func() bool { return b.t.Stats().TagInvalidationsHeard == 1 })
+	if again, err := b.l.GetMany(ctx, keys); err != nil || fmt.Sprint(again) != fmt.Sprint(got) {
+		t.Fatalf("b's GetMany after hearing = %v, %v; want the fleet's %v", again, err, got)
+	}
+
+	// A batch's load that spans an InvalidateTag of its tag: served to its
+	// callers, not shared, not kept.
+	d.mu.Lock()
+	d.gate = make(chan struct{})
+	d.mu.Unlock()
+	for len(d.started) > 0 { // the earlier calls'
+		<-d.started
+	}
+	fresh := keyRange("a", 10, 12)
+	done := make(chan map[string]string, 1)
+	go func() {
+		c, cancel := context.WithTimeout(ctx, 30*time.Second)
+		defer cancel()
+		m, _ := b.l.GetMany(c, fresh)
+		done <- m
+	}()
+	select {
+	case <-d.started:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the batch's load did not start")
+	}
+	a.l.InvalidateTag("cat:a")
+	d.mu.Lock()
+	close(d.gate)
+	d.gate = nil
+	d.mu.Unlock()
+	if m := <-done; len(m) != 2 {
+		t.Fatalf("the batch's callers got %v; want both keys", m)
+	}
+	if s := b.t.Stats(); s.TagFillsRefused != 2 {
+		t.Fatalf("b's tier: TagFillsRefused = %d, want 2", s.TagFillsRefused)
+	}
+}
