@@ -331,7 +331,7 @@ func (b *batchRun[K, V]) judge(items []*item[K], cmds []*redis.SliceCmd) (open, 
 			es = append(es, &s.e)
 		}
 	}
-	b.t.live(b.ctx, es...) // one round trip for the tagged entries' stamps
+	b.t.tags.live(b.ctx, es...) // one round trip for the tagged entries' stamps
 	for i, s := range items {
 		if cmds[i].Err() == nil && !b.offer(s) {
 			open = append(open, s)
@@ -446,7 +446,7 @@ func (b *batchRun[K, V]) sort(s *item[K], res []any) bool {
 			fields, _ = res[1].([]any)
 		}
 		s.e, s.perr = parseEntry(fields)
-		t.live(b.ctx, &s.e)
+		t.tags.live(b.ctx, &s.e)
 		return b.offer(s)
 	case "failed":
 		// The entry is still s.e (acquire compared the ids): it may
@@ -536,8 +536,8 @@ func (b *batchRun[K, V]) loadAndStore(leased, local []*item[K]) {
 			t.link.releaseAll(bg, leasesOf(leased))
 		}
 	}()
-	if len(leased) > 0 && t.tagged() { // the stamp of the values' entries, read before the load starts (tags.go)
-		b.clock, b.clockOK = t.readTagClock(b.ctx)
+	if len(leased) > 0 && t.attached().tagged() { // the stamp of the values' entries, read before the load starts (tags.go)
+		b.clock, b.clockOK = t.tags.readClock(b.ctx)
 	}
 	start := time.Now()
 	m, err := b.load(b.ctx, keys) // a *ManyError: each of its keys failed alone (errOf)
@@ -658,7 +658,7 @@ func (b *batchRun[K, V]) planFailure(s *item[K], err error, dead bool) settle {
 		var e entry
 		if rerr == nil && !dead && want {
 			e, _ = parseEntry(res) // an entry that does not parse covers nothing
-			t.live(context.WithoutCancel(b.ctx), &e)
+			t.tags.live(context.WithoutCancel(b.ctx), &e)
 		}
 		rv, cerr := t.cover(e, err)
 		b.answer(s, remote.Result[V]{RemoteValue: rv, Err: cerr})
@@ -676,7 +676,7 @@ func (b *batchRun[K, V]) planValue(s *item[K], rv remote.Value[V], dead bool) se
 		share = false
 	}
 	if share && len(enc.tags) > 0 {
-		share = b.clockOK && t.fillLive(context.WithoutCancel(b.ctx), enc.tags, b.clock)
+		share = b.clockOK && t.tags.fillLive(context.WithoutCancel(b.ctx), enc.tags, b.clock)
 		enc.tg = tagText(b.clock, enc.tags)
 	}
 	if !share {
@@ -693,7 +693,7 @@ func (b *batchRun[K, V]) planValue(s *item[K], rv remote.Value[V], dead bool) se
 		if werr != nil {
 			return false
 		}
-		if t.stored(n) {
+		if t.stats.stored(n) {
 			t.copies.handOver(s.ks, s.tk, id)
 			b.caughtUp(s)
 		} else if n == writeOutdated {
@@ -731,7 +731,7 @@ func (b *batchRun[K, V]) planNotFound(s *item[K], err error, dead bool) settle {
 		if werr != nil {
 			return false
 		}
-		if t.stored(n) {
+		if t.stats.stored(n) {
 			t.copies.served.Drop(s.ks.base)
 			b.caughtUp(s)
 		}

@@ -347,7 +347,7 @@ func (r *loadRun[K, V]) read() (out loadResult[V], done bool) {
 		return loadResult[V]{again: true}, true
 	}
 	r.e, r.perr = parseEntry(vals)
-	t.live(r.ctx, &r.e)
+	t.tags.live(r.ctx, &r.e)
 	return loadResult[V]{}, false
 }
 
@@ -396,7 +396,7 @@ func (r *loadRun[K, V]) acquire() (out loadResult[V], done bool) {
 	case "entry":
 		fields, _ := res[1].([]any)
 		r.e, r.perr = parseEntry(fields)
-		t.live(r.ctx, &r.e)
+		t.tags.live(r.ctx, &r.e)
 		return loadResult[V]{}, false
 	case "failed":
 		// The entry is still e (acquire compared the ids): it may
@@ -548,8 +548,8 @@ func (r *loadRun[K, V]) hold(ctx context.Context, tok string, fleet *V, covers b
 			t.link.release(bg, r.ks, tok, "", false)
 		}
 	}()
-	if t.tagged() { // the stamp of the value's entry, read before the load starts (tags.go)
-		r.clock, r.clockOK = t.readTagClock(ctx)
+	if t.attached().tagged() { // the stamp of the value's entry, read before the load starts (tags.go)
+		r.clock, r.clockOK = t.tags.readClock(ctx)
 	}
 	start := time.Now()
 	v, err := r.load(ctx)
@@ -591,7 +591,7 @@ func (r *loadRun[K, V]) failed(ctx context.Context, tok string, err error, cover
 	if t.dead(r.ks) || !covers { // an InvalidateAll ended the entry's generation: it covers nothing
 		e = entry{}
 	}
-	t.live(bg, &e) // nor does an entry whose tag was invalidated
+	t.tags.live(bg, &e) // nor does an entry whose tag was invalidated
 	rv, err := t.cover(e, err)
 	return rv, err, false
 }
@@ -618,7 +618,7 @@ func (r *loadRun[K, V]) writeNotFound(ctx context.Context, tok string) (stored b
 	switch {
 	case err != nil:
 		t.link.failed()
-	case t.stored(n):
+	case t.stats.stored(n):
 		t.copies.served.Drop(ks.base)
 		return true
 	}
@@ -629,13 +629,13 @@ func (r *loadRun[K, V]) writeNotFound(ctx context.Context, tok string) (stored b
 // lease took effect: n is the script's answer, writeLost when the lease
 // was gone, which Stats.WritesLost counts, or writeOutdated when the entry
 // holds a higher version, which Stats.WritesOutdated counts.
-func (t *Tier[K, V]) stored(n int) bool {
+func (c *counters) stored(n int) bool {
 	switch n {
 	case writeLost:
-		t.stats.writesLost.Add(1)
+		c.writesLost.Add(1)
 		return false
 	case writeOutdated:
-		t.stats.writesOutdated.Add(1)
+		c.writesOutdated.Add(1)
 		return false
 	}
 	return true
@@ -659,7 +659,7 @@ func (r *loadRun[K, V]) write(ctx context.Context, tok string, rv remote.Value[V
 		ok = false
 	}
 	if ok && len(enc.tags) > 0 {
-		ok = r.clockOK && t.fillLive(ctx, enc.tags, r.clock)
+		ok = r.clockOK && t.tags.fillLive(ctx, enc.tags, r.clock)
 		enc.tg = tagText(r.clock, enc.tags)
 	}
 	if !ok {
@@ -674,7 +674,7 @@ func (r *loadRun[K, V]) write(ctx context.Context, tok string, rv remote.Value[V
 	switch {
 	case err != nil:
 		t.link.failed()
-	case t.stored(n):
+	case t.stats.stored(n):
 		t.copies.handOver(ks, r.tk, id)
 		return true
 	case n == writeOutdated:
@@ -894,12 +894,7 @@ func (t *Tier[K, V]) Set(ctx context.Context, key K, v remote.Value[V]) {
 	}
 	since := t.ahead.Now()
 	enc, ok := t.encode(key, v, rand.Float64())
-	if ok && len(enc.tags) > 0 { // stamped with the tag clock now (tags.go)
-		var clock int64
-		clock, ok = t.readTagClock(ctx)
-		ok = ok && !t.keptTag(enc.tags)
-		enc.tg = tagText(clock, enc.tags)
-	}
+	ok = ok && t.tags.stampSet(ctx, &enc) // stamped with the tag clock now (tags.go)
 	if !ok {
 		if !t.invalidate(ctx, name, key) {
 			t.keep(name, key)

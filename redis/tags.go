@@ -6,6 +6,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 
 	"github.com/flightcache/flightcache"
 	"github.com/flightcache/flightcache/remote"
@@ -80,9 +81,21 @@ func parseTags(s string) (stamp int64, tags []string, ok bool) {
 	return n, tags, true
 }
 
-// tagState is the tier's side of tags: the InvalidateTag calls that did
-// not reach Redis yet.
-type tagState struct {
+// tagger is the tier's side of tags: the stamps it reads and the
+// InvalidateTag calls that did not reach Redis yet.
+type tagger[K comparable] struct {
+	rdb      redis.UniversalClient
+	link     *link
+	stats    *counters
+	fleet    *fleetState[K]
+	prefix   string          // Options.Prefix
+	clock    string          // the fleet's tag clock in Redis
+	origin   string          // the tier's, in its messages
+	channel  string          // the invalidated channel
+	ctx      context.Context // the tier's: replays run under it
+	closed   *atomic.Bool    // the tier's
+	distrust func()          // the tier's distrust
+
 	mu        sync.Mutex
 	kept      map[string]struct{} // tags whose InvalidateTag is to be sent again; guarded by mu
 	replaying bool                // a goroutine sends them; guarded by mu
@@ -126,20 +139,20 @@ func (t *Tier[K, V]) InvalidateTag(ctx context.Context, tag string) {
 		t.stats.tagInvalidationsLost.Add(1)
 		return
 	}
-	if t.link.down() || !t.sendTag(ctx, tag) {
-		t.keepTag(tag)
+	if t.link.down() || !t.tags.send(ctx, tag) {
+		t.tags.keep(tag)
 	}
 }
 
 // sendTag makes tag's invalidation in Redis: the clock, then the stamp and
 // the message. It reports whether both were made.
-func (t *Tier[K, V]) sendTag(ctx context.Context, tag string) bool {
+func (t *tagger[K]) send(ctx context.Context, tag string) bool {
 	c, cancel := t.link.op(ctx)
 	defer cancel()
-	n, err := t.rdb.Incr(c, t.tagClock).Result()
+	n, err := t.rdb.Incr(c, t.clock).Result()
 	if err == nil {
 		msg := t.origin + "\n#" + tagJSON(tag)
-		err = invalidateTagScript.Run(c, t.link.scripts, []string{tagKey(t.opts.Prefix, tag)}, n, t.invChannel, msg).Err()
+		err = invalidateTagScript.Run(c, t.link.scripts, []string{tagKey(t.prefix, tag)}, n, t.channel, msg).Err()
 	}
 	if err != nil {
 		if ctx.Err() == nil {
@@ -158,25 +171,25 @@ func tagJSON(tag string) string {
 }
 
 // keepTag keeps tag's invalidation for replay.
-func (t *Tier[K, V]) keepTag(tag string) {
-	t.tags.mu.Lock()
-	defer t.tags.mu.Unlock()
-	if t.tags.kept == nil {
-		t.tags.kept = make(map[string]struct{})
+func (t *tagger[K]) keep(tag string) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.kept == nil {
+		t.kept = make(map[string]struct{})
 	}
-	if _, ok := t.tags.kept[tag]; !ok && len(t.tags.kept) >= maxKeptTags {
+	if _, ok := t.kept[tag]; !ok && len(t.kept) >= maxKeptTags {
 		t.stats.tagInvalidationsLost.Add(1)
 		return
 	}
-	t.tags.kept[tag] = struct{}{}
+	t.kept[tag] = struct{}{}
 }
 
 // keptTag reports whether one of tags has an InvalidateTag kept here.
-func (t *Tier[K, V]) keptTag(tags []string) bool {
-	t.tags.mu.Lock()
-	defer t.tags.mu.Unlock()
+func (t *tagger[K]) keptAny(tags []string) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
 	for _, tag := range tags {
-		if _, ok := t.tags.kept[tag]; ok {
+		if _, ok := t.kept[tag]; ok {
 			return true
 		}
 	}
@@ -185,52 +198,52 @@ func (t *Tier[K, V]) keptTag(tags []string) bool {
 
 // replayTags sends the InvalidateTag calls kept, on a goroutine of its own
 // (Close waits for it), until one fails.
-func (t *Tier[K, V]) replayTags() {
-	t.tags.mu.Lock()
-	defer t.tags.mu.Unlock()
-	if len(t.tags.kept) == 0 || t.tags.replaying || t.closed.Load() || t.link.down() {
+func (t *tagger[K]) replay() {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if len(t.kept) == 0 || t.replaying || t.closed.Load() || t.link.down() {
 		return
 	}
-	t.tags.replaying = true
+	t.replaying = true
 	t.fleet.replays.Add(1)
 	go func() {
 		defer t.fleet.replays.Done()
 		defer func() {
-			t.tags.mu.Lock()
-			t.tags.replaying = false
-			t.tags.mu.Unlock()
+			t.mu.Lock()
+			t.replaying = false
+			t.mu.Unlock()
 		}()
 		for !t.closed.Load() && !t.link.down() {
-			t.tags.mu.Lock()
+			t.mu.Lock()
 			tag, ok := "", false
-			for tag = range t.tags.kept {
+			for tag = range t.kept {
 				ok = true
 				break
 			}
-			t.tags.mu.Unlock()
-			if !ok || !t.sendTag(t.ctx, tag) {
+			t.mu.Unlock()
+			if !ok || !t.send(t.ctx, tag) {
 				return
 			}
-			t.tags.mu.Lock()
-			delete(t.tags.kept, tag)
-			t.tags.mu.Unlock()
+			t.mu.Lock()
+			delete(t.kept, tag)
+			t.mu.Unlock()
 			t.stats.tagInvalidationsReplayed.Add(1)
 		}
 	}()
 }
 
 // dropKeptTags counts the InvalidateTag calls still kept at Close as lost.
-func (t *Tier[K, V]) dropKeptTags() {
-	t.tags.mu.Lock()
-	defer t.tags.mu.Unlock()
-	t.stats.tagInvalidationsLost.Add(uint64(len(t.tags.kept)))
-	t.tags.kept = nil
+func (t *tagger[K]) dropKept() {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.stats.tagInvalidationsLost.Add(uint64(len(t.kept)))
+	t.kept = nil
 }
 
 // onTagInvalidated handles the message of another process's InvalidateTag:
 // its Loader drops the copies that carry the tag. A message that does not
 // parse distrusts every copy.
-func (t *Tier[K, V]) onTagInvalidated(origin, text string) {
+func (t *tagger[K]) heard(origin, text string) {
 	var tag string
 	if json.Unmarshal([]byte(text), &tag) != nil {
 		t.stats.undecodedInvalidations.Add(1)
@@ -251,17 +264,26 @@ func (t *Tier[K, V]) onTagInvalidated(origin, text string) {
 }
 
 // tagged reports whether the Loader has Options.Tags.
-func (t *Tier[K, V]) tagged() bool {
-	a := t.attached()
-	return a != nil && a.rules.Tags != nil
+func (a *attachment[K, V]) tagged() bool { return a != nil && a.rules.Tags != nil }
+
+// stampSet stamps enc, a Set's value, with the tag clock now, if it has
+// tags; false when it may not be shared (the clock could not be read, or
+// one of its tags has an InvalidateTag kept here).
+func (t *tagger[K]) stampSet(ctx context.Context, enc *encoded) bool {
+	if len(enc.tags) == 0 {
+		return true
+	}
+	clock, ok := t.readClock(ctx)
+	enc.tg = tagText(clock, enc.tags)
+	return ok && !t.keptAny(enc.tags)
 }
 
 // readTagClock reads the tag clock, before a load under the lease starts
 // (for a Loader with Tags): the stamp its value's entry is stored with.
-func (t *Tier[K, V]) readTagClock(ctx context.Context) (int64, bool) {
+func (t *tagger[K]) readClock(ctx context.Context) (int64, bool) {
 	c, cancel := t.link.op(ctx)
 	defer cancel()
-	n, err := t.rdb.Get(c, t.tagClock).Int64()
+	n, err := t.rdb.Get(c, t.clock).Int64()
 	switch {
 	case err == redis.Nil:
 		return 0, true
@@ -275,11 +297,11 @@ func (t *Tier[K, V]) readTagClock(ctx context.Context) (int64, bool) {
 }
 
 // stamps reads the stamps of tags, in one round trip (tags absent: 0).
-func (t *Tier[K, V]) stamps(ctx context.Context, tags []string) (map[string]int64, bool) {
+func (t *tagger[K]) stamps(ctx context.Context, tags []string) (map[string]int64, bool) {
 	cmds := make([]*redis.StringCmd, len(tags))
 	t.link.pipelined(ctx, nil, func(c context.Context, p redis.Pipeliner) {
 		for i, tag := range tags {
-			cmds[i] = p.Get(c, tagKey(t.opts.Prefix, tag))
+			cmds[i] = p.Get(c, tagKey(t.prefix, tag))
 		}
 	})
 	out := make(map[string]int64, len(tags))
@@ -306,7 +328,7 @@ func (t *Tier[K, V]) stamps(ctx context.Context, tags []string) (map[string]int6
 // Each entry that is not is replaced by one that is absent (its id kept,
 // as for an entry that does not parse: the Load replaces it under the
 // lease), counted in Stats.TagMisses.
-func (t *Tier[K, V]) live(ctx context.Context, es ...*entry) {
+func (t *tagger[K]) live(ctx context.Context, es ...*entry) {
 	var tags []string
 	seen := map[string]bool{}
 	for _, e := range es {
@@ -327,7 +349,7 @@ func (t *Tier[K, V]) live(ctx context.Context, es ...*entry) {
 		if !e.ok || len(e.tags) == 0 {
 			continue
 		}
-		dead := !ok || t.keptTag(e.tags)
+		dead := !ok || t.keptAny(e.tags)
 		for _, tag := range e.tags {
 			dead = dead || st[tag] > e.tagStamp
 		}
@@ -344,11 +366,11 @@ func (t *Tier[K, V]) live(ctx context.Context, es ...*entry) {
 // so that this process keeps no copy of the value either (a load in
 // flight fills nothing: rule 37): Stats.TagFillsRefused. If the stamps
 // cannot be read, the value is not shared.
-func (t *Tier[K, V]) fillLive(ctx context.Context, tags []string, clock int64) bool {
+func (t *tagger[K]) fillLive(ctx context.Context, tags []string, clock int64) bool {
 	if len(tags) == 0 {
 		return true
 	}
-	if t.keptTag(tags) {
+	if t.keptAny(tags) {
 		t.stats.tagFillsRefused.Add(1)
 		return false
 	}
