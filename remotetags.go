@@ -2,7 +2,7 @@ package flightcache
 
 import "github.com/flightcache/flightcache/remote"
 
-// This file is the tier's side of tags (docs/design.md rule 40): how an
+// This file is the tier's side of tags (docs/design.md rule 41): how an
 // InvalidateTag reaches a Remote that takes part ([remote.TagInvalidator]),
 // how a Remote has this Loader drop a tag another process invalidated
 // ([remote.TagDropper]), and the Observer's event for both

@@ -47,7 +47,7 @@ func (quietObserver) LoadStart(ctx context.Context, _ LoadStartEvent[string]) co
 func (quietObserver) LoadEnd(context.Context, LoadEvent[string]) {}
 func (quietObserver) Waited(context.Context, WaitEvent[string])  {}
 
-// docs/design.md rule 40: InvalidateTag reaches a Remote that takes part
+// docs/design.md rule 41: InvalidateTag reaches a Remote that takes part
 // (before the Loader drops its own copies), and the Observer sees it.
 func TestInvalidateTagReachesTheRemote(t *testing.T) {
 	d := &downstream{}
@@ -73,7 +73,7 @@ func TestInvalidateTagReachesTheRemote(t *testing.T) {
 	}
 }
 
-// docs/design.md rule 40: a Remote drops a tag another process
+// docs/design.md rule 41: a Remote drops a tag another process
 // invalidated through the LocalCache (remote.TagDropper): every copy with
 // the tag goes, and a load in flight whose value carries it answers its
 // callers but fills nothing; other tags stay; the Remote is not told.

@@ -272,7 +272,7 @@ func (e *entry[K, V]) tagNames() []string {
 // With a Remote that takes part ([remote.TagInvalidator], as the Redis
 // tier does), the call drops the shared tier's entries that carry the tag
 // too, and the other processes drop their copies when they hear of it
-// (rule 40); with another Remote it acts on this Loader alone, and a load
+// (rule 41); with another Remote it acts on this Loader alone, and a load
 // after the call may be answered from an entry stored there before it.
 func (l *Loader[K, V]) InvalidateTag(tag string) {
 	if l.tags == nil || l.gate.Closed() {

@@ -14,7 +14,7 @@ import (
 )
 
 // This file is fleet-wide InvalidateTag (the Loader's Options.Tags,
-// docs/design.md rule 40): one call drops, for every process, every shared
+// docs/design.md rule 41): one call drops, for every process, every shared
 // entry that carries the tag, in two Redis commands whatever the tier
 // holds, and has every other process drop its local copies that carry it.
 //

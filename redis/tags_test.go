@@ -14,7 +14,7 @@ import (
 )
 
 // Tests of Loader.InvalidateTag through the tier (tags.go, docs/design.md
-// rule 40). Each simulated process is a Loader with its own tier and
+// rule 41). Each simulated process is a Loader with its own tier and
 // client; they share one Redis (a node, or the Cluster of REDIS_CLUSTER).
 
 // byCat tags a key's value with its category, the key's first letter.
