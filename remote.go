@@ -94,6 +94,7 @@ func (o Options[K, V]) rules() remote.Rules[K, V] {
 		r.WindowsOf = o.windowsOf
 	}
 	r.Windows = o.windows()
+	r.Tags = o.Tags
 	return r
 }
 

@@ -263,15 +263,19 @@ func (e *entry[K, V]) tagNames() []string {
 // 36 to 38). It counts in Stats.TagInvalidations; without Options.Tags, and
 // after Close, it does nothing. It is safe for concurrent use.
 //
-// NOTE: it acts on this Loader alone: with [Options.Remote], the shared
-// tier's entries are not invalidated, and a load after the call may be
-// answered from one stored there before it.
+// With a Remote that takes part ([remote.TagInvalidator], as the Redis
+// tier does), the call drops the shared tier's entries that carry the tag
+// too, and the other processes drop their copies when they hear of it
+// (rule 42); with another Remote it acts on this Loader alone, and a load
+// after the call may be answered from an entry stored there before it.
 func (l *Loader[K, V]) InvalidateTag(tag string) {
 	if l.tags == nil || l.gate.Closed() {
 		return
 	}
+	l.remoteInvalidateTag(tag)
 	l.tags.invalidate(tag)
 	l.stats.tagInvalidations.Add(1)
+	l.observeTag(TagEvent{Tag: tag})
 }
 
 // checkTags reports an Entry's tags Restore cannot take.

@@ -23,6 +23,7 @@ type observeFunc func() (st flightcache.Stats, ok bool, ev eventCounts)
 type eventCounts struct {
 	evictions [numCauses]int64
 	reloads   [len(reloadResults)]int64
+	tagsFleet int64 // tag invalidations another process made (TagEvent.Remote)
 }
 
 // reloadResults are the values of the result attribute of
@@ -114,6 +115,8 @@ var statCounters = []counter{
 	{"flightcache.refreshes", "{load}", "Background loads started: refreshes, early refreshes and Refresh calls.", func(s flightcache.Stats) uint64 { return s.Refreshes }},
 	{"flightcache.breaker.rejected", "{call}", "Downstream calls the circuit breaker refused.", func(s flightcache.Stats) uint64 { return s.BreakerRejected }},
 	{"flightcache.panics", "{panic}", "Panics recovered in user code: the load function, callbacks, the Observer.", func(s flightcache.Stats) uint64 { return s.Panics }},
+	{"flightcache.tag.invalidations", "{tag}", "Tags invalidated: InvalidateTag calls, and with a Remote other processes' calls heard.", func(s flightcache.Stats) uint64 { return s.TagInvalidations }},
+	{"flightcache.tag.errors", "{value}", "Values not cached because Tags panicked or gave more than MaxTags tags.", func(s flightcache.Stats) uint64 { return s.TagErrors }},
 }
 
 // loadFailures is what flightcache.load.errors counts: the loads that
@@ -128,6 +131,7 @@ type collected struct {
 	stats                 []metric.Int64ObservableCounter // statCounters'
 	gets, evictions       metric.Int64ObservableCounter
 	reloads               metric.Int64ObservableCounter
+	tagsFleet             metric.Int64ObservableCounter
 	loadActive, getActive metric.Int64ObservableUpDownCounter
 	breaker               metric.Int64ObservableGauge
 
@@ -161,6 +165,8 @@ func registerCollected(m metric.Meter, name attribute.KeyValue, observe observeF
 	c.evictions = counter("flightcache.evictions", "{entry}", "Entries that left the cache or were refused by it, by cause.")
 	c.reloads = counter("flightcache.reloads", "{load}",
 		"Loads of a value held, made with Reload, by result: not_modified (kept and renewed), modified, or the failure's outcome.")
+	c.tagsFleet = counter("flightcache.tag.invalidations.fleet", "{tag}",
+		"Of flightcache.tag.invalidations, those another process of the fleet made, passed on by the Remote.")
 	c.loadActive = upDown("flightcache.load.active", "{load}", "Loads running now.")
 	c.getActive = upDown("flightcache.get.active", "{get}", "Gets waiting on a load now: the blast radius if the loads running now fail.")
 	var err error
@@ -209,6 +215,7 @@ func (c *collected) observe(o metric.Observer, observe observeFunc) {
 	for i, n := range ev.reloads {
 		o.ObserveInt64(c.reloads, n, c.reloadSets[i])
 	}
+	o.ObserveInt64(c.tagsFleet, ev.tagsFleet, c.base)
 	if !ok {
 		return
 	}

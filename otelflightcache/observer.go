@@ -21,8 +21,8 @@ import (
 // [flightcache.Options.Observer], the only wiring there is. Create it with
 // [NewObserver]; see the package documentation for its spans and
 // instruments. It implements [flightcache.Observer] and its optional
-// capabilities [flightcache.StatsObserver], [flightcache.AttemptObserver]
-// and [flightcache.EvictionObserver]. It is safe for concurrent use, and
+// capabilities [flightcache.StatsObserver], [flightcache.AttemptObserver],
+// [flightcache.EvictionObserver] and [flightcache.TagObserver]. It is safe for concurrent use, and
 // never blocks the Loader: a span or a measurement is handed to the
 // providers' SDK, which exports it on its own goroutines.
 //
@@ -38,6 +38,7 @@ type Observer[K comparable] struct {
 	stats     atomic.Pointer[func() flightcache.Stats] // from ObserveStats; nil before
 	evictions [numCauses]atomic.Int64                  // by cause; [0]: an unknown cause
 	reloads   [len(reloadResults)]atomic.Int64         // by result, as reloadResults
+	tagsFleet atomic.Int64                             // TagInvalidated events from the fleet
 }
 
 var (
@@ -45,6 +46,7 @@ var (
 	_ flightcache.StatsObserver            = (*Observer[string])(nil)
 	_ flightcache.AttemptObserver[string]  = (*Observer[string])(nil)
 	_ flightcache.EvictionObserver[string] = (*Observer[string])(nil)
+	_ flightcache.TagObserver              = (*Observer[string])(nil)
 )
 
 // Option configures [NewObserver].
@@ -275,6 +277,16 @@ func (o *Observer[K]) Evicted(ev flightcache.EvictionEvent[K]) {
 	o.evictions[i].Add(1)
 }
 
+// TagInvalidated counts the tag invalidations another process of the
+// fleet made (ev.Remote), reported as flightcache.tag.invalidations.fleet;
+// every tag invalidation, this Loader's own included, is in
+// flightcache.tag.invalidations, read from Stats.
+func (o *Observer[K]) TagInvalidated(ev flightcache.TagEvent) {
+	if ev.Remote {
+		o.tagsFleet.Add(1)
+	}
+}
+
 // ObserveStats makes stats the source of the counters, up-down counters
 // and gauge read from Stats at every collection. The Loader calls it at
 // New; a later call replaces the source.
@@ -293,6 +305,7 @@ func (o *Observer[K]) observe() (st flightcache.Stats, ok bool, ev eventCounts) 
 	for i := range o.reloads {
 		ev.reloads[i] = o.reloads[i].Load()
 	}
+	ev.tagsFleet = o.tagsFleet.Load()
 	if p := o.stats.Load(); p != nil {
 		return (*p)(), true, ev
 	}

@@ -342,6 +342,7 @@ func TestObserverMetrics(t *testing.T) {
 		"flightcache.evictions": "{entry}", "flightcache.breaker.rejected": "{call}", "flightcache.panics": "{panic}",
 		"flightcache.load.active": "{load}", "flightcache.get.active": "{get}", "flightcache.breaker.state": "",
 		"flightcache.load.not_founds": "{key}", "flightcache.downstream.calls": "{call}", "flightcache.reloads": "{load}",
+		"flightcache.tag.invalidations": "{tag}", "flightcache.tag.errors": "{value}", "flightcache.tag.invalidations.fleet": "{tag}",
 	}
 	units := unitsOf(t, r.reader)
 	for name, unit := range want {

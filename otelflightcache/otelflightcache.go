@@ -84,6 +84,9 @@
 //	flightcache.evictions          counter         {entry}  flightcache.eviction.cause: policy, expired, rejected, replaced, invalidated
 //	flightcache.breaker.rejected   counter         {call}   calls the breaker refused
 //	flightcache.panics             counter         {panic}  panics recovered in user code
+//	flightcache.tag.invalidations  counter         {tag}    tags invalidated: InvalidateTag calls, and the fleet's heard (Stats.TagInvalidations)
+//	flightcache.tag.invalidations.fleet counter    {tag}    of those, another process's, passed on by the Remote (the TagInvalidated events)
+//	flightcache.tag.errors         counter         {value}  values not cached: Tags panicked or gave more than MaxTags (Stats.TagErrors)
 //	flightcache.load.active        up-down counter {load}   loads running now
 //	flightcache.get.active         up-down counter {get}    Gets waiting on a load now
 //	flightcache.breaker.state      gauge                    1 for the current flightcache.breaker.state (closed, half-open, open), 0 for the others

@@ -82,6 +82,9 @@ type batchRun[K comparable, V any] struct {
 	moves int    // how many times they were named again in a newer one
 	since uint64 // the last mark of ahead when the batch began: a fill stored clears those up to it
 
+	clock   int64 // the tag clock read before the batch's load under leases (tags.go)
+	clockOK bool  // clock was read
+
 	// The keys between two steps: leased by acquire, to load without
 	// Redis (a round trip failed, or ahead of Redis while another process
 	// holds the lease), and waiting on another process.
@@ -321,7 +324,16 @@ func (b *batchRun[K, V]) judge(items []*item[K], cmds []*redis.SliceCmd) (open, 
 			continue
 		}
 		s.e, s.perr = parseEntry(vals)
-		if !b.offer(s) {
+	}
+	es := make([]*entry, 0, len(items))
+	for i, s := range items {
+		if cmds[i].Err() == nil {
+			es = append(es, &s.e)
+		}
+	}
+	b.t.tags.live(b.ctx, es...) // one round trip for the tagged entries' stamps
+	for i, s := range items {
+		if cmds[i].Err() == nil && !b.offer(s) {
 			open = append(open, s)
 		}
 	}
@@ -434,6 +446,7 @@ func (b *batchRun[K, V]) sort(s *item[K], res []any) bool {
 			fields, _ = res[1].([]any)
 		}
 		s.e, s.perr = parseEntry(fields)
+		t.tags.live(b.ctx, &s.e)
 		return b.offer(s)
 	case "failed":
 		// The entry is still s.e (acquire compared the ids): it may
@@ -523,6 +536,9 @@ func (b *batchRun[K, V]) loadAndStore(leased, local []*item[K]) {
 			t.link.releaseAll(bg, leasesOf(leased))
 		}
 	}()
+	if len(leased) > 0 && t.attached().tagged() { // the stamp of the values' entries, read before the load starts (tags.go)
+		b.clock, b.clockOK = t.tags.readClock(b.ctx)
+	}
 	start := time.Now()
 	m, err := b.load(b.ctx, keys) // a *ManyError: each of its keys failed alone (errOf)
 	got := batchLoad[K, V]{m: m, err: err, start: start, end: time.Now()}
@@ -642,6 +658,7 @@ func (b *batchRun[K, V]) planFailure(s *item[K], err error, dead bool) settle {
 		var e entry
 		if rerr == nil && !dead && want {
 			e, _ = parseEntry(res) // an entry that does not parse covers nothing
+			t.tags.live(context.WithoutCancel(b.ctx), &e)
 		}
 		rv, cerr := t.cover(e, err)
 		b.answer(s, remote.Result[V]{RemoteValue: rv, Err: cerr})
@@ -658,6 +675,10 @@ func (b *batchRun[K, V]) planValue(s *item[K], rv remote.Value[V], dead bool) se
 		t.stats.writesLost.Add(1)
 		share = false
 	}
+	if share && len(enc.tags) > 0 {
+		share = b.clockOK && t.tags.fillLive(context.WithoutCancel(b.ctx), enc.tags, b.clock)
+		enc.tg = tagText(b.clock, enc.tags)
+	}
 	if !share {
 		return settle{t.link.releaseCall(s.ks, s.tok, "", false), func(cmd *redis.Cmd) bool {
 			b.answer(s, remote.Result[V]{RemoteValue: rv})
@@ -672,7 +693,7 @@ func (b *batchRun[K, V]) planValue(s *item[K], rv remote.Value[V], dead bool) se
 		if werr != nil {
 			return false
 		}
-		if t.stored(n) {
+		if t.stats.stored(n) {
 			t.copies.handOver(s.ks, s.tk, id)
 			b.caughtUp(s)
 		} else if n == writeOutdated {
@@ -710,7 +731,7 @@ func (b *batchRun[K, V]) planNotFound(s *item[K], err error, dead bool) settle {
 		if werr != nil {
 			return false
 		}
-		if t.stored(n) {
+		if t.stats.stored(n) {
 			t.copies.served.Drop(s.ks.base)
 			b.caughtUp(s)
 		}

@@ -87,6 +87,9 @@ type entry struct {
 	stale int64  // served stale until (the end of StaleWhileRevalidate)
 	until int64  // may cover a failed load until (the end of StaleIfError); -1: not stored (an older writer)
 	nf    bool   // a shared not-found marker: no value; fresh is when it ends (see notFoundScript)
+
+	tags     []string // the value's tags (Options.Tags, tags.go); none for an untagged value
+	tagStamp int64    // the tag clock the value was stored with
 }
 
 // entryFields are the hash fields read back, in this order. "until" and
@@ -94,12 +97,13 @@ type entry struct {
 // A not-found marker has only "id", "nf" ("1"), "at" and "fresh": with no
 // "v", an older version's parseEntry reports it as an entry that does not
 // parse, which that version replaces under the lease, never serves.
-var entryFields = []string{"id", "v", "at", "took", "fresh", "stale", "until", "nf"}
+var entryFields = []string{"id", "v", "at", "took", "fresh", "stale", "until", "nf", tagField}
 
 // untilField and nfField are the indexes of "until" and "nf" in entryFields.
 const (
 	untilField = 6
 	nfField    = 7
+	tagsField  = 8 // "tg" (tags.go): the value's tags and stamp, absent for an untagged value
 )
 
 // parseEntry reads the reply of HMGET entryFields (or the same list returned
@@ -116,6 +120,7 @@ func parseEntry(vals []any) (entry, error) {
 	if len(vals) > nfField && vals[nfField] == "1" {
 		return parseNotFound(id, vals)
 	}
+	vals0 := vals
 	until := int64(-1)
 	if len(vals) > untilField && vals[untilField] != nil {
 		u, ok := vals[untilField].(string)
@@ -134,6 +139,13 @@ func parseEntry(vals []any) (entry, error) {
 		s[i] = v
 	}
 	e := entry{ok: true, id: id, val: []byte(s[1]), until: until}
+	if len(vals0) > tagsField && vals0[tagsField] != nil {
+		tg, _ := vals0[tagsField].(string)
+		var ok bool
+		if e.tagStamp, e.tags, ok = parseTags(tg); !ok {
+			return entry{id: id}, fmt.Errorf("flightredis: entry field %s: %q does not parse", tagField, tg)
+		}
+	}
 	for i, p := range []*int64{&e.at, &e.took, &e.fresh, &e.stale} {
 		n, err := strconv.ParseInt(s[i+2], 10, 64)
 		if err != nil {

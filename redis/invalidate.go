@@ -212,6 +212,10 @@ func (t *Tier[K, V]) onInvalidated(payload string) {
 		t.onInvalidatedAll(parts[0], parts[1][1:])
 		return
 	}
+	if len(parts) == 2 && strings.HasPrefix(parts[1], "#") {
+		t.tags.heard(parts[0], parts[1][1:])
+		return
+	}
 	if len(parts) == 3 && parts[0] != t.origin {
 		t.stats.invalidationsHeard.Add(1)
 	}
@@ -337,6 +341,7 @@ func (t *Tier[K, V]) reached(name string) {
 // be reached. It stops at the first failure; the rest wait for the next
 // time.
 func (t *Tier[K, V]) replay() {
+	t.tags.replay()
 	t.fleet.mu.Lock()
 	defer t.fleet.mu.Unlock()
 	if (len(t.fleet.pending) == 0 && t.allKept.Load() == 0) || t.closed.Load() || !t.fleet.replaying.CompareAndSwap(false, true) {

@@ -30,11 +30,12 @@ func version(v string) int64 {
 }
 
 // loadedAfter fails the test unless v was loaded by a downstream call
-// numbered above mark: after the InvalidateAll that mark was taken at.
+// numbered above mark: after the InvalidateAll (or InvalidateTag) that
+// mark was taken at.
 func loadedAfter(t *testing.T, who string, v string, err error, mark int64) {
 	t.Helper()
 	if err != nil || version(v) <= mark {
-		t.Fatalf("%s = %q, %v; want a value loaded after the InvalidateAll (a call after #%d)", who, v, err, mark)
+		t.Fatalf("%s = %q, %v; want a value loaded after the invalidation (a call after #%d)", who, v, err, mark)
 	}
 }
 

@@ -37,7 +37,7 @@ import (
 // it. A wake-up Redis refuses does not fail its script, whose writes are
 // made by then: the scripts publish with redis.pcall, and a waiter that
 // hears nothing polls, as it does after any lost wake-up. The invalidation
-// publishes (writeScript's ARGV[13] and [14], invalidateScript's ARGV[3]
+// publishes (writeScript's ARGV[14] and [15], invalidateScript's ARGV[3]
 // and [4]) go to <Prefix>invalidated, as ever.
 //
 // No script touches a key after deleting it. While a Cluster hash slot
@@ -56,7 +56,7 @@ import (
 var acquireScript = redis.NewScript(`
 local id = redis.call('HGET', KEYS[1], 'id') or ''
 if id ~= ARGV[1] then
-  return {'entry', redis.call('HMGET', KEYS[1], 'id', 'v', 'at', 'took', 'fresh', 'stale', 'until', 'nf')}
+  return {'entry', redis.call('HMGET', KEYS[1], 'id', 'v', 'at', 'took', 'fresh', 'stale', 'until', 'nf', 'tg')}
 end
 if ARGV[5] ~= '' then
   local f = redis.call('GET', KEYS[4])
@@ -90,7 +90,8 @@ return 1
 // (ARGV[12], see version.go) it writes only over an entry whose "ver" is
 // not higher; else it answers {writeOutdated, the entry's id} and changes
 // no entry: a fill still drops its lease and wakes the waiters, a Set
-// changes nothing (see writeAnswer).
+// changes nothing (see writeAnswer). ARGV[13] is the value's tags and
+// stamp (the "tg" field, tags.go), "" for none.
 var writeScript = redis.NewScript(`
 if ARGV[1] ~= '' and redis.call('GET', KEYS[2]) ~= ARGV[1] then return 0 end
 if ARGV[12] ~= '' then
@@ -115,9 +116,14 @@ if ARGV[12] ~= '' then
 else
   redis.call('HDEL', KEYS[1], 'nf', 'ver')
 end
+if ARGV[13] ~= '' then
+  redis.call('HSET', KEYS[1], 'tg', ARGV[13])
+else
+  redis.call('HDEL', KEYS[1], 'tg')
+end
 redis.call('PEXPIRE', KEYS[1], ARGV[8])
 redis.pcall(ARGV[9], ARGV[10], '')
-if ARGV[14] then redis.call('PUBLISH', ARGV[13], ARGV[14]) end
+if ARGV[15] then redis.call('PUBLISH', ARGV[14], ARGV[15]) end
 return 1
 `)
 
@@ -141,7 +147,7 @@ if redis.call('GET', KEYS[1]) == ARGV[1] then
   redis.pcall(ARGV[4], ARGV[5], '')
 end
 if ARGV[6] ~= '' and not gone then
-  return redis.call('HMGET', KEYS[4], 'id', 'v', 'at', 'took', 'fresh', 'stale', 'until', 'nf')
+  return redis.call('HMGET', KEYS[4], 'id', 'v', 'at', 'took', 'fresh', 'stale', 'until', 'nf', 'tg')
 end
 return {}
 `)
@@ -154,7 +160,7 @@ var notFoundScript = redis.NewScript(`
 if redis.call('GET', KEYS[2]) ~= ARGV[1] then return 0 end
 redis.call('DEL', KEYS[2], KEYS[3])
 redis.call('HSET', KEYS[1], 'id', ARGV[2], 'nf', '1', 'at', ARGV[3], 'fresh', ARGV[4])
-redis.call('HDEL', KEYS[1], 'v', 'took', 'stale', 'until', 'ver')
+redis.call('HDEL', KEYS[1], 'v', 'took', 'stale', 'until', 'ver', 'tg')
 redis.call('PEXPIRE', KEYS[1], ARGV[5])
 redis.pcall(ARGV[6], ARGV[7], '')
 return 1
@@ -295,6 +301,8 @@ type loadRun[K comparable, V any] struct {
 	waited  string          // the token of the lease this Load waits on, "" if none yet
 	w       chan struct{}   // the key's wake-ups, once the Load waits
 	attempt int             // waits so far, for the poll backoff
+	clock   int64           // the tag clock read before the load under the lease (tags.go)
+	clockOK bool            // clock was read
 }
 
 // loadResult is how a Load ends: again when a newer generation came first.
@@ -339,6 +347,7 @@ func (r *loadRun[K, V]) read() (out loadResult[V], done bool) {
 		return loadResult[V]{again: true}, true
 	}
 	r.e, r.perr = parseEntry(vals)
+	t.tags.live(r.ctx, &r.e)
 	return loadResult[V]{}, false
 }
 
@@ -387,6 +396,7 @@ func (r *loadRun[K, V]) acquire() (out loadResult[V], done bool) {
 	case "entry":
 		fields, _ := res[1].([]any)
 		r.e, r.perr = parseEntry(fields)
+		t.tags.live(r.ctx, &r.e)
 		return loadResult[V]{}, false
 	case "failed":
 		// The entry is still e (acquire compared the ids): it may
@@ -538,6 +548,9 @@ func (r *loadRun[K, V]) hold(ctx context.Context, tok string, fleet *V, covers b
 			t.link.release(bg, r.ks, tok, "", false)
 		}
 	}()
+	if t.attached().tagged() { // the stamp of the value's entry, read before the load starts (tags.go)
+		r.clock, r.clockOK = t.tags.readClock(ctx)
+	}
 	start := time.Now()
 	v, err := r.load(ctx)
 	end := time.Now()
@@ -578,6 +591,7 @@ func (r *loadRun[K, V]) failed(ctx context.Context, tok string, err error, cover
 	if t.dead(r.ks) || !covers { // an InvalidateAll ended the entry's generation: it covers nothing
 		e = entry{}
 	}
+	t.tags.live(bg, &e) // nor does an entry whose tag was invalidated
 	rv, err := t.cover(e, err)
 	return rv, err, false
 }
@@ -604,7 +618,7 @@ func (r *loadRun[K, V]) writeNotFound(ctx context.Context, tok string) (stored b
 	switch {
 	case err != nil:
 		t.link.failed()
-	case t.stored(n):
+	case t.stats.stored(n):
 		t.copies.served.Drop(ks.base)
 		return true
 	}
@@ -615,13 +629,13 @@ func (r *loadRun[K, V]) writeNotFound(ctx context.Context, tok string) (stored b
 // lease took effect: n is the script's answer, writeLost when the lease
 // was gone, which Stats.WritesLost counts, or writeOutdated when the entry
 // holds a higher version, which Stats.WritesOutdated counts.
-func (t *Tier[K, V]) stored(n int) bool {
+func (c *counters) stored(n int) bool {
 	switch n {
 	case writeLost:
-		t.stats.writesLost.Add(1)
+		c.writesLost.Add(1)
 		return false
 	case writeOutdated:
-		t.stats.writesOutdated.Add(1)
+		c.writesOutdated.Add(1)
 		return false
 	}
 	return true
@@ -644,6 +658,10 @@ func (r *loadRun[K, V]) write(ctx context.Context, tok string, rv remote.Value[V
 		t.stats.writesLost.Add(1)
 		ok = false
 	}
+	if ok && len(enc.tags) > 0 {
+		ok = r.clockOK && t.tags.fillLive(ctx, enc.tags, r.clock)
+		enc.tg = tagText(r.clock, enc.tags)
+	}
 	if !ok {
 		t.link.release(ctx, ks, tok, "", false)
 		return false
@@ -656,7 +674,7 @@ func (r *loadRun[K, V]) write(ctx context.Context, tok string, rv remote.Value[V
 	switch {
 	case err != nil:
 		t.link.failed()
-	case t.stored(n):
+	case t.stats.stored(n):
 		t.copies.handOver(ks, r.tk, id)
 		return true
 	case n == writeOutdated:
@@ -671,7 +689,9 @@ type encoded struct {
 	data                          []byte
 	at, took, fresh, stale, until int64
 	life                          time.Duration
-	ver                           string // the value's version (versionText); "" without Version
+	ver                           string   // the value's version (versionText); "" without Version
+	tags                          []string // the value's tags (Rules.Tags); none without
+	tg                            string   // the "tg" field: tags and stamp (tags.go), set by the writer
 }
 
 // encode prepares the write of rv as the entry of key, its windows'
@@ -690,7 +710,7 @@ func (t *Tier[K, V]) encode(key K, rv remote.Value[V], u float64) (enc encoded, 
 	if t.attached() == nil { // no rules to write it by: not shared
 		return encoded{}, false
 	}
-	w, data, ver, ok := t.prepare(key, rv.Value)
+	w, data, ver, tags, ok := t.prepare(key, rv.Value)
 	if !ok {
 		return encoded{}, false
 	}
@@ -702,32 +722,38 @@ func (t *Tier[K, V]) encode(key K, rv remote.Value[V], u float64) (enc encoded, 
 	// 292 years.
 	life := b.UsableUntil.Sub(at)
 	return encoded{data: data, at: micros(at), took: rv.Took.Microseconds(),
-		fresh: micros(b.FreshUntil), stale: micros(b.StaleUntil), until: micros(b.UsableUntil), life: life, ver: ver}, true
+		fresh: micros(b.FreshUntil), stale: micros(b.StaleUntil), until: micros(b.UsableUntil), life: life, ver: ver, tags: tags}, true
 }
 
 // prepare runs the user code of encode: the windows of v (Rules.WindowsOf,
 // which calls Options.Freshness), its version (Rules.Version, see
-// version.go) and its encoding. ok is false when v is not to be shared; a
+// version.go), its tags (Rules.Tags: more than MaxTags, not shared) and
+// its encoding. ok is false when v is not to be shared; a
 // failure or a panic of any of them is counted in EncodeErrors, and a
 // panic does not go on.
-func (t *Tier[K, V]) prepare(key K, v V) (w remote.Windows, data []byte, ver string, ok bool) {
+func (t *Tier[K, V]) prepare(key K, v V) (w remote.Windows, data []byte, ver string, tags []string, ok bool) {
 	defer func() {
 		if r := recover(); r != nil {
 			t.stats.encodeErrors.Add(1)
-			w, data, ver, ok = remote.Windows{}, nil, "", false
+			w, data, ver, tags, ok = remote.Windows{}, nil, "", nil, false
 		}
 	}()
 	w, keep := t.attached().windowsOf(key, v)
 	if !keep {
-		return w, nil, "", false
+		return w, nil, "", nil, false
 	}
 	ver = t.attached().versionText(v)
+	if tf := t.attached().rules.Tags; tf != nil {
+		if tags = tf(key, v); tooManyTags(tags) { // the Loader does not cache it (ErrTooManyTags)
+			return w, nil, "", nil, false
+		}
+	}
 	data, err := t.codec.Marshal(v)
 	if err != nil {
 		t.stats.encodeErrors.Add(1)
-		return w, nil, "", false
+		return w, nil, "", nil, false
 	}
-	return w, data, ver, true
+	return w, data, ver, tags, true
 }
 
 // decode has codec decode an entry's value. A panic of Unmarshal is
@@ -868,6 +894,7 @@ func (t *Tier[K, V]) Set(ctx context.Context, key K, v remote.Value[V]) {
 	}
 	since := t.ahead.Now()
 	enc, ok := t.encode(key, v, rand.Float64())
+	ok = ok && t.tags.stampSet(ctx, &enc) // stamped with the tag clock now (tags.go)
 	if !ok {
 		if !t.invalidate(ctx, name, key) {
 			t.keep(name, key)

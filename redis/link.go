@@ -221,7 +221,7 @@ func (l *link) releaseAll(ctx context.Context, ss []lease) {
 func (l *link) writeArgs(ks keys, enc encoded) (id string, args []any) {
 	id = token(8)
 	return id, []any{id, enc.data, enc.at, enc.took, enc.fresh, enc.stale, px(enc.life),
-		l.wakeCmd, ks.wake, enc.until, enc.ver}
+		l.wakeCmd, ks.wake, enc.until, enc.ver, enc.tg}
 }
 
 // notFoundCall is the notFoundScript call that stores a not-found marker as

@@ -208,6 +208,31 @@ type Stats struct {
 	// restart without persistence, a failover before the move reached the
 	// replica, a deleted key) and set it back.
 	GenerationRestores uint64
+
+	// TagInvalidations counts this process's InvalidateTag calls
+	// ([Tier.InvalidateTag], the Loader's Options.Tags) that reached
+	// Redis: at once, or replayed (TagInvalidationsReplayed counts those
+	// too).
+	TagInvalidations uint64
+	// TagInvalidationsHeard counts other processes' InvalidateTag calls
+	// heard on the subscription; each had the Loader drop the copies that
+	// carry the tag (remote.TagDropper, counted in the Loader's
+	// TagInvalidations).
+	TagInvalidationsHeard uint64
+	// TagInvalidationsReplayed counts InvalidateTag calls that could not
+	// reach Redis at once and were sent at a later health check;
+	// TagInvalidationsLost those that could not be kept (more than 4,096
+	// tags waited), were still kept when the tier closed, or came after.
+	TagInvalidationsReplayed, TagInvalidationsLost uint64
+	// TagMisses counts shared entries read (by a Load, a batch, or to
+	// cover a failure) that were absent because one of their tags was
+	// invalidated after they were stored (or its stamps could not be
+	// read): each was loaded again under the lease.
+	TagMisses uint64
+	// TagFillsRefused counts values loaded here under a lease and not
+	// shared because one of their tags was invalidated after the load
+	// started: their callers got them, this process's Loader kept no copy.
+	TagFillsRefused uint64
 }
 
 type counters struct {
@@ -222,6 +247,9 @@ type counters struct {
 	invalidateAllsSent, invalidateAllsHeard                       atomic.Uint64
 	invalidateAllsReplayed, invalidateAllsLost                    atomic.Uint64
 	generationRestores, aheadLoads                                atomic.Uint64
+	tagInvalidations, tagInvalidationsHeard, tagMisses            atomic.Uint64
+	tagInvalidationsReplayed, tagInvalidationsLost                atomic.Uint64
+	tagFillsRefused                                               atomic.Uint64
 }
 
 // Stats returns the tier's counters. It is safe to call at any time.
@@ -246,5 +274,8 @@ func (t *Tier[K, V]) Stats() Stats {
 		InvalidateAllsHeard: c.invalidateAllsHeard.Load(), InvalidateAllsReplayed: c.invalidateAllsReplayed.Load(),
 		InvalidateAllsLost: c.invalidateAllsLost.Load(), GenerationRestores: c.generationRestores.Load(),
 		Invalidations: t.track.Mode().String(), Rearms: t.track.Rearms(), TrackedReads: t.track.Reads(),
+		TagInvalidations: c.tagInvalidations.Load(), TagInvalidationsHeard: c.tagInvalidationsHeard.Load(),
+		TagInvalidationsReplayed: c.tagInvalidationsReplayed.Load(), TagInvalidationsLost: c.tagInvalidationsLost.Load(),
+		TagMisses: c.tagMisses.Load(), TagFillsRefused: c.tagFillsRefused.Load(),
 	}
 }

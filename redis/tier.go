@@ -206,6 +206,7 @@ type Tier[K comparable, V any] struct {
 
 	// The generation of the shared tier (generation.go).
 	genKey    string       // the counter in Redis
+	tags      tagger[K]    // the stamps, and InvalidateTag calls kept for replay (tags.go)
 	gen       atomic.Int64 // the newest generation this tier knows
 	allMu     sync.Mutex   // one generation move at a time
 	allKept   atomic.Int64 // InvalidateAll calls not in Redis yet (in progress or failed)
@@ -297,6 +298,9 @@ func newTier[K comparable, V any](client redis.UniversalClient, opts Options[K, 
 	t.copies = copies[K]{fleet: &t.fleet, track: &t.track, link: &t.link, stats: &t.stats, genKey: t.genKey,
 		timeout: opts.Timeout, ctx: t.ctx}
 	t.copies.served.Init()
+	t.tags = tagger[K]{rdb: client, link: &t.link, stats: &t.stats, fleet: &t.fleet, prefix: opts.Prefix,
+		clock: opts.Prefix + "tagclock", origin: t.origin, channel: t.invChannel, ctx: t.ctx, closed: &t.closed,
+		distrust: t.distrust}
 	t.wake.Init(t.ctx, client, opts.Timeout)
 	t.events.Start(t.ctx, client, events.Handlers{
 		Channel:   t.invChannel,
@@ -416,6 +420,7 @@ func (t *Tier[K, V]) Close() error {
 		t.shards.Wait()
 		t.wake.Close()
 		t.dropPending()
+		t.tags.dropKept()
 	})
 	return nil
 }

@@ -2,8 +2,9 @@
 // tier shared by several processes (the Redis tier of the flightredis
 // module, for one), as database/sql/driver is to database/sql: what such a
 // tier implements ([Remote] and the optional [Many], [AllInvalidator],
-// [Attacher] and [Watcher]), the records it exchanges with the Loader
-// ([Value], [Result], [Rules], [LocalCache]), the Loader's rule for a
+// [TagInvalidator], [Attacher] and [Watcher]), the records it exchanges
+// with the Loader ([Value], [Result], [Rules], [LocalCache], and the
+// [TagDropper] a LocalCache is), the Loader's rule for a
 // value's age ([Windows], [Bounds], [Phase]), what it reads from a Get's
 // context ([MaxStale], [AcceptsStale]) and gives a load
 // ([WithReloadValue]), the errors both sides match ([ErrNotFound] and the

@@ -148,6 +148,13 @@ type Rules[K comparable, V any] struct {
 	// calls Version on the caller's goroutine; a panic there is the
 	// caller's to recover. nil when the Loader has no Version.
 	Version func(v V) uint64
+	// Tags is Options.Tags: the tags of a value v of key, for a Remote
+	// that keeps them with the shared entry so that the fleet's
+	// InvalidateTag drops it ([TagInvalidator]). It calls Tags on the
+	// caller's goroutine; a panic there is the caller's to recover. At
+	// most MaxTags (8) tags: a value with more is not cached by the
+	// Loader, and should not be shared. nil when the Loader has no Tags.
+	Tags func(key K, v V) []string
 	// MaxWait is how long a load may wait for a downstream slot (the
 	// Options' Limit.MaxWait, its default applied) before its LoadTimeout
 	// starts: a Remote that holds a lease for a load holds it up to
@@ -195,4 +202,32 @@ type LocalCache[K comparable] interface {
 	// called InvalidateAll, and the shared tier has dropped its entries
 	// already.
 	DropAll()
+}
+
+// TagInvalidator is what a [Remote] implements, besides Remote, to take
+// part in the Loader's InvalidateTag (Options.Tags): it drops every entry
+// of the shared tier that carries tag, in constant time (no visit of the
+// entries: a per-tag stamp, say), and tells the other processes to drop
+// their local copies that carry it (a [Watcher] hears it and calls
+// [TagDropper.DropTag]). The Loader calls it on the caller's goroutine,
+// outside every lock, before it drops its own copies, as for
+// [AllInvalidator]. When it returns, no process reading the tier may be
+// handed an entry with the tag stored before the call, nor store a value
+// loaded before it; processes that have not heard yet may still serve
+// their local copies until they do, and one that may have missed the
+// message distrusts its copies ([LocalCache.Distrust]).
+type TagInvalidator interface {
+	InvalidateTag(ctx context.Context, tag string)
+}
+
+// TagDropper is what the [LocalCache] a Loader with Options.Tags hands a
+// [Watcher] implements besides: a Remote asserts it (a LocalCache of an
+// older Loader lacks it) to act on another process's InvalidateTag.
+type TagDropper interface {
+	// DropTag forgets every copy this process holds that carries tag, as
+	// the Loader's InvalidateTag does (a load in flight whose value
+	// carries it answers its own callers and fills nothing), without
+	// telling the Remote. It does nothing for a Loader without
+	// Options.Tags, and once the Loader is closed.
+	DropTag(tag string)
 }
