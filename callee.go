@@ -401,10 +401,10 @@ func (u userCode) rejected(err error) error {
 // distinct), for callDownstream: it keeps in got what a *ManyError
 // answered, and hands the attempt's classification a *keyFaults in its
 // place.
-func (l *Loader[K, V]) manyCall(ctx context.Context, keys []K, got *manyAnswer[K, V]) func() (map[K]V, error) {
+func (b *batch[K, V]) manyCall(ctx context.Context, keys []K, got *manyAnswer[K, V]) func() (map[K]V, error) {
 	return func() (map[K]V, error) {
 		*got = manyAnswer[K, V]{}
-		m, err := l.opts.LoadMany(ctx, keys)
+		m, err := b.l.opts.LoadMany(ctx, keys)
 		me, ok := err.(*ManyError[K]) // a type assertion runs no user code
 		if !ok {
 			return m, err

@@ -394,7 +394,7 @@ func (b *batch[K, V]) Run() {
 	if b.gather != nil && !b.l.gathers.hold(b) {
 		return // every caller of the gather left: no call
 	}
-	b.l.runBatch(b)
+	b.run()
 }
 
 // refreshPermits is the MaxRefreshes bound on background loads: a
@@ -438,7 +438,7 @@ func (l *Loader[K, V]) takeBackground() (s limit.Slot, ok bool) {
 // ended, before any of its waiters wakes, so that Stats read after a Get
 // returns include the load that answered it; a background load gives back
 // what takeBackground took, s its Limit slot. Whether its error is a
-// not-found is counted apart, once judged (deliver, completeBatch).
+// not-found is counted apart, once judged (deliver, batch.complete).
 func (l *Loader[K, V]) loadEnded(err error, background bool, s limit.Slot) {
 	l.stats.inFlight.Add(-1)
 	l.stats.loads.Add(1)
@@ -548,7 +548,7 @@ func (l *Loader[K, V]) entryOf(c *call[K, V], r *loaded[V], res *delivery[K, V],
 // deliver hands res to c's waiters, e to the cache, and reports the load.
 func (l *Loader[K, V]) deliver(c *call[K, V], r *loaded[V], res *delivery[K, V], e *entry[K, V], cost int64) {
 	c.endContext()
-	if c.batch == nil { // a batch counts itself once (completeBatch)
+	if c.batch == nil { // a batch counts itself once (batch.complete)
 		l.loadEnded(res.err, c.background, l.lim.Background())
 		if res.notFound {
 			l.stats.loadNotFounds.Add(1)
@@ -575,7 +575,7 @@ func (l *Loader[K, V]) deliver(c *call[K, V], r *loaded[V], res *delivery[K, V],
 		l.writer.hand(w)
 	}
 	if b := c.batch; b != nil {
-		// The batch's goroutine reports the batch once (completeBatch).
+		// The batch's goroutine reports the batch once (batch.complete).
 		b.callers += callers
 		b.stored = b.stored || stored
 		if dep.any() {
@@ -631,7 +631,7 @@ func (l *Loader[K, V]) backOff(from *entry[K, V]) {
 // departure is what a load made leave the cache, for an EvictionObserver:
 // the entry its value replaced (put marked it gone), and its own value if
 // it is too big for the cache. It is reported once the load is reported,
-// last of all (a batch's, once the batch is: completeBatch).
+// last of all (a batch's, once the batch is: batch.complete).
 type departure[K comparable, V any] struct {
 	key      K
 	gone     *entry[K, V] // replaced (or dropped by a not-found); nil: none

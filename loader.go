@@ -172,7 +172,7 @@ type Loader[K comparable, V any] struct {
 	// means (callee.go).
 	callee callee
 	// gathers decides where a new load goes (route) and holds the open gathers single-key loads wait in
-	// (Options.BatchWindow, gather.go).
+	// (Options.BatchWindow, batch.go).
 	gathers gathers[K, V]
 	// refreshPermits bounds the background loads (MaxRefreshes, downstream.go).
 	refreshPermits refreshPermits
