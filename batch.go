@@ -15,34 +15,7 @@ import (
 	"github.com/flightcache/flightcache/internal/limit"
 )
 
-// Batches. A GetMany answers each key as Get would, but the keys it has to
-// load (no value it may return, no load in flight) are loaded together by
-// Options.LoadMany. Coalescing stays per key: each key of a LoadMany call
-// is a load of its own (a call, published in its key's shard like any
-// other), so a Get or another GetMany of that key joins it, and Set,
-// Invalidate, finish and leave treat it as they treat any load. What the
-// calls of one LoadMany share is a batch: one goroutine, one downstream
-// call, one context (its first call's), and one report.
-//
-// A GetMany, step by step:
-//
-//  1. Each distinct key is hashed (distinct); the caller's context is read
-//     (callerOf) and the keys are counted in (the gate: EnterGets).
-//  2. Each key is asked as a Get asks (askOne): judge decides from its
-//     cached entry; a value it may return answers it at once (without a
-//     request when no refresh is due, as in GetInfo; else serve: a stale
-//     one, or one due an early refresh, joins the GetMany's background
-//     batch); else it is joined (ask → flights.join) with the
-//     GetMany's open batch as the place for a load it starts (batches); a
-//     batch holds MaxBatch keys, then a new one opens. A key whose load is
-//     in flight is joined, not loaded again; a Reload of a value held goes
-//     alone.
-//  3. The batches are launched, one goroutine each; then the GetMany waits
-//     for each key in turn (collect, as a Get does).
-//
-// Under CancelAtZero a batch is cancelled when the last of its keys has no
-// caller left (leave → abandon), never before: one key's callers leaving
-// does not fail the others'.
+// Batches: a GetMany's keys loaded together, one LoadMany call a batch (docs/internals.md, "Batches").
 
 // batch is one LoadMany call and the loads it answers.
 type batch[K comparable, V any] struct {
@@ -656,23 +629,7 @@ func (e *ManyError[K]) Unwrap() []error {
 	return errs
 }
 
-// Splitting a failed batch (docs/design.md rule 31). A LoadMany call that
-// fails as a whole fails every key in it; when the Loader chose those keys
-// together (a gather of unrelated Gets, or a GetMany's batch another
-// caller joined), one bad key would fail callers that never asked for it.
-// So such a call is split in halves and each half tried again, down to
-// single keys, as AWS Lambda's BisectBatchOnFunctionError does: a key that
-// still fails alone fails with its own error, and every other key gets its
-// value. The tries run one after another on the batch's goroutine, under
-// the call's context (its LoadTimeout runs from the call's start, Close
-// ends them), holding the call's Limit slot, through the breaker, each
-// once: the whole call had its retries. Both halves of a part are tried
-// before either is split again, so a single bad key never makes more than
-// two failures in a row for the breaker, while a downstream that is down
-// fails every try and opens it: the tries it refuses are not split
-// further. Under CancelAtZero a part none of whose keys has a caller left
-// is not tried. What the split answers is what a LoadManyFunc returning a
-// *ManyError answers (callee.go): a map, and each failed key's error.
+// Splitting a failed batch (docs/design.md rule 31; docs/internals.md, "Batches").
 
 // loadMany is load for b's LoadMany call of keys (each distinct): one
 // downstream call with retries and the breaker, holding one slot of
@@ -827,34 +784,7 @@ func (b *batch[K, V]) wants(keys []K) bool {
 	return len(in) > 0
 }
 
-// Where a load goes (docs/design.md, "The in-flight map's port"): route
-// decides it, once, when the in-flight map commits a new load under its
-// key's shard lock: into the GetMany's batch it was started for, into a
-// gather, or alone.
-//
-// Gathers (Options.BatchWindow, docs/design.md rule 31; the docs' batch
-// windows). A gather is a GetMany batch that stays open: the loads of
-// single keys (a Get's miss, a revalidating Get, Refresh, a background or
-// early refresh) that would each call the downstream for one key join it
-// as its calls, published in their keys' shards like any other, so later
-// callers of the same key coalesce on them as now. It goes out, one
-// LoadMany call as a GetMany's batch does (batch.run), BatchWindow after
-// it opened, at once when it holds MaxBatch calls (the next load opens a
-// new one), or at Close. Misses and background refreshes wait in gathers
-// of their own (fg, bg): a gather of refreshes holds one MaxRefreshes
-// permit, taken by its first call, as a GetMany's refreshes do, and one
-// Limit slot, taken only as its call goes out (takeSlot), so that an idle
-// gather never holds up a miss.
-//
-// A gather's goroutine is the batch's: the load that opens the gather
-// launches it (counted in on that load's stripe, as any load), and it
-// waits out the gather (hold) before it runs the batch. Until it is
-// sealed, under mu, calls join it (add) and, under CancelAtZero, leave it
-// (drop): a key whose callers all left is not in the call, and a gather
-// every caller left makes no call at all.
-//
-// Locks: mu is taken under a shard lock (add, from route) or under none
-// (drop, hold); no shard lock is ever taken under mu.
+// Where a load goes (route) and the gathers of Options.BatchWindow (docs/internals.md, "Batches").
 
 // route decides where a load of r's key, about to start with n, goes, and
 // builds its call: nothing after Close; into n.into, the GetMany's batch

@@ -839,31 +839,7 @@ func mayHold(t reflect.Type, f func(reflect.Type) bool) bool {
 	return false
 }
 
-// How a Loader shuts down: its gate (internal/life) says "no new work,
-// wait for what runs".
-//
-//   - Every Get, Set, Invalidate, InvalidateAll and Refresh enters the
-//     gate, and is refused at the door after Close. A Get counts out in the
-//     defer it sets as soon as it is in (exitGets), so that a panic of its
-//     caller's context cannot leave it in.
-//   - A load goroutine is counted in (Stripe.Enter) by the operation that
-//     starts it, while that operation is still inside, so the count cannot
-//     reach zero between the two.
-//   - Close closes the gate, cancels every load (cancelAll), and checks
-//     whether everything has left; so does every call that leaves after
-//     it. The one that sees the gate balance closes its Idle channel.
-//   - The writer goroutine, the only code left running, sees Idle, closes
-//     ristretto (whose Close must not race its Get or Set), waits for the
-//     idle load goroutines to leave (they do when the Loader's context
-//     ends), and closes closeDone. Close and Shutdown wait for closeDone.
-//
-// Close called from user code on a load goroutine (a LoadFunc, OnLoad,
-// Cost, Retryable, IsFailure, a Remote, a custom breaker) cannot wait: its
-// own load keeps the Loader from going idle; nor can Close from an
-// EvictionObserver on the writer's goroutine, for the writer closes the
-// Loader. It tells both by the goroutine's stack (life.OnPool,
-// life.OnWriter; TestCloseFromLoaderGoroutine checks the lookup both
-// ways). Shutdown(ctx) needs no such look: it waits until ctx ends.
+// How a Loader shuts down: its gate (internal/life); docs/internals.md, "Shutdown".
 
 // Close stops the Loader: later Gets return [ErrClosed], Set and Invalidate
 // do nothing, loads and refreshes in flight have their contexts cancelled
