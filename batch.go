@@ -1070,15 +1070,12 @@ func (b *batch[K, V]) keys() []K {
 	return keys
 }
 
-// Flush sends every open batch window's keys at once ([Options.BatchWindow],
-// docs/design.md rule 39): the misses and refreshes waiting in a window go
-// out in its LoadMany call now, as a full window does, instead of at the
-// end of the window. A caller that knows it has asked for everything it
-// will ask for (a GraphQL resolver once a level of the query is resolved)
-// calls it so that no miss waits out the window after it. A load that
-// starts after Flush opens a new window. Without a BatchWindow, with no
-// window open, and after Close (the windows go out at Close), it does
-// nothing. Flush never waits for a load, and is safe for concurrent use.
+// Flush sends every open batch window ([Options.BatchWindow]) at once, in
+// its LoadMany call, instead of at the window's end: a caller that has
+// asked for everything it will (a GraphQL resolver at the end of a level)
+// spares its misses the wait (docs/design.md rule 39). It never waits for
+// a load; with no window open, and after Close, it does nothing. It is safe
+// for concurrent use.
 func (l *Loader[K, V]) Flush() {
 	l.gathers.flush()
 }

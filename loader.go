@@ -850,13 +850,10 @@ func mayHold(t reflect.Type, f func(reflect.Type) bool) bool {
 // WARNING: Close waits for LoadFuncs to return; one that ignores its
 // context delays Close until it does. [Loader.Shutdown] bounds the wait.
 //
-// NOTE: Close called on a load goroutine (from a LoadFunc, Cost, OnLoad,
-// Retryable, IsFailure, a Remote or a custom breaker), or on the Loader's
-// writer (from an EvictionObserver's Evicted), cannot wait for itself: it
-// starts the shutdown and returns at once, and the Loader finishes closing
-// when the last of its loads, and the callback, ends. Close cannot tell
-// which Loader such a goroutine belongs to, so it returns at once too when
-// called from another Loader's callback; a later Close from outside waits.
+// NOTE: Close called from a callback (a LoadFunc, an Observer, Evicted...)
+// cannot wait for itself: it starts the shutdown and returns at once, and
+// the Loader finishes closing when the callback ends. It returns at once
+// from another Loader's callback too; a later Close from outside waits.
 func (l *Loader[K, V]) Close() error {
 	l.shutdown()
 	if life.OnPool() || life.OnWriter() {
