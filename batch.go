@@ -1,45 +1,21 @@
 package flightcache
 
 import (
-	"github.com/flightcache/flightcache/internal/life"
-	"github.com/flightcache/flightcache/internal/limit"
-
 	"context"
+	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/flightcache/flightcache/internal/life"
+	"github.com/flightcache/flightcache/internal/limit"
 )
 
-// Batches. A GetMany answers each key as Get would, but the keys it has to
-// load (no value it may return, no load in flight) are loaded together by
-// Options.LoadMany. Coalescing stays per key: each key of a LoadMany call
-// is a load of its own (a call, published in its key's shard like any
-// other), so a Get or another GetMany of that key joins it, and Set,
-// Invalidate, finish and leave treat it as they treat any load. What the
-// calls of one LoadMany share is a batch: one goroutine, one downstream
-// call, one context (its first call's), and one report.
-//
-// A GetMany, step by step:
-//
-//  1. Each distinct key is hashed (distinct); the caller's context is read
-//     (callerOf) and the keys are counted in (the gate: EnterGets).
-//  2. Each key is asked as a Get asks (askOne): judge decides from its
-//     cached entry; a value it may return answers it at once (without a
-//     request when no refresh is due, as in GetInfo; else serve: a stale
-//     one, or one due an early refresh, joins the GetMany's background
-//     batch); else it is joined (ask → flights.join) with the
-//     GetMany's open batch as the place for a load it starts (batches); a
-//     batch holds MaxBatch keys, then a new one opens. A key whose load is
-//     in flight is joined, not loaded again; a Reload of a value held goes
-//     alone.
-//  3. The batches are launched, one goroutine each; then the GetMany waits
-//     for each key in turn (collect, as a Get does).
-//
-// Under CancelAtZero a batch is cancelled when the last of its keys has no
-// caller left (leave → abandon), never before: one key's callers leaving
-// does not fail the others'.
+// Batches: a GetMany's keys loaded together, one LoadMany call a batch (docs/internals.md, "Batches").
 
 // batch is one LoadMany call and the loads it answers.
 type batch[K comparable, V any] struct {
@@ -52,7 +28,7 @@ type batch[K comparable, V any] struct {
 	leader *call[K, V] // calls[0]: its context is the batch's
 	wanted atomic.Int32
 	stripe *life.Stripe // the stripe the goroutine is counted on (lifecycle)
-	gather *gatherWait  // a gather single-key loads join (gather.go); nil for a GetMany's
+	gather *gatherWait  // a gather single-key loads join (batch.go); nil for a GetMany's
 
 	abandoned atomic.Bool
 	joined    atomic.Bool                     // a caller other than the one that started it joined one of its calls (flights.join): a failed call is split (bisect)
@@ -70,11 +46,11 @@ type batch[K comparable, V any] struct {
 	// Written by the batch's goroutine as it delivers each call.
 	callers    int
 	stored     bool
-	writes     []*write[K, V]    // the writes its calls opened: handed to the writer together (completeBatch)
+	writes     []*write[K, V]    // the writes its calls opened: handed to the writer together (batch.complete)
 	departures []departure[K, V] // what its calls made leave the cache, reported with the batch (EvictionObserver)
 }
 
-func (l *Loader[K, V]) newBatch(background bool) *batch[K, V] {
+func newBatch[K comparable, V any](l *Loader[K, V], background bool) *batch[K, V] {
 	return &batch[K, V]{l: l, background: background}
 }
 
@@ -134,15 +110,17 @@ func (b *batch[K, V]) cancel(cause error) {
 	b.l.flights.cancelLoad(b.leader, cause)
 }
 
-// launchBatch starts b's goroutine, counted on s (see launch).
-func (l *Loader[K, V]) launchBatch(b *batch[K, V], s *life.Stripe) {
+// launch starts b's goroutine, counted on s (see launch).
+func (b *batch[K, V]) launch(s *life.Stripe) {
+	l := b.l
 	b.stripe = s
 	l.spawn(b, s)
 }
 
-// runBatch is the body of a batch's goroutine: one LoadMany call, then
+// run is the body of a batch's goroutine: one LoadMany call, then
 // each key's result delivered as its own load's.
-func (l *Loader[K, V]) runBatch(b *batch[K, V]) {
+func (b *batch[K, V]) run() {
+	l := b.l
 	start := l.now()
 	b.leader.buildContext(start)
 	keys := b.keys()
@@ -154,7 +132,7 @@ func (l *Loader[K, V]) runBatch(b *batch[K, V]) {
 		if b.gather != nil && b.gather.leaderGone { // dropped from its gather: no delivery ends its context
 			b.leader.endContext()
 		}
-		l.completeBatch(b, &out)
+		b.complete(&out)
 	}()
 	l.takeLabels(b.leader.vals.caller)
 	var ctx context.Context = &b.leader.lctx
@@ -163,7 +141,7 @@ func (l *Loader[K, V]) runBatch(b *batch[K, V]) {
 	}
 	rm, ok := l.opts.Remote.(RemoteMany[K, V])
 	if !ok {
-		out.m, out.err = l.loadMany(ctx, b, keys, &out.down)
+		out.m, out.err = b.loadMany(ctx, keys, &out.down)
 		if many, alone := out.err.(*ManyError[K]); alone { // its keys failed one by one
 			out.many, out.err = many, nil
 		}
@@ -172,7 +150,7 @@ func (l *Loader[K, V]) runBatch(b *batch[K, V]) {
 	var res map[K]RemoteResult[V]
 	if perr := l.user.guard(func() {
 		res = rm.LoadMany(ctx, keys, func(ctx context.Context, keys []K) (map[K]V, error) {
-			return l.loadMany(ctx, b, keys, &out.down) // a *ManyError: the Remote fails those keys alone
+			return b.loadMany(ctx, keys, &out.down) // a *ManyError: the Remote fails those keys alone
 		})
 	}, nil); perr != nil {
 		out.err = perr
@@ -186,15 +164,16 @@ type batchResult[K comparable, V any] struct {
 	m      map[K]V               // LoadMany's values
 	remote map[K]RemoteResult[V] // or the RemoteMany's results
 	err    error                 // or an error for every key
-	many   *ManyError[K]         // or, with m, the keys that failed alone (keyerrors.go, bisect.go)
-	nf     bool                  // err is a not-found (judged once, by completeBatch)
+	many   *ManyError[K]         // or, with m, the keys that failed alone (callee.go, batch.go)
+	nf     bool                  // err is a not-found (judged once, by batch.complete)
 	down   tally                 // what its LoadMany calls did
 	took   time.Duration         // how long the call took, its wait for a Limit slot not included
 }
 
-// completeBatch delivers each of b's calls its key's result (complete, as
+// complete delivers each of b's calls its key's result (complete, as
 // for a single load) and reports the batch once.
-func (l *Loader[K, V]) completeBatch(b *batch[K, V], out *batchResult[K, V]) {
+func (b *batch[K, V]) complete(out *batchResult[K, V]) {
+	l := b.l
 	l.loadEnded(out.failure(), b.background, b.limSlot) // before any waiter wakes, as deliver does for a single load
 	l.stats.batchLoads.Add(1)
 	l.stats.batchKeys.Add(uint64(b.distinct))
@@ -207,7 +186,7 @@ func (l *Loader[K, V]) completeBatch(b *batch[K, V], out *batchResult[K, V]) {
 		}
 		l.writer.handAll(b.writes) // one handover for the batch, not one per key
 		b.writes = nil
-		l.reportBatch(b, out)
+		b.report(out)
 	}()
 	if out.err != nil { // user code: after the defer, which covers a Goexit
 		out.nf = l.callee.classifyLoad(&out.err, nil)
@@ -261,9 +240,10 @@ func (out *batchResult[K, V]) failure() error {
 	return out.err
 }
 
-// reportBatch reports b once it is delivered: Stats, OnLoad and the
+// report reports b once it is delivered: Stats, OnLoad and the
 // Observer's LoadEnd.
-func (l *Loader[K, V]) reportBatch(b *batch[K, V], out *batchResult[K, V]) {
+func (b *batch[K, V]) report(out *batchResult[K, V]) {
+	l := b.l
 	if b.abandoned.Load() {
 		l.stats.abandoned.Add(1)
 	}
@@ -328,12 +308,9 @@ func (l *Loader[K, V]) getMany(ctx context.Context, keys []K, withInfo bool) (ma
 		return nil, nil, ErrClosed
 	}
 	defer l.exitGets(&in)
-	res := newMany[K, V](len(ks), withInfo)
-	for _, k := range rejected {
-		res.add(k.key, answer[V]{err: k.err})
-	}
+	res := newMany[K, V](len(ks), withInfo, rejected)
 	now := l.now()
-	asks := request[K, V]{cl: cl, s: in.Stripe(), start: now, many: l.newBatches(), tagAt: l.tags.now()} // what each key's request shares
+	asks := request[K, V]{cl: cl, s: in.Stripe(), start: now, many: newBatches(l), tagAt: l.tags.now()} // what each key's request shares
 	waits := ks[:0]
 	for i := range ks {
 		if !l.askOne(&ks[i], &asks, &in, &res) {
@@ -491,10 +468,15 @@ type manyResult[K comparable, V any] struct {
 	callerDone bool // the caller's context ended: the GetMany left the loads it had not got yet
 }
 
-func newMany[K comparable, V any](n int, withInfo bool) manyResult[K, V] {
+// newMany is the result of a GetMany of n distinct keys, with the keys
+// ValidateKey rejected answered already.
+func newMany[K comparable, V any](n int, withInfo bool, rejected []rejectedKey[K]) manyResult[K, V] {
 	m := manyResult[K, V]{vals: make(map[K]V, n)}
 	if withInfo {
 		m.infos = make(map[K]Info, n)
+	}
+	for _, k := range rejected {
+		m.add(k.key, answer[V]{err: k.err})
 	}
 	return m
 }
@@ -553,7 +535,7 @@ type batches[K comparable, V any] struct {
 	all    []*batch[K, V]
 }
 
-func (l *Loader[K, V]) newBatches() *batches[K, V] {
+func newBatches[K comparable, V any](l *Loader[K, V]) *batches[K, V] {
 	if _, ok := l.opts.Remote.(RemoteMany[K, V]); l.opts.LoadMany == nil || (l.opts.Remote != nil && !ok) {
 		return nil
 	}
@@ -564,7 +546,7 @@ func (l *Loader[K, V]) newBatches() *batches[K, V] {
 // a join, which may start a load that joins fg.
 func (bs *batches[K, V]) open() {
 	if bs != nil && (bs.fg == nil || bs.fg.full()) {
-		bs.fg = bs.l.newBatch(false)
+		bs.fg = newBatch(bs.l, false)
 		bs.all = append(bs.all, bs.fg)
 	}
 }
@@ -576,7 +558,7 @@ func (bs *batches[K, V]) background() *batch[K, V] {
 		return nil
 	}
 	if bs.bg == nil || bs.bg.full() {
-		bs.bg = bs.l.newBatch(true)
+		bs.bg = newBatch(bs.l, true)
 		bs.all = append(bs.all, bs.bg)
 	}
 	return bs.bg
@@ -594,7 +576,7 @@ func (bs *batches[K, V]) launch(s *life.Stripe) {
 		if b.background {
 			bs.l.stats.refreshes.Add(1)
 		}
-		bs.l.launchBatch(b, s)
+		b.launch(s)
 	}
 }
 
@@ -627,4 +609,482 @@ func (e *ManyError[K]) Unwrap() []error {
 		}
 	}
 	return errs
+}
+
+// Splitting a failed batch (docs/design.md rule 31; docs/internals.md, "Batches").
+
+// loadMany is load for b's LoadMany call of keys (each distinct): one
+// downstream call with retries and the breaker, holding one slot of
+// Options.Limit for it and for its split (bisect), which follows if it
+// fails as a whole and splits says so. A *ManyError comes back as such: a
+// key in it failed alone.
+func (b *batch[K, V]) loadMany(ctx context.Context, keys []K, t *tally) (map[K]V, error) {
+	l := b.l
+	if l.lim != nil && !t.background && !t.held {
+		s, err := l.admit(ctx, t)
+		if err != nil {
+			return nil, err
+		}
+		t.held = true
+		defer func() { t.held = false; s.Release() }()
+	}
+	var got manyAnswer[K, V]
+	m, err := callDownstream(l, ctx, b.manyCall(ctx, keys, &got), false, t)
+	if m, err = got.of(l.user, m, err); err == nil || !b.splits(ctx, keys, err) {
+		return m, err
+	}
+	return b.bisect(ctx, keys, err, t)
+}
+
+// splits reports whether b's call of keys, which failed as a whole with
+// err, is split: it has more than one key, its keys came from more than
+// one caller (b is a gather, or another caller joined one of its keys),
+// its context has not ended, and err is not one that would answer every
+// part as it answered the whole: a not-found, the breaker's refusal,
+// ErrLimited, or a *ManyError (its keys failed one by one already).
+func (b *batch[K, V]) splits(ctx context.Context, keys []K, err error) bool {
+	l := b.l
+	if len(keys) < 2 || ctx.Err() != nil || (b.gather == nil && !b.joined.Load()) {
+		return false
+	}
+	if _, many := err.(*ManyError[K]); many {
+		return false
+	}
+	return l.callee.splittable(err)
+}
+
+// splittable reports whether a part that failed with err (not nil) is to
+// be split: not a not-found, not a refusal of the breaker or of
+// Options.Limit. err is user code's: inspected through the guard, and a
+// panic says no.
+func (c *callee) splittable(err error) (ok bool) {
+	c.user.guard(func() {
+		ok = !c.notFound(err) && !errors.Is(err, ErrBreakerOpen) && !errors.Is(err, ErrLimited)
+	}, nil)
+	return ok
+}
+
+// part is some of the keys of a split call, with the error of the last
+// call that held them.
+type part[K comparable] struct {
+	keys []K
+	err  error
+}
+
+// halves splits p's keys in two; each half keeps p's error. The halves do
+// not share capacity: a LoadManyFunc that appends to its keys cannot
+// overwrite the other half.
+func (p part[K]) halves() (part[K], part[K]) {
+	mid := len(p.keys) / 2
+	return part[K]{p.keys[:mid:mid], p.err}, part[K]{p.keys[mid:], p.err}
+}
+
+// bisect splits b's call of keys, which failed as a whole with err, and
+// answers each key from the tries of its parts: a map of the values, and
+// a *ManyError of each key that failed (alone, or with a part that could
+// not be split further), nil if none did.
+func (b *batch[K, V]) bisect(ctx context.Context, keys []K, err error, t *tally) (map[K]V, error) {
+	l := b.l
+	vals := make(map[K]V, len(keys))
+	errs := make(map[K]error) // a split follows a failure: some key is likely to fail
+	fail := func(keys []K, err error) {
+		for _, k := range keys {
+			errs[k] = err
+		}
+	}
+	a, z := part[K]{keys, err}.halves()
+	queue := []part[K]{a, z} // breadth first: both halves of a part before either is split
+	for i := 0; i < len(queue); i++ {
+		p := queue[i]
+		queue[i] = part[K]{}
+		switch {
+		case ctx.Err() != nil: // Close, LoadTimeout, every caller gone
+			fail(p.keys, l.callee.stopped(ctx, t.overdue(l.now()), p.err, p.err))
+			continue
+		case !b.wants(p.keys):
+			fail(p.keys, p.err)
+			continue
+		}
+		var got manyAnswer[K, V]
+		m, _, err := callOnce(l, ctx, b.manyCall(ctx, p.keys, &got), false, t)
+		m, err = got.of(l.user, m, l.callee.stopped(ctx, t.overdue(l.now()), err, err))
+		many, alone := err.(*ManyError[K]) // got.of's: the keys that failed alone
+		switch {
+		case err == nil:
+		case alone:
+			maps.Copy(errs, many.Errs)
+		case len(p.keys) == 1 || ctx.Err() != nil || !l.callee.splittable(err):
+			fail(p.keys, err)
+			continue
+		default:
+			p.err = err
+			a, z := p.halves()
+			queue = append(queue, a, z)
+			continue
+		}
+		keepValues(vals, m, p.keys, errs)
+	}
+	if len(errs) == 0 {
+		return vals, nil
+	}
+	return vals, &ManyError[K]{Errs: errs}
+}
+
+// keepValues copies into vals the values m holds for keys, but for the
+// keys that failed (in errs).
+func keepValues[K comparable, V any](vals, m map[K]V, keys []K, errs map[K]error) {
+	for _, k := range keys {
+		if _, failed := errs[k]; failed {
+			continue
+		}
+		if v, ok := m[k]; ok {
+			vals[k] = v
+		}
+	}
+}
+
+// wants reports whether a try of keys, some of b's, would reach a caller:
+// always, but under CancelAtZero, where it does only if one of their calls
+// still has one (a refresh always does) or a key is not one of its calls'
+// (a key not equal to itself: kept, to be safe).
+func (b *batch[K, V]) wants(keys []K) bool {
+	if b.l.opts.Policy != CancelAtZero {
+		return true
+	}
+	in := make(map[K]struct{}, len(keys))
+	for _, k := range keys {
+		in[k] = struct{}{}
+	}
+	for _, c := range b.calls {
+		if _, ok := in[c.key]; ok && !b.l.flights.abandoned(c) {
+			return true
+		}
+	}
+	for _, c := range b.calls {
+		delete(in, c.key)
+	}
+	return len(in) > 0
+}
+
+// Where a load goes (route) and the gathers of Options.BatchWindow (docs/internals.md, "Batches").
+
+// route decides where a load of r's key, about to start with n, goes, and
+// builds its call: nothing after Close; into n.into, the GetMany's batch
+// it was started for, if that has room; else into the open gather of its
+// kind (gathers.takes); else alone. It takes what a background load holds
+// (a MaxRefreshes permit and, but in a gather, a Limit slot): nil if it
+// finds none free. It runs under r's shard lock (flights.start), and
+// returns what the caller does once it has unlocked.
+func (g *gathers[K, V]) route(r *request[K, V], n newLoad[K, V]) (c *call[K, V], after afterStart[K, V]) {
+	l := g.l
+	after.s = r.s
+	switch {
+	case l.gate.Closed():
+		return nil, after
+	case g.takes(r.key, &n):
+		return g.add(r, n, after)
+	}
+	batched := n.into != nil && !n.into.full()
+	var held limit.Slot // a background load's Limit slot, if not batched (its end gives back l.lim.Background())
+	if n.background && !(batched && n.into.permitted) {
+		var ok bool
+		if held, ok = l.takeBackground(); !ok {
+			return nil, after
+		}
+	}
+	c = g.newCall(r, n)
+	if !batched {
+		after.alone = c
+		return c, after
+	}
+	if n.background && !n.into.permitted {
+		n.into.limSlot = held
+	}
+	n.into.add(c)
+	return c, after
+}
+
+// newCall is the call of a new load of r's key, with n, not yet published.
+func (g *gathers[K, V]) newCall(r *request[K, V], n newLoad[K, V]) *call[K, V] {
+	l := g.l
+	at := l.stampNow()
+	if n.from != nil && l.cleared(n.from) {
+		// An InvalidateAll raised the floor since the value held was
+		// judged live: a load of its generation (or a newer one) must not
+		// carry it (raiseFloor). The floor is read after the generation.
+		n.from = nil
+	}
+	c := &call[K, V]{l: l, key: r.key, h: r.h, done: make(chan struct{}), background: n.background, from: n.from, at: at, seen: n.seen}
+	ctx, marker := r.cl.ctx, r.cl.marker
+	if n.background {
+		marker = nil // nothing waits on it: a Get it makes of the key that started it is no cycle
+	} else {
+		c.waiters = 1
+	}
+	if r.cl.done != nil {
+		// Keep ctx's values, never its cancellation, nor its cause: the
+		// load's context.Cause must not find the caller's cancel context.
+		// (A context without Done has no cancel context to find.)
+		// WithoutCancel calls no method of ctx: it only wraps it.
+		ctx = context.WithoutCancel(ctx)
+	}
+	c.vals = loadValues{caller: ctx, marker: loadMarker{id: c, parent: marker}}
+	c.lctx.Init(&c.vals)
+	return c
+}
+
+// afterStart is what a load's start leaves for its caller to do once the
+// shard is unlocked (no goroutine start, no channel operation under a
+// shard lock): launch the load alone, launch the gather it opened, wake
+// the gather it filled, each counted in on s. A load in a GetMany's batch
+// leaves nothing: the GetMany launches its batches.
+type afterStart[K comparable, V any] struct {
+	alone          *call[K, V]
+	opened, filled *batch[K, V]
+	s              *life.Stripe
+}
+
+// do does a.
+func (a afterStart[K, V]) do() {
+	if a.alone != nil {
+		a.alone.l.launch(a.alone, a.s)
+	}
+	if a.filled != nil {
+		close(a.filled.gather.full)
+	}
+	if a.opened != nil {
+		a.opened.launch(a.s)
+	}
+}
+
+// gathers are the Loader's open gathers, and where its new loads go
+// (route): the in-flight map's port hands it route.
+type gathers[K comparable, V any] struct {
+	l *Loader[K, V]
+	// d is Options.BatchWindow; 0: no gather (also with a Remote that is
+	// not a RemoteMany: its loads go key by key, as a GetMany's do).
+	d time.Duration
+	// mu guards fg and bg and, while a gather is open, its batch's calls,
+	// leader, permit and gatherWait.
+	mu     sync.Mutex
+	fg, bg *batch[K, V] // the open gathers, of misses and of refreshes; nil: none open
+}
+
+// gatherWait is what a batch that is a gather has besides.
+type gatherWait struct {
+	opened time.Duration // when it opened: it goes out BatchWindow after
+	full   chan struct{} // closed once it holds MaxBatch calls: it goes out at once
+	// Guarded by gathers.mu.
+	open       bool // calls may still join and leave it
+	leaderGone bool // its first call was dropped: its context is the call's, its key is not in it
+	// Written by its goroutine as it goes out (takeSlot), before the call.
+	queued bool // a gather of refreshes found no background slot free but a Get waiting on a key: it waits its turn for a slot
+}
+
+// queues reports whether b, a gather of refreshes, waits its turn for a
+// Limit slot as a miss does, rather than holding a background one.
+func (b *batch[K, V]) queues() bool { return b.gather != nil && b.gather.queued }
+
+func (g *gathers[K, V]) init(l *Loader[K, V]) {
+	g.l = l
+	if _, ok := l.opts.Remote.(RemoteMany[K, V]); l.opts.Remote == nil || ok {
+		g.d = l.opts.BatchWindow
+	}
+}
+
+// takes reports whether a load of key, about to start with n, waits in a
+// gather: not one of a GetMany's batches already, not a Reload of a value
+// held (it needs that value: it goes alone), not a key not equal to
+// itself (a LoadMany result cannot be looked up by it).
+func (g *gathers[K, V]) takes(key K, n *newLoad[K, V]) bool {
+	return g.d > 0 && n.into == nil && (n.from == nil || !g.l.reloads) && !g.l.selfUnequal(key)
+}
+
+// add is route for a load that waits in the open gather of its kind,
+// opening one if none is: it builds the call and adds it, and after
+// launches the gather it opened or wakes the one it filled. A load of
+// refreshes takes the gather's MaxRefreshes permit if it is its first
+// (nil if none is free: the gather it would have opened is dropped). The
+// caller holds r's shard lock.
+func (g *gathers[K, V]) add(r *request[K, V], n newLoad[K, V], after afterStart[K, V]) (*call[K, V], afterStart[K, V]) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	open := &g.fg
+	if n.background {
+		open = &g.bg
+	}
+	b := *open
+	if b == nil {
+		b = newBatch(g.l, n.background)
+		b.gather = &gatherWait{opened: g.l.now(), full: make(chan struct{}), open: true}
+	}
+	// A gather of refreshes takes its Limit slot as its call goes out,
+	// not now (takeSlot): idle, it holds none.
+	if n.background && !b.permitted && !g.l.refreshPermits.take(&g.l.stats.refreshesDropped) {
+		return nil, after
+	}
+	c := g.newCall(r, n)
+	b.add(c)
+	if *open != b {
+		*open, after.opened = b, b
+	}
+	if b.full() {
+		*open = nil
+		b.gather.open = false
+		after.filled = b
+	}
+	return c, after
+}
+
+// hold keeps b, a gather, on its goroutine until it goes out: BatchWindow
+// after it opened, at once when it is full or the Loader closes. It then
+// seals b (nothing joins or leaves it any more) and reports whether b has
+// calls left to load; a gather every caller left ends here, no load.
+func (g *gathers[K, V]) hold(b *batch[K, V]) bool {
+	l := g.l
+	if left := g.d - (l.now() - b.gather.opened); left > 0 {
+		t := time.NewTimer(left)
+		select {
+		case <-t.C:
+		case <-b.gather.full:
+		case <-l.ctx.Done(): // Close: it goes out now, and meets ErrClosed as any load in flight
+		}
+		t.Stop()
+	}
+	g.mu.Lock()
+	if b.gather.open {
+		b.gather.open = false
+		if g.fg == b {
+			g.fg = nil
+		} else if g.bg == b {
+			g.bg = nil
+		}
+	}
+	n := len(b.calls)
+	g.mu.Unlock()
+	if n == 0 {
+		l.stats.inFlight.Add(-1) // counted in when launched (spawn)
+		if b.permitted {
+			l.refreshPermits.give()
+			b.limSlot.Release()
+		}
+		return false
+	}
+	if b.background {
+		if !g.takeSlot(b) {
+			return false
+		}
+		l.stats.refreshes.Add(1) // one per gather, as a GetMany's refreshes
+	}
+	return true
+}
+
+// takeSlot takes the Limit slot of b, a sealed gather of refreshes, as its
+// call goes out: never while it waits, so that an idle gather never holds
+// up a miss (rule 31). It takes a background slot if one is free
+// (TryBackground), and reports true. Refused (Stats.RefreshesLimited), the
+// refresh is dropped, as one refused at its start is: each call leaves its
+// key's map under its shard lock, so no Get joins it from then on, and
+// ends with ErrLimited (ErrClosed at Close), delivered to nobody and
+// written nowhere; nothing is loaded, and takeSlot reports false. But a call
+// a Get already waits on (a Get that could not use the stale value, and
+// joined the refresh) is that Get's load: then the gather goes out for
+// all its keys, waiting its turn for a slot as that Get's own load would
+// have (queued; a key whose call had already left its map is loaded but
+// not written).
+func (g *gathers[K, V]) takeSlot(b *batch[K, V]) bool {
+	l := g.l
+	if s, ok := l.lim.TryBackground(); ok {
+		b.limSlot = s
+		return true
+	}
+	if l.flights.waitedOn(b.calls, false) || l.flights.waitedOn(b.calls, true) {
+		b.gather.queued = true
+		return true
+	}
+	l.stats.inFlight.Add(-1) // counted in when launched (spawn), ended without a load
+	l.refreshPermits.give()
+	err := ErrLimited
+	if l.gate.Closed() { // the gather went out at Close: the Limit refuses everyone
+		err = ErrClosed
+	}
+	for _, c := range b.calls {
+		l.complete(c, &loaded[V]{err: err, judged: true})
+	}
+	return false
+}
+
+// drop takes c, one of b's calls whose callers all left (CancelAtZero), out
+// of b if b is a gather still open, and reports whether it did: c's key
+// is then not in the call.
+func (g *gathers[K, V]) drop(b *batch[K, V], c *call[K, V]) bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if !b.gather.open {
+		return false
+	}
+	b.calls = slices.DeleteFunc(b.calls, func(x *call[K, V]) bool { return x == c })
+	b.wanted.Add(-1)
+	if c == b.leader {
+		b.gather.leaderGone = true
+	}
+	return true
+}
+
+// keys returns the keys of b's calls, for its LoadMany call. A gather's
+// calls may share a key (a call a Set detached, and the one a later Get
+// started), which LoadMany is never asked for twice.
+func (b *batch[K, V]) keys() []K {
+	keys := make([]K, 0, len(b.calls))
+	var seen map[K]struct{}
+	if b.gather != nil && len(b.calls) > 1 {
+		seen = make(map[K]struct{}, len(b.calls))
+	}
+	for _, c := range b.calls {
+		if seen != nil {
+			if _, dup := seen[c.key]; dup {
+				continue
+			}
+			seen[c.key] = struct{}{}
+		}
+		keys = append(keys, c.key)
+	}
+	return keys
+}
+
+// Flush sends every open batch window ([Options.BatchWindow]) at once, in
+// its LoadMany call, instead of at the window's end: a caller that has
+// asked for everything it will (a GraphQL resolver at the end of a level)
+// spares its misses the wait (docs/design.md rule 39). It never waits for
+// a load; with no window open, and after Close, it does nothing. It is safe
+// for concurrent use.
+func (l *Loader[K, V]) Flush() {
+	l.gathers.flush()
+}
+
+// flush seals the open gathers, of misses and of refreshes, and wakes
+// their goroutines (hold): each goes out at once. Sealed, a gather takes
+// no more calls (the next load opens a new one), and its calls no longer
+// leave it (drop), as when it goes out at its time.
+func (g *gathers[K, V]) flush() {
+	if g.d == 0 {
+		return
+	}
+	g.mu.Lock()
+	fg, bg := g.fg, g.bg
+	g.fg, g.bg = nil, nil
+	for _, b := range [2]*batch[K, V]{fg, bg} {
+		if b != nil {
+			b.gather.open = false
+		}
+	}
+	g.mu.Unlock()
+	// An open gather (in fg or bg) was never closed as full (add takes a
+	// full one out of fg or bg as it fills it, and afterStart closes it),
+	// and out of them now, it never will be: each is closed once.
+	for _, b := range [2]*batch[K, V]{fg, bg} {
+		if b != nil {
+			close(b.gather.full)
+		}
+	}
 }

@@ -43,7 +43,7 @@ type flights[K comparable, V any] struct {
 type port[K comparable, V any] struct {
 	rules    *keyRules[K, V]
 	cache    *ristretto.Cache[uint64, *entry[K, V]]
-	router   *gathers[K, V]        // where a new load goes (route, gather.go)
+	router   *gathers[K, V]        // where a new load goes (route, batch.go)
 	takeFill func(cost int64) bool // a fill's place among the pending writes (write.go)
 	stats    *counters
 }

@@ -18,7 +18,7 @@ import (
 )
 
 // Close called from a callback on a load goroutine must not wait for
-// itself, and the only way to tell is the goroutine's stack (lifecycle.go).
+// itself, and the only way to tell is the goroutine's stack (loader.go).
 // The lookup is by the address of a marking function, not by its name: this
 // test fails if the lookup stops finding it (a rename that left a string
 // behind, an inlined frame), and if it finds it where it is not.
@@ -102,7 +102,7 @@ func TestShutdownBoundedByContext(t *testing.T) {
 	}
 }
 
-// Load goroutines are reused (lifecycle.go): a stream of misses does not
+// Load goroutines are reused (loader.go): a stream of misses does not
 // start a goroutine per load, a burst leaves at most maxIdle of them
 // waiting, a LoadFunc that ends its goroutine costs only that worker, and
 // Close leaves none behind (rule 8).

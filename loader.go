@@ -34,7 +34,6 @@ import (
 	"time"
 
 	"github.com/dgraph-io/ristretto/v2"
-
 	"github.com/flightcache/flightcache/internal/life"
 	"github.com/flightcache/flightcache/internal/limit"
 	"github.com/flightcache/flightcache/internal/loadctx"
@@ -95,7 +94,7 @@ type Loader[K comparable, V any] struct {
 	flights  flights[K, V]     // loads in flight and writes ristretto has not applied (flight.go)
 	writer   writer[K, V]      // the goroutine that writes ristretto (write.go)
 	pool     life.Pool         // the load goroutines
-	gate     life.Gate         // counts calls in and out; refuses them after Close (lifecycle.go)
+	gate     life.Gate         // counts calls in and out; refuses them after Close (loader.go)
 	timeouts *loadctx.Timeouts // ends loads at LoadTimeout (downstream.go); apart from the Loader
 	user     userCode          // the one guard around user code (callee.go)
 	stats    counters
@@ -104,7 +103,7 @@ type Loader[K comparable, V any] struct {
 	// means (callee.go).
 	callee callee
 	// gathers decides where a new load goes (route) and holds the open gathers single-key loads wait in
-	// (Options.BatchWindow, gather.go).
+	// (Options.BatchWindow, batch.go).
 	gathers gathers[K, V]
 	// refreshPermits bounds the background loads (MaxRefreshes, downstream.go).
 	refreshPermits refreshPermits
@@ -115,7 +114,7 @@ type Loader[K comparable, V any] struct {
 	checkKeys    bool // a custom Hash with such keys: check them as a map would
 	nanKeys      bool // K can hold a float: a key may not equal itself (selfUnequal)
 
-	// Shutdown (lifecycle.go).
+	// Shutdown (loader.go).
 	ctx         context.Context         // the Loader's own work (Remote.Set, Remote.Invalidate); ends at Close
 	stop        context.CancelCauseFunc // ends ctx
 	tearingDown atomic.Bool             // ristretto's own Close evicts everything: do not count it
@@ -755,4 +754,94 @@ func mayHold(t reflect.Type, f func(reflect.Type) bool) bool {
 		}
 	}
 	return false
+}
+
+// How a Loader shuts down: its gate (internal/life); docs/internals.md, "Shutdown".
+
+// Close stops the Loader: later Gets return [ErrClosed], Set and Invalidate
+// do nothing, loads and refreshes in flight have their contexts cancelled
+// (their waiters get ErrClosed), and Close waits for every goroutine the
+// Loader started before it frees the cache. It is idempotent and always
+// returns nil.
+//
+// WARNING: Close waits for LoadFuncs to return; one that ignores its
+// context delays Close until it does. [Loader.Shutdown] bounds the wait.
+//
+// NOTE: Close called from a callback (a LoadFunc, an Observer, Evicted...)
+// cannot wait for itself: it starts the shutdown and returns at once, and
+// the Loader finishes closing when the callback ends. It returns at once
+// from another Loader's callback too; a later Close from outside waits.
+func (l *Loader[K, V]) Close() error {
+	l.shutdown()
+	if life.OnPool() || life.OnWriter() {
+		return nil
+	}
+	<-l.closeDone
+	return nil
+}
+
+// Shutdown is [Loader.Close] that waits at most until ctx ends: it stops the
+// Loader as Close does and returns nil once every goroutine of the Loader
+// has ended, or ctx.Err() if ctx ends first (the Loader then finishes
+// closing in the background). Like Close, it may be called more than once,
+// and concurrently with Close.
+func (l *Loader[K, V]) Shutdown(ctx context.Context) error {
+	l.shutdown()
+	select {
+	case <-l.closeDone:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// shutdown closes the gate, once, and cancels every load.
+func (l *Loader[K, V]) shutdown() {
+	if !l.gate.Close() {
+		return
+	}
+	l.stop(ErrClosed)      // the context Remote.Set and Remote.Invalidate run under
+	l.writer.turns.Close() // Sets and Invalidates waiting their turn do nothing
+	l.lim.Close()          // loads waiting for a downstream slot get ErrClosed
+	l.flights.cancelAll(ErrClosed)
+	l.gate.CheckIdle()
+}
+
+// answered counts one Get of in as answered: from a fresh value
+// (SourceHit), at once with a stale one (SourceStale), or after the
+// in-flight map (any other Source: a miss, counted in Stats.Misses where
+// it waited).
+func answered(in *life.Gets, src Source) {
+	switch src {
+	case SourceHit:
+		in.Hit()
+	case SourceStale, SourceStaleLimited:
+		in.Stale()
+	default:
+		in.Passed()
+	}
+}
+
+// exitGets counts out the Gets in let in. It is their one way out,
+// deferred as soon as the gate has let them in, so the count balances
+// whatever panics on the way (a Get's caller's context is the caller's
+// code: docs/design.md rule 23). A Get a panic cut short before it was
+// answered leaves as a miss that its context ended (Misses, Canceled).
+func (l *Loader[K, V]) exitGets(in *life.Gets) {
+	if cut := in.Unanswered(); cut > 0 {
+		l.stats.misses.Add(cut)
+		l.stats.canceled.Add(cut)
+	}
+	l.gate.ExitGets(in)
+}
+
+// teardown frees the cache; the writer goroutine runs it once the Loader is
+// closed and idle, so nothing else can be inside ristretto.
+func (l *Loader[K, V]) teardown() {
+	l.tearingDown.Store(true)
+	l.timeouts.Stop()
+	l.cache.Close()
+	l.pool.Wait() // idle ones leave at ctx's end; busy ones are done
+	l.obs.close() // every counter is final: a StatsObserver's stats freeze
+	close(l.closeDone)
 }

@@ -301,3 +301,153 @@ func TestNamesOneConcept(t *testing.T) {
 		})
 	}
 }
+
+// The root's size, held where it stands so that it cannot grow back
+// unnoticed (a new mechanism goes under internal/, behind a wall, or
+// into the file it serves): its non-test files and their lines, the
+// Loader's methods, the pairs of files that refer to each other's
+// top-level names both ways, and the length and parameters of its
+// functions.
+const (
+	rootFilesMost     = 19
+	rootLinesMost     = 8397
+	loaderMethodsMost = 79
+	bothWaysMost      = 22
+	funcLinesMost     = 50
+	funcParamsMost    = 5
+)
+
+// rootFiles parses the package's non-test files, by name.
+func rootFiles(t *testing.T) (*token.FileSet, map[string]*ast.File) {
+	t.Helper()
+	fset := token.NewFileSet()
+	paths, err := filepath.Glob("*.go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	files := map[string]*ast.File{}
+	for _, p := range paths {
+		if strings.HasSuffix(p, "_test.go") {
+			continue
+		}
+		f, err := parser.ParseFile(fset, p, nil, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		files[p] = f
+	}
+	return fset, files
+}
+
+// TestWallsRootSize fails if the root has more files, lines or Loader
+// methods than it has now, or a function longer than funcLinesMost lines
+// or with more than funcParamsMost parameters (the receiver not counted).
+func TestWallsRootSize(t *testing.T) {
+	fset, files := rootFiles(t)
+	lines, methods := 0, 0
+	for name, f := range files {
+		lines += fset.Position(f.End()).Line
+		for _, d := range f.Decls {
+			fd, ok := d.(*ast.FuncDecl)
+			if !ok || fd.Body == nil {
+				continue
+			}
+			if fd.Recv != nil && receiverName(fd.Recv.List[0].Type) == "Loader" {
+				methods++
+			}
+			if n := fset.Position(fd.End()).Line - fset.Position(fd.Pos()).Line + 1; n > funcLinesMost {
+				t.Errorf("%s: %s is %d lines, want at most %d: split it at its steps", name, fd.Name.Name, n, funcLinesMost)
+			}
+			params := 0
+			for _, p := range fd.Type.Params.List {
+				params += max(1, len(p.Names))
+			}
+			if params > funcParamsMost {
+				t.Errorf("%s: %s takes %d parameters, want at most %d", name, fd.Name.Name, params, funcParamsMost)
+			}
+		}
+	}
+	if len(files) > rootFilesMost {
+		t.Errorf("the root has %d non-test files, want at most %d", len(files), rootFilesMost)
+	}
+	if lines > rootLinesMost {
+		t.Errorf("the root's non-test files have %d lines, want at most %d", lines, rootLinesMost)
+	}
+	if methods > loaderMethodsMost {
+		t.Errorf("the Loader has %d methods, want at most %d", methods, loaderMethodsMost)
+	}
+}
+
+// TestWallsBothWays fails if more pairs of the root's files refer to each
+// other both ways than now. A file refers to another when it names one of
+// that file's top-level declarations, or selects a method of the Loader
+// declared there (by name: a selector of another type's method of the same
+// name counts too, which errs on the side of more pairs).
+func TestWallsBothWays(t *testing.T) {
+	_, files := rootFiles(t)
+	owner := map[string]string{}
+	for name, f := range files {
+		for _, d := range f.Decls {
+			switch d := d.(type) {
+			case *ast.FuncDecl:
+				if d.Recv == nil {
+					owner[d.Name.Name] = name
+				} else if receiverName(d.Recv.List[0].Type) == "Loader" {
+					owner["Loader."+d.Name.Name] = name
+				}
+			case *ast.GenDecl:
+				for _, s := range d.Specs {
+					switch s := s.(type) {
+					case *ast.TypeSpec:
+						owner[s.Name.Name] = name
+					case *ast.ValueSpec:
+						for _, n := range s.Names {
+							owner[n.Name] = name
+						}
+					}
+				}
+			}
+		}
+	}
+	uses := map[string]map[string]bool{}
+	for name, f := range files {
+		u := map[string]bool{}
+		ast.Inspect(f, func(n ast.Node) bool {
+			switch n := n.(type) {
+			case *ast.Ident:
+				u[owner[n.Name]] = true
+			case *ast.SelectorExpr:
+				u[owner["Loader."+n.Sel.Name]] = true
+			}
+			return true
+		})
+		uses[name] = u
+	}
+	var pairs []string
+	for a := range files {
+		for b := range uses[a] {
+			if b != "" && a < b && uses[b][a] {
+				pairs = append(pairs, a+" <-> "+b)
+			}
+		}
+	}
+	slices.Sort(pairs)
+	if len(pairs) > bothWaysMost {
+		t.Errorf("%d pairs of files refer to each other both ways, want at most %d: %v", len(pairs), bothWaysMost, pairs)
+	}
+}
+
+// receiverName is the name of a method's receiver type.
+func receiverName(e ast.Expr) string {
+	switch t := e.(type) {
+	case *ast.StarExpr:
+		return receiverName(t.X)
+	case *ast.IndexExpr:
+		return receiverName(t.X)
+	case *ast.IndexListExpr:
+		return receiverName(t.X)
+	case *ast.Ident:
+		return t.Name
+	}
+	return ""
+}
