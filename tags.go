@@ -8,6 +8,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"weak"
+
+	"github.com/flightcache/flightcache/remote"
 )
 
 // Tags (Options.Tags, Loader.InvalidateTag; docs/design.md rules 36 to
@@ -272,11 +274,34 @@ func (l *Loader[K, V]) InvalidateTag(tag string) {
 	if l.tags == nil || l.gate.Closed() {
 		return
 	}
-	l.remoteInvalidateTag(tag)
+	// The Remote first, as for InvalidateAll, so that a load of this
+	// process that races the call either read the tier before it (and its
+	// value is dropped with the rest) or reads it afterwards.
+	if r, ok := l.opts.Remote.(remote.TagInvalidator); ok {
+		l.user.guard(func() { r.InvalidateTag(l.ctx, tag) }, nil)
+	}
+	local[K, V]{l}.dropTag(tag, false)
+}
+
+// DropTag implements [remote.TagDropper]: InvalidateTag without the
+// Remote, for a tag another process invalidated (docs/design.md rule 42).
+// It counts in Stats.TagInvalidations.
+func (x local[K, V]) DropTag(tag string) {
+	if x.l.tags == nil || x.l.gate.Closed() {
+		return
+	}
+	x.dropTag(tag, true)
+}
+
+// dropTag drops the tag's values here, counts and reports it.
+func (x local[K, V]) dropTag(tag string, fromFleet bool) {
+	l := x.l
 	l.tags.invalidate(tag)
 	l.stats.tagInvalidations.Add(1)
-	l.observeTag(TagEvent{Tag: tag})
+	observeTag[K](l.opts.Observer, l.user.guard, TagEvent{Tag: tag, Remote: fromFleet})
 }
+
+var _ remote.TagDropper = local[string, int]{}
 
 // checkTags reports an Entry's tags Restore cannot take.
 func checkTags(tags []string) error {
@@ -294,4 +319,47 @@ func (l *Loader[K, V]) restoredTags(tags []string) *tagList {
 	}
 	tl, _ := l.tags.list(tags, l.tags.now())
 	return tl
+}
+
+// TagObserver is an optional capability of an [Observer]: it sees every
+// tag invalidation, whether [Loader.InvalidateTag] was called here or the
+// Remote heard of another process's call. TagInvalidated is called on the
+// goroutine that invalidated the tag, once the tag is invalidated, through
+// the guard every callback goes through.
+type TagObserver interface {
+	TagInvalidated(ev TagEvent)
+}
+
+// TagEvent describes one tag invalidation, for [TagObserver].
+type TagEvent struct {
+	// Tag is the tag invalidated.
+	Tag string
+	// Remote is true when another process of the fleet invalidated it
+	// and the Remote passed it on ([remote.TagDropper]); false for this
+	// Loader's own InvalidateTag.
+	Remote bool
+}
+
+// TagInvalidated calls the TagInvalidated of each member that is a
+// TagObserver.
+func (f *fanout[K]) TagInvalidated(ev TagEvent) { f.tagInvalidated(unguarded, ev) }
+
+func (f *fanout[K]) tagInvalidated(g guardFunc, ev TagEvent) {
+	for _, m := range f.members {
+		if to, ok := m.o.(TagObserver); ok {
+			g(func() { to.TagInvalidated(ev) }, nil)
+		}
+	}
+}
+
+// observeTag reports a tag invalidation to o, if it sees them, through
+// guard.
+func observeTag[K comparable](o Observer[K], guard guardFunc, ev TagEvent) {
+	switch o := o.(type) {
+	case nil:
+	case *fanout[K]:
+		o.tagInvalidated(guard, ev)
+	case TagObserver:
+		guard(func() { o.TagInvalidated(ev) }, nil)
+	}
 }
