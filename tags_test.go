@@ -481,3 +481,20 @@ func TestInvalidateTagStorm(t *testing.T) {
 		t.Fatalf("Stats.TagInvalidations = %d; want %d", s.TagInvalidations, 4*rounds)
 	}
 }
+
+// A hit of a Loader without Tags asks nothing of an entry's tags: the
+// check is the tag table's, and such a Loader has none (a Loader with
+// Version holds an extra on every entry; its hit must not pay a tag
+// check there).
+func TestUntaggedLoaderSkipsTagCheck(t *testing.T) {
+	kr := &keyRules[string, string]{}
+	dropped := &tagState{}
+	dropped.dropped.Store(2)
+	e := &entry[string, string]{freshUntil: time.Hour, extra: &extra[string, string]{versioned: true, tags: &tagList{stamp: 1, states: []*tagState{dropped}}}}
+	if src := kr.judge(&caller{ctx: context.Background()}, e, 0); src != SourceHit {
+		t.Errorf("judge without a tag table = %v; want %v", src, SourceHit)
+	}
+	if kr.cleared(e) {
+		t.Error("cleared without a tag table = true; want false")
+	}
+}
