@@ -482,6 +482,28 @@ func TestInvalidateTagStorm(t *testing.T) {
 	}
 }
 
+// A tagged value's tags are one allocation, its tag states and its stamp
+// side by side, so that a hit's check of them (tagList.dropped) follows
+// no pointer but one per tag, to the tag's state (docs/benchmarks.md, a
+// hit's cost per tag). The states themselves are the tag table's, made
+// once per tag.
+func TestTagListOneAllocation(t *testing.T) {
+	l := newLoader(t, &downstream{}, Options[string, string]{Tags: byFirst})
+	for _, n := range []int{1, 3, MaxTags} {
+		tags := keyRange("tag", n)
+		if _, err := l.tags.list(tags, 0); err != nil { // the states, made once
+			t.Fatal(err)
+		}
+		var tl *tagList
+		if got := testing.AllocsPerRun(100, func() { tl, _ = l.tags.list(tags, 7) }); got != 1 {
+			t.Errorf("list(%d tags) allocates %v times; want 1", n, got)
+		}
+		if got := tl.names(); !slices.Equal(got, tags) || tl.stamp != 7 {
+			t.Errorf("list(%v, 7) = %v stamped %d; want the tags in order, stamped 7", tags, got, tl.stamp)
+		}
+	}
+}
+
 // A hit of a Loader without Tags asks nothing of an entry's tags: the
 // check is the tag table's, and such a Loader has none (a Loader with
 // Version holds an extra on every entry; its hit must not pay a tag
