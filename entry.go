@@ -255,7 +255,7 @@ func (kr *keyRules[K, V]) stampNow() stamp {
 // value with a tag invalidated since s (rule 37: checked again here, under
 // the key's lock, for an InvalidateTag after entryOf's check).
 func (kr *keyRules[K, V]) mayFill(s stamp, e *entry[K, V]) bool {
-	return !kr.shut.Closed() && !kr.belowFloor(s.gen) && (e == nil || !e.tagDropped())
+	return !kr.shut.Closed() && !kr.belowFloor(s.gen) && (e == nil || !kr.tagDropped(e))
 }
 
 // distrustedLoad reports whether a load that started at s started before
@@ -275,7 +275,15 @@ func (kr *keyRules[K, V]) distrusted(e *entry[K, V]) bool {
 // generations compare by their difference, so the order holds across the
 // counter's wrap for entries less than 2^26 moves old.
 func (kr *keyRules[K, V]) cleared(e *entry[K, V]) bool {
-	return kr.belowFloor(e.mark.Load()&^(goneBit|failsMask)) || e.tagDropped()
+	return kr.belowFloor(e.mark.Load()&^(goneBit|failsMask)) || kr.tagDropped(e)
+}
+
+// tagDropped reports whether e carries a tag invalidated since it was
+// stored (rule 36). A Loader without Tags has no tag table and no tagged
+// value: it asks nothing of e, whose extra (every value of a Loader with
+// Version has one) a hit need not reach.
+func (kr *keyRules[K, V]) tagDropped(e *entry[K, V]) bool {
+	return kr.tags != nil && e.tagDropped()
 }
 
 // belowFloor reports whether generation gen is older than the last

@@ -354,7 +354,7 @@ func (r *request[K, V]) who() *caller { return r.cl.full() }
 // lock (join), where cl is read already.
 func (kr *keyRules[K, V]) judge(cl *caller, e *entry[K, V], now time.Duration) Source {
 	switch {
-	case e == nil || cl.revalidate || kr.distrusted(e) || e.tagDropped():
+	case e == nil || cl.revalidate || kr.distrusted(e) || kr.tagDropped(e):
 		return SourceNone
 	case now < e.freshUntil: // every window starts where freshness ends
 		return SourceHit
@@ -622,7 +622,7 @@ func (l *Loader[K, V]) staleOnError(r *request[K, V], c *call[K, V], now time.Du
 // when there is no Reload, or a tag of cur was invalidated since it was
 // stored (rule 36).
 func (kr *keyRules[K, V]) held(cur *entry[K, V], now time.Duration) *entry[K, V] {
-	if !kr.reloads || cur == nil || cur.isNotFound() || cur.tagDropped() || kr.phase(cur, now) == remote.PhaseExpired {
+	if !kr.reloads || cur == nil || cur.isNotFound() || kr.tagDropped(cur) || kr.phase(cur, now) == remote.PhaseExpired {
 		return nil
 	}
 	return cur

@@ -77,10 +77,49 @@ type tagState struct {
 }
 
 // tagList is a tagged value's tags: their states, and the clock value the
-// value was stamped with as it was stored. Immutable once built.
+// value was stamped with as it was stored. Immutable once built. It is
+// allocated with room for its states right behind it (newTagList), so
+// that states points into the same object: a hit's check reads the stamp
+// and the pointers from one place, then one state per tag.
 type tagList struct {
 	stamp  uint64
 	states []*tagState
+}
+
+// newTagList returns an empty tagList stamped at stamp, with states of
+// length n (1 to MaxTags) held in the same allocation, of 32 bytes and
+// room for 1, 2, 4 or 8 pointers: 48 bytes for one or two tags, 64 for
+// three or four, 96 up to eight.
+func newTagList(stamp uint64, n int) *tagList {
+	switch {
+	case n <= 1:
+		b := &struct {
+			tagList
+			room [1]*tagState
+		}{tagList: tagList{stamp: stamp}}
+		b.states = b.room[:n]
+		return &b.tagList
+	case n <= 2:
+		b := &struct {
+			tagList
+			room [2]*tagState
+		}{tagList: tagList{stamp: stamp}}
+		b.states = b.room[:n]
+		return &b.tagList
+	case n <= 4:
+		b := &struct {
+			tagList
+			room [4]*tagState
+		}{tagList: tagList{stamp: stamp}}
+		b.states = b.room[:n]
+		return &b.tagList
+	}
+	b := &struct {
+		tagList
+		room [MaxTags]*tagState
+	}{tagList: tagList{stamp: stamp}}
+	b.states = b.room[:n]
+	return &b.tagList
 }
 
 // dropped reports whether any of t's tags was invalidated after t's stamp:
@@ -213,7 +252,7 @@ func (t *tagTable) list(tags []string, stamp uint64) (*tagList, error) {
 	if len(tags) == 0 {
 		return nil, nil
 	}
-	tl := &tagList{stamp: stamp, states: make([]*tagState, len(tags))}
+	tl := newTagList(stamp, len(tags))
 	for i, tag := range tags {
 		tl.states[i] = t.state(tag)
 	}

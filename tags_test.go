@@ -481,3 +481,42 @@ func TestInvalidateTagStorm(t *testing.T) {
 		t.Fatalf("Stats.TagInvalidations = %d; want %d", s.TagInvalidations, 4*rounds)
 	}
 }
+
+// A tagged value's tags are one allocation, its tag states and its stamp
+// side by side, so that a hit's check of them (tagList.dropped) follows
+// no pointer but one per tag, to the tag's state (docs/benchmarks.md, a
+// hit's cost per tag). The states themselves are the tag table's, made
+// once per tag.
+func TestTagListOneAllocation(t *testing.T) {
+	l := newLoader(t, &downstream{}, Options[string, string]{Tags: byFirst})
+	for _, n := range []int{1, 3, MaxTags} {
+		tags := keyRange("tag", n)
+		if _, err := l.tags.list(tags, 0); err != nil { // the states, made once
+			t.Fatal(err)
+		}
+		var tl *tagList
+		if got := testing.AllocsPerRun(100, func() { tl, _ = l.tags.list(tags, 7) }); got != 1 {
+			t.Errorf("list(%d tags) allocates %v times; want 1", n, got)
+		}
+		if got := tl.names(); !slices.Equal(got, tags) || tl.stamp != 7 {
+			t.Errorf("list(%v, 7) = %v stamped %d; want the tags in order, stamped 7", tags, got, tl.stamp)
+		}
+	}
+}
+
+// A hit of a Loader without Tags asks nothing of an entry's tags: the
+// check is the tag table's, and such a Loader has none (a Loader with
+// Version holds an extra on every entry; its hit must not pay a tag
+// check there).
+func TestUntaggedLoaderSkipsTagCheck(t *testing.T) {
+	kr := &keyRules[string, string]{}
+	dropped := &tagState{}
+	dropped.dropped.Store(2)
+	e := &entry[string, string]{freshUntil: time.Hour, extra: &extra[string, string]{versioned: true, tags: &tagList{stamp: 1, states: []*tagState{dropped}}}}
+	if src := kr.judge(&caller{ctx: context.Background()}, e, 0); src != SourceHit {
+		t.Errorf("judge without a tag table = %v; want %v", src, SourceHit)
+	}
+	if kr.cleared(e) {
+		t.Error("cleared without a tag table = true; want false")
+	}
+}
