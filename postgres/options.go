@@ -73,8 +73,9 @@ type Options struct {
 	// resume, the Source reads from where Slot was confirmed.
 	Resume LSN
 
-	// MaxPendingKeys bounds the keys and tags a transaction's changes have
-	// named and the Source holds before it invalidates them. A transaction
+	// MaxPendingKeys bounds the keys and tags a transaction's changes (or
+	// a group of transactions', docs/postgres.md) have named and the
+	// Source holds before it invalidates them. A transaction
 	// that names more is invalidated in parts as it streams (see
 	// docs/postgres.md: it has committed before its first change arrives),
 	// so a bulk UPDATE of any size holds at most this many. Default 10,000.
