@@ -132,7 +132,8 @@ type Applied struct {
 	// Changes counts its row changes (one per table truncated).
 	Changes int
 	// Keys and Tags count the Invalidate and InvalidateTag calls it made
-	// (each key and tag once per part, see Options.MaxPendingKeys).
+	// (each key and tag once per part, see Options.MaxPendingKeys; in a
+	// group of transactions, by the first that names it).
 	Keys, Tags int
 	// All is true when it distrusted every value (InvalidateAll): a
 	// Mapping or target that panicked, a change it could not decode, tags
