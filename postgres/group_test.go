@@ -95,10 +95,12 @@ func (s *slowTarget) onApplied(a Applied) {
 
 // A Target whose Invalidate takes 3 ms, as the Redis tier's did under
 // load: 1,000 single-row transactions committed at up to 1,000 a second
-// are applied with a p99 commit -> applied lag under 500 ms. One
-// transaction at a time, the Invalidate calls alone take 3 s, so the last
-// transactions wait 2 s and more behind the earlier ones (the writer takes
-// about 1 s): a backlog is applied in groups, with one visibility check
+// are applied with a p99 commit -> applied lag under 1 s. One
+// transaction at a time, the Invalidate calls alone take 3 s, so the
+// transactions at the p99 wait about 2 s and more behind the earlier ones
+// (the writer takes about 1 s; 3.6 s measured here with -race); grouped,
+// a group of n keys takes one query and n/16 calls' time (p99 0.2 s
+// measured with -race, 15 ms without): a backlog is applied in groups, with one visibility check
 // per group and its keys invalidated concurrently. Each transaction is
 // reported applied only after its Invalidate and every earlier one
 // returned, in commit order. (docs/design.md, rule 34.)
@@ -168,8 +170,8 @@ func TestBacklogIsAppliedInGroups(t *testing.T) {
 	p50, p99 := lags[len(lags)/2], lags[len(lags)*99/100]
 	t.Logf("%d transactions written in %v; commit -> applied p50 %v, p99 %v, max %v; stats %+v",
 		rows, wrote.Round(time.Millisecond), p50, p99, lags[len(lags)-1], src.Stats())
-	if p99 > 500*time.Millisecond {
-		t.Errorf("commit -> applied p99 %v; want at most 500ms", p99)
+	if p99 > time.Second {
+		t.Errorf("commit -> applied p99 %v; want at most 1s", p99)
 	}
 	target.mu.Lock()
 	defer target.mu.Unlock()
