@@ -98,12 +98,12 @@ func (s *slowTarget) onApplied(a Applied) {
 // are applied with a p99 commit -> applied lag under 1 s. One
 // transaction at a time, the Invalidate calls alone take 3 s, so the
 // transactions at the p99 wait about 2 s and more behind the earlier ones
-// (the writer takes about 1 s; 3.6 s measured here with -race); grouped,
-// a group of n keys takes one query and n/16 calls' time (p99 0.2 s
-// measured with -race, 15 ms without): a backlog is applied in groups, with one visibility check
-// per group and its keys invalidated concurrently. Each transaction is
-// reported applied only after its Invalidate and every earlier one
-// returned, in commit order. (docs/design.md, rule 34.)
+// (the writer takes about 1 s; 3.6 s measured here with -race). A
+// backlog is applied in groups, one visibility check per group and its
+// keys invalidated 16 at a time (p99 0.2 s measured with -race, 15 ms
+// without). Each transaction is reported applied only after its
+// Invalidate and every earlier one returned, in commit order.
+// (docs/design.md, rule 34.)
 func TestBacklogIsAppliedInGroups(t *testing.T) {
 	const rows, writers = 1000, 4
 	conn := connect(t)
