@@ -243,8 +243,12 @@ func (a *applier[K]) flush(now time.Time) (end LSN, ok bool) {
 	}
 	if a.distrust {
 		a.invalidateAll()
-		if a.open {
-			a.dropped = true // the rest of the open transaction needs nothing
+		if a.open && a.changes > 0 {
+			// The rest of the open transaction needs nothing: it was
+			// visible (touch) before everything was invalidated. One
+			// with no change yet was not checked, and is applied as
+			// it comes.
+			a.dropped = true
 		}
 	}
 	a.distrust = false
