@@ -73,8 +73,9 @@ type Options struct {
 	// resume, the Source reads from where Slot was confirmed.
 	Resume LSN
 
-	// MaxPendingKeys bounds the keys and tags a transaction's changes have
-	// named and the Source holds before it invalidates them. A transaction
+	// MaxPendingKeys bounds the keys and tags a transaction's changes (or
+	// a group of transactions', docs/postgres.md) have named and the
+	// Source holds before it invalidates them. A transaction
 	// that names more is invalidated in parts as it streams (see
 	// docs/postgres.md: it has committed before its first change arrives),
 	// so a bulk UPDATE of any size holds at most this many. Default 10,000.
@@ -150,7 +151,8 @@ type Applied struct {
 	// Changes counts its row changes (one per table truncated).
 	Changes int
 	// Keys and Tags count the Invalidate and InvalidateTag calls it made
-	// (each key and tag once per part, see Options.MaxPendingKeys).
+	// (each key and tag once per part, see Options.MaxPendingKeys; in a
+	// group of transactions, by the first that names it).
 	Keys, Tags int
 	// All is true when it distrusted every value (InvalidateAll): a
 	// Mapping or target that panicked, a change it could not decode, tags

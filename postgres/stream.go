@@ -196,7 +196,15 @@ func (s *Source[K]) stream(ctx context.Context, l link) error {
 			}
 			continue
 		}
-		rctx, cancel := context.WithDeadline(ctx, next)
+		// Transactions received whole wait for the next message only as
+		// long as it takes to see whether one is already there: if none,
+		// they are applied now.
+		deadline := next
+		peek := s.apply.waiting()
+		if peek {
+			deadline = earliest(next, time.Now().Add(backlogPeek))
+		}
+		rctx, cancel := context.WithDeadline(ctx, deadline)
 		msg, err := conn.ReceiveMessage(rctx)
 		cancel()
 		switch {
@@ -204,6 +212,12 @@ func (s *Source[K]) stream(ctx context.Context, l link) error {
 			s.handOver(conn)
 			return nil
 		case err != nil && pgconn.Timeout(err):
+			if peek {
+				if err := s.applyGroup(ctx, l.plain); err != nil {
+					return err
+				}
+				continue
+			}
 			if time.Since(lastHeard) > silenceLimit {
 				return fmt.Errorf("flightpg: no message from the server in %v", silenceLimit)
 			}
@@ -244,9 +258,10 @@ func (s *Source[K]) handle(ctx context.Context, plain *pgconn.PgConn, rels *rela
 		if err != nil {
 			return false, fmt.Errorf("flightpg: %w", err)
 		}
-		// Between transactions, everything the server decoded up to its
-		// position has been received and applied.
-		if !s.apply.open {
+		// Between transactions, with nothing waiting to be applied,
+		// everything the server decoded up to its position has been
+		// received and applied.
+		if !s.apply.busy() {
 			s.advance(LSN(k.ServerWALEnd))
 		}
 		return k.ReplyRequested, nil
@@ -263,20 +278,49 @@ func (s *Source[K]) handle(ctx context.Context, plain *pgconn.PgConn, rels *rela
 			s.apply.unknown(fmt.Errorf("flightpg: decode: %w", err))
 			return false, nil
 		}
-		if b, ok := m.(*pglogrepl.BeginMessage); ok {
-			// The commit is durable; wait until it is visible too, so that
-			// a load after its invalidations reads it (visible.go).
-			waited, err := awaitVisible(ctx, plain, b.Xid)
-			if err != nil {
+		s.message(rels, m)
+		if s.apply.due(time.Now()) {
+			if err := s.applyGroup(ctx, plain); err != nil {
 				return false, err
 			}
-			if waited {
-				s.stats.notYetVisible.Add(1)
-			}
 		}
-		s.message(rels, m)
 	}
 	return false, nil
+}
+
+// backlogPeek is how long transactions received whole wait for a next
+// message to join their group (see applier): one already received by the
+// kernel or the connection's buffer comes at once.
+const backlogPeek = 100 * time.Microsecond
+
+// applyGroup applies what the applier holds: it waits until the
+// transactions it named are visible (their commits are durable; a load
+// after the invalidations must read them, visible.go), invalidates, and
+// reports the transactions received whole applied.
+func (s *Source[K]) applyGroup(ctx context.Context, plain *pgconn.PgConn) error {
+	if s.fenced() {
+		return errLeaseLost // a lease lost applies nothing more
+	}
+	if xids := s.apply.xids; len(xids) > 0 {
+		notYet, err := awaitVisible(ctx, plain, xids)
+		if err != nil {
+			return err
+		}
+		s.stats.notYetVisible.Add(uint64(notYet))
+		s.apply.xids = xids[:0]
+	}
+	if end, ok := s.apply.flush(time.Now()); ok {
+		s.advance(end)
+	}
+	return nil
+}
+
+// earliest returns the earlier of two times.
+func earliest(a, b time.Time) time.Time {
+	if b.Before(a) {
+		return b
+	}
+	return a
 }
 
 // message applies one pgoutput message.
@@ -288,7 +332,6 @@ func (s *Source[K]) message(rels *relations, m pglogrepl.Message) {
 		s.apply.begin(m)
 	case *pglogrepl.CommitMessage:
 		s.apply.commit(m, time.Now())
-		s.advance(LSN(m.TransactionEndLSN))
 	case *pglogrepl.InsertMessage, *pglogrepl.UpdateMessage, *pglogrepl.DeleteMessage:
 		c, err := rels.change(m)
 		if err != nil {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
@@ -42,30 +43,44 @@ import (
 // visible yet.
 const visiblePoll = time.Millisecond
 
-// awaitVisible returns once the transaction xid is visible to new
-// snapshots (its backend no longer holds the lock on its id), or with the
-// error of the connection or ctx. waited says whether it was not visible
-// at the first look.
-func awaitVisible(ctx context.Context, conn *pgconn.PgConn, xid uint32) (waited bool, err error) {
-	q := "SELECT count(*) FROM pg_locks WHERE locktype = 'transactionid' AND granted AND transactionid = '" +
-		strconv.FormatUint(uint64(xid), 10) + "'::xid"
-	for {
+// awaitVisible returns once the transactions xids are visible to new
+// snapshots (their backends no longer hold the locks on their ids), or
+// with the error of the connection or ctx: one query for a group, however
+// many it has. notYet is how many were not visible at the first look.
+func awaitVisible(ctx context.Context, conn *pgconn.PgConn, xids []uint32) (notYet int, err error) {
+	var b strings.Builder
+	b.WriteString("SELECT count(*) FROM pg_locks WHERE locktype = 'transactionid' AND granted AND transactionid = ANY('{")
+	for i, x := range xids {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		b.WriteString(strconv.FormatUint(uint64(x), 10))
+	}
+	b.WriteString("}'::xid[])")
+	q := b.String()
+	for first := true; ; first = false {
 		rs, err := conn.Exec(ctx, q).ReadAll()
 		if err != nil {
-			return waited, fmt.Errorf("flightpg: is transaction %d visible: %w", xid, err)
+			return notYet, fmt.Errorf("flightpg: are transactions %v visible: %w", xids, err)
 		}
 		if len(rs) != 1 || len(rs[0].Rows) != 1 {
-			return waited, fmt.Errorf("flightpg: is transaction %d visible: unexpected result %v", xid, rs)
+			return notYet, fmt.Errorf("flightpg: are transactions %v visible: unexpected result %v", xids, rs)
 		}
-		if string(rs[0].Rows[0][0]) == "0" {
-			return waited, nil
+		n, err := strconv.Atoi(string(rs[0].Rows[0][0]))
+		if err != nil {
+			return notYet, fmt.Errorf("flightpg: are transactions %v visible: %w", xids, err)
 		}
-		waited = true
+		if first {
+			notYet = n
+		}
+		if n == 0 {
+			return notYet, nil
+		}
 		t := time.NewTimer(visiblePoll)
 		select {
 		case <-ctx.Done():
 			t.Stop()
-			return waited, ctx.Err()
+			return notYet, ctx.Err()
 		case <-t.C:
 		}
 	}

@@ -54,6 +54,14 @@ type keys struct {
 // generations).
 func keysFor(prefix, k string) keys { return keysAt(prefix, k, 0) }
 
+// keyEscaper and keyUnescaper escape a key's name into its hash tag and
+// back (keysAt, tracked.go). A Replacer is safe for concurrent use and
+// costly to build, so each is built once.
+var (
+	keyEscaper   = strings.NewReplacer("%", "%25", "}", "%7D")
+	keyUnescaper = strings.NewReplacer("%7D", "}", "%25", "%")
+)
+
 // keysAt names the state of the key whose string form is k in generation
 // gen: "<prefix>{<tag>}:<suffix>" in generation 0, and
 // "<prefix>{<tag>}:g<gen>:<suffix>" after. The hash tag is k itself,
@@ -65,7 +73,7 @@ func keysFor(prefix, k string) keys { return keysAt(prefix, k, 0) }
 func keysAt(prefix, k string, gen int64) keys {
 	tag := "%" // the empty key: "%" alone is never the escape of another key
 	if k != "" {
-		tag = strings.NewReplacer("%", "%25", "}", "%7D").Replace(k)
+		tag = keyEscaper.Replace(k)
 	}
 	base := prefix + "{" + tag + "}"
 	if gen != 0 {

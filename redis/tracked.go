@@ -157,7 +157,7 @@ func parseEntryName(prefix, s string) (name string, gen int64, ok bool) {
 		gen = g
 	}
 	if tag != "%" {
-		name = strings.NewReplacer("%7D", "}", "%25", "%").Replace(tag)
+		name = keyUnescaper.Replace(tag)
 	}
 	return name, gen, keysAt(prefix, name, gen).entry == s
 }
