@@ -23,11 +23,10 @@ import (
 	"os"
 	"slices"
 	"strconv"
-	"strings"
-	"syscall"
 	"time"
 
 	flightpg "github.com/flightcache/flightcache/postgres"
+	"github.com/flightcache/flightcache/postgres/internal/cputime"
 	"github.com/jackc/pgx/v5"
 )
 
@@ -92,7 +91,7 @@ func run(url string, n, rate int) error {
 	_ = conn.QueryRow(ctx, "SELECT active_pid FROM pg_replication_slots WHERE slot_name = $1", src.Slot()).Scan(&walsender)
 
 	committed := make([]time.Time, n+1)
-	cpu0, ws0 := processCPU(), procCPU(walsender)
+	cpu0, ws0 := cputime.Self(), cputime.Of(walsender)
 	began := time.Now()
 	tick := time.NewTicker(time.Second / time.Duration(rate))
 	defer tick.Stop()
@@ -117,7 +116,7 @@ func run(url string, n, rate int) error {
 	if err := src.Wait(wctx, at); err != nil {
 		return fmt.Errorf("wait for the last update: %w", err)
 	}
-	cpu, ws := processCPU()-cpu0, procCPU(walsender)-ws0
+	cpu, ws := cputime.Self()-cpu0, cputime.Of(walsender)-ws0
 
 	lags := make([]time.Duration, 0, n)
 	for id := 1; id <= n; id++ {
@@ -141,36 +140,4 @@ func run(url string, n, rate int) error {
 	}
 	fmt.Println()
 	return nil
-}
-
-// processCPU returns the CPU time this process has used.
-func processCPU() time.Duration {
-	var ru syscall.Rusage
-	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
-		return 0
-	}
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
-}
-
-// procCPU returns the CPU time of process pid from /proc, or -1 when it
-// cannot be read (another machine's server).
-func procCPU(pid int) time.Duration {
-	if pid == 0 {
-		return -1
-	}
-	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
-	if err != nil {
-		return -1
-	}
-	// Fields after the command (which may hold spaces) in parentheses:
-	// utime and stime are the 14th and 15th fields of the line.
-	s := string(b)
-	f := strings.Fields(s[strings.LastIndexByte(s, ')')+1:])
-	if len(f) < 13 {
-		return -1
-	}
-	u, _ := strconv.ParseInt(f[11], 10, 64)
-	k, _ := strconv.ParseInt(f[12], 10, 64)
-	const ticks = 100 // USER_HZ on Linux
-	return time.Duration(u+k) * time.Second / ticks
 }

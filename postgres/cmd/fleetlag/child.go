@@ -22,6 +22,7 @@ import (
 
 	"github.com/flightcache/flightcache"
 	flightpg "github.com/flightcache/flightcache/postgres"
+	"github.com/flightcache/flightcache/postgres/internal/cputime"
 	flightredis "github.com/flightcache/flightcache/redis"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
@@ -451,7 +452,7 @@ func cmpErr(a, b error) error {
 func (p *proc) startReaders() {
 	ctx, cancel := context.WithCancel(context.Background())
 	p.stop = cancel
-	p.cpu0 = processCPU()
+	p.cpu0 = cputime.Self()
 	if p.cfg.profile != "" {
 		if f, err := os.Create(fmt.Sprintf("%s/cpu.%d", p.cfg.profile, p.cfg.child)); err == nil && pprof.StartCPUProfile(f) == nil {
 			p.profile = f
@@ -502,7 +503,7 @@ func (p *proc) stopReaders(r *reply) error {
 		p.readers.Wait()
 		p.stop = nil
 	}
-	r.CPU = processCPU() - p.cpu0
+	r.CPU = cputime.Self() - p.cpu0
 	if p.profile != nil {
 		pprof.StopCPUProfile()
 		_ = p.profile.Close()

@@ -13,6 +13,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/flightcache/flightcache/postgres/internal/cputime"
 )
 
 func run(cfg config) error {
@@ -78,7 +80,7 @@ func (fl *fleet) stream(ctx context.Context, restartPG bool) error {
 	}
 	time.Sleep(time.Second)
 	walsender, visibility := fl.backends(ctx)
-	ws0, vis0 := procCPU(walsender), procCPU(visibility)
+	ws0, vis0 := cputime.Of(walsender), cputime.Of(visibility)
 	load0 := loadavg()
 	var restarted sync.WaitGroup
 	var restartErr error
@@ -100,7 +102,7 @@ func (fl *fleet) stream(ctx context.Context, restartPG bool) error {
 	if err != nil || restartErr != nil {
 		return fmt.Errorf("writer: %w", errorsJoin(err, restartErr))
 	}
-	ws, vis := procCPU(walsender)-ws0, procCPU(visibility)-vis0
+	ws, vis := cputime.Of(walsender)-ws0, cputime.Of(visibility)-vis0
 	if restartPG { // the backends were restarted with the server: their CPU is lost
 		ws, vis = -1, -1
 	}
