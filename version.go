@@ -77,11 +77,11 @@ func (e *entry[K, V]) version() (uint64, bool) {
 // outranks reports whether held, the key's current entry (nil: none),
 // makes next (nil: a delete) outdated: both hold a version, held's is
 // higher, and held stands (standing). An equal version does not: the
-// write wins, as every write does without Version. A floor is never
+// write wins, as every write does without Version. A tombstone is never
 // outdated: it is an invalidation. The caller holds the key's shard lock
 // (put).
 func (kr *keyRules[K, V]) outranks(held, next *entry[K, V]) bool {
-	if next == nil || next.isFloor() {
+	if next == nil || next.isTombstone() {
 		return false
 	}
 	hv, ok := kr.standing(held)
@@ -95,7 +95,7 @@ func (kr *keyRules[K, V]) outranks(held, next *entry[K, V]) bool {
 // standing returns the version of held, the key's current entry (nil:
 // none), and true if that version still stops an older write: held holds
 // a version and is a value a Get could still be served (live, within its
-// windows), or a floor that is live (no InvalidateAll since).
+// windows), or a tombstone that is live (no InvalidateAll since).
 func (kr *keyRules[K, V]) standing(held *entry[K, V]) (uint64, bool) {
 	if held == nil {
 		return 0, false
@@ -104,7 +104,7 @@ func (kr *keyRules[K, V]) standing(held *entry[K, V]) (uint64, bool) {
 	if !ok || kr.cleared(held) {
 		return 0, false
 	}
-	if !held.isFloor() && kr.phase(held, kr.now()) == remote.PhaseExpired {
+	if !held.isTombstone() && kr.phase(held, kr.now()) == remote.PhaseExpired {
 		return 0, false
 	}
 	return hv, true
@@ -122,8 +122,8 @@ func (f *flights[K, V]) superseded(sh *shard[K, V], seen *entry[K, V], next *wri
 	if w := sh.writes[next.key]; w != nil {
 		held = w.entry
 	}
-	if next.entry.isFloor() {
-		// Not published yet: put is about to. The floor never goes back.
+	if next.entry.isTombstone() {
+		// Not published yet: put is about to. The tombstone never goes back.
 		if hv, ok := f.rules.standing(held); ok && hv > next.entry.extra.ver {
 			next.entry.extra.ver = hv
 		}
@@ -136,34 +136,34 @@ func (f *flights[K, V]) superseded(sh *shard[K, V], seen *entry[K, V], next *wri
 	return true
 }
 
-// Version floors (docs/design.md rule 41). InvalidateVersion(key, v)
-// writes, through Set's path (write, put), a floor: an entry that is not a
-// value (a not-found of errFloor, past every window from birth: no Get,
+// Version tombstones (docs/design.md rule 41). InvalidateVersion(key, v)
+// writes, through Set's path (write, put), a tombstone: an entry that is not a
+// value (a not-found of errTombstone, past every window from birth: no Get,
 // Peek, Entries, Len, Reload or stale fallback takes it; a Get of its key
 // loads) and holds version v. In put it is never outdated (it is an
 // invalidation: it detaches the load in flight and drops what is held, as
 // Invalidate does), and it takes the version of what it replaces if that
-// is higher (superseded), so the floor never goes back; a later write of
+// is higher (superseded), so the tombstone never goes back; a later write of
 // the key meets it there as it meets a value (outranks, standing), but
 // whatever its windows: a fill or Set below v is outdated, one at v or
-// above replaces it. What drops a value drops a floor: Invalidate, a
+// above replaces it. What drops a value drops a tombstone: Invalidate, a
 // not-found, InvalidateAll (cleared), a Restore never lands on one
 // (fillEmpty: it is live). It lives where every entry does, in the cache,
 // at a cost of 1: its policy may evict it, or refuse it on admission, as
-// it would any entry, and the floor is then gone (the limit the rule
+// it would any entry, and the tombstone is then gone (the limit the rule
 // states).
 
-// errFloor is the not-found error a floor carries: what tells it from a
+// errTombstone is the not-found error a tombstone carries: what tells it from a
 // cached not-found. No caller ever receives it.
-var errFloor = errors.New("flightcache: a version floor")
+var errTombstone = errors.New("flightcache: a tombstone")
 
-// isFloor reports whether e is a floor left by InvalidateVersion.
-func (e *entry[K, V]) isFloor() bool {
-	return e.extra != nil && e.extra.notFound == errFloor
+// isTombstone reports whether e is a tombstone left by InvalidateVersion.
+func (e *entry[K, V]) isTombstone() bool {
+	return e.extra != nil && e.extra.notFound == errTombstone
 }
 
 // InvalidateVersion drops key's value as [Loader.Invalidate] does, and
-// leaves the key a version floor: from then on, until a value of version
+// leaves the key a tombstone: from then on, until a value of version
 // at least version is stored, a write of a lower version (the fill of a
 // load, a Set, a Restore) stores nothing, as a write older than the value
 // held does with [Options.Version] (Stats.WritesOutdated; the load still
@@ -172,9 +172,9 @@ func (e *entry[K, V]) isFloor() bool {
 // a load that starts after it and reads a replica that has not replayed
 // the change yet cannot store the older row.
 //
-// The floor is not a value: no Get is answered from it (a Get of key
+// The tombstone is not a value: no Get is answered from it (a Get of key
 // loads), Peek, Len and Entries do not see it. It never goes back: a
-// floor below the version held (a value, or an earlier floor) keeps the
+// tombstone below the version held (a value, or an earlier tombstone) keeps the
 // higher one. It is dropped with the key by Invalidate, a not-found, and
 // InvalidateAll; it is this Loader's alone (a Remote is told of a plain
 // Invalidate); and it is held as an entry of the cache, at a cost of 1, so
@@ -194,7 +194,7 @@ func (l *Loader[K, V]) InvalidateVersion(key K, version uint64) {
 	mk := func() *entry[K, V] {
 		e := &entry[K, V]{key: key, loadedAt: l.now(), freshUntil: -1}
 		e.mark.Store(l.generation.Load())
-		e.extra = &extra[K, V]{notFound: errFloor, ver: version, versioned: true}
+		e.extra = &extra[K, V]{notFound: errTombstone, ver: version, versioned: true}
 		return e
 	}
 	if l.write(key, h, mk, 1, EvictionInvalidated) {

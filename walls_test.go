@@ -258,7 +258,7 @@ func loaderMembersUsedIn(t *testing.T, file string) []string {
 var retiredNames = []string{
 	"batchWindows", "windowWait", "windowAct", "bwin", // gathers, gatherWait, afterStart
 	"refreshSlots", "slotted", // refreshPermits, permitted
-	"olderThanFloor",                                                  // belowFloor
+	"olderThanFloor", "isFloor", "errFloor", // belowFloor; isTombstone, errTombstone (a version's)
 	"left", "leftMu", "noteLeft", "reportLeft", "leftCache", "leftBy", // departures; flights.abandoned
 	"departed",
 }

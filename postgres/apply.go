@@ -27,7 +27,7 @@ type TagTarget interface {
 }
 
 // VersionTarget is the method a [Target] has when it can leave a key a
-// version floor (flightcache's Loader.InvalidateVersion): drop its value,
+// tombstone (flightcache's Loader.InvalidateVersion): drop its value,
 // and store no value of a lower version after. [Options.Version] needs it.
 type VersionTarget[K comparable] interface {
 	InvalidateVersion(key K, version uint64)
@@ -56,14 +56,14 @@ type VersionTarget[K comparable] interface {
 // its own goroutines); it reads and writes nothing another goroutine
 // does, except through stats.
 type applier[K comparable] struct {
-	target  Target[K]
-	tags    TagTarget        // nil when target has no InvalidateTag
-	floors  VersionTarget[K] // nil without Options.Version
-	version func(Change) uint64
-	mapping Mapping[K]
-	max     int
-	report  func(error)
-	stats   *counters
+	target     Target[K]
+	tags       TagTarget        // nil when target has no InvalidateTag
+	tombstones VersionTarget[K] // nil without Options.Version
+	version    func(Change) uint64
+	mapping    Mapping[K]
+	max        int
+	report     func(error)
+	stats      *counters
 	// onApplied is Options.OnApplied (nil: none).
 	onApplied func(Applied)
 

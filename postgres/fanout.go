@@ -31,9 +31,9 @@ func (a *applier[K]) invalidateKeys() error {
 	n := len(keys) + len(tags)
 	call := func(i int) error {
 		if i < len(keys) {
-			if v := a.vers[i]; v > 0 && a.floors != nil {
+			if v := a.vers[i]; v > 0 && a.tombstones != nil {
 				a.stats.versioned.Add(1)
-				return guard(func() { a.floors.InvalidateVersion(keys[i], v) })
+				return guard(func() { a.tombstones.InvalidateVersion(keys[i], v) })
 			}
 			return guard(func() { a.target.Invalidate(keys[i]) })
 		}

@@ -43,11 +43,11 @@ func (s *Source[K]) configure(target Target[K]) error {
 	a := s.apply
 	a.onApplied = s.opts.OnApplied
 	if s.opts.Version != nil {
-		floors, ok := target.(VersionTarget[K])
+		tombstones, ok := target.(VersionTarget[K])
 		if !ok {
 			return optionError("Version", "needs a target with InvalidateVersion(key, version) (flightcache's Loader), got %T", target)
 		}
-		a.floors, a.version = floors, s.opts.Version
+		a.tombstones, a.version = tombstones, s.opts.Version
 	}
 	obs := s.opts.Observer
 	if obs == nil {

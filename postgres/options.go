@@ -90,7 +90,7 @@ type Options struct {
 	// Version, when set, gives the version a change's rows have, which the
 	// Source passes with each key the change names to the target's
 	// InvalidateVersion ([VersionTarget]: flightcache's Loader with its
-	// Options.Version): the key is left a floor, and no value of a lower
+	// Options.Version): the key is left a tombstone, and no value of a lower
 	// version is stored after the change, not even one a load that
 	// started after it read from a replica that has not replayed it. Use
 	// [CommitVersion] when values carry the WAL position they were read

@@ -85,7 +85,7 @@ func (r *replicaLoader) load(ctx context.Context, id int64) (priced, error) {
 // An UPDATE is applied while a replica has not replayed it: a Get that
 // starts after the invalidation and reads the replica gets the old row.
 // With Options.Version (the commit position) the Source leaves the key a
-// floor (Loader.InvalidateVersion, docs/design.md rule 41): the old row
+// tombstone (Loader.InvalidateVersion, docs/design.md rule 41): the old row
 // is not stored, and once the replica has caught up the next Get reads
 // the new one. With Invalidate alone the old row stays until its TTL.
 func TestLaggingReplicaNeverStoresTheRowBeforeTheChange(t *testing.T) {
@@ -134,18 +134,18 @@ func TestLaggingReplicaNeverStoresTheRowBeforeTheChange(t *testing.T) {
 	}
 }
 
-// floorRecorder is a recorder that also takes versions.
-type floorRecorder struct {
+// versionRecorder is a recorder that also takes versions.
+type versionRecorder struct {
 	recorder
-	floors map[int64]uint64 // the last InvalidateVersion of each key
+	tombstones map[int64]uint64 // the last InvalidateVersion of each key
 }
 
-func (r *floorRecorder) InvalidateVersion(k int64, v uint64) {
+func (r *versionRecorder) InvalidateVersion(k int64, v uint64) {
 	r.mu.Lock()
-	if r.floors == nil {
-		r.floors = make(map[int64]uint64)
+	if r.tombstones == nil {
+		r.tombstones = make(map[int64]uint64)
 	}
-	r.floors[k] = v
+	r.tombstones[k] = v
 	r.mu.Unlock()
 }
 
@@ -156,24 +156,24 @@ func TestVersionColumnTakesTheHighestOfATransaction(t *testing.T) {
 	conn := connect(t)
 	tbl, pub := table(t, conn)
 	exec(t, conn, "INSERT INTO "+tbl+" VALUES (1, 'a', 1), (2, 'b', 1)")
-	target := &floorRecorder{}
+	target := &versionRecorder{}
 	src := start(t, target, byID, Options{Publication: pub, Version: ColumnVersion("price")})
 	exec(t, conn, "BEGIN; UPDATE "+tbl+" SET price = 5 WHERE id = 1; UPDATE "+tbl+" SET price = 9 WHERE id = 1; UPDATE "+
 		tbl+" SET price = 7 WHERE id = 1; DELETE FROM "+tbl+" WHERE id = 2; COMMIT")
 	caughtUp(t, src, conn)
 	keys, _ := target.take()
 	target.mu.Lock()
-	floors := target.floors
+	tombstones := target.tombstones
 	target.mu.Unlock()
-	if len(keys) != 1 || keys[0] != 2 || len(floors) != 1 || floors[1] != 9 {
-		t.Fatalf("Invalidate %v, InvalidateVersion %v; want Invalidate [2], InvalidateVersion map[1:9]", keys, floors)
+	if len(keys) != 1 || keys[0] != 2 || len(tombstones) != 1 || tombstones[1] != 9 {
+		t.Fatalf("Invalidate %v, InvalidateVersion %v; want Invalidate [2], InvalidateVersion map[1:9]", keys, tombstones)
 	}
 	if st := src.Stats(); st.Invalidations != 2 || st.Versioned != 1 {
 		t.Fatalf("Invalidations %d, Versioned %d; want 2 and 1", st.Invalidations, st.Versioned)
 	}
 }
 
-// Options.Version needs a target that can keep a floor.
+// Options.Version needs a target that can keep a tombstone.
 func TestVersionNeedsAVersionTarget(t *testing.T) {
 	_, err := New(deadline(t), pgURL(t), &recorder{}, byID, Options{Publication: "none", Version: CommitVersion})
 	if err == nil || !strings.Contains(err.Error(), "Options.Version") {

@@ -57,7 +57,7 @@ func TestInvalidateVersionRefusesALaggingReplicasFill(t *testing.T) {
 	}
 }
 
-// The floor is not a value: nothing serves it, counts it or saves it.
+// The tombstone is not a value: nothing serves it, counts it or saves it.
 func TestInvalidateVersionLeavesNoValue(t *testing.T) {
 	src := &rowSource{next: row{ver: 1}}
 	l := newRowLoader(t, src, Options[string, row]{NotFoundTTL: time.Hour})
@@ -81,20 +81,20 @@ func TestInvalidateVersionLeavesNoValue(t *testing.T) {
 	}
 }
 
-// The floor never goes back: a later InvalidateVersion of a lower
-// version, or a value held of a higher one, leaves the higher floor. An
-// equal version fills; Set below the floor is refused as a fill is.
-func TestInvalidateVersionFloorNeverGoesBack(t *testing.T) {
+// The tombstone never goes back: a later InvalidateVersion of a lower
+// version, or a value held of a higher one, leaves the higher tombstone. An
+// equal version fills; Set below the tombstone is refused as a fill is.
+func TestInvalidateVersionTombstoneNeverGoesBack(t *testing.T) {
 	src := &rowSource{next: row{ver: 7}}
 	l := newRowLoader(t, src, Options[string, row]{})
 	getRow(t, l, "k")           // holds version 7
-	l.InvalidateVersion("k", 3) // dropped, but the floor is 7: the value held proves it
+	l.InvalidateVersion("k", 3) // dropped, but the tombstone is 7: the value held proves it
 	src.set(row{ver: 6}, nil)
 	getRow(t, l, "k")
 	l.InvalidateVersion("k", 2)
 	l.Set("k", row{ver: 5})
 	if got := l.Stats().WritesOutdated; got != 2 {
-		t.Fatalf("WritesOutdated = %d, want 2 (the fill of 6 and the Set of 5, under the floor 7)", got)
+		t.Fatalf("WritesOutdated = %d, want 2 (the fill of 6 and the Set of 5, under the tombstone 7)", got)
 	}
 	src.set(row{ver: 7, by: "equal"}, nil)
 	if v, _ := getRow(t, l, "k"); v != (row{ver: 7, by: "equal"}) {
@@ -105,9 +105,9 @@ func TestInvalidateVersionFloorNeverGoesBack(t *testing.T) {
 	}
 }
 
-// What drops a value drops the floor: Invalidate, InvalidateAll, a
+// What drops a value drops the tombstone: Invalidate, InvalidateAll, a
 // not-found. Without Options.Version, InvalidateVersion is Invalidate.
-func TestInvalidateVersionFloorGoesWithTheKey(t *testing.T) {
+func TestInvalidateVersionTombstoneGoesWithTheKey(t *testing.T) {
 	for _, tc := range []struct {
 		name string
 		drop func(l *Loader[string, row], src *rowSource)
@@ -129,7 +129,7 @@ func TestInvalidateVersionFloorGoesWithTheKey(t *testing.T) {
 			src.set(row{ver: 1}, nil)
 			getRow(t, l, "k")
 			if v, info := getRow(t, l, "k"); v.ver != 1 || info.Source != SourceHit {
-				t.Fatalf("Get: %+v %v, want version 1 as a hit: the floor went with the key", v, info.Source)
+				t.Fatalf("Get: %+v %v, want version 1 as a hit: the tombstone went with the key", v, info.Source)
 			}
 		})
 	}
@@ -146,18 +146,18 @@ func TestInvalidateVersionFloorGoesWithTheKey(t *testing.T) {
 			t.Fatalf("Get: %+v %v, want version 1 loaded: the value was dropped", v, info.Source)
 		}
 		if v, info := getRow(t, l, "k"); v.ver != 1 || info.Source != SourceHit {
-			t.Fatalf("Get: %+v %v, want version 1 as a hit: no floor without Version", v, info.Source)
+			t.Fatalf("Get: %+v %v, want version 1 as a hit: no tombstone without Version", v, info.Source)
 		}
 	})
 }
 
 // Many readers against a replica that lags by up to three versions, while
-// a writer commits version after version, leaves each as a floor and
+// a writer commits version after version, leaves each as a tombstone and
 // waits for a hit: no Get is answered from the cache with a version below
-// the last floor left before it started. With Invalidate instead, most
+// the last tombstone left before it started. With Invalidate instead, most
 // of them are.
 func TestInvalidateVersionUnderConcurrentLoads(t *testing.T) {
-	var primary, floor atomic.Uint64 // the version committed; the last floor left
+	var primary, tombstone atomic.Uint64 // the version committed; the last tombstone left
 	load := func(ctx context.Context, _ string) (row, error) {
 		p := primary.Load()
 		lag := rand.Uint64N(4)
@@ -182,7 +182,7 @@ func TestInvalidateVersionUnderConcurrentLoads(t *testing.T) {
 					return
 				default:
 				}
-				f := floor.Load()
+				f := tombstone.Load()
 				ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 				v, info, err := l.GetInfo(ctx, "k")
 				cancel()
@@ -202,19 +202,19 @@ func TestInvalidateVersionUnderConcurrentLoads(t *testing.T) {
 	for v := uint64(1); v <= 100; v++ {
 		primary.Store(v)
 		l.InvalidateVersion("k", v)
-		floor.Store(v)
-		// Each floor is met: wait for a hit after it (a load of the primary's
+		tombstone.Store(v)
+		// Each tombstone is met: wait for a hit after it (a load of the primary's
 		// version fills; one from the lagging replica does not).
 		for seen, until := hits.Load(), time.Now().Add(10*time.Second); hits.Load() == seen; runtime.Gosched() {
 			if time.Now().After(until) {
-				t.Fatalf("no hit within 10s of the floor %d", v)
+				t.Fatalf("no hit within 10s of the tombstone %d", v)
 			}
 		}
 	}
 	close(stop)
 	wg.Wait()
 	if n := bad.Load(); n != 0 {
-		t.Fatalf("%d hits of a version below the floor left before their Get (of %d hits)", n, hits.Load())
+		t.Fatalf("%d hits of a version below the tombstone left before their Get (of %d hits)", n, hits.Load())
 	}
 	if hits.Load() == 0 {
 		t.Fatal("no hit at all: the test checked nothing")
